@@ -1,0 +1,8 @@
+"""Gate: `vllm_delta` (see DESIGN.md's checklist)."""
+
+import pytest
+
+
+@pytest.mark.gpu
+def test_vllm_delta(gate_check):
+    gate_check("vllm_delta")

@@ -1,0 +1,7 @@
+"""``python -m paritygate`` runs the command line."""
+
+import sys
+
+from paritygate.cli import main
+
+sys.exit(main())

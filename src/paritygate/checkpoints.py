@@ -1,0 +1,91 @@
+"""Checkpoint loading that never runs code from the checkpoint.
+
+Formats: safetensors; torch files through ``torch.load(weights_only=True)``;
+Stable-Baselines3 zips (their ``policy.pth`` member, loaded the same way).
+Anything that needs arbitrary unpickling is refused unless the config opts in
+with ``allow_pickle: true``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from paritygate.errors import InputError, MissingExtra
+
+PICKLE_REFUSED = (
+    "needs arbitrary unpickling, which can run code from the file; refused "
+    "(save it with safetensors, or set allow_pickle: true to opt in)"
+)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise MissingExtra("torch", "torch") from None
+    return torch
+
+
+def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) -> Any:
+    torch = _torch()
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not allow_pickle:
+            raise InputError(path, key, PICKLE_REFUSED) from None
+        if hasattr(source, "seek"):
+            source.seek(0)
+        try:
+            return torch.load(source, map_location="cpu", weights_only=False)
+        except Exception as exc2:
+            raise InputError(path, key, f"unreadable torch file: {exc2}") from exc
+    except (EOFError, RuntimeError, OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(path, key, f"unreadable torch file (truncated or corrupt?): {exc}") from None
+
+
+def _as_state_dict(obj: Any, path: Path) -> dict[str, Any]:
+    torch = _torch()
+    if isinstance(obj, Mapping):
+        for nested in ("state_dict", "model_state_dict", "model"):
+            if nested in obj and isinstance(obj[nested], Mapping):
+                obj = obj[nested]
+                break
+    if not isinstance(obj, Mapping) or not obj:
+        raise InputError(path, None, "checkpoint holds no state_dict (a mapping of name -> tensor)")
+    out: dict[str, Any] = {}
+    for name, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            raise InputError(path, str(name), f"not a tensor ({type(value).__name__})")
+        out[str(name)] = value
+    return out
+
+
+def load_state_dict(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
+    """Read a checkpoint file into ``{name: tensor}`` on the CPU, read-only."""
+    if not path.exists():
+        raise InputError(path, None, "checkpoint not found")
+    if path.is_dir():
+        raise InputError(path, None, "checkpoint is a directory, expected a file")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise MissingExtra("safetensors", "torch") from None
+        try:
+            return _as_state_dict(load_file(str(path), device="cpu"), path)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(path, None, f"unreadable safetensors (truncated or corrupt?): {exc}") from None
+    if suffix == ".zip" and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
+                data = io.BytesIO(zf.read("policy.pth"))
+                return _as_state_dict(_torch_load(data, path, "policy.pth", allow_pickle), path)
+    return _as_state_dict(_torch_load(str(path), path, None, allow_pickle), path)

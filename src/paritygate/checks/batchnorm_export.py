@@ -1,0 +1,125 @@
+"""batchnorm_export: BatchNorm running statistics survive into the artifact."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec
+from paritygate.metrics import diff_stats, finite_report
+from paritygate.result import Measurement
+
+DEFAULTS = {
+    # A row's output must not depend on its batch-mates. fp32 GEMM on different batch
+    # sizes can pick different kernels / reduction orders: measured on the demo at
+    # ~2e-6 (a couple of ulp at logit magnitude ~10); 2e-5 leaves 10x headroom while a
+    # BatchNorm using batch statistics moves logits by O(0.1-1).
+    "batch_dependence_max_abs": 2e-5,
+    # Artifact vs torch eval on the same probes; same budget as logits_agreement.
+    "eval_max_abs_diff": 2e-5,
+    # BN initializers vs the checkpoint's running stats, where not folded into a Gemm.
+    "stats_max_abs_diff": 1e-6,
+}
+
+
+def _bn_modules(model: Any) -> list[tuple[str, Any]]:
+    from torch import nn
+
+    return [(n, mod) for n, mod in model.named_modules()
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
+
+
+def _batch_dependence(engine: Any, name: str, out: str, x: np.ndarray, sizes: list[int],
+                      seed: int) -> float:
+    """Max |row output in a batch - the same row run alone| over batch sizes 1, 2, N, shuffled."""
+    alone = np.concatenate([engine.infer({name: x[i:i + 1]})[out] for i in range(len(x))])
+    worst = 0.0
+    rng = np.random.default_rng(seed)
+    for size in [*sizes, len(x)]:
+        n = (len(x) // size) * size
+        for start in range(0, n, size):
+            got = engine.infer({name: x[start:start + size]})[out]
+            worst = max(worst, float(np.abs(got - alone[start:start + size]).max()))
+    perm = rng.permutation(len(x))
+    shuffled = engine.infer({name: x[perm]})[out]
+    worst = max(worst, float(np.abs(shuffled - alone[perm]).max()))
+    return worst
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("batchnorm_export")
+    bns = _bn_modules(ctx.training_model)
+    if not bns:
+        m.note("the training model has no BatchNorm layers; batch-independence is still checked")
+    for name, mod in bns:
+        if not mod.track_running_stats or mod.running_mean is None:
+            m.fail(f"BatchNorm {name!r} does not track running statistics: it normalises with "
+                   "batch statistics at inference")
+            continue
+        keys = [f"{name}.running_mean", f"{name}.running_var"]
+        absent = [k for k in keys if k not in ctx.state]
+        if absent:
+            m.fail(f"BatchNorm {name!r} running statistics are not in the checkpoint ({absent}); "
+                   "non-persistent buffers or dropped before saving")
+            continue
+        mean, var = ctx.state[keys[0]], ctx.state[keys[1]]
+        if bool((mean == 0).all()) and bool((var == 1).all()):
+            m.fail(f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
+                   "before saving or never updated")
+
+    from paritygate.onnx_lint import batchnorm_initializers, batchnorm_training_nodes
+
+    onnx_model = ctx.onnx_model
+    training_nodes = batchnorm_training_nodes(onnx_model)
+    if training_nodes:
+        m.fail(f"artifact has BatchNormalization exported in training mode: {training_nodes[:3]}")
+    torch_stats = [(n, mod.running_mean.detach().numpy(), mod.running_var.detach().numpy())
+                   for n, mod in bns if mod.running_mean is not None]
+    stats_diff = 0.0
+    onnx_bns = batchnorm_initializers(onnx_model)
+    for label, mean, var in onnx_bns:
+        candidates = [(n, float(max(np.abs(mean - tm).max(), np.abs(var - tv).max())))
+                      for n, tm, tv in torch_stats if tm.shape == mean.shape]
+        best = min(candidates, key=lambda c: c[1]) if candidates else (None, float("inf"))
+        stats_diff = max(stats_diff, best[1])
+        if best[1] > thresholds["stats_max_abs_diff"]:
+            m.fail(f"artifact BatchNormalization {label!r} statistics match no BatchNorm running "
+                   f"statistics in the checkpoint (closest {best[0]!r}, diff {best[1]:.3g}): "
+                   "stats reset or taken from another model before export")
+    if not onnx_bns and bns:
+        m.note("BatchNorm folded into neighbouring layers in the artifact; verified numerically")
+
+    x = ctx.probes[: min(len(ctx.probes), 16)]
+    sizes = list(ctx.spec.batch_sizes)
+    cand_dep = _batch_dependence(ctx.candidate, ctx.input_name, ctx.output_name, x, sizes,
+                                 ctx.config.seed)
+    ref_dep = _batch_dependence(ctx.reference, ctx.input_name, ctx.output_name, x, sizes,
+                                ctx.config.seed)
+    cand = ctx.candidate_outputs[ctx.output_name]
+    bad = finite_report("candidate output", cand)
+    if bad:
+        m.fail(bad)
+    eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
+    m.metric("batch_dependence_max_abs", cand_dep, threshold=thresholds["batch_dependence_max_abs"],
+             key=True)
+    m.metric("reference_batch_dependence_max_abs", ref_dep,
+             threshold=thresholds["batch_dependence_max_abs"])
+    m.metric("eval_max_abs_diff", eval_diff, threshold=thresholds["eval_max_abs_diff"])
+    m.metric("stats_max_abs_diff", stats_diff, threshold=thresholds["stats_max_abs_diff"])
+    m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
+    m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
+    if cand_dep > thresholds["batch_dependence_max_abs"]:
+        m.fail(f"artifact output of a row depends on its batch-mates (max {cand_dep:.3g}): "
+               "BatchNorm uses batch statistics (exported in training mode?)")
+    return m
+
+
+CHECK = CheckSpec(
+    id="batchnorm_export",
+    summary="BatchNorm running statistics survive into the artifact",
+    families=("policy",),
+    measure=measure,
+    defaults=DEFAULTS,
+)

@@ -1,0 +1,84 @@
+"""dropout_off: nothing random is left on the inference path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec
+from paritygate.result import Measurement
+
+DEFAULTS: dict[str, float] = {
+    # Deterministic inference repeated on identical inputs is bitwise identical on CPU
+    # (fixed thread count, same kernels); any difference means randomness.
+    "repeat_max_abs_diff": 0.0,
+}
+
+
+def _repeat_spread(engine: Any, name: str, out: str, x: np.ndarray, k: int) -> float:
+    first = engine.infer({name: x})[out]
+    worst = 0.0
+    for _ in range(k - 1):
+        again = engine.infer({name: x})[out]
+        with np.errstate(invalid="ignore"):
+            d = np.abs(again.astype(np.float64) - first)
+        worst = max(worst, float(np.nanmax(d)) if d.size else 0.0)
+        if not np.array_equal(np.isnan(again), np.isnan(first)):
+            worst = float("inf")
+    return worst
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    import torch
+
+    from paritygate.engines.torch_engine import TorchEngine
+    from paritygate.onnx_lint import random_nodes
+
+    m = Measurement("dropout_off")
+    k = ctx.spec.dropout_repeats
+    in_training = []
+    for label, model in (("training model", ctx.training_model),
+                         ("inference model", ctx.inference_model)):
+        fresh_eval = [n or "<root>" for n, mod in model.named_modules() if mod.training]
+        in_training += [f"{label}:{n}" for n in fresh_eval]
+    if in_training:
+        m.fail(f"modules still in training mode after eval(): {in_training[:5]} "
+               "(train()/eval() overridden or mode forced)")
+    # Reset the seed so a stochastic forward cannot be mistaken for determinism by luck.
+    torch.manual_seed(ctx.config.seed)
+    inference = TorchEngine(ctx.inference_model, input_name=ctx.input_name,
+                            output_name=ctx.output_name, select=0, name="torch inference model")
+    torch_spread = max(
+        _repeat_spread(inference, ctx.input_name, ctx.output_name, ctx.probes, k),
+        _repeat_spread(ctx.reference, ctx.input_name, ctx.output_name, ctx.probes, k),
+    )
+    if torch_spread > thresholds["repeat_max_abs_diff"]:
+        m.fail(f"torch eval forward is not deterministic: {k} repeated runs differ by up to "
+               f"{torch_spread:.3g} (dropout with training=True, stochastic depth, or sampling in "
+               "forward)")
+    artifact_spread = _repeat_spread(ctx.candidate, ctx.input_name, ctx.output_name, ctx.probes, k)
+    if artifact_spread > thresholds["repeat_max_abs_diff"]:
+        m.fail(f"artifact is not deterministic: {k} repeated runs differ by up to "
+               f"{artifact_spread:.3g}")
+    random_ops = random_nodes(ctx.onnx_model)
+    if random_ops:
+        m.fail(f"artifact contains random operators: {random_ops[:5]}")
+    m.metric("torch_repeat_max_abs_diff", torch_spread,
+             threshold=thresholds["repeat_max_abs_diff"], key=True)
+    m.metric("artifact_repeat_max_abs_diff", artifact_spread,
+             threshold=thresholds["repeat_max_abs_diff"])
+    m.metric("modules_in_training_mode", len(in_training), threshold=0)
+    m.metric("random_ops", len(random_ops), threshold=0)
+    m.details["repeats"] = k
+    return m
+
+
+CHECK = CheckSpec(
+    id="dropout_off",
+    summary="nothing random is left on the inference path",
+    families=("policy",),
+    measure=measure,
+    defaults=DEFAULTS,
+)

@@ -1,0 +1,91 @@
+"""export_integrity: the artifact is well formed and built from this checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec
+from paritygate.result import Measurement
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    import onnx
+
+    from paritygate.engines.onnxruntime_engine import make_session
+    from paritygate.families.policy import read_manifest
+    from paritygate.gate import sha256_file
+
+    m = Measurement("export_integrity")
+    model = ctx.onnx_model
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        checker_ok = True
+    except Exception as exc:
+        checker_ok = False
+        m.fail(f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
+
+    inputs = {i.name: i for i in model.graph.input}
+    init_names = {i.name for i in model.graph.initializer}
+    real_inputs = [n for n in inputs if n not in init_names]
+    if real_inputs != [ctx.input_name]:
+        m.fail(f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
+    outputs = [o.name for o in model.graph.output]
+    if outputs != list(ctx.spec.output_names):
+        m.fail(f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
+    baked = False
+    if ctx.input_name in inputs:
+        dim0 = inputs[ctx.input_name].type.tensor_type.shape.dim[0]
+        if dim0.HasField("dim_value"):
+            baked = True
+            m.fail(f"batch axis of input {ctx.input_name!r} is baked to the constant "
+                   f"{dim0.dim_value}; export with a dynamic batch axis")
+
+    session = make_session(ctx.artifact_path)
+    batch_failures = []
+    for n in sorted({1, min(len(ctx.probes), 7)}):
+        try:
+            out = session.run(None, {ctx.input_name: ctx.probes[:n]})
+            if out[0].shape[0] != n:
+                batch_failures.append(f"batch {n} returned {out[0].shape[0]} rows")
+        except Exception as exc:
+            batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
+    if batch_failures:
+        m.fail(f"artifact does not run at every batch size: {batch_failures}")
+
+    manifest = read_manifest(ctx.manifest_path)
+    stale = modified = 0
+    if manifest is None:
+        m.fail(f"no manifest at {ctx.manifest_path}: the artifact's source checkpoint is unknown "
+               "(build it with paritygate export)")
+    else:
+        recorded = manifest.get("checkpoint_sha256")
+        if recorded != ctx.checkpoint_sha256:
+            stale = 1
+            m.fail(f"stale artifact: manifest says it was exported from checkpoint sha256 "
+                   f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
+        artifact_sha = sha256_file(ctx.artifact_path)
+        if manifest.get("artifact_sha256") != artifact_sha:
+            modified = 1
+            m.fail(f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
+                   f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
+        m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
+    m.metric("stale_checkpoint", stale, threshold=0, key=True)
+    m.metric("artifact_modified", modified, threshold=0)
+    m.metric("batch_axis_baked", int(baked), threshold=0)
+    m.metric("batch_failures", len(batch_failures), threshold=0)
+    m.metric("opset", max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          default=0), bad="none", ratchet=False)
+    m.details["nodes"] = int(np.sum([1 for _ in model.graph.node]))
+    return m
+
+
+CHECK = CheckSpec(
+    id="export_integrity",
+    summary="the artifact is well formed and built from this checkpoint",
+    families=("policy",),
+    measure=measure,
+)

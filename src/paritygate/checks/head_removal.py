@@ -1,0 +1,82 @@
+"""head_removal: dropping training-only heads leaves the policy output unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from paritygate.check import CheckSpec
+from paritygate.metrics import diff_stats, finite_report
+from paritygate.result import Measurement
+
+DEFAULTS = {
+    # Training and inference models run the same fp32 ops on the same weights, so the
+    # outputs are normally bitwise equal; 1e-6 allows a different but equivalent op order.
+    "policy_max_abs_diff": 1e-6,
+}
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    import torch
+
+    from paritygate.engines.torch_engine import TorchEngine
+
+    m = Measurement("head_removal")
+    heads = list(ctx.spec.training_heads)
+    train_names = dict(ctx.training_model.named_modules())
+    for head in heads:
+        if head not in train_names:
+            m.fail(f"declared training head {head!r} is not a module of the training model")
+    infer_state = ctx.inference_model.state_dict()
+    train_state = ctx.training_model.state_dict()
+    foreign = [k for k in infer_state if k not in train_state]
+    if foreign:
+        m.fail(f"inference model has parameters the training model lacks: {foreign[:5]}")
+    differing = [k for k in infer_state if k in train_state
+                 and (infer_state[k].shape != train_state[k].shape
+                      or not torch.equal(infer_state[k], train_state[k]))]
+    if differing:
+        m.fail(f"inference parameters differ from the training model's: {differing[:5]}")
+    leftover = [k for k in infer_state if any(k.startswith(h + ".") for h in heads)]
+    if leftover:
+        m.fail(f"training-only head parameters remain in the inference model: {leftover[:5]}")
+
+    inference = TorchEngine(ctx.inference_model, input_name=ctx.input_name,
+                            output_name=ctx.output_name, select=0, name="torch inference model")
+    reference = ctx.reference_outputs
+    candidate = inference.infer({ctx.input_name: ctx.probes})[ctx.output_name]
+    for label, arr in (("training policy output", reference), ("inference model output", candidate)):
+        bad = finite_report(label, arr)
+        if bad:
+            m.fail(bad)
+    if candidate.shape != reference.shape:
+        m.fail(f"inference output shape {list(candidate.shape)} differs from the training policy "
+               f"output {list(reference.shape)}")
+        diff = float("inf")
+    else:
+        diff = diff_stats(reference, candidate)["max_abs"]
+    m.metric("policy_max_abs_diff", diff, threshold=thresholds["policy_max_abs_diff"], key=True)
+    if diff > thresholds["policy_max_abs_diff"] and not differing and not foreign:
+        m.fail("inference forward differs from the training model's policy path with identical "
+               "weights: a step (shared norm, activation) was removed with the heads or skipped")
+
+    declared = list(ctx.spec.output_names)
+    exposed = [o.name for o in ctx.onnx_model.graph.output]
+    extra = [o for o in exposed if o not in declared]
+    absent = [o for o in declared if o not in exposed]
+    if extra:
+        m.fail(f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
+    if absent:
+        m.fail(f"artifact lacks declared outputs {absent}")
+    m.metric("undeclared_outputs", len(extra), threshold=0)
+    m.metric("differing_parameters", len(differing) + len(foreign), threshold=0)
+    return m
+
+
+CHECK = CheckSpec(
+    id="head_removal",
+    summary="dropping training-only heads leaves the policy output unchanged",
+    families=("policy",),
+    measure=measure,
+    defaults=DEFAULTS,
+)

@@ -1,0 +1,108 @@
+"""logits_agreement: the inference path's outputs match the training path's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec
+from paritygate.metrics import diff_stats, distribution_stats, finite_report
+from paritygate.result import Measurement
+
+DEFAULTS = {
+    # fp32 torch vs ONNX Runtime on the demo differ by ~2e-6 at logit magnitude ~10
+    # (a few ulp, different GEMM kernels). A stale artifact exported from a checkpoint
+    # whose weights differ by 1e-4 relative moves logits by ~8e-4 on the demo.
+    # 2e-5 sits 10x above the noise and 40x below that fault.
+    "max_abs_diff": 2e-5,
+    # KL(reference || candidate) per probe; fp32 noise gives < 1e-10. A temperature
+    # baked into the artifact (T=0.9) gives ~1e-3; 1e-6 separates them by 1000x.
+    "kl_max": 1e-6,
+    # Total variation per probe; fp32 noise ~1e-7.
+    "tv_max": 1e-3,
+    # Fraction of probes whose greedy action differs; fp32 noise flips none outside near-ties.
+    "argmax_disagreement": 0.0,
+    # Worst probe's share of the reference top-k actions present in the candidate top-k.
+    "topk_overlap_min": 1.0,
+}
+
+
+def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
+                   thresholds: Mapping[str, float], *, top_k: int = 5,
+                   continuous: bool = False) -> dict[str, Any]:
+    """Fill ``m`` with diff and distribution metrics of two (N, A) arrays; return the stats."""
+    for label, arr in (("reference output", reference), ("candidate output", candidate)):
+        bad = finite_report(label, arr)
+        if bad:
+            m.fail(bad)
+    if reference.shape != candidate.shape:
+        m.fail(f"output shapes differ: reference {list(reference.shape)} vs candidate "
+               f"{list(candidate.shape)}")
+        return {}
+    diff = diff_stats(reference, candidate)
+    m.metric("max_abs_diff", diff["max_abs"], threshold=thresholds["max_abs_diff"], key=True)
+    m.metric("mean_abs_diff", diff["mean_abs"], bad="none", ratchet=False)
+    m.metric("p99_abs_diff", diff["p99_abs"])
+    m.metric("max_rel_diff", diff["max_rel"], bad="none", ratchet=False)
+    if continuous:
+        return diff
+    dist = distribution_stats(reference, candidate, top_k=top_k)
+    m.metric("kl_max", dist["kl_max"], threshold=thresholds["kl_max"])
+    m.metric("kl_mean", dist["kl_mean"], bad="none", ratchet=False)
+    m.metric("tv_max", dist["tv_max"], threshold=thresholds["tv_max"])
+    m.metric("argmax_disagreement", 1.0 - dist["argmax_agreement"],
+             threshold=thresholds["argmax_disagreement"])
+    m.metric("topk_overlap_min", dist["topk_overlap"], bad="lower",
+             threshold=thresholds["topk_overlap_min"])
+    kl_rows = dist.get("kl_per_row", [])
+    rows = np.abs(np.asarray(reference, np.float64) - candidate).reshape(len(reference), -1).max(1)
+    order = np.argsort(-rows, kind="stable")[:5]
+    m.details["worst_probes"] = [
+        {"probe": int(i), "max_abs_diff": float(rows[i]),
+         "kl": float(kl_rows[i]) if kl_rows else None,
+         "reference_argmax": int(np.argmax(reference[i])),
+         "candidate_argmax": int(np.argmax(candidate[i]))}
+        for i in order
+    ]
+    return {**diff, **dist}
+
+
+def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("logits_agreement")
+    reference = ctx.reference_outputs
+    candidate = ctx.candidate_outputs.get(ctx.output_name)
+    if candidate is None:
+        m.fail(f"artifact has no output {ctx.output_name!r}")
+        return m
+    stats = compare_logits(m, reference, candidate, thresholds,
+                           continuous=ctx.spec.action_space == "continuous")
+    if stats and stats.get("max_abs", 0) > thresholds["max_abs_diff"]:
+        ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
+        scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
+        hint = ""
+        if np.isfinite(scale) and abs(scale - 1) > 1e-3 and np.nanstd(ratio) < 1e-3 * abs(scale):
+            hint = f" (candidate = reference x {scale:.4g}: a temperature baked into the artifact?)"
+        m.fail(f"artifact logits differ from the training model's by up to {stats['max_abs']:.3g}"
+               f"{hint}; stale artifact, low-precision layer or changed output scaling")
+    m.details["reference"] = ctx.reference.name
+    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    return m
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    if ctx.family == "causal_lm":
+        from paritygate.lm.logits import measure_logits_agreement
+
+        return measure_logits_agreement(ctx, thresholds)
+    return measure_policy(ctx, thresholds)
+
+
+CHECK = CheckSpec(
+    id="logits_agreement",
+    summary="the inference path's outputs match the training path's",
+    families=("policy", "causal_lm"),
+    measure=measure,
+    defaults=DEFAULTS,
+)

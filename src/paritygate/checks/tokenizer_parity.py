@@ -1,0 +1,149 @@
+"""tokenizer_parity: the serving tokenizer turns every probe into the trainer's token ids.
+
+Compares, for the training and the serving tokenizer (each with its chat template):
+token ids of every probe (plain text and chats), BOS/EOS/PAD ids, whether BOS is
+added, padding and truncation side (generation needs left padding), and the
+rendered chat template. Differences listed in ``causal_lm.tokenizer.allow`` (each
+with a reason) are reported but do not fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from paritygate.check import CheckSpec
+from paritygate.result import Measurement
+
+ALLOWABLE = (
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "add_bos",
+    "padding_side",
+    "truncation_side",
+    "chat_template",
+    "token_ids",
+)
+
+# Token ids are discrete: one differing id changes what the policy conditions on.
+DEFAULTS: dict[str, float] = {"probes_mismatched": 0.0, "special_ids_mismatched": 0.0}
+
+
+def _first_divergence(reference: list[int], candidate: list[int]) -> int:
+    for i, (r, c) in enumerate(zip(reference, candidate, strict=False)):
+        if r != c:
+            return i
+    return min(len(reference), len(candidate))
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    from paritygate.lm.tokenizer import encode_probe, render_probe
+
+    m = Measurement("tokenizer_parity")
+    train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
+    allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
+    for name in allow:
+        if name not in ALLOWABLE:
+            m.fail(f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}")
+
+    def differs(field: str, cause: str) -> None:
+        if field in allow:
+            m.note(f"{cause} (allowed: {allow[field]})")
+        else:
+            m.fail(cause)
+
+    special_mismatch = 0
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        t, s = getattr(train, name, None), getattr(serve, name, None)
+        if t != s:
+            special_mismatch += name not in allow
+            differs(name, f"{name} differs: training {t} vs serving {s}")
+
+    probe_text = "The cat"
+    t_ids = train(probe_text)["input_ids"]
+    s_ids = serve(probe_text)["input_ids"]
+    t_bos = bool(t_ids) and train.bos_token_id is not None and t_ids[0] == train.bos_token_id
+    s_bos = bool(s_ids) and serve.bos_token_id is not None and s_ids[0] == serve.bos_token_id
+    if t_bos != s_bos:
+        special_mismatch += "add_bos" not in allow
+        who, other = ("serving", "training") if t_bos else ("training", "serving")
+        differs(
+            "add_bos",
+            f"{who} tokenizer does not add BOS ({train.bos_token!r}, id {train.bos_token_id}); "
+            f"{other} does",
+        )
+
+    if serve.padding_side != "left":
+        m.fail(
+            f"serving tokenizer pads on the {serve.padding_side}: batched generation needs "
+            "left padding (the first new token would follow pad tokens)"
+        )
+    for name in ("padding_side", "truncation_side"):
+        t, s = getattr(train, name), getattr(serve, name)
+        if t != s:
+            differs(name, f"{name} differs: training {t!r} vs serving {s!r}")
+
+    t_template = getattr(train, "chat_template", None) or ""
+    s_template = getattr(serve, "chat_template", None) or ""
+    rows: list[dict[str, Any]] = []
+    mismatched = 0
+    for probe in ctx.probes:
+        t_seq = encode_probe(train, probe, ctx.spec.max_prompt_tokens)
+        s_seq = encode_probe(serve, probe, ctx.spec.max_prompt_tokens)
+        same = t_seq == s_seq
+        row: dict[str, Any] = {"probe": probe.id, "training_len": len(t_seq),
+                               "serving_len": len(s_seq), "equal": same}
+        if probe.is_chat:
+            t_text, s_text = render_probe(train, probe), render_probe(serve, probe)
+            if t_text != s_text:
+                at = _first_divergence(list(map(ord, t_text)), list(map(ord, s_text)))
+                differs(
+                    "chat_template",
+                    f"chat template differs: probe {probe.id!r} renders differently from char "
+                    f"{at}: training {t_text[at:at + 24]!r} vs serving {s_text[at:at + 24]!r}",
+                )
+        if not same:
+            at = _first_divergence(t_seq, s_seq)
+            row["first_divergence"] = at
+            row["training_tokens"] = t_seq[at : at + 5]
+            row["serving_tokens"] = s_seq[at : at + 5]
+            if "token_ids" not in allow:
+                mismatched += 1
+                m.fail(
+                    f"probe {probe.id!r} tokenizes differently at token {at}: training "
+                    f"{t_seq[at:at + 3]} vs serving {s_seq[at:at + 3]}"
+                )
+        rows.append(row)
+    if t_template != s_template and "chat_template" not in allow and not any(
+        p.is_chat for p in ctx.probes
+    ):
+        m.fail("chat template differs between the training and the serving tokenizer")
+
+    m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
+    m.metric("special_ids_mismatched", special_mismatch,
+             threshold=thresholds["special_ids_mismatched"])
+    m.metric("probes_compared", len(rows), bad="none", ratchet=False)
+    m.details["probes"] = rows
+    m.details["tokenizers"] = {
+        side: {
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "padding_side": tok.padding_side,
+            "truncation_side": tok.truncation_side,
+            "vocab_size": len(tok),
+        }
+        for side, tok in (("training", train), ("serving", serve))
+    }
+    return m
+
+
+CHECK = CheckSpec(
+    id="tokenizer_parity",
+    summary="training and serving tokenizers give the same token ids and special tokens",
+    families=("causal_lm",),
+    measure=measure,
+    defaults=DEFAULTS,
+    marks=("fast",),
+)

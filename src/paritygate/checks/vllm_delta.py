@@ -1,0 +1,49 @@
+"""vllm_delta: logprob_delta with vLLM as the inference engine (needs a CUDA device).
+
+Skipped, with the reason, where no CUDA device is visible or vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from paritygate.check import CheckSpec
+from paritygate.lm.tiers import PRECISION_TIERS
+from paritygate.result import Measurement
+
+# Same sources as logprob_delta: the strictest tier, replaced by the configured dtypes' tier.
+DEFAULTS: dict[str, float] = {**PRECISION_TIERS["fp32/fp32"], "nonfinite_tokens": 0.0}
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM cannot run here, or ``None``."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install 'paritygate[vllm]')"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible"
+    return None
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    from paritygate.lm.recompute import measure_delta
+
+    reason = unavailable_reason()
+    if reason is not None:
+        return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM on a GPU: {reason}")
+    return measure_delta(ctx, "vllm_delta", thresholds, "vllm")
+
+
+CHECK = CheckSpec(
+    id="vllm_delta",
+    summary="vLLM token log-probs match the trainer's teacher-forced recompute",
+    families=("causal_lm",),
+    measure=measure,
+    defaults=DEFAULTS,
+    marks=("gpu",),
+)

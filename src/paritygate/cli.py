@@ -1,0 +1,144 @@
+"""Command line: ``paritygate run | export | demo | precision``.
+
+Exit codes: 0 every check passed, 1 a check failed, 2 bad input (one line naming
+the file and key, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from paritygate.errors import InputError
+
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paritygate",
+        description="Release gate for RL policy checkpoints: proves the inference path "
+        "computes the policy the trainer optimised.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the gate on a config (exit 0 pass, 1 fail, 2 bad input)")
+    run.add_argument("config", type=Path)
+    run.add_argument("--report-dir", type=Path, default=None)
+    run.add_argument("--update-golden", action="store_true",
+                     help="bless the obtained metrics as golden baselines (atomic)")
+    run.add_argument("-m", dest="markexpr", default=None,
+                     help="pytest mark expression selecting checks, e.g. 'fast' or 'not gpu'")
+    run.add_argument("-n", dest="workers", default=None,
+                     help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial")
+
+    export = sub.add_parser("export", help="build the inference artifact and manifest.json")
+    export.add_argument("config", type=Path)
+    export.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: export/<name>/ beside the current folder)")
+
+    demo = sub.add_parser("demo", help="build the bundled demo checkpoints (no network needed)")
+    demo.add_argument("--out", type=Path, default=Path("demo"))
+    demo.add_argument("--only", choices=("policy", "lm"), default=None)
+
+    prec = sub.add_parser("precision", help="per-layer fp16/bf16 precision report only")
+    prec.add_argument("config", type=Path)
+    prec.add_argument("--report-dir", type=Path, default=None)
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    from paritygate.gate import Gate
+    from paritygate.plugin import register_gate
+
+    gate = Gate.from_path(args.config, update_golden=args.update_golden)
+    print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
+    gate.context  # noqa: B018 - validate every input before any check runs
+    import paritygate_gates
+
+    register_gate(gate)
+    pytest_args = [
+        str(Path(paritygate_gates.__file__).parent),
+        "--gate-config", str(gate.config.path),
+        "-p", "no:cacheprovider",
+        "-q", "--no-header", "-rN", "--tb=no",
+        "-o", "console_output_style=classic",
+        "--rootdir", str(Path(paritygate_gates.__file__).parent),
+    ]
+    if args.report_dir is not None:
+        pytest_args += ["--report-dir", str(args.report_dir)]
+    if args.update_golden:
+        pytest_args.append("--update-golden")
+    if args.markexpr:
+        pytest_args += ["-m", args.markexpr]
+    if args.workers:
+        pytest_args += ["-n", str(args.workers)]
+    code = int(pytest.main(pytest_args))
+    if code == 5:
+        print("paritygate: no check matched the selection", file=sys.stderr)
+        return EXIT_PASS
+    if code in (EXIT_PASS, EXIT_FAIL, EXIT_INPUT):
+        return code
+    return EXIT_INPUT
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from paritygate.config import load_config
+    from paritygate.families.policy import export_from_config
+
+    config = load_config(args.config)
+    if config.family != "policy":
+        raise InputError(config.path, "family", "export builds ONNX artifacts for the 'policy' family")
+    out = args.out or Path("export") / config.name
+    manifest = export_from_config(config, out)
+    print(f"paritygate: wrote {manifest.parent / 'policy.onnx'} and {manifest}")
+    return EXIT_PASS
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    out: Path = args.out
+    if args.only in (None, "policy"):
+        from paritygate.demo import policy
+
+        print(f"paritygate demo: building the demo policy in {out / 'policy'}", flush=True)
+        policy.build(out / "policy")
+    if args.only in (None, "lm"):
+        from paritygate.demo import causal_lm
+
+        print(f"paritygate demo: building the demo causal LM in {out / 'lm'}", flush=True)
+        causal_lm.build(out / "lm")
+    print("paritygate demo: done. Next: paritygate run configs/demo-policy.yaml")
+    return EXIT_PASS
+
+
+def _cmd_precision(args: argparse.Namespace) -> int:
+    from paritygate.gate import Gate
+    from paritygate.report import summary_table, write_reports
+
+    gate = Gate.from_path(args.config)
+    result = gate.evaluate("precision_per_layer")
+    out = args.report_dir or gate.config.default_report_dir()
+    written = write_reports(gate, [result], out)
+    print("\n".join(summary_table([result])))
+    print(f"reports: {written.directory} ({', '.join(written.files)})")
+    return EXIT_PASS if result.status in ("pass", "skip") else EXIT_FAIL
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"run": _cmd_run, "export": _cmd_export, "demo": _cmd_demo,
+                "precision": _cmd_precision}
+    try:
+        return handlers[args.command](args)
+    except InputError as exc:
+        print(f"paritygate: error: {exc.line()}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Gate config: YAML, validated at load, every error naming the file and the key.
+
+One file describes one gate: which model family, where the checkpoint, artifact
+and probes are, which checks run, their thresholds and the golden directory.
+Relative paths resolve against the folder of the config file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from paritygate.config_base import StrictModel
+from paritygate.errors import InputError
+from paritygate.lm.config import CausalLMSpec
+from paritygate.precision.config import PrecisionSpec
+
+
+class ProbeSpec(StrictModel):
+    """Where probe observations come from: a generator callable or a .npy/.npz file."""
+
+    generator: str | None = None
+    """``module:callable(count, seed) -> np.ndarray`` of raw observations (N, ...)."""
+    file: str | None = None
+    count: int = Field(64, ge=1)
+    seed: int = 0
+    edge_cases: bool = True
+    """Add zeros, extremes (+-1e4), and missing values (NaN) for preprocessing_parity."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ProbeSpec:
+        if (self.generator is None) == (self.file is None):
+            raise ValueError("give exactly one of 'generator' or 'file'")
+        return self
+
+
+class PreprocessingSpec(StrictModel):
+    """The two preprocessing implementations: raw observation array in, model input out."""
+
+    training: str
+    """``module:callable(raw, **kwargs)`` used by the trainer (may return a torch tensor)."""
+    serving: str
+    """``module:callable(raw, **kwargs)`` used by the serving stack."""
+    stats: str | None = None
+    """Normalisation statistics file, passed to both as ``stats_path`` (relative to the config)."""
+    kwargs: dict[str, Any] = {}
+    discrete_features: list[int] = []
+    """Feature indices that must match exactly (categorical / integer-coded)."""
+
+
+class PolicySpec(StrictModel):
+    """A torch policy network served through ONNX Runtime."""
+
+    training_factory: str
+    """``module:callable(**factory_kwargs) -> nn.Module``: the full training model, with heads."""
+    inference_factory: str
+    """``module:callable(**factory_kwargs) -> nn.Module``: the serving model, heads removed."""
+    factory_kwargs: dict[str, Any] = {}
+    checkpoint: str
+    artifact: str | None = None
+    """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
+    manifest: str | None = None
+    """Defaults to ``manifest.json`` beside the artifact."""
+    training_heads: list[str] = []
+    """Module-name prefixes present only in the training model (value / auxiliary heads)."""
+    policy_output: str | int = 0
+    """Which element of the training forward's output is the policy: dict key or tuple index."""
+    input_name: str = "obs"
+    output_names: list[str] = ["logits"]
+    """Outputs the artifact must declare, in order; the first is the policy output."""
+    action_space: Literal["discrete", "continuous"] = "discrete"
+    preprocessing: PreprocessingSpec | None = None
+    probes: ProbeSpec
+    opset: int = Field(18, ge=13)
+    batch_sizes: list[int] = [1, 2, 7]
+    dropout_repeats: int = Field(5, ge=2)
+
+
+class GoldenSettings(StrictModel):
+    """Where baselines live and how much worse than golden a metric may get."""
+
+    dir: str = "golden"
+    """Relative to the config file; baselines live in ``<dir>/<name>/<check_id>.json``."""
+    rel_margin: float = Field(0.25, ge=0)
+    """A metric may be this fraction worse than golden (new checkpoints legitimately move)."""
+    threshold_fraction: float = Field(0.05, ge=0)
+    """... plus this fraction of its absolute threshold, so near-zero golden values are not brittle."""
+
+
+class GateConfig(StrictModel):
+    """The whole gate config."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    family: Literal["policy", "causal_lm"]
+    checks: list[str] | None = None
+    skip_checks: list[str] = []
+    thresholds: dict[str, dict[str, float]] = {}
+    golden: GoldenSettings = GoldenSettings()
+    report_dir: str | None = None
+    seed: int = 0
+    allow_pickle: bool = False
+    """Allow checkpoint formats that unpickle arbitrary objects (runs code from the file)."""
+    trust_remote_code: bool = False
+    policy: PolicySpec | None = None
+    causal_lm: CausalLMSpec | None = None
+    precision: PrecisionSpec = PrecisionSpec()
+
+    _path: Path = PrivateAttr(default=Path("gate.yaml"))
+
+    @field_validator("checks", "skip_checks")
+    @classmethod
+    def _known_checks(cls, value: list[str] | None) -> list[str] | None:
+        from paritygate.checks import CHECK_IDS
+
+        for cid in value or []:
+            if cid not in CHECK_IDS:
+                raise ValueError(f"unknown check id {cid!r}; known: {', '.join(CHECK_IDS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _family_section(self) -> GateConfig:
+        section = {"policy": self.policy, "causal_lm": self.causal_lm}[self.family]
+        if section is None:
+            raise ValueError(f"family {self.family!r} needs a '{self.family}' section")
+        return self
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def base_dir(self) -> Path:
+        return self._path.parent
+
+    def resolve(self, value: str | Path) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def golden_dir(self) -> Path:
+        return self.resolve(self.golden.dir) / self.name
+
+    def default_report_dir(self) -> Path:
+        if self.report_dir:
+            return self.resolve(self.report_dir)
+        return Path.cwd() / "reports" / self.name
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def config_from_dict(data: Any, path: Path) -> GateConfig:
+    """Validate a parsed config; raises :class:`InputError` naming the first bad key."""
+    if not isinstance(data, dict):
+        raise InputError(path, None, "config must be a YAML mapping")
+    try:
+        config = GateConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            cause = "unknown key"
+        elif kind == "missing":
+            cause = "required key is missing"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            cause = f"{msg} (got {err.get('input')!r})" if kind != "value_error" else msg
+        raise InputError(path, _format_loc(loc) or None, cause) from None
+    config._path = Path(path).resolve()
+    _validate_thresholds(config, path)
+    return config
+
+
+def _validate_thresholds(config: GateConfig, path: Path) -> None:
+    from paritygate.checks import CHECK_IDS, get_check
+
+    for cid, values in config.thresholds.items():
+        if cid not in CHECK_IDS:
+            raise InputError(path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}")
+        known = get_check(cid).defaults
+        for metric in values:
+            if metric not in known:
+                choices = ", ".join(sorted(known)) or "none"
+                raise InputError(path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}")
+
+
+def load_config(path: str | Path) -> GateConfig:
+    """Read and validate a gate config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(p, None, "config file not found") from None
+    except OSError as exc:
+        raise InputError(p, None, f"cannot read config: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        raise InputError(p, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    return config_from_dict(data, p)

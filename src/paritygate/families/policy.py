@@ -1,0 +1,354 @@
+"""The torch-policy family: load both models, the probes and the ONNX artifact once.
+
+Building the context validates every input (exit code 2 on failure): the
+factories import and build, the checkpoint reads, the probes load, the artifact
+opens and its input matches the probes. Checks then share the loaded pieces and
+the cached forward passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paritygate.config import GateConfig, PolicySpec
+from paritygate.errors import InputError
+
+
+def import_callable(spec: str, file: Path, key: str) -> Any:
+    """Resolve ``module:callable`` (dotted attribute path allowed), or raise InputError."""
+    if ":" not in spec:
+        raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
+    module_name, attr = spec.split(":", 1)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise InputError(file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(file, key, f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise InputError(file, key, f"{spec!r} is not callable")
+    return obj
+
+
+@dataclass
+class LoadReport:
+    """How a state dict landed in a model (computed by us, independent of the model's own loader)."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shape_mismatch: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    dtype_mismatch: list[tuple[str, str, str]] = field(default_factory=list)
+    value_mismatch: list[str] = field(default_factory=list)
+    tied: list[str] = field(default_factory=list)
+    load_error: str | None = None
+
+
+def load_into(model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()) -> LoadReport:
+    """Load ``state`` into ``model`` non-strictly and report every discrepancy.
+
+    Keys under ``ignore_prefixes`` (declared training-only heads) are not
+    "unexpected". Tensors with the wrong shape are not loaded (they would raise).
+    After loading, every model tensor is compared with the file's, which catches
+    loaders or hooks that silently drop or alter weights.
+    """
+    import torch
+
+    report = LoadReport()
+    model_state = model.state_dict(keep_vars=True)
+    owners: dict[int, str] = {}
+    for name, tensor in model_state.items():
+        ptr = tensor.data_ptr() if isinstance(tensor, torch.Tensor) and tensor.numel() else None
+        if ptr is not None and ptr in owners and name not in state:
+            report.tied.append(f"{name} (tied to {owners[ptr]})")
+        elif ptr is not None:
+            owners.setdefault(ptr, name)
+    tied_names = {t.split(" ")[0] for t in report.tied}
+    loadable: dict[str, Any] = {}
+    for name, tensor in state.items():
+        if name not in model_state:
+            if not any(name == p or name.startswith(p + ".") for p in ignore_prefixes):
+                report.unexpected.append(name)
+            continue
+        target = model_state[name]
+        if tuple(target.shape) != tuple(tensor.shape):
+            report.shape_mismatch.append((name, tuple(tensor.shape), tuple(target.shape)))
+            continue
+        if target.dtype != tensor.dtype and (target.is_floating_point() != tensor.is_floating_point()
+                                             or target.dtype != torch.float32):
+            report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
+        loadable[name] = tensor
+    report.missing = [n for n in model_state if n not in state and n not in tied_names]
+    try:
+        model.load_state_dict(loadable, strict=False)
+    except Exception as exc:  # a custom loader that raises is reported by the check
+        report.load_error = f"{type(exc).__name__}: {exc}"
+    after = model.state_dict()
+    for name, tensor in loadable.items():
+        got = after.get(name)
+        if got is None or got.shape != tensor.shape or not torch.equal(
+            got.detach().to(tensor.dtype), tensor
+        ):
+            report.value_mismatch.append(name)
+    return report
+
+
+def strip_heads(state: dict[str, Any], heads: list[str]) -> dict[str, Any]:
+    return {k: v for k, v in state.items()
+            if not any(k == h or k.startswith(h + ".") for h in heads)}
+
+
+@dataclass
+class PolicyContext:
+    """Everything the policy checks share, loaded once."""
+
+    config: GateConfig
+    spec: PolicySpec
+    checkpoint_path: Path
+    checkpoint_sha256: str
+    state: dict[str, Any]
+    training_model: Any
+    inference_model: Any
+    training_load: LoadReport
+    inference_load: LoadReport
+    raw_probes: np.ndarray
+    probes: np.ndarray
+    artifact_path: Path
+    manifest_path: Path
+    training_preprocess: Any = None
+    serving_preprocess: Any = None
+    exported_on_the_fly: bool = False
+    family: str = "policy"
+
+    @property
+    def input_name(self) -> str:
+        return self.spec.input_name
+
+    @property
+    def output_name(self) -> str:
+        return self.spec.output_names[0]
+
+    def new_training_model(self) -> Any:
+        factory = import_callable(self.spec.training_factory, self.config.path, "policy.training_factory")
+        return factory(**self.spec.factory_kwargs)
+
+    def new_inference_model(self) -> Any:
+        factory = import_callable(self.spec.inference_factory, self.config.path,
+                                  "policy.inference_factory")
+        return factory(**self.spec.factory_kwargs)
+
+    @cached_property
+    def candidate(self) -> Any:
+        from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
+
+        return OnnxRuntimeEngine(self.artifact_path)
+
+    @cached_property
+    def reference(self) -> Any:
+        from paritygate.engines.torch_engine import TorchEngine
+
+        return TorchEngine(self.training_model, input_name=self.input_name,
+                           output_name=self.output_name, select=self.spec.policy_output,
+                           name="torch training model (eval, fp32)")
+
+    @cached_property
+    def reference_outputs(self) -> np.ndarray:
+        """Training model's policy output on the probes, (N, A)."""
+        return self.reference.infer({self.input_name: self.probes})[self.output_name]
+
+    @cached_property
+    def candidate_outputs(self) -> dict[str, np.ndarray]:
+        return self.candidate.infer({self.input_name: self.probes})
+
+    @cached_property
+    def onnx_model(self) -> Any:
+        import onnx
+
+        return onnx.load(str(self.artifact_path))
+
+    def precision_subject(self) -> Any:
+        import torch
+
+        from paritygate.engines.torch_engine import select_output
+        from paritygate.precision.subject import PrecisionSubject
+
+        def build() -> Any:
+            model = self.new_inference_model()
+            load_into(model, self.state, ignore_prefixes=tuple(self.spec.training_heads))
+            return model.eval()
+
+        x = torch.from_numpy(self.probes)
+        return PrecisionSubject(
+            name=self.config.name,
+            build_model=build,
+            batches=[((x,), {})],
+            select_output=lambda out: select_output(out, 0),
+            onnx_path=self.artifact_path,
+            onnx_feeds=[{self.input_name: self.probes}],
+            onnx_output_name=self.output_name,
+        )
+
+
+def _load_probes(config: GateConfig, spec: PolicySpec) -> np.ndarray:
+    probes = spec.probes
+    if probes.file is not None:
+        path = config.resolve(probes.file)
+        if not path.exists():
+            raise InputError(path, "policy.probes.file", "probe file not found")
+        try:
+            loaded = np.load(path, allow_pickle=False)
+            arr = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
+        except Exception as exc:
+            raise InputError(path, "policy.probes.file", f"unreadable probes: {exc}") from None
+    else:
+        gen = import_callable(probes.generator or "", config.path, "policy.probes.generator")
+        try:
+            arr = gen(probes.count, probes.seed)
+        except Exception as exc:
+            raise InputError(config.path, "policy.probes.generator", f"generator failed: {exc}") from None
+    arr = np.asarray(arr)
+    if arr.ndim < 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.number):
+        raise InputError(config.path, "policy.probes", f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}")
+    return arr.astype(np.float32)
+
+
+def _preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
+    pre = spec.preprocessing
+    if pre is None:
+        return None, None
+    kwargs = dict(pre.kwargs)
+    if pre.stats is not None:
+        stats = config.resolve(pre.stats)
+        if not stats.exists():
+            raise InputError(stats, "policy.preprocessing.stats", "preprocessing stats file not found")
+        kwargs["stats_path"] = stats
+    training = import_callable(pre.training, config.path, "policy.preprocessing.training")
+    serving = import_callable(pre.serving, config.path, "policy.preprocessing.serving")
+
+    def bind(fn: Any) -> Any:
+        return lambda raw: fn(raw, **kwargs)
+
+    return bind(training), bind(serving)
+
+
+def _build_model(factory_spec: str, key: str, config: GateConfig, spec: PolicySpec) -> Any:
+    factory = import_callable(factory_spec, config.path, key)
+    try:
+        model = factory(**spec.factory_kwargs)
+    except Exception as exc:
+        raise InputError(config.path, key, f"factory failed: {type(exc).__name__}: {exc}") from None
+    if not hasattr(model, "state_dict"):
+        raise InputError(config.path, key, "factory did not return a torch.nn.Module")
+    return model
+
+
+def check_artifact_inputs(ctx_artifact: Path, input_name: str, probes: np.ndarray) -> None:
+    """The artifact's first input must be ``input_name`` with the probes' feature shape."""
+    from paritygate.engines.onnxruntime_engine import make_session
+
+    session = make_session(ctx_artifact)
+    inputs = session.get_inputs()
+    names = [i.name for i in inputs]
+    if input_name not in names:
+        raise InputError(ctx_artifact, "inputs", f"artifact inputs {names} do not include {input_name!r}")
+    shape = next(i.shape for i in inputs if i.name == input_name)
+    if len(shape) != probes.ndim:
+        raise InputError(ctx_artifact, f"inputs.{input_name}",
+                         f"rank {len(shape)} does not match the probes' rank {probes.ndim}")
+    for axis, (dim, want) in enumerate(zip(shape[1:], probes.shape[1:]), start=1):
+        if isinstance(dim, int) and dim != want:
+            raise InputError(ctx_artifact, f"inputs.{input_name}",
+                             f"axis {axis} is {dim} but the model input has {want}")
+
+
+def export_from_config(config: GateConfig, out_dir: Path) -> Path:
+    """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
+    ctx = build_policy_context(config, export_dir=out_dir, force_export=True)
+    return ctx.manifest_path
+
+
+def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
+                         force_export: bool = False) -> PolicyContext:
+    """Load and validate every input of a policy gate."""
+    import torch
+
+    from paritygate.checkpoints import load_state_dict
+    from paritygate.gate import sha256_file
+
+    spec = config.policy
+    assert spec is not None
+    torch.manual_seed(config.seed)
+    ckpt = config.resolve(spec.checkpoint)
+    sha_before = sha256_file(ckpt) if ckpt.is_file() else ""
+    state = load_state_dict(ckpt, allow_pickle=config.allow_pickle)
+    training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
+    inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
+    training_load = load_into(training, state)
+    inference_load = load_into(inference, state, ignore_prefixes=tuple(spec.training_heads))
+    training.eval()
+    inference.eval()
+
+    raw = _load_probes(config, spec)
+    train_pre, serve_pre = _preprocessors(config, spec)
+    if train_pre is not None:
+        try:
+            finite_raw = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
+            probes = np.asarray(train_pre(finite_raw), dtype=np.float32)
+        except Exception as exc:
+            raise InputError(config.path, "policy.preprocessing.training",
+                             f"training preprocessing failed on the probes: {exc}") from None
+    else:
+        probes = raw
+    if not np.all(np.isfinite(probes)):
+        raise InputError(config.path, "policy.probes", "model-input probes contain NaN/Inf")
+
+    exported = False
+    if spec.artifact is not None and not force_export:
+        artifact = config.resolve(spec.artifact)
+        if not artifact.exists():
+            raise InputError(artifact, "policy.artifact", "artifact not found")
+    else:
+        from paritygate.export import export_onnx, write_manifest
+
+        out = export_dir or (config.default_report_dir() / "export")
+        model = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
+        report = load_into(model, state, ignore_prefixes=tuple(spec.training_heads))
+        if report.missing or report.shape_mismatch:
+            raise InputError(ckpt, "state_dict", "cannot export: the inference model does not load "
+                             f"from the checkpoint (missing {report.missing[:3]}, shape "
+                             f"{[m[0] for m in report.shape_mismatch[:3]]})")
+        example = torch.from_numpy(probes[: min(2, len(probes))])
+        artifact = export_onnx(model.eval(), example, out / "policy.onnx", input_name=spec.input_name,
+                               output_names=list(spec.output_names), opset=spec.opset)
+        write_manifest(artifact, ckpt, opset=spec.opset)
+        exported = True
+    check_artifact_inputs(artifact, spec.input_name, probes)
+    manifest = config.resolve(spec.manifest) if spec.manifest else artifact.parent / "manifest.json"
+    sha_after = sha256_file(ckpt)
+    if sha_before != sha_after:
+        raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
+    return PolicyContext(
+        config=config, spec=spec, checkpoint_path=ckpt, checkpoint_sha256=sha_after, state=state,
+        training_model=training, inference_model=inference, training_load=training_load,
+        inference_load=inference_load, raw_probes=raw, probes=probes, artifact_path=artifact,
+        manifest_path=manifest, training_preprocess=train_pre, serving_preprocess=serve_pre,
+        exported_on_the_fly=exported,
+    )
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(path, None, f"manifest unreadable: {exc}") from None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,91 @@
+"""Golden baselines: read, write atomically, and describe where they came from.
+
+``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "provenance": {...}}``.
+When a baseline is missing or a regression is found, the obtained metrics are
+written beside it as ``<check_id>.obtained.json`` so they can be inspected or blessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file and ``os.replace``.
+
+    Safe under pytest-xdist: concurrent writers never leave a half-written file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Binary counterpart of :func:`atomic_write_text`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True) + "\n"
+
+
+class GoldenStore:
+    """Baselines of one gate (one config ``name``)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, check_id: str) -> Path:
+        return self.directory / f"{check_id}.json"
+
+    def obtained_path(self, check_id: str) -> Path:
+        return self.directory / f"{check_id}.obtained.json"
+
+    def load(self, check_id: str) -> dict[str, Any] | None:
+        """The blessed record, or ``None`` when there is no baseline yet."""
+        p = self.path(check_id)
+        if not p.exists():
+            return None
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            from paritygate.errors import InputError
+
+            raise InputError(p, None, f"golden file unreadable: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+            from paritygate.errors import InputError
+
+            raise InputError(p, "metrics", "golden file has no 'metrics' mapping")
+        return data
+
+    def write(self, check_id: str, metrics: dict[str, Any], provenance: dict[str, Any]) -> Path:
+        """Bless ``metrics`` as the new baseline and drop any stale obtained file."""
+        p = self.path(check_id)
+        atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        self.obtained_path(check_id).unlink(missing_ok=True)
+        return p
+
+    def write_obtained(
+        self, check_id: str, metrics: dict[str, Any], provenance: dict[str, Any]
+    ) -> Path:
+        p = self.obtained_path(check_id)
+        atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        return p

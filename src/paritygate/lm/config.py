@@ -1,0 +1,121 @@
+"""Config section of the causal-LM family (``causal_lm:`` in a gate YAML).
+
+Paths are relative to the gate config file. Example::
+
+    causal_lm:
+      model_dir: ../demo/lm/model
+      training_only_heads: [v_head.]
+      tokenizer: {training: ../demo/lm/model, serving: ../demo/lm/model}
+      sampling:
+        training: sampling/demo-lm-train.yaml
+        serving: sampling/demo-lm-vllm.yaml
+      probes: ../golden/demo-lm/probes.jsonl
+      engines: [hf]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from paritygate.config_base import StrictModel
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class AllowEntry(StrictModel):
+    """One accepted difference; the reason is mandatory and shown in the report."""
+
+    field: str
+    reason: str = Field(min_length=3)
+
+    @field_validator("reason")
+    @classmethod
+    def _real_reason(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("an allow-list entry needs a reason")
+        return value
+
+
+class TokenizerSpec(StrictModel):
+    """Training and serving tokenizers (HF tokenizer directories) and chat templates."""
+
+    training: str | None = None
+    """Defaults to ``model_dir``."""
+    serving: str | None = None
+    """Defaults to ``model_dir``."""
+    training_chat_template: str | None = None
+    """A Jinja file overriding the training tokenizer's template."""
+    serving_chat_template: str | None = None
+    allow: list[AllowEntry] = []
+    """Accepted differences: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``,
+    ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``."""
+
+
+class SamplingFiles(StrictModel):
+    """The trainer's sampling config and the serving one, plus accepted differences."""
+
+    training: str
+    """YAML in ``configs/sampling/``."""
+    serving: str
+    """The model's ``generation_config.json`` or a vLLM sampling-parameters YAML."""
+    allow: list[AllowEntry] = []
+
+
+class TrainingSide(StrictModel):
+    """How the trainer recomputes log-probs."""
+
+    logprob_fn: str = "paritygate.lm.logprobs:compute_logprobs"
+    """``module:callable`` with the signature of :func:`paritygate.lm.logprobs.compute_logprobs`."""
+    logprobs_mode: Literal["raw", "processed"] = "processed"
+    """``processed``: the trainer scores tokens under the sampling distribution (temperature,
+    top-k/top-p applied); ``raw``: under the model's plain softmax."""
+    dtype: Dtype = "float32"
+
+
+class EngineSpec(StrictModel):
+    """The inference engine's settings (for every engine in ``engines``)."""
+
+    model_dir: str | None = None
+    """The directory the engine loads; defaults to ``model_dir``."""
+    dtype: Dtype = "float32"
+    logprobs_mode: Literal["raw", "processed"] = "processed"
+    top_logprobs: int = Field(5, ge=0)
+    batch_size: int = Field(8, ge=1)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """vLLM only."""
+
+
+class CausalLMSpec(StrictModel):
+    """A Hugging Face causal LM checked against its serving path."""
+
+    model_dir: str
+    training_only_heads: list[str] = []
+    """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    sampling: SamplingFiles
+    probes: str
+    """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
+    max_prompt_tokens: int = Field(128, ge=1)
+    engines: list[Literal["hf", "vllm"]] = ["hf"]
+    """Engines ``logprob_delta`` and ``generation_parity`` compare; vLLM is ``vllm_delta``'s."""
+    training: TrainingSide = TrainingSide()
+    engine: EngineSpec = EngineSpec()
+    precision_tier: str | None = None
+    """Threshold tier of ``logprob_delta`` (``<training>/<inference>``, e.g. ``fp32/fp32``);
+    default: from the two dtypes."""
+    ratio_eps: float = Field(0.2, gt=0, lt=1)
+    """PPO clip range: tokens whose ratio exp(delta) leaves [1-eps, 1+eps] are counted."""
+    near_tie_margin: float = Field(1e-3, ge=0)
+    """generation_parity excuses a divergence only where the top-2 logit margin is below this."""
+    generation_samples: int = Field(2, ge=1)
+    """Sampled continuations per probe for ``logprob_delta``."""
+
+    def tier(self, engine_dtype: str | None = None) -> str:
+        """The precision tier key: the configured one, else ``<training>/<inference>``."""
+        if self.precision_tier:
+            return self.precision_tier
+        from paritygate.lm.tiers import tier_for
+
+        return tier_for(self.training.dtype, engine_dtype or self.engine.dtype)[0]

@@ -1,0 +1,255 @@
+"""The causal-LM family context: everything the LM checks share, loaded and validated once.
+
+Building it reads the config's files (model directory, tokenizers, sampling
+configs, probes) and raises :class:`~paritygate.errors.InputError` naming the
+file and key of the first bad input. Models, engines and generations are loaded
+lazily and cached, so a gate that runs one check pays only for that check.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paritygate.errors import InputError
+from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
+from paritygate.lm.hf import load_causal_lm, safetensors_files
+from paritygate.lm.probes import Probe, load_probes
+from paritygate.lm.sampling import SamplingFile, load_sampling_file
+from paritygate.lm.tokenizer import encode_probe, load_tokenizer
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.lm.config import CausalLMSpec
+    from paritygate.precision.subject import PrecisionSubject
+
+
+def _sha256_files(files: list[Path]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
+
+
+def import_callable(spec: str, file: Path, key: str) -> Any:
+    """``module:callable`` from the config (user code named by the config, not the checkpoint)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise InputError(file, key, f"cannot import {spec!r}: {exc}") from None
+    if not callable(obj):
+        raise InputError(file, key, f"{spec!r} is not callable")
+    return obj
+
+
+@dataclass
+class LMContext:
+    """Loaded inputs of a causal-LM gate run (satisfies the family Context protocol)."""
+
+    config: GateConfig
+    spec: CausalLMSpec
+    model_dir: Path
+    engine_model_dir: Path
+    checkpoint_path: Path
+    checkpoint_sha256: str
+    training_tokenizer: Any
+    serving_tokenizer: Any
+    probes: list[Probe]
+    training_sampling: SamplingFile
+    serving_sampling: SamplingFile
+    logprob_fn: Any
+    family: str = "causal_lm"
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # -- models ------------------------------------------------------------------
+    def _load_reference(self) -> tuple[Any, dict[str, Any]]:
+        if "reference" not in self._cache:
+            self._cache["reference"] = load_causal_lm(
+                self.model_dir,
+                self.spec.training.dtype,
+                trust_remote_code=self.config.trust_remote_code,
+            )
+        return self._cache["reference"]
+
+    def reference_model(self) -> Any:
+        """The training-side model (training dtype, eval mode), value head not attached."""
+        return self._load_reference()[0]
+
+    def reference_loading_info(self) -> dict[str, Any]:
+        return self._load_reference()[1]
+
+    def engine(self, name: str = "hf") -> GenerationEngine:
+        """The inference engine ``name`` (``hf`` or ``vllm``), built once."""
+        key = f"engine:{name}"
+        if key not in self._cache:
+            eng = self.spec.engine
+            if name == "hf":
+                from paritygate.lm.hf_engine import HFGenerateEngine
+
+                self._cache[key] = HFGenerateEngine.from_dir(
+                    self.engine_model_dir,
+                    self.serving_tokenizer,
+                    dtype=eng.dtype,
+                    trust_remote_code=self.config.trust_remote_code,
+                    logprobs_mode=eng.logprobs_mode,
+                    top_logprobs=eng.top_logprobs,
+                    batch_size=eng.batch_size,
+                )
+            elif name == "vllm":
+                from paritygate.lm.vllm_engine import VLLMEngine
+
+                self._cache[key] = VLLMEngine(
+                    self.engine_model_dir,
+                    dtype=eng.dtype,
+                    logprobs_mode=eng.logprobs_mode,
+                    top_logprobs=eng.top_logprobs,
+                    gpu_memory_utilization=eng.gpu_memory_utilization,
+                    trust_remote_code=self.config.trust_remote_code,
+                    seed=self.config.seed,
+                )
+            else:
+                raise ValueError(f"unknown engine {name!r}")
+        return self._cache[key]
+
+    # -- prompts and generations ------------------------------------------------
+    def prompts(self, side: str = "serving") -> list[list[int]]:
+        """Probe prompts as token ids, encoded by the ``serving`` or ``training`` tokenizer."""
+        tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
+        key = f"prompts:{side}"
+        if key not in self._cache:
+            self._cache[key] = [encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes]
+        return self._cache[key]
+
+    def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
+        """Sampled continuations (``generation_samples`` per probe) under the serving config."""
+        key = f"sampled:{engine}"
+        if key not in self._cache:
+            sampling = self.serving_sampling.spec()
+            if sampling.seed is None:
+                sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
+            prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
+            self._cache[key] = (self.engine(engine).generate(prompts, sampling), sampling)
+        return self._cache[key]
+
+    def greedy(self, engine: str = "hf") -> Generation:
+        """Greedy continuations of every probe under the serving config's length and stops."""
+        key = f"greedy:{engine}"
+        if key not in self._cache:
+            sampling = self.serving_sampling.spec().greedy()
+            self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
+        return self._cache[key]
+
+    def precision_subject(self) -> PrecisionSubject:
+        """The HF model in fp32 eval, probe prompts as left-padded batches of input ids."""
+        import torch
+
+        from paritygate.precision.subject import PrecisionSubject
+
+        prompts = self.prompts("training")
+        pad = self.training_tokenizer.pad_token_id
+        batches = []
+        for start in range(0, len(prompts), 4):
+            chunk = prompts[start : start + 4]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            batches.append(((), {"input_ids": ids, "attention_mask": mask}))
+
+        def build_model() -> Any:
+            model, _ = load_causal_lm(
+                self.model_dir, "float32", trust_remote_code=self.config.trust_remote_code
+            )
+            return model
+
+        return PrecisionSubject(
+            name=self.config.name,
+            build_model=build_model,
+            batches=batches,
+            select_output=lambda out: out.logits,
+        )
+
+
+def build_lm_context(config: GateConfig) -> LMContext:
+    """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
+    spec = config.causal_lm
+    if spec is None:
+        raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
+    cfg = config.path
+    model_dir = config.resolve(spec.model_dir)
+    if not model_dir.is_dir():
+        raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
+    if not (model_dir / "config.json").is_file():
+        raise InputError(model_dir / "config.json", None, "model directory has no config.json")
+    files = safetensors_files(model_dir)
+    engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
+    if not (engine_dir / "config.json").is_file():
+        raise InputError(cfg, "causal_lm.engine.model_dir", f"no HF model directory at {engine_dir}")
+
+    def tokenizer(side: str) -> Any:
+        tspec = spec.tokenizer
+        directory = getattr(tspec, side)
+        template = getattr(tspec, f"{side}_chat_template")
+        return load_tokenizer(
+            config.resolve(directory) if directory else model_dir,
+            config.resolve(template) if template else None,
+            trust_remote_code=config.trust_remote_code,
+        )
+
+    training_tok = tokenizer("training")
+    serving_tok = tokenizer("serving")
+    probes = load_probes(config.resolve(spec.probes))
+    for probe in probes:
+        for side, tok in (("training", training_tok), ("serving", serving_tok)):
+            if probe.is_chat and not getattr(tok, "chat_template", None):
+                raise InputError(
+                    cfg, f"causal_lm.tokenizer.{side}",
+                    f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
+                )
+    training_sampling = load_sampling_file(
+        config.resolve(spec.sampling.training),
+        trainer=True,
+        side_defaults={
+            "padding_side": training_tok.padding_side,
+            "truncation_side": training_tok.truncation_side,
+            "dtype": spec.training.dtype,
+        },
+    )
+    serving_sampling = load_sampling_file(
+        config.resolve(spec.sampling.serving),
+        trainer=False,
+        side_defaults={
+            "padding_side": serving_tok.padding_side,
+            "truncation_side": serving_tok.truncation_side,
+            "dtype": spec.engine.dtype,
+        },
+    )
+    logprob_fn = import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn")
+    return LMContext(
+        config=config,
+        spec=spec,
+        model_dir=model_dir,
+        engine_model_dir=engine_dir,
+        checkpoint_path=files[0] if len(files) == 1 else model_dir,
+        checkpoint_sha256=_sha256_files(files),
+        training_tokenizer=training_tok,
+        serving_tokenizer=serving_tok,
+        probes=probes,
+        training_sampling=training_sampling,
+        serving_sampling=serving_sampling,
+        logprob_fn=logprob_fn,
+    )

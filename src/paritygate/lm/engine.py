@@ -1,0 +1,122 @@
+"""The generation-engine protocol: one interface for HF generate, vLLM and friends.
+
+An engine turns prompt token ids into generated token ids plus the log-prob the
+engine assigned to each generated token. The training side then recomputes those
+log-probs with a teacher-forced forward; :mod:`paritygate.checks.logprob_delta`
+compares the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+LogprobsMode = Literal["raw", "processed"]
+"""``raw``: log-softmax of the model's logits; ``processed``: after temperature/top-k/top-p."""
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """One sampling protocol, as the trainer's sampler or the serving engine uses it.
+
+    Field names follow vLLM's ``SamplingParams`` where they exist (``max_tokens``
+    is called ``max_new_tokens`` here, as in HF ``GenerationConfig``).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 (or -1 in vLLM files) means no top-k filtering."""
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 16
+    min_new_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = 0
+    do_sample: bool = True
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SamplingSpec:
+        """Build from a mapping using either HF or vLLM field names.
+
+        Accepts ``max_tokens``/``min_tokens`` (vLLM) for ``max_new_tokens``/
+        ``min_new_tokens``, ``stop_strings`` (HF) for ``stop``, and ``top_k: -1``
+        (vLLM) for no top-k. Unknown keys raise ``KeyError`` naming the key.
+        """
+        aliases = {
+            "max_tokens": "max_new_tokens",
+            "min_tokens": "min_new_tokens",
+            "stop_strings": "stop",
+        }
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for raw_key, value in data.items():
+            key = aliases.get(raw_key, raw_key)
+            if key not in known:
+                raise KeyError(raw_key)
+            kwargs[key] = value
+        if "stop" in kwargs:
+            stop = kwargs["stop"]
+            kwargs["stop"] = [stop] if isinstance(stop, str) else list(stop or [])
+        if kwargs.get("top_k") is not None and int(kwargs["top_k"]) < 0:
+            kwargs["top_k"] = 0
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if name in kwargs and kwargs[name] is not None:
+                kwargs[name] = float(kwargs[name])
+        for name in ("top_k", "max_new_tokens", "min_new_tokens"):
+            if name in kwargs and kwargs[name] is not None:
+                kwargs[name] = int(kwargs[name])
+        if "temperature" in kwargs and kwargs["temperature"] == 0.0 and "do_sample" not in data:
+            kwargs["do_sample"] = False
+        return cls(**kwargs)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SamplingSpec:
+        """Read a sampling YAML file (a flat mapping of the fields above)."""
+        import yaml
+
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: expected a mapping of sampling fields")
+        return cls.from_dict(data)
+
+    def greedy(self, max_new_tokens: int | None = None) -> SamplingSpec:
+        """The same protocol with sampling switched off (argmax decoding)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(do_sample=False, temperature=1.0, top_p=1.0, top_k=0)
+        if max_new_tokens is not None:
+            values["max_new_tokens"] = max_new_tokens
+        return SamplingSpec(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Generation:
+    """What an engine produced for a batch of prompts (no padding anywhere).
+
+    ``logprobs[i][j]`` is the engine's log-prob of ``output_ids[i][j]``;
+    ``top_logprobs[i][j]`` maps token id -> log-prob for the engine's top-k at
+    that step, when the engine reports them. ``logprobs_mode`` says whether the
+    log-probs are of the raw model distribution or the processed (temperature,
+    top-k/top-p) one.
+    """
+
+    prompt_ids: list[list[int]]
+    output_ids: list[list[int]]
+    logprobs: list[list[float]]
+    top_logprobs: list[list[dict[int, float]]] | None
+    logprobs_mode: str
+    engine: str
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Anything that generates continuations and reports per-token log-probs."""
+
+    name: str
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation: ...

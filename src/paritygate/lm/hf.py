@@ -1,0 +1,77 @@
+"""Small helpers around transformers: quiet loading, dtypes, model loading."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from paritygate.errors import InputError
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load reports and progress bars, restoring the settings after."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_causal_lm(
+    directory: Path, dtype: str = "float32", *, trust_remote_code: bool = False
+) -> tuple[Any, dict[str, Any]]:
+    """An HF causal LM in eval mode and its loading info (missing/unexpected/mismatched keys).
+
+    Weights are read from safetensors only (``use_safetensors=True``), so loading runs
+    no code from the checkpoint unless ``trust_remote_code`` is set by the config.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not (directory / "config.json").is_file():
+        raise InputError(directory, "config.json", "model directory has no config.json")
+    try:
+        with quiet_transformers():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                directory,
+                dtype=torch_dtype(dtype),
+                trust_remote_code=trust_remote_code,
+                use_safetensors=True,
+                output_loading_info=True,
+            )
+    except Exception as exc:
+        raise InputError(directory, "model", f"cannot load model: {exc}") from None
+    model.eval()
+    return model, info
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The checkpoint's safetensors files (one file or the shards of an index)."""
+    import json
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(index, "weight_map", f"unreadable index: {exc}") from None
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise InputError(directory, None, "no .safetensors weights in the model directory")
+    return files

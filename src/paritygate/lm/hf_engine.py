@@ -1,0 +1,153 @@
+"""HF ``generate`` with a KV cache as a :class:`~paritygate.lm.engine.GenerationEngine` (CPU).
+
+Prompts are batched with the serving tokenizer's padding side (left for a correct
+setup) and decoded with ``use_cache=True``. Per-token log-probs come from the
+scores ``generate`` returns: ``output_logits`` (raw model distribution) or
+``output_scores`` (after temperature / top-k / top-p: the processed distribution).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paritygate.lm.engine import Generation, LogprobsMode, SamplingSpec
+from paritygate.lm.hf import load_causal_lm
+
+
+class HFGenerateEngine:
+    """The serving path as HF ``generate`` with a KV cache."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_token_id: int,
+        eos_token_id: int | None,
+        padding_side: str = "left",
+        logprobs_mode: LogprobsMode = "processed",
+        top_logprobs: int = 5,
+        batch_size: int = 8,
+        tokenizer: Any = None,
+    ) -> None:
+        self.model = model.eval()
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.padding_side = padding_side
+        self.logprobs_mode = logprobs_mode
+        self.top_logprobs = top_logprobs
+        self.batch_size = batch_size
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: Path,
+        tokenizer: Any,
+        *,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        **kwargs: Any,
+    ) -> HFGenerateEngine:
+        """Load the serving model from ``model_dir``; pad/eos ids and padding side from
+        the serving ``tokenizer``."""
+        model, _ = load_causal_lm(model_dir, dtype, trust_remote_code=trust_remote_code)
+        return cls(
+            model,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            padding_side=tokenizer.padding_side,
+            tokenizer=tokenizer,
+            **kwargs,
+        )
+
+    def _pad(self, prompts: list[list[int]]) -> tuple[Any, Any]:
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if self.padding_side == "left":
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            else:
+                ids[i, : len(p)] = torch.tensor(p)
+                mask[i, : len(p)] = 1
+        return ids, mask  # (B, T), (B, T)
+
+    def _cut(self, tokens: list[int], stop: list[str]) -> int:
+        """Length of a generated row: through the first EOS or completed stop string."""
+        for j, tok in enumerate(tokens):
+            if tok == self.eos_token_id:
+                return j + 1
+            if stop and self.tokenizer is not None:
+                text = self.tokenizer.decode(tokens[: j + 1])
+                if any(s in text for s in stop):
+                    return j + 1
+        return len(tokens)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation:
+        """Generate for every prompt (batched), returning unpadded outputs and log-probs."""
+        import torch
+        from transformers import GenerationConfig
+
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        config = GenerationConfig(
+            do_sample=sampling.do_sample,
+            temperature=sampling.temperature if sampling.do_sample else 1.0,
+            top_p=sampling.top_p if sampling.do_sample else 1.0,
+            top_k=sampling.top_k if sampling.do_sample else 0,
+            repetition_penalty=sampling.repetition_penalty,
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens,
+            stop_strings=list(sampling.stop) or None,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_scores=True,
+            output_logits=True,
+        )
+        out_ids: list[list[int]] = []
+        out_lp: list[list[float]] = []
+        out_top: list[list[dict[int, float]]] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = prompts[start : start + self.batch_size]
+            ids, mask = self._pad(chunk)
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed + start)
+            extra = {"tokenizer": self.tokenizer} if sampling.stop else {}
+            with torch.inference_mode():
+                res = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=config, **extra
+                )
+            steps = res.logits if self.logprobs_mode == "raw" else res.scores
+            logp = torch.log_softmax(torch.stack(steps, dim=1).float(), dim=-1)  # (B, N, V)
+            new = res.sequences[:, ids.shape[1] :]  # (B, N)
+            chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, N)
+            k = min(self.top_logprobs, logp.shape[-1])
+            top_vals, top_idx = logp.topk(k, dim=-1) if k else (None, None)  # (B, N, k)
+            for i in range(len(chunk)):
+                row = new[i].tolist()
+                n = self._cut(row, list(sampling.stop))
+                out_ids.append(row[:n])
+                out_lp.append(chosen[i, :n].tolist())
+                if top_idx is not None:
+                    out_top.append(
+                        [
+                            dict(zip(top_idx[i, j].tolist(), top_vals[i, j].tolist(), strict=True))
+                            for j in range(n)
+                        ]
+                    )
+        return Generation(
+            prompt_ids=[list(p) for p in prompts],
+            output_ids=out_ids,
+            logprobs=out_lp,
+            top_logprobs=out_top if self.top_logprobs else None,
+            logprobs_mode=self.logprobs_mode,
+            engine=self.name,
+        )

@@ -1,0 +1,152 @@
+"""Precision tiers: how far trainer and engine token log-probs may drift apart.
+
+Keyed ``"<training dtype>/<inference dtype>"``. Each tier bounds the statistics
+of ``delta = logp_train - logp_infer`` on sampled tokens (see
+:mod:`paritygate.lm.delta`):
+
+- ``delta_max_abs``: worst single token, nats.
+- ``delta_p99_abs``: 99th percentile of |delta|, nats.
+- ``delta_mean_abs``: bound on ``|delta_mean|`` (a systematic offset), nats.
+- ``ratio_outside_frac``: fraction of tokens whose ratio ``exp(delta)`` leaves
+  ``[1 - eps, 1 + eps]`` (eps = 0.2, PPO's clip range) before any update.
+- ``k3_kl``: the k3 estimate of ``KL(engine || trainer)`` per token, nats.
+
+Where the numbers come from
+---------------------------
+Rounding: unit roundoff is 2^-24 = 5.96e-8 (fp32), 2^-11 = 4.88e-4 (fp16),
+2^-8 = 3.91e-3 (bf16). A logit error ``dz`` moves a log-softmax entry by
+``dz_i - sum_j p_j dz_j``, at most ``2 max|dz|``; the logit error itself grows
+with the length of each dot product (about sqrt(K) unit roundoffs for random
+rounding) and with depth. Rounding errors are unbiased, so a mean offset of
+more than a few ulps points to a one-sided transform (temperature applied on
+one side, raw vs processed log-probs), not to precision.
+
+Published observations of train/inference mismatch in LLM RL:
+
+- F. Yao, L. Liu et al., "Your Efficient RL Framework Secretly Brings You
+  Off-Policy RL Training" (fengyao.notion.site/off-policy-rl, 2025) and the
+  talk "On the Rollout-Training Mismatch in Modern RL Systems": vLLM (rollout)
+  vs FSDP (training) token probabilities of the same bf16 model differ by up
+  to 1.0 (DAPO Qwen2.5-32B); they correct with truncated importance sampling,
+  which caps the ratio at C = 2.
+- NVIDIA NeMo RL, "Add New Models" guide (docs.nvidia.com/nemo/rl/latest/
+  adding-new-models.html) measures ``mean(exp(|delta|))`` ("multiplicative
+  probability error", samples from the inference framework); its CI suites
+  (github.com/NVIDIA-NeMo/RL, tests/test_suites/llm/*.sh) require
+  ``train/token_mult_prob_error`` median < 1.1, max < 1.05 in the strict
+  async-PPO suite, and ``mean(train/gen_kl_error) < 0.01`` for bf16 training
+  against vLLM.
+- P. Qi et al., "Defeating the Training-Inference Mismatch via FP16"
+  (arXiv:2510.26788): bf16's rounding is the main source of the mismatch;
+  fp16 on both sides largely removes it.
+- vLLM's ``logprobs_mode`` (vllm/config/model.py, ModelConfig.logprobs_mode):
+  ``raw_logprobs`` (default) are before temperature/top-k/top-p,
+  ``processed_logprobs`` after; comparing one with the other is a systematic
+  bias, not a precision effect, and no tier excuses it.
+"""
+
+from __future__ import annotations
+
+_U_FP32 = 2.0**-24
+_U_FP16 = 2.0**-11
+_U_BF16 = 2.0**-8
+_SQRT2 = 2.0**0.5
+
+PRECISION_TIERS: dict[str, dict[str, float]] = {
+    "fp32/fp32": {
+        # ~1700 u_fp32: sqrt(K) ~ 64 per reduction, tens of layers, x2 from the
+        # log-softmax; the same figure as logits_agreement's max_abs_diff (1e-4) on logits.
+        "delta_max_abs": 1e-4,
+        # Typical tokens: 5x tighter than the worst one (~340 u_fp32).
+        "delta_p99_abs": 2e-5,
+        # Unbiased fp32 rounding averages out; 1e-6 is ~17 u_fp32.
+        "delta_mean_abs": 1e-6,
+        # Leaving [0.8, 1.2] needs |delta| >= 0.18, 1800x delta_max_abs: never.
+        "ratio_outside_frac": 0.0,
+        # k3 ~ E[delta^2] / 2 <= (2e-5)^2 / 2 = 2e-10; 5x margin.
+        "k3_kl": 1e-9,
+    },
+    "bf16/bf16": {
+        # Below ln 2 = 0.69 so no token reaches the truncated-IS cap C = 2 (Yao et al.),
+        # whose bf16 vLLM-vs-FSDP runs show probability differences up to 1.0.
+        "delta_max_abs": 0.5,
+        # ~25 u_bf16; NeMo RL's CI bound mean(exp|delta|) < 1.1 allows mean |delta| ~ 0.095.
+        "delta_p99_abs": 0.1,
+        # ~2.5 u_bf16 of systematic offset; beyond that something one-sided is applied.
+        "delta_mean_abs": 0.01,
+        # 1% of tokens outside PPO's clip range [0.8, 1.2] before the first update.
+        "ratio_outside_frac": 0.01,
+        # One tenth of NeMo RL's CI alarm mean(gen_kl_error) < 0.01.
+        "k3_kl": 1e-3,
+    },
+    "fp16/fp16": {
+        # fp16 rounds 8x finer than bf16 (2^-11 vs 2^-8): delta bounds / 8, k3 / 64;
+        # Qi et al. observe fp16 on both sides largely removes the bf16 mismatch.
+        "delta_max_abs": 0.5 / 8,
+        "delta_p99_abs": 0.1 / 8,
+        "delta_mean_abs": 0.01 / 8,
+        # p99 0.0125 sits far inside [0.8, 1.2] (|delta| 0.18); 0.1% for rare outliers.
+        "ratio_outside_frac": 0.001,
+        "k3_kl": 1e-3 / 64,
+    },
+    "bf16/fp32": {
+        # Only the training side rounds at bf16: independent errors add in quadrature,
+        # so the bf16/bf16 delta bounds / sqrt(2) and k3 / 2.
+        "delta_max_abs": 0.5 / _SQRT2,
+        "delta_p99_abs": 0.1 / _SQRT2,
+        "delta_mean_abs": 0.01 / _SQRT2,
+        "ratio_outside_frac": 0.005,
+        "k3_kl": 1e-3 / 2,
+    },
+    "fp16/fp32": {
+        # fp16/fp16 bounds / sqrt(2), k3 / 2 (one rounded side, as for bf16/fp32).
+        "delta_max_abs": 0.5 / 8 / _SQRT2,
+        "delta_p99_abs": 0.1 / 8 / _SQRT2,
+        "delta_mean_abs": 0.01 / 8 / _SQRT2,
+        "ratio_outside_frac": 0.0005,
+        "k3_kl": 1e-3 / 64 / 2,
+    },
+}
+
+UNIT_ROUNDOFF: dict[str, float] = {"fp32": _U_FP32, "fp16": _U_FP16, "bf16": _U_BF16}
+
+_ALIASES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "f32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "f16": "fp16",
+}
+
+
+def canonical_dtype(name: object) -> str:
+    """``"float32"``, ``torch.float32``, ``"half"``... -> ``"fp32"`` / ``"fp16"`` / ``"bf16"``."""
+    key = str(name).strip().lower()
+    if key not in _ALIASES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of fp32, bf16, fp16")
+    return _ALIASES[key]
+
+
+def tier_for(train_dtype: str, infer_dtype: str) -> tuple[str, dict[str, float]]:
+    """The tier for a (training dtype, inference dtype) pair: ``(key, thresholds)``.
+
+    A pair listed only the other way round (``fp32/bf16``) uses its mirror
+    (``bf16/fp32``): the error of the lower-precision side is the same whichever
+    side it is on. Mixed bf16/fp16 pairs have no tier and raise ``ValueError``.
+    """
+    train, infer = canonical_dtype(train_dtype), canonical_dtype(infer_dtype)
+    for key in (f"{train}/{infer}", f"{infer}/{train}"):
+        if key in PRECISION_TIERS:
+            return key, dict(PRECISION_TIERS[key])
+    raise ValueError(
+        f"no precision tier for training {train} vs inference {infer}; "
+        f"known tiers: {', '.join(PRECISION_TIERS)}"
+    )

@@ -1,0 +1,108 @@
+"""Numeric comparison helpers (numpy only): differences and action-distribution distances.
+
+All functions are pure and deterministic; they compute in float64 so the metric
+itself adds no rounding noise to what it measures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def nonfinite_count(array: np.ndarray) -> int:
+    """Number of NaN or Inf entries."""
+    arr = np.asarray(array)
+    if not np.issubdtype(arr.dtype, np.floating):
+        return 0
+    return int(arr.size - np.count_nonzero(np.isfinite(arr)))
+
+
+def finite_report(name: str, array: np.ndarray) -> str | None:
+    """A cause line when ``array`` holds NaN or Inf, else ``None``."""
+    arr = np.asarray(array)
+    if not np.issubdtype(arr.dtype, np.floating):
+        return None
+    n_nan = int(np.isnan(arr).sum())
+    n_inf = int(np.isinf(arr).sum())
+    if n_nan == 0 and n_inf == 0:
+        return None
+    parts = [f"{n} {kind}" for n, kind in ((n_nan, "NaN"), (n_inf, "Inf")) if n]
+    return f"{name} has {' and '.join(parts)} values"
+
+
+def diff_stats(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+    """Max / mean / p99 absolute and max relative difference of two same-shape arrays."""
+    ref = np.asarray(reference, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    if ref.shape != cand.shape:
+        raise ValueError(f"shape mismatch: reference {ref.shape} vs candidate {cand.shape}")
+    if ref.size == 0:
+        return {"max_abs": 0.0, "mean_abs": 0.0, "p99_abs": 0.0, "max_rel": 0.0}
+    diff = np.abs(ref - cand)
+    if not np.all(np.isfinite(diff)):
+        nan = float("nan")
+        return {"max_abs": nan, "mean_abs": nan, "p99_abs": nan, "max_rel": nan}
+    # Relative error floored at 1e-6 of the reference's scale so near-zero entries do not explode.
+    floor = max(1e-6 * float(np.max(np.abs(ref))), 1e-12)
+    rel = diff / np.maximum(np.abs(ref), floor)
+    return {
+        "max_abs": float(diff.max()),
+        "mean_abs": float(diff.mean()),
+        "p99_abs": float(np.quantile(diff, 0.99)),
+        "max_rel": float(rel.max()),
+    }
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable log-softmax over the last axis, in float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def distribution_stats(
+    reference_logits: np.ndarray, candidate_logits: np.ndarray, top_k: int = 5
+) -> dict[str, Any]:
+    """Distances between the categorical action distributions of two (N, A) logit arrays.
+
+    KL is KL(reference || candidate): the cost of acting with the candidate when
+    the trainer believes it acts with the reference. Returns kl_mean, kl_max,
+    tv_mean, tv_max, topk_overlap (the worst row's fraction of the reference top-k
+    found in the candidate top-k), argmax_agreement and ``worst`` (row indices, worst KL first).
+    """
+    ref = np.asarray(reference_logits, dtype=np.float64)
+    cand = np.asarray(candidate_logits, dtype=np.float64)
+    ref = ref.reshape(-1, ref.shape[-1])  # (N, A)
+    cand = cand.reshape(-1, cand.shape[-1])  # (N, A)
+    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(cand))):
+        nan = float("nan")
+        return {
+            "kl_mean": nan, "kl_max": nan, "tv_mean": nan, "tv_max": nan,
+            "topk_overlap": nan, "argmax_agreement": nan, "worst": [],
+        }
+    logp_ref = log_softmax(ref)
+    logp_cand = log_softmax(cand)
+    p_ref = np.exp(logp_ref)
+    kl = np.sum(p_ref * (logp_ref - logp_cand), axis=-1).clip(min=0.0)  # (N,)
+    tv = 0.5 * np.sum(np.abs(p_ref - np.exp(logp_cand)), axis=-1)  # (N,)
+    k = max(1, min(top_k, ref.shape[-1]))
+    # Stable sort so ties resolve identically on both sides and across runs.
+    top_ref = np.argsort(-ref, axis=-1, kind="stable")[:, :k]
+    top_cand = np.argsort(-cand, axis=-1, kind="stable")[:, :k]
+    overlap = np.array(
+        [len(set(r.tolist()) & set(c.tolist())) / k for r, c in zip(top_ref, top_cand)]
+    )
+    agree = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
+    worst = np.argsort(-kl, kind="stable")[: min(5, len(kl))]
+    return {
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "tv_mean": float(tv.mean()),
+        "tv_max": float(tv.max()),
+        "topk_overlap": float(overlap.min()),
+        "argmax_agreement": float(agree.mean()),
+        "worst": [int(i) for i in worst],
+        "kl_per_row": kl.tolist(),
+    }

@@ -1,0 +1,175 @@
+"""pytest plugin: the gate files call ``gate_check(check_id)``; results become report artifacts.
+
+Registered through the ``pytest11`` entry point. Under pytest-xdist each worker
+builds its own :class:`~paritygate.gate.Gate`; results travel to the controller
+in ``user_properties`` and the controller alone writes the report, so the verdict
+is the same with or without ``-n``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RESULT_KEY = "paritygate_result"
+INPUT_ERROR_KEY = "paritygate_input_error"
+
+_GATES: dict[str, Any] = {}
+"""Gates already built in this process (the CLI pre-builds one to validate inputs)."""
+_INPUT_ERRORS: dict[str, Any] = {}
+
+
+def register_gate(gate: Any) -> None:
+    """Let the plugin reuse a gate the caller already built (same process only)."""
+    _GATES[str(gate.config.path)] = gate
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("paritygate", "paritygate release gate")
+    group.addoption("--gate-config", default=os.environ.get("PARITYGATE_CONFIG"),
+                    help="gate config YAML (env PARITYGATE_CONFIG)")
+    group.addoption("--report-dir", default=None,
+                    help="where report.json/.md/.html and junit.xml go (default reports/<name>)")
+    group.addoption("--update-golden", action="store_true", default=False,
+                    help="bless the obtained metrics as the new golden baselines")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (
+        "fast: quick checks, run on every artifact",
+        "slow: expensive checks",
+        "gpu: needs a CUDA device (and vLLM where named)",
+    ):
+        config.addinivalue_line("markers", line)
+    config._paritygate_results = []  # type: ignore[attr-defined]
+    config._paritygate_input_errors = []  # type: ignore[attr-defined]
+
+
+def _get_gate(config: pytest.Config) -> Any:
+    from paritygate.errors import InputError
+    from paritygate.gate import Gate
+
+    path = config.getoption("--gate-config")
+    if not path:
+        raise InputError(None, "--gate-config", "no gate config given (or set PARITYGATE_CONFIG)")
+    key = str(Path(path).resolve())
+    if key in _INPUT_ERRORS:
+        raise _INPUT_ERRORS[key]
+    if key not in _GATES:
+        try:
+            gate = Gate.from_path(path, update_golden=config.getoption("--update-golden"))
+            gate.context  # noqa: B018 - build and validate every input once
+        except InputError as exc:
+            _INPUT_ERRORS[key] = exc
+            raise
+        _GATES[key] = gate
+    gate = _GATES[key]
+    gate.update_golden = config.getoption("--update-golden")
+    return gate
+
+
+@pytest.fixture(scope="session")
+def paritygate_gate(pytestconfig: pytest.Config) -> Any:
+    """The :class:`~paritygate.gate.Gate` for ``--gate-config``."""
+    return _get_gate(pytestconfig)
+
+
+@pytest.fixture
+def gate_check(request: pytest.FixtureRequest) -> Any:
+    """``gate_check(check_id)``: evaluate one check; fail or skip the test by its verdict."""
+    from paritygate.errors import InputError
+
+    def run(check_id: str) -> Any:
+        try:
+            gate = _get_gate(request.config)
+            result = gate.evaluate(check_id)
+        except InputError as exc:
+            request.node.user_properties.append((INPUT_ERROR_KEY, exc.line()))
+            pytest.fail(f"bad input: {exc.line()}", pytrace=False)
+        request.node.user_properties.append((RESULT_KEY, json.dumps(result.to_json())))
+        if result.status == "skip":
+            pytest.skip(result.message)
+        if result.status != "pass":
+            pytest.fail(f"{check_id} {result.status}: {result.message}", pytrace=False)
+        return result
+
+    return run
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    config = _CONFIG.get("config")
+    if config is None:
+        return
+    for name, value in report.user_properties:
+        if name == RESULT_KEY:
+            from paritygate.result import CheckResult
+
+            result = CheckResult.from_json(json.loads(value))
+            config._paritygate_results.append(result)
+            _progress(config, result)
+        elif name == INPUT_ERROR_KEY and value not in config._paritygate_input_errors:
+            config._paritygate_input_errors.append(value)
+
+
+_CONFIG: dict[str, pytest.Config] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG["config"] = session.config
+
+
+def _progress(config: pytest.Config, result: Any) -> None:
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is None:
+        return
+    key = result.key_metric
+    value = result.metrics.get(key) if key else None
+    shown = f"{key}={value:.3g}" if isinstance(value, float) else (f"{key}={value}" if key else "")
+    tr.write_line(f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return  # xdist worker: the controller writes the report
+    errors: list[str] = getattr(config, "_paritygate_input_errors", [])
+    results = getattr(config, "_paritygate_results", [])
+    if errors:
+        session.exitstatus = 2
+        return
+    if not results:
+        return
+    from paritygate.errors import InputError
+    from paritygate.report import write_reports
+
+    try:
+        gate = _get_gate(config)
+    except InputError:
+        return
+    report_dir = config.getoption("--report-dir")
+    out = Path(report_dir) if report_dir else gate.config.default_report_dir()
+    order = {c.id: i for i, c in enumerate(gate.checks())}
+    results = sorted(results, key=lambda r: order.get(r.id, 99))
+    written = write_reports(gate, results, out)
+    config._paritygate_written = written  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    errors: list[str] = getattr(config, "_paritygate_input_errors", [])
+    if errors:
+        terminalreporter.write_line(f"paritygate: bad input: {errors[0]}", red=True, bold=True)
+        return
+    written = getattr(config, "_paritygate_written", None)
+    if written is None:
+        return
+    from paritygate.report import summary_table
+
+    terminalreporter.write_sep("=", "paritygate")
+    for line in summary_table(written.results):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(f"status: {written.status}   reports: {written.directory}")

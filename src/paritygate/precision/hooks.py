@@ -1,0 +1,198 @@
+"""Torch plumbing for the precision pass: layer selection, in-place casts, tensor trees, hooks.
+
+Casting swaps the storage of parameters and floating buffers (``p.data``) and
+returns a function that puts the original fp32 tensors back, so a model is
+never copied: during a low-precision pass the process holds the fp32 weights
+plus one low-precision copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+import torch
+from torch import nn
+
+from paritygate.precision.config import PrecisionSpec
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """A measured module: its qualified name, class, and whether it has children."""
+
+    name: str
+    type: str
+    kind: str  # "leaf" | "block"
+    has_params: bool
+
+
+def select_layers(model: nn.Module, spec: PrecisionSpec) -> dict[nn.Module, LayerInfo]:
+    """Modules to measure (the root excluded), filtered by ``spec.layers``/include/exclude."""
+    selected: dict[nn.Module, LayerInfo] = {}
+    for name, module in model.named_modules():
+        if not name or module in selected:
+            continue
+        kind = "block" if any(True for _ in module.children()) else "leaf"
+        if spec.layers != "all" and {"leaves": "leaf", "blocks": "block"}[spec.layers] != kind:
+            continue
+        if spec.include and not any(fnmatchcase(name, p) for p in spec.include):
+            continue
+        if any(fnmatchcase(name, p) for p in spec.exclude):
+            continue
+        has_params = any(True for _ in module.parameters(recurse=False))
+        selected[module] = LayerInfo(name, type(module).__name__, kind, has_params)
+    return selected
+
+
+def parameterised_leaves(model: nn.Module) -> set[nn.Module]:
+    """Leaf modules with their own parameters (the depth D of the output budget counts their calls)."""
+    return {
+        m
+        for m in model.modules()
+        if not any(True for _ in m.children()) and any(True for _ in m.parameters(recurse=False))
+    }
+
+
+def cast_params(
+    module: nn.Module, dtype: torch.dtype, keep: Iterable[nn.Module] = ()
+) -> Callable[[], None]:
+    """Cast floating parameters and buffers of ``module`` in place; returns the undo function.
+
+    Modules in ``keep`` (and everything below them) stay as they are.
+    """
+    skip: set[int] = set()
+    for kept in keep:
+        skip.update(id(m) for m in kept.modules())
+    params: list[tuple[nn.Parameter, torch.Tensor]] = []
+    buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
+    seen: set[int] = set()
+    for mod in module.modules():
+        if id(mod) in skip:
+            continue
+        for p in mod._parameters.values():
+            if p is None or id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
+                continue
+            seen.add(id(p))
+            params.append((p, p.data))
+            p.data = p.data.to(dtype)
+        for name, b in mod._buffers.items():
+            if b is None or not b.is_floating_point() or b.dtype == dtype:
+                continue
+            buffers.append((mod, name, b))
+            mod._buffers[name] = b.to(dtype)
+
+    def restore() -> None:
+        for p, original in params:
+            p.data = original
+        for mod, name, original in buffers:
+            mod._buffers[name] = original
+
+    return restore
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every floating tensor of a nested tuple/list/dict; other leaves pass through."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        try:
+            return type(obj)(**mapped) if type(obj) is not dict else mapped
+        except TypeError:
+            return mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(v, fn) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def floating_tensors(obj: Any) -> list[torch.Tensor]:
+    """Floating tensors of a nested output, in a deterministic order."""
+    found: list[torch.Tensor] = []
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            found.append(obj)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            found.extend(floating_tensors(value))
+    elif isinstance(obj, (tuple, list)):
+        for value in obj:
+            found.extend(floating_tensors(value))
+    return found
+
+
+def first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The module's main input: the first floating tensor among args, else among kwargs."""
+    for source in (args, kwargs):
+        tensors = floating_tensors(source)
+        if tensors:
+            return tensors[0]
+    return None
+
+
+def saturating_cast(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Cast to ``dtype`` clamping to its finite range.
+
+    Used for a layer's inputs in the local run (an input the format cannot hold
+    is the previous layer's overflow, which that layer's own row reports), and
+    for additive masks built with float32's lowest value.
+    """
+    if dtype == torch.float32:
+        return lambda t: t.to(torch.float32)
+    limit = torch.finfo(dtype).max
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype == dtype:
+            return t
+        return t.clamp(-limit, limit).to(dtype)
+
+    return cast
+
+
+class CallCounter:
+    """Names repeated calls of one module within a forward: ``act``, ``act#1``, ..."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def key(self, module: nn.Module, name: str) -> tuple[str, int]:
+        index = self.counts.get(id(module), 0)
+        self.counts[id(module)] = index + 1
+        return (f"{name}#{index}" if index else name), index
+
+
+class Hooks:
+    """Forward hooks on the selected modules calling ``on_call(key, info, module, args, kwargs, out)``.
+
+    ``paused`` silences them while the measurement itself runs a module again.
+    """
+
+    def __init__(self, layers: dict[nn.Module, LayerInfo], on_call: Callable[..., None]) -> None:
+        self.layers = layers
+        self.on_call = on_call
+        self.paused = False
+        self.counter = CallCounter()
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> Hooks:
+        for module, info in self.layers.items():
+            self._handles.append(module.register_forward_hook(self._hook(info), with_kwargs=True))
+        return self
+
+    def _hook(self, info: LayerInfo) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if self.paused:
+                return
+            key, _ = self.counter.key(module, info.name)
+            self.on_call(key, info, module, args, kwargs, output)
+
+        return hook
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

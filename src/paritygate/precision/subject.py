@@ -1,0 +1,30 @@
+"""What a model family hands to the per-layer precision measurement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class PrecisionSubject:
+    """A model to measure layer by layer, and the probe batches to run it on.
+
+    ``build_model()`` returns a fresh fp32 eval-mode ``torch.nn.Module`` with the
+    checkpoint's weights (the inference model, training heads removed). Each
+    batch is ``(args, kwargs)`` for its forward; ``select_output`` picks the
+    compared tensor out of whatever forward returns. ``onnx_path`` and
+    ``onnx_feeds`` (name-keyed arrays aligned with ``batches``) are set when the
+    candidate is an ONNX artifact.
+    """
+
+    name: str
+    build_model: Callable[[], Any]
+    batches: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    select_output: Callable[[Any], Any]
+    onnx_path: Path | None = None
+    onnx_feeds: list[dict[str, Any]] | None = None
+    onnx_output_name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,149 @@
+"""Measurement records: what a check returns, before any verdict is applied.
+
+A check measures; it never decides. It returns a :class:`Measurement` holding
+named :class:`Metric` values (each knowing which direction is bad and its
+absolute threshold), *findings* (named causes that fail the check whatever the
+numbers say, e.g. "missing key 'fc.weight'"), and free-form *details* (tables
+for the report). :mod:`paritygate.verdict` turns a measurement plus the golden
+baseline into a :class:`CheckResult`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Bad = Literal["higher", "lower", "change", "none"]
+"""Which direction of a metric is worse.
+
+``higher``: errors, diffs, counts of bad things. ``lower``: agreement rates,
+cosine similarity, SQNR. ``change``: any difference from golden is a regression
+(shapes, counts that must stay fixed). ``none``: informational, never judged.
+"""
+
+Status = Literal["pass", "fail", "skip", "error"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One named number with the rule that judges it."""
+
+    name: str
+    value: float | int | bool | None
+    bad: Bad = "higher"
+    threshold: float | None = None
+    unit: str = ""
+    key: bool = False
+    ratchet: bool = True
+    """Compare with golden (False for metrics that legitimately vary between checkpoints)."""
+
+    def is_finite(self) -> bool:
+        """False for NaN/Inf values; ``None`` means not measured and counts as finite."""
+        if self.value is None or isinstance(self.value, bool):
+            return True
+        return math.isfinite(float(self.value))
+
+    def breaches(self, threshold: float | None = None) -> bool:
+        """True when the value is on the bad side of the threshold (NaN always breaches)."""
+        limit = self.threshold if threshold is None else threshold
+        if self.value is None:
+            return False
+        if not self.is_finite():
+            return True
+        if limit is None or self.bad in ("none", "change"):
+            return False
+        value = float(self.value)
+        if self.bad == "higher":
+            return value > limit
+        return value < limit
+
+
+@dataclass
+class Measurement:
+    """What a check observed: metrics, named causes of failure and report details."""
+
+    check_id: str
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    skipped: str | None = None
+
+    def metric(
+        self,
+        name: str,
+        value: float | int | bool | None,
+        *,
+        bad: Bad = "higher",
+        threshold: float | None = None,
+        unit: str = "",
+        key: bool = False,
+        ratchet: bool = True,
+    ) -> Metric:
+        """Record a metric; ``value`` is converted to a plain Python number."""
+        if value is not None and not isinstance(value, (bool, int)):
+            value = float(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = int(value)
+        m = Metric(name, value, bad, threshold, unit, key, ratchet)
+        self.metrics[name] = m
+        return m
+
+    def fail(self, cause: str) -> None:
+        """Record a named cause that fails the check regardless of thresholds."""
+        if cause not in self.findings:
+            self.findings.append(cause)
+
+    def note(self, text: str) -> None:
+        """Record context for the report that is not a failure."""
+        self.notes.append(text)
+
+    def skip(self, reason: str) -> Measurement:
+        self.skipped = reason
+        return self
+
+
+@dataclass
+class CheckResult:
+    """A measurement judged against thresholds and golden."""
+
+    id: str
+    status: Status
+    message: str
+    metrics: dict[str, Any]
+    golden: dict[str, Any] | None
+    thresholds: dict[str, float]
+    key_metric: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status,
+            "message": self.message,
+            "metrics": self.metrics,
+            "golden": self.golden,
+            "thresholds": self.thresholds,
+            "key_metric": self.key_metric,
+            "reasons": self.reasons,
+            "duration_s": round(self.duration_s, 4),
+            "details": self.details,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckResult:
+        return cls(
+            id=data["id"],
+            status=data["status"],
+            message=data["message"],
+            metrics=data.get("metrics", {}),
+            golden=data.get("golden"),
+            thresholds=data.get("thresholds", {}),
+            key_metric=data.get("key_metric"),
+            details=data.get("details", {}),
+            duration_s=data.get("duration_s", 0.0),
+            reasons=data.get("reasons", []),
+        )
