@@ -53,7 +53,9 @@ def test_constant_shift_is_systematic_bias() -> None:
 
 def test_tiny_shift_within_tier_is_consistent() -> None:
     lp = _logp((4, 50))
-    stats = delta_stats(lp + 1e-3, lp, np.ones(lp.shape, dtype=bool), tier=PRECISION_TIERS["bf16/bf16"])
+    stats = delta_stats(
+        lp + 1e-3, lp, np.ones(lp.shape, dtype=bool), tier=PRECISION_TIERS["bf16/bf16"]
+    )
     assert stats.labels == ["consistent"]
 
 

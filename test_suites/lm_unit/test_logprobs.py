@@ -151,8 +151,14 @@ def test_position_ids_from_mask_for_absolute_positions() -> None:
     (RoPE models such as Llama are nearly shift-invariant, so they cannot show the fault.)"""
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-        pad_token_id=PAD, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        pad_token_id=PAD,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
     seq = [1, 17, 42, 5, 88, 23, 61, 9]

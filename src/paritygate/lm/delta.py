@@ -118,7 +118,7 @@ def _bulk_level(abs_delta: np.ndarray) -> tuple[float, int]:
     0 when fewer than two tokens exist.
     """
     n = abs_delta.size
-    k = max(1, int(math.floor(0.01 * n)))
+    k = max(1, math.floor(0.01 * n))
     if n <= k:
         return 0.0, k
     ordered = np.sort(abs_delta)
@@ -250,14 +250,27 @@ def _worst_tokens(
     for s, p in nonfinite_at[:k]:
         s, p = int(s), int(p)
         rows.append(
-            {"seq": s, "pos": p, "delta": float("nan"), "logp_train": float(train[s, p]),
-             "logp_infer": float(infer[s, p]), "outlier": False, "nonfinite": True}
+            {
+                "seq": s,
+                "pos": p,
+                "delta": float("nan"),
+                "logp_train": float(train[s, p]),
+                "logp_infer": float(infer[s, p]),
+                "outlier": False,
+                "nonfinite": True,
+            }
         )
     for i in np.argsort(-np.abs(delta), kind="stable")[:k]:
         rows.append(
-            {"seq": int(seq_idx[i]), "pos": int(pos_idx[i]), "delta": float(delta[i]),
-             "logp_train": float(lt[i]), "logp_infer": float(li[i]),
-             "outlier": bool(outliers[i]), "nonfinite": False}
+            {
+                "seq": int(seq_idx[i]),
+                "pos": int(pos_idx[i]),
+                "delta": float(delta[i]),
+                "logp_train": float(lt[i]),
+                "logp_infer": float(li[i]),
+                "outlier": bool(outliers[i]),
+                "nonfinite": False,
+            }
         )
     if token_text is not None:
         for row in rows:
@@ -302,8 +315,7 @@ def delta_stats(
     sel = _as_2d("mask", mask, bool)
     if not train.shape == infer.shape == sel.shape:
         raise ValueError(
-            f"shape mismatch: logp_train {train.shape}, logp_infer {infer.shape}, "
-            f"mask {sel.shape}"
+            f"shape mismatch: logp_train {train.shape}, logp_infer {infer.shape}, mask {sel.shape}"
         )
     tier_map = dict(tier if tier is not None else PRECISION_TIERS["fp32/fp32"])
 
@@ -322,26 +334,37 @@ def delta_stats(
     labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite)
     nan = float("nan")
     if n:
-        abs_delta = np.abs(delta)
-        ratio = np.exp(delta)
-        prob_diff = np.abs(np.exp(lt) - np.exp(li))
-        values = {
-            "delta_mean": float(delta.mean()),
-            "delta_std": float(delta.std()),
-            "delta_max_abs": float(abs_delta.max()),
-            "delta_p99_abs": float(np.quantile(abs_delta, 0.99)),
-            "prob_diff_mean": float(prob_diff.mean()),
-            "prob_diff_max": float(prob_diff.max()),
-            # expm1(d) - d is r - 1 - log r without cancellation for tiny d.
-            "k3_kl": float(np.mean(np.expm1(delta) - delta)),
-            "ratio_outside_frac": float(np.mean((ratio < 1.0 - eps) | (ratio > 1.0 + eps))),
-        }
+        # A huge |delta| overflows exp to inf: the metric turns non-finite and fails by name.
+        with np.errstate(over="ignore"):
+            abs_delta = np.abs(delta)
+            ratio = np.exp(delta)
+            prob_diff = np.abs(np.exp(lt) - np.exp(li))
+            values = {
+                "delta_mean": float(delta.mean()),
+                "delta_std": float(delta.std()),
+                "delta_max_abs": float(abs_delta.max()),
+                "delta_p99_abs": float(np.quantile(abs_delta, 0.99)),
+                "prob_diff_mean": float(prob_diff.mean()),
+                "prob_diff_max": float(prob_diff.max()),
+                # expm1(d) - d is r - 1 - log r without cancellation for tiny d.
+                "k3_kl": float(np.mean(np.expm1(delta) - delta)),
+                "ratio_outside_frac": float(np.mean((ratio < 1.0 - eps) | (ratio > 1.0 + eps))),
+            }
     else:
         values = {name: nan for name in _METRIC_NAMES[:8]}
 
     worst = _worst_tokens(
-        delta, seq_idx, pos_idx, lt, li, outliers, np.argwhere(nonfinite_mask), train, infer,
-        token_text=token_text, worst_k=worst_k,
+        delta,
+        seq_idx,
+        pos_idx,
+        lt,
+        li,
+        outliers,
+        np.argwhere(nonfinite_mask),
+        train,
+        infer,
+        token_text=token_text,
+        worst_k=worst_k,
     )
     per_token = [
         {"seq": int(s), "pos": int(p), "delta": float(d)}

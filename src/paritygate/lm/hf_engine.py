@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.lm.engine import Generation, LogprobsMode, SamplingSpec
-from paritygate.lm.hf import load_causal_lm
+from paritygate.lm.hf import load_causal_lm, quiet_transformers
 
 
 class HFGenerateEngine:
@@ -96,11 +96,14 @@ class HFGenerateEngine:
 
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        warpers = (
+            {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+            if sampling.do_sample
+            else {}
+        )
         config = GenerationConfig(
             do_sample=sampling.do_sample,
-            temperature=sampling.temperature if sampling.do_sample else 1.0,
-            top_p=sampling.top_p if sampling.do_sample else 1.0,
-            top_k=sampling.top_k if sampling.do_sample else 0,
+            **warpers,
             repetition_penalty=sampling.repetition_penalty,
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.min_new_tokens,
@@ -121,7 +124,7 @@ class HFGenerateEngine:
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed + start)
             extra = {"tokenizer": self.tokenizer} if sampling.stop else {}
-            with torch.inference_mode():
+            with torch.inference_mode(), quiet_transformers():
                 res = self.model.generate(
                     input_ids=ids, attention_mask=mask, generation_config=config, **extra
                 )

@@ -29,8 +29,9 @@ PR #22387; both merged in 2025):
 vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken
 first; then allowed/bad words, min-tokens, logit bias, penalties, temperature,
 min-p, top-k/top-p. So ``processed_logprobs`` also reflect repetition penalty,
-min-p and min-tokens EOS masking, which the trainer's :func:`~paritygate.lm.logprobs.compute_logprobs`
-does not model: compare processed log-probs only with those set to neutral.
+min-p and min-tokens EOS masking, which the trainer's
+:func:`~paritygate.lm.logprobs.compute_logprobs` does not model: compare
+processed log-probs only with those set to neutral.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _import_vllm() -> Any:
 
 
 def normalize_logprobs_mode(mode: str) -> str:
-    """``raw``/``processed`` or vLLM's ``raw_logprobs``/``processed_logprobs`` -> ``raw``/``processed``."""
+    """``raw``/``processed``, or vLLM's ``raw_logprobs``/``processed_logprobs``, to ours."""
     if mode in VLLM_LOGPROBS_MODES:
         return mode
     if mode in _MODE_FROM_VLLM:

@@ -1,0 +1,179 @@
+"""From raw accumulators to a judged, JSON-serialisable precision report.
+
+``run_precision(subject, spec, k_local, k_out)`` is the library entry point:
+it builds the model once, runs the precision pass (and the ONNX comparison),
+applies the budgets, locates the first divergent layer per dtype and, when the
+output is over budget, searches and verifies a mixed-precision fix.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from paritygate.precision.budgets import local_budget_ulps, output_budget, unit_roundoff
+from paritygate.precision.config import PrecisionSpec
+from paritygate.precision.measure import LayerRecord, PrecisionRun, measure_model
+from paritygate.precision.subject import PrecisionSubject
+
+BUDGET_FORMULA = (
+    "local budget of a layer = k_local * u (u = 2^-11 float16, 2^-8 bfloat16, 2^-24 float32; "
+    "k_local from thresholds.local_budget_ulps or precision.budgets globs); "
+    "output budget = k_out * u * sqrt(D), D = parameterised layer calls per forward"
+)
+
+
+def json_number(value: float | int | None) -> float | int | str | None:
+    """Numbers for JSON: NaN/Inf become the strings ``"nan"``/``"inf"``/``"-inf"``."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if math.isfinite(value):
+        return float(value)
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def _layer_row(
+    record: LayerRecord, dtype: str, spec: PrecisionSpec, k_local: float
+) -> dict[str, Any]:
+    k = local_budget_ulps(record.key.split("#")[0], dtype, k_local, spec.budgets)
+    budget = k * unit_roundoff(dtype)
+    local, cum, cum_in = record.local[dtype], record.cum[dtype], record.cum_in[dtype]
+    cum_err, in_err = cum.rel_l2, cum_in.rel_l2
+    amplification = cum_err / in_err if in_err > 0 and math.isfinite(in_err) else None
+    error = record.errors.get(dtype)
+    nonfinite = local.nan + local.inf
+    over = error is not None or nonfinite > 0 or not local.rel_l2 <= budget
+    row: dict[str, Any] = {
+        "dtype": dtype,
+        "index": record.index,
+        "layer": record.key,
+        "type": record.info.type,
+        "kind": record.info.kind,
+        "budget_ulps": k,
+        "budget": budget,
+        **local.summary("local"),
+        **cum.summary("cum"),
+        "cum_in_rel_l2": in_err,
+        "amplification": amplification,
+        "headroom": record.act.headroom(dtype),
+        "underflow_fraction": record.act.underflow_fraction(dtype),
+        "numel": record.act.numel,
+        "over_budget": over,
+        "local_error": error,
+    }
+    return {k: json_number(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def _divergence_reason(row: dict[str, Any]) -> str:
+    if row["local_error"]:
+        return f"its {row['dtype']} run failed: {row['local_error']}"
+    if row["local_nan"] or row["local_inf"]:
+        return (
+            f"{row['local_inf']} Inf and {row['local_nan']} NaN values in its {row['dtype']} output "
+            f"(max |activation| {row['headroom']:.3g} x the format's largest finite value)"
+        )
+    return f"local rel L2 error {row['local_rel_l2']:.3g} exceeds its budget {row['budget']:.3g}"
+
+
+def analyse(run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float) -> dict[str, Any]:
+    """Rows per (dtype, layer) and a judged summary per dtype."""
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    for dtype in run.dtypes:
+        dtype_rows = [_layer_row(r, dtype, spec, k_local) for r in run.layers]
+        rows.extend(dtype_rows)
+        out = run.output[dtype]
+        over = [r for r in dtype_rows if r["over_budget"]]
+        first = over[0] if over else None
+        worst = max(dtype_rows, key=lambda r: r["headroom"], default=None)
+        budget = output_budget(dtype, k_out, run.depth)
+        summary[dtype] = {
+            "error": run.errors.get(dtype),
+            "output_rel_l2": json_number(out.rel_l2),
+            "output_max_abs": json_number(out.max_abs),
+            "output_cosine": json_number(out.cosine),
+            "output_nan": out.nan,
+            "output_inf": out.inf,
+            "output_budget": budget,
+            "output_over_budget": out.nan + out.inf > 0 or not out.rel_l2 <= budget,
+            "layers_over_budget": len(over),
+            "first_divergent": None
+            if first is None
+            else {
+                "layer": first["layer"],
+                "index": first["index"],
+                "type": first["type"],
+                "local_rel_l2": first["local_rel_l2"],
+                "budget": first["budget"],
+                "reason": _divergence_reason(first),
+            },
+            "max_headroom": worst["headroom"] if worst else 0.0,
+            "max_headroom_layer": worst["layer"] if worst else None,
+            "mixed": None,
+        }
+    return {
+        "dtypes": run.dtypes,
+        "depth": run.depth,
+        "k_local": k_local,
+        "k_out": k_out,
+        "budget_formula": BUDGET_FORMULA,
+        "rows": rows,
+        "summary": summary,
+        "reference_output_nonfinite": run.reference_output_nonfinite,
+        "notes": list(run.notes),
+        "onnx": None,
+    }
+
+
+def _ranked(report: dict[str, Any], dtype: str) -> list[str]:
+    """Layer names, most sensitive first: non-finite, then local error over budget."""
+    rows = [r for r in report["rows"] if r["dtype"] == dtype and "#" not in r["layer"]]
+
+    def score(row: dict[str, Any]) -> tuple[int, float, int]:
+        bad = 1 if (row["local_nan"] or row["local_inf"] or row["local_error"]) else 0
+        value = row["local_rel_l2"]
+        ratio = math.inf if isinstance(value, str) else float(value) / float(row["budget"])
+        return (-bad, -ratio, row["index"])
+
+    return [r["layer"] for r in sorted(rows, key=score)]
+
+
+def run_precision(
+    subject: PrecisionSubject, spec: PrecisionSpec, k_local: float, k_out: float
+) -> dict[str, Any]:
+    """Measure ``subject`` per layer in every configured dtype and judge it against the budgets."""
+    import torch
+
+    from paritygate.precision.mixed import MixedRunner, suggest_mixed
+
+    torch.manual_seed(0)
+    model = subject.build_model()
+    model.eval()
+    batches = subject.batches[: spec.max_batches] if spec.max_batches else subject.batches
+    onnx = None
+    if spec.onnx_compare and subject.onnx_path is not None:
+        from paritygate.precision.onnx_compare import OnnxComparison
+
+        onnx = OnnxComparison(subject.onnx_path, subject.onnx_feeds or [], subject.onnx_output_name)
+    run = measure_model(model, batches, subject.select_output, spec, onnx=onnx)
+    report = analyse(run, spec, k_local, k_out)
+    if onnx is not None:
+        report["onnx"] = onnx.report(run, k_local, k_out, spec)
+    if spec.suggest_mixed:
+        runner = MixedRunner(model, batches, subject.select_output, run.modules)
+        for dtype, summary in report["summary"].items():
+            if summary["output_over_budget"] and summary["error"] is None:
+                found = suggest_mixed(
+                    runner, dtype, _ranked(report, dtype), summary["output_budget"], spec.max_suggest_runs
+                )
+                summary["mixed"] = {
+                    "keep_fp32": found.keep_fp32,
+                    "verified": found.verified,
+                    "output_rel_l2": json_number(found.output_rel_l2),
+                    "runs": found.runs,
+                    "tried": [
+                        {k: json_number(v) if isinstance(v, float) else v for k, v in t.items()}
+                        for t in found.tried
+                    ],
+                }
+    return report

@@ -1,0 +1,331 @@
+"""The precision pass: per batch, one low-precision forward per dtype, then one fp32 forward.
+
+For each probe batch:
+
+1. For each dtype, the model's parameters are cast in place and the batch runs
+   once with hooks that keep every measured layer's output (and main input) in
+   that dtype: the *cumulative* run (every layer inherits the error of the
+   layers before it). Only this batch's tensors are kept, in low precision.
+2. The model runs once in fp32. Each layer's hook folds, into streamed
+   accumulators: its fp32 activation range; its cumulative error (stored
+   low-precision output vs fp32 output, and the same for its input, which gives
+   the amplification); its *local* error (the layer alone, cast to the dtype,
+   rerun on its own fp32 inputs, so inherited error is excluded); and, when an
+   ONNX artifact is compared, the artifact's tensor mapped to that layer.
+
+The batch's stored tensors are then dropped; nothing but accumulators survives
+a batch. The model exists once in fp32, plus one low-precision copy of its
+weights during step 1 (or of one layer's weights during a local run).
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from paritygate.precision.config import PrecisionSpec
+from paritygate.precision.hooks import (
+    Hooks,
+    LayerInfo,
+    cast_params,
+    first_floating,
+    floating_tensors,
+    map_tensors,
+    parameterised_leaves,
+    saturating_cast,
+    select_layers,
+)
+from paritygate.precision.stats import ActivationStats, ErrorStats
+
+Batch = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass
+class LayerRecord:
+    """Everything measured about one layer call, across dtypes."""
+
+    key: str
+    info: LayerInfo
+    index: int
+    depth: int
+    """Parameterised leaf calls finished when this layer returns (for cumulative budgets)."""
+    act: ActivationStats = field(default_factory=ActivationStats)
+    local: dict[str, ErrorStats] = field(default_factory=dict)
+    cum: dict[str, ErrorStats] = field(default_factory=dict)
+    cum_in: dict[str, ErrorStats] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    """dtype -> why the local run of this layer failed."""
+
+
+@dataclass
+class PrecisionRun:
+    """Raw measurements of one precision pass (accumulators, not yet judged)."""
+
+    dtypes: list[str]
+    layers: list[LayerRecord]
+    output: dict[str, ErrorStats]
+    reference_output_nonfinite: int
+    depth: int
+    errors: dict[str, str]
+    """dtype -> why the whole-model low-precision forward failed."""
+    notes: list[str]
+    modules: dict[str, nn.Module]
+    """layer name -> module (for the mixed-precision search)."""
+
+
+class _Keeper:
+    """Copies low-precision tensors once, sharing the copy when one tensor is both an output and an input.
+
+    A tensor is recognised by identity (a live weak reference) and its version
+    counter, so a tensor changed in place after it was kept is copied again.
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[int, tuple[Any, int, torch.Tensor]] = {}
+
+    def __call__(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        entry = self._copies.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            return entry[2]
+        copy = t.detach().clone()
+        self._copies[id(t)] = (weakref.ref(t), t._version, copy)
+        return copy
+
+
+def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Turn a generation cache off: a cached layer rerun for its local error would append twice."""
+    try:
+        accepts = "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if accepts and "use_cache" not in kwargs:
+        return {**kwargs, "use_cache": False}
+    return kwargs
+
+
+def _as_tensor(output: Any) -> torch.Tensor:
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"select_output returned {type(output).__name__}, not a tensor")
+    return output.detach()
+
+
+class _Pass:
+    """State shared by the hooks of one batch."""
+
+    def __init__(
+        self, model: nn.Module, spec: PrecisionSpec, layers: dict[nn.Module, LayerInfo]
+    ) -> None:
+        self.model = model
+        self.spec = spec
+        self.layers = layers
+        self.dtypes = list(spec.dtypes)
+        self.records: dict[str, LayerRecord] = {}
+        self.errors: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.param_leaves = parameterised_leaves(model)
+        self.leaf_calls = 0
+        self.depth = 0
+        self.onnx: Any = None
+        self.in_local = False
+        self.modules: dict[str, nn.Module] = {info.name: m for m, info in layers.items()}
+
+    def low_precision(self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str) -> Any:
+        """Cumulative run in ``dtype``: returns (stored per-layer tensors, selected output)."""
+        tdtype = getattr(torch, dtype)
+        keep = _Keeper()
+        store: dict[str, tuple[list[torch.Tensor], torch.Tensor | None]] = {}
+
+        def on_call(key: str, info: LayerInfo, module: nn.Module, a: Any, kw: Any, out: Any) -> None:
+            inp = first_floating(a, kw)
+            store[key] = ([keep(t) for t in floating_tensors(out)], keep(inp))
+
+        cast = saturating_cast(tdtype)
+        restore = cast_params(self.model, tdtype)
+        try:
+            with Hooks(self.layers, on_call), torch.no_grad():
+                out = self.model(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+            return store, out
+        finally:
+            restore()
+
+    def reference(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stored: dict[str, dict[str, Any]],
+        local: bool,
+        first: bool,
+    ) -> Any:
+        """The fp32 run of one batch, folding every comparison into the layer records."""
+        handles = []
+        if first:
+            for leaf in self.param_leaves:
+                handles.append(leaf.register_forward_hook(self._count_leaf))
+        hooks = Hooks(self.layers, lambda *call: self._on_reference(hooks, stored, local, *call))
+        try:
+            with hooks, torch.no_grad():
+                return self.model(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+            if first:
+                self.depth = self.leaf_calls
+
+    def _count_leaf(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.in_local:
+            self.leaf_calls += 1
+
+    def _record(self, key: str, info: LayerInfo) -> LayerRecord:
+        record = self.records.get(key)
+        if record is None:
+            record = LayerRecord(key, info, len(self.records), self.leaf_calls)
+            for dtype in self.dtypes:
+                record.local[dtype] = ErrorStats()
+                record.cum[dtype] = ErrorStats()
+                record.cum_in[dtype] = ErrorStats()
+            self.records[key] = record
+        return record
+
+    def _on_reference(
+        self,
+        hooks: Hooks,
+        stored: dict[str, dict[str, Any]],
+        local: bool,
+        key: str,
+        info: LayerInfo,
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
+        output: Any,
+    ) -> None:
+        record = self._record(key, info)
+        outputs = floating_tensors(output)
+        if not outputs:
+            return
+        for t in outputs:
+            record.act.update(t, self.dtypes)
+        for dtype, store in stored.items():
+            self._cumulative(record, dtype, store.get(key), outputs, first_floating(args, kwargs))
+        if local:
+            hooks.paused = self.in_local = True
+            try:
+                for dtype in self.dtypes:
+                    if dtype not in self.errors:
+                        self._local(record, dtype, module, args, kwargs, outputs)
+            finally:
+                hooks.paused = self.in_local = False
+        if self.onnx is not None:
+            self.onnx.compare_layer(key, outputs)
+
+    def _cumulative(
+        self,
+        record: LayerRecord,
+        dtype: str,
+        entry: tuple[list[torch.Tensor], torch.Tensor | None] | None,
+        outputs: list[torch.Tensor],
+        inp: torch.Tensor | None,
+    ) -> None:
+        if entry is None:
+            self._note(f"{dtype}: layer {record.key!r} ran in fp32 but not in the low-precision run")
+            return
+        lp_outputs, lp_inp = entry
+        if [t.shape for t in lp_outputs] != [t.shape for t in outputs]:
+            self._note(f"{dtype}: layer {record.key!r} output shapes differ between fp32 and {dtype}")
+            return
+        for ref, cand in zip(outputs, lp_outputs):
+            record.cum[dtype].update(ref, cand)
+        if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
+            record.cum_in[dtype].update(inp, lp_inp)
+
+    def _local(
+        self,
+        record: LayerRecord,
+        dtype: str,
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
+        outputs: list[torch.Tensor],
+    ) -> None:
+        if dtype in record.errors:
+            return
+        tdtype = getattr(torch, dtype)
+        cast = saturating_cast(tdtype)
+        restore = cast_params(module, tdtype)
+        try:
+            out = module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+        except Exception as exc:  # an op without a kernel for this dtype, a dtype clash
+            record.errors[dtype] = f"{type(exc).__name__}: {exc}"
+            return
+        finally:
+            restore()
+        candidates = floating_tensors(out)
+        if [t.shape for t in candidates] != [t.shape for t in outputs]:
+            record.errors[dtype] = "output shapes differ from the fp32 run"
+            return
+        for ref, cand in zip(outputs, candidates):
+            record.local[dtype].update(ref, cand)
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes and len(self.notes) < 50:
+            self.notes.append(text)
+
+
+def measure_model(
+    model: nn.Module,
+    batches: list[Batch],
+    select_output: Callable[[Any], Any],
+    spec: PrecisionSpec,
+    onnx: Any = None,
+) -> PrecisionRun:
+    """Run the precision pass over ``batches``; ``onnx`` is an optional ONNX comparison."""
+    if spec.max_batches is not None:
+        batches = batches[: spec.max_batches]
+    state = _Pass(model, spec, select_layers(model, spec))
+    state.onnx = onnx
+    output = {dtype: ErrorStats() for dtype in state.dtypes}
+    ref_nonfinite = 0
+    for b, (args, kwargs) in enumerate(batches):
+        kwargs = _no_cache(model, dict(kwargs))
+        stored: dict[str, dict[str, Any]] = {}
+        final: dict[str, torch.Tensor] = {}
+        for dtype in state.dtypes:
+            if dtype in state.errors:
+                continue
+            try:
+                stored[dtype], out = state.low_precision(args, kwargs, dtype)
+                final[dtype] = _as_tensor(select_output(out))
+            except Exception as exc:  # e.g. an op with no kernel for this dtype on this device
+                state.errors[dtype] = f"{type(exc).__name__}: {exc}"
+                stored.pop(dtype, None)
+        if onnx is not None:
+            onnx.run_batch(b)
+        local = spec.local_max_batches is None or b < spec.local_max_batches
+        out32 = _as_tensor(select_output(state.reference(args, kwargs, stored, local, b == 0)))
+        ref_nonfinite += int((~torch.isfinite(out32)).sum())
+        for dtype, cand in final.items():
+            if cand.shape != out32.shape:
+                state.errors[dtype] = f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
+                continue
+            output[dtype].update(out32, cand)
+        if onnx is not None:
+            onnx.compare_output(out32)
+            onnx.finish_batch()
+        del stored, final
+    return PrecisionRun(
+        dtypes=state.dtypes,
+        layers=sorted(state.records.values(), key=lambda r: r.index),
+        output=output,
+        reference_output_nonfinite=ref_nonfinite,
+        depth=state.depth,
+        errors=state.errors,
+        notes=state.notes,
+        modules=state.modules,
+    )

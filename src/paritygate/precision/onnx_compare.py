@@ -1,0 +1,240 @@
+"""Compare an ONNX artifact's intermediate tensors with the torch modules' fp32 outputs.
+
+The torch.onnx dynamo exporter records, on every node, the module path it
+came from (``pkg.torch.onnx.name_scopes``, e.g. ``['', 'blocks.0', 'blocks.0.fc',
+'linear']``; the older ``namespace`` string carries the same). The nodes of one
+module call form a connected piece of the graph; the one value that leaves it
+is the module's output. Repeated calls of a module are told apart by order
+(``act``, ``act#1``). Those values are added as extra graph outputs on an
+in-memory copy (the file is never touched) and read in one ONNX Runtime
+session per batch. The final output always comes from a session on the
+unmodified artifact. Modules that cannot be mapped are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paritygate.errors import InputError, MissingExtra
+from paritygate.precision.budgets import output_budget, unit_roundoff
+from paritygate.precision.stats import ErrorStats
+
+
+def node_scopes(node: Any) -> list[str] | None:
+    """Module path of an exported node, outermost first, without the root and the op."""
+    props = {p.key: p.value for p in node.metadata_props}
+    raw = props.get("pkg.torch.onnx.name_scopes")
+    if raw:
+        try:
+            scopes = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            scopes = None
+        if isinstance(scopes, list) and scopes:
+            return [s for s in scopes[:-1] if s]
+    raw = props.get("namespace")
+    if raw:
+        parts = [p.split(":")[0].strip() for p in raw.split("/")]
+        return [p for p in parts[:-1] if p]
+    return None
+
+
+def map_module_outputs(graph: Any) -> tuple[dict[str, str], dict[str, str], int]:
+    """``({layer key: value name}, {layer key: why unmapped}, unscoped node count)``."""
+    members: dict[str, list[int]] = {}
+    unscoped = 0
+    for index, node in enumerate(graph.node):
+        scopes = node_scopes(node)
+        if scopes is None:
+            unscoped += 1
+            continue
+        for scope in dict.fromkeys(scopes):
+            members.setdefault(scope, []).append(index)
+    consumers: dict[str, set[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in node.input:
+            consumers.setdefault(name, set()).add(index)
+    graph_outputs = {o.name for o in graph.output}
+    mapped: dict[str, str] = {}
+    unmapped: dict[str, str] = {}
+    for scope, nodes in members.items():
+        for call, component in enumerate(_components(graph, nodes, consumers)):
+            key = f"{scope}#{call}" if call else scope
+            inside = set(component)
+            leaving = [
+                out
+                for i in component
+                for out in graph.node[i].output
+                if out and (out in graph_outputs or consumers.get(out, set()) - inside)
+            ]
+            if len(leaving) == 1:
+                mapped[key] = leaving[0]
+            else:
+                unmapped[key] = f"its graph piece has {len(leaving)} outgoing values, not one"
+    return mapped, unmapped, unscoped
+
+
+def _components(graph: Any, nodes: list[int], consumers: dict[str, set[int]]) -> list[list[int]]:
+    """Connected pieces of ``nodes`` (linked by values flowing between them), in graph order."""
+    parent = {i: i for i in nodes}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in nodes:
+        for out in graph.node[i].output:
+            for j in consumers.get(out, ()):
+                if j in parent:
+                    parent[find(j)] = find(i)
+    groups: dict[int, list[int]] = {}
+    for i in nodes:
+        groups.setdefault(find(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def artifact_dtype(model: Any) -> str:
+    """``float16``/``bfloat16`` when most floating initializers are, else ``float32``."""
+    from onnx import TensorProto
+
+    counts = {"float16": 0, "bfloat16": 0, "float32": 0}
+    names = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16", TensorProto.FLOAT: "float32"}
+    for init in model.graph.initializer:
+        if init.data_type in names:
+            counts[names[init.data_type]] += int(np.prod(init.dims)) if init.dims else 1
+    return max(counts, key=lambda k: counts[k]) if any(counts.values()) else "float32"
+
+
+class OnnxComparison:
+    """One artifact compared layer by layer with the torch fp32 pass, batch by batch."""
+
+    def __init__(self, path: Path, feeds: list[dict[str, Any]], output_name: str | None) -> None:
+        try:
+            import onnx
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise MissingExtra(exc.name or "onnx", "onnx") from None
+        try:
+            model = onnx.load(str(path))
+        except Exception as exc:
+            raise InputError(path, None, f"cannot read ONNX artifact: {exc}") from None
+        self.path = Path(path)
+        self.feeds = feeds
+        self.dtype = artifact_dtype(model)
+        self.mapped, self.unmapped, self.unscoped = map_module_outputs(model.graph)
+        instrumented = onnx.ModelProto()
+        instrumented.CopyFrom(model)
+        existing = {o.name for o in instrumented.graph.output}
+        typed = {v.name: v for v in instrumented.graph.value_info}
+        for value in dict.fromkeys(self.mapped.values()):
+            if value not in existing:
+                info = typed.get(value) or onnx.ValueInfoProto(name=value)
+                instrumented.graph.output.append(info)
+        providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(instrumented.SerializeToString(), providers=providers)
+        self.plain = ort.InferenceSession(str(path), providers=providers)
+        outputs = [o.name for o in self.plain.get_outputs()]
+        if output_name is not None and output_name not in outputs:
+            raise InputError(path, "onnx_output_name", f"artifact has no output {output_name!r}")
+        self.output_name = output_name or outputs[0]
+        self.values: dict[str, np.ndarray] = {}
+        self.final: np.ndarray | None = None
+        self.layers: dict[str, ErrorStats] = {}
+        self.mismatch: dict[str, str] = {}
+        self.output = ErrorStats()
+        self.missing_feeds = 0
+
+    def run_batch(self, index: int) -> None:
+        """Run both sessions on batch ``index``'s feeds, keeping this batch's values only."""
+        if index >= len(self.feeds):
+            self.missing_feeds += 1
+            self.values, self.final = {}, None
+            return
+        feeds = self.feeds[index]
+        names = [o.name for o in self.session.get_outputs()]
+        self.values = dict(zip(names, self.session.run(names, feeds)))
+        self.final = self.plain.run([self.output_name], feeds)[0]
+
+    def compare_layer(self, key: str, outputs: list[Any]) -> None:
+        """Fold the artifact's tensor of layer ``key`` against the torch fp32 outputs."""
+        import torch
+
+        value = self.mapped.get(key)
+        if value is None or value not in self.values:
+            return
+        array = self.values[value]
+        matches = [t for t in outputs if tuple(t.shape) == tuple(array.shape)]
+        if not matches:
+            shapes = [tuple(t.shape) for t in outputs]
+            self.mismatch[key] = f"ONNX value {value!r} has shape {array.shape}, torch output {shapes}"
+            return
+        candidate = torch.from_numpy(np.ascontiguousarray(array))
+        self.layers.setdefault(key, ErrorStats()).update(matches[0], candidate)
+
+    def compare_output(self, reference: Any) -> None:
+        import torch
+
+        if self.final is not None:
+            self.output.update(reference, torch.from_numpy(np.ascontiguousarray(self.final)))
+
+    def finish_batch(self) -> None:
+        self.values, self.final = {}, None
+
+    def report(self, run: Any, k_local: float, k_out: float, spec: Any) -> dict[str, Any]:
+        """Rows per compared layer (execution order), unmapped layers with reasons, output."""
+        from paritygate.precision.analysis import json_number
+
+        u = unit_roundoff(self.dtype)
+        rows: list[dict[str, Any]] = []
+        unmapped: list[dict[str, str]] = []
+        for record in run.layers:
+            stats = self.layers.get(record.key)
+            if stats is None:
+                reason = self.mismatch.get(record.key) or self.unmapped.get(record.key)
+                if reason is None:
+                    reason = (
+                        "no graph node carries this module's scope (folded, fused or removed at export)"
+                        if record.key not in self.mapped
+                        else "its value was not produced by the session"
+                    )
+                unmapped.append({"layer": record.key, "reason": reason})
+                continue
+            budget = output_budget(self.dtype, k_out, max(record.depth, 1))
+            nonfinite = stats.nan + stats.inf
+            rows.append(
+                {
+                    "index": record.index,
+                    "layer": record.key,
+                    "type": record.info.type,
+                    "onnx_value": self.mapped[record.key],
+                    **{k: json_number(v) for k, v in stats.summary("onnx").items()},
+                    "budget": budget,
+                    "over_budget": nonfinite > 0 or not stats.rel_l2 <= budget,
+                }
+            )
+        first = next((r for r in rows if r["over_budget"]), None)
+        out = self.output
+        out_budget = output_budget(self.dtype, k_out, run.depth)
+        return {
+            "path": str(self.path),
+            "dtype": self.dtype,
+            "unit_roundoff": u,
+            "output_name": self.output_name,
+            "rows": rows,
+            "unmapped": unmapped,
+            "unscoped_nodes": self.unscoped,
+            "missing_feeds": self.missing_feeds,
+            "first_divergent": None if first is None else {"layer": first["layer"], "index": first["index"],
+                                                             "rel_l2": first["onnx_rel_l2"], "budget": first["budget"]},
+            "output_rel_l2": json_number(out.rel_l2),
+            "output_max_abs": json_number(out.max_abs),
+            "output_nan": out.nan,
+            "output_inf": out.inf,
+            "output_budget": out_budget,
+            "output_over_budget": out.nan + out.inf > 0 or not out.rel_l2 <= out_budget,
+        }

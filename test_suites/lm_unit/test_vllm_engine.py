@@ -1,0 +1,265 @@
+"""The vLLM engine: output mapping with hand-written vLLM-shaped fakes; the real engine on GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paritygate.errors import MissingExtra
+from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
+from paritygate.lm.vllm_engine import (
+    VLLMEngine,
+    generation_from_outputs,
+    sampling_params_kwargs,
+    vllm_unavailable_reason,
+)
+
+# --- fakes shaped like vllm.logprobs.Logprob / vllm.outputs.CompletionOutput / RequestOutput ---
+
+
+@dataclass
+class FakeLogprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class FakeCompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, FakeLogprob]] | None
+    finish_reason: str | None = "length"
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class FakeRequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    prompt_logprobs: list | None
+    outputs: list[FakeCompletionOutput]
+    finished: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def _request(rid: int, prompt: list[int], tokens: list[int], lps: list[float]) -> FakeRequestOutput:
+    """A finished request whose steps report the sampled token plus one runner-up (id 99)."""
+    steps = []
+    for tok, lp in zip(tokens, lps, strict=True):
+        step = {tok: FakeLogprob(lp, rank=1, decoded_token=f"<{tok}>")}
+        if tok != 99:
+            step[99] = FakeLogprob(lp - 2.0, rank=2, decoded_token="<99>")
+        steps.append(step)
+    completion = FakeCompletionOutput(0, "", tokens, float(sum(lps)), steps)
+    return FakeRequestOutput(str(rid), None, prompt, None, [completion])
+
+
+PROMPTS = [[1, 5, 6], [1, 7]]
+
+
+def _outputs() -> list[FakeRequestOutput]:
+    return [
+        _request(0, PROMPTS[0], [10, 11, 2], [-0.5, -1.25, -0.01]),
+        _request(1, PROMPTS[1], [12], [-3.0]),
+    ]
+
+
+def test_maps_vllm_outputs_to_generation() -> None:
+    gen = generation_from_outputs(_outputs(), PROMPTS, logprobs_mode="raw_logprobs")
+    assert isinstance(gen, Generation)
+    assert gen.prompt_ids == PROMPTS
+    assert gen.output_ids == [[10, 11, 2], [12]]
+    assert gen.logprobs == [[-0.5, -1.25, -0.01], [-3.0]]
+    assert gen.logprobs_mode == "raw"
+    assert gen.engine == "vllm"
+    assert gen.top_logprobs is None
+
+
+def test_records_processed_mode_and_top_logprobs() -> None:
+    gen = generation_from_outputs(
+        _outputs(), PROMPTS, logprobs_mode="processed_logprobs", top_logprobs=True
+    )
+    assert gen.logprobs_mode == "processed"
+    assert gen.top_logprobs is not None
+    assert gen.top_logprobs[0][1] == {11: -1.25, 99: -3.25}
+
+
+@pytest.mark.parametrize(
+    ("breakage", "message"),
+    [
+        ("swap", "another prompt"),
+        ("no_logprobs", "no logprobs"),
+        ("missing_token", "no log-prob for sampled id"),
+        ("short", "logprob entries for"),
+        ("count", "outputs for"),
+    ],
+)
+def test_misaligned_outputs_are_refused(breakage: str, message: str) -> None:
+    outputs = _outputs()
+    if breakage == "swap":
+        outputs.reverse()
+    elif breakage == "no_logprobs":
+        outputs[0].outputs[0].logprobs = None
+    elif breakage == "missing_token":
+        steps = outputs[0].outputs[0].logprobs
+        assert steps is not None
+        del steps[1][11]
+    elif breakage == "short":
+        steps = outputs[0].outputs[0].logprobs
+        assert steps is not None
+        steps.pop()
+    elif breakage == "count":
+        outputs.pop()
+    with pytest.raises(ValueError, match=message):
+        generation_from_outputs(outputs, PROMPTS, logprobs_mode="raw")
+
+
+def test_logit_modes_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a log-prob mode"):
+        generation_from_outputs(_outputs(), PROMPTS, logprobs_mode="raw_logits")
+    with pytest.raises(ValueError, match="not a log-prob mode"):
+        VLLMEngine("model", logprobs_mode="processed_logits")
+
+
+def test_sampling_params_follow_the_spec() -> None:
+    spec = SamplingSpec(
+        temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=12, min_new_tokens=2, stop=["\n"]
+    )
+    kwargs = sampling_params_kwargs(spec, num_logprobs=3)
+    assert kwargs == {
+        "n": 1,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "max_tokens": 12,
+        "min_tokens": 2,
+        "stop": ["\n"],
+        "seed": 0,
+        "logprobs": 3,
+    }
+    greedy = sampling_params_kwargs(spec.greedy(), num_logprobs=0)
+    assert greedy["temperature"] == 0.0 and greedy["logprobs"] == 0
+    assert sampling_params_kwargs(SamplingSpec(top_k=5))["top_k"] == 5
+    assert sampling_params_kwargs(SamplingSpec())["stop"] is None
+
+
+def test_engine_arguments() -> None:
+    engine = VLLMEngine("/m", logprobs_mode="processed", dtype="bfloat16", seed=3)
+    assert isinstance(engine, GenerationEngine)
+    kwargs = engine.llm_kwargs()
+    assert kwargs["logprobs_mode"] == "processed_logprobs"
+    assert kwargs["model"] == kwargs["tokenizer"] == "/m"
+    assert (kwargs["dtype"], kwargs["seed"], kwargs["enforce_eager"]) == ("bfloat16", 3, True)
+    assert VLLMEngine("/m").llm_kwargs()["dtype"] == "float32"  # never vLLM's "auto"
+
+
+def test_unavailable_reason_here() -> None:
+    import torch
+
+    reason = vllm_unavailable_reason()
+    if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
+        assert reason is None
+    else:
+        assert reason is not None
+        if not torch.cuda.is_available():
+            assert "CUDA" in reason
+        if importlib.util.find_spec("vllm") is None:
+            assert "vllm is not installed" in reason
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_missing_vllm_raises_missing_extra() -> None:
+    engine = VLLMEngine("/m")
+    with pytest.raises(MissingExtra, match=r"paritygate\[vllm\]"):
+        engine.generate([[1, 2]], SamplingSpec())
+
+
+# --- the real engine (GPU runner with vLLM) ---
+
+_REASON = vllm_unavailable_reason()
+
+
+def _tiny_model_dir(root: Path) -> Path:
+    """A tiny random Llama with a word-level tokenizer, written as an HF model directory."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 128)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    out = root / "tiny-llama"
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_REASON is not None, reason=f"vLLM engine unavailable: {_REASON}")
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_real_vllm_matches_trainer_recompute(tmp_path: Path, mode: str) -> None:
+    import torch
+    import transformers
+
+    from paritygate.lm.delta import delta_stats, tier_for
+    from paritygate.lm.logprobs import compute_logprobs
+
+    model_dir = _tiny_model_dir(tmp_path)
+    spec = SamplingSpec(temperature=0.7, top_k=5, max_new_tokens=8, seed=0)
+    engine = VLLMEngine(model_dir, logprobs_mode=mode, dtype="float32", max_model_len=128)
+    try:
+        gen = engine.generate([[1, 5, 6, 7], [1, 9], [1, 20, 21, 22, 23, 24]], spec)
+    finally:
+        engine.close()
+    assert gen.logprobs_mode == mode
+    assert [len(o) for o in gen.output_ids] == [len(lp) for lp in gen.logprobs]
+
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    width = max(len(p) + len(o) for p, o in zip(gen.prompt_ids, gen.output_ids, strict=True))
+    ids = torch.zeros((len(gen.prompt_ids), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, o) in enumerate(zip(gen.prompt_ids, gen.output_ids, strict=True)):
+        row = p + o
+        ids[i, width - len(row) :] = torch.tensor(row)  # left padding
+        mask[i, width - len(row) :] = 1
+    train = compute_logprobs(
+        model, ids, mask, temperature=spec.temperature, top_k=spec.top_k, mode=mode
+    ).numpy()  # (B, T-1)
+    n_out = max(len(o) for o in gen.output_ids)
+    logp_train = np.zeros((len(ids), n_out))
+    logp_infer = np.zeros((len(ids), n_out))
+    sel = np.zeros((len(ids), n_out), dtype=bool)
+    for i, (o, lp) in enumerate(zip(gen.output_ids, gen.logprobs, strict=True)):
+        logp_train[i, : len(o)] = train[i, train.shape[1] - len(o) :]
+        logp_infer[i, : len(o)] = lp
+        sel[i, : len(o)] = True
+    _, tier = tier_for("fp32", "fp32")
+    stats = delta_stats(logp_train, logp_infer, sel, tier=tier)
+    assert stats.nonfinite_tokens == 0
+    assert stats.delta_max_abs <= tier["delta_max_abs"], stats.diagnosis

@@ -1,0 +1,203 @@
+"""Unit tests of the gate core: verdict rules, golden life cycle, config validation, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from paritygate.config import config_from_dict, load_config
+from paritygate.errors import InputError
+from paritygate.golden import GoldenStore
+from paritygate.report import junit_xml, summary_table
+from paritygate.result import CheckResult, Measurement
+from paritygate.verdict import Margin, golden_regression, judge
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _measurement(value: float, *, bad: str = "higher", threshold: float | None = 1.0) -> Measurement:
+    m = Measurement("demo_check")
+    m.metric("err", value, bad=bad, threshold=threshold, key=True)  # type: ignore[arg-type]
+    return m
+
+
+def test_pass_within_threshold_and_golden() -> None:
+    r = judge(_measurement(0.5), {"metrics": {"err": 0.5}})
+    assert r.status == "pass"
+    assert r.message == "err=0.5 (threshold 1)"
+
+
+def test_threshold_breach_fails_with_numbers() -> None:
+    r = judge(_measurement(2.0), {"metrics": {"err": 2.0}})
+    assert r.status == "fail"
+    assert "err=2 > threshold 1" in r.message
+
+
+def test_lower_is_bad_metric() -> None:
+    r = judge(_measurement(0.5, bad="lower", threshold=0.9), {"metrics": {"err": 0.5}})
+    assert r.status == "fail" and "err=0.5 < threshold 0.9" in r.message
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_metric_fails_by_name(value: float) -> None:
+    r = judge(_measurement(value), {"metrics": {"err": 0.1}})
+    assert r.status == "fail"
+    assert "err is" in r.message and "non-finite" in r.message
+
+
+def test_nan_never_passes_even_without_threshold() -> None:
+    r = judge(_measurement(float("nan"), threshold=None), {"metrics": {"err": 0.1}})
+    assert r.status == "fail"
+
+
+def test_finding_fails_regardless_of_numbers() -> None:
+    m = _measurement(0.0)
+    m.fail("missing key 'fc.weight'")
+    r = judge(m, {"metrics": {"err": 0.0}})
+    assert r.status == "fail" and "missing key 'fc.weight'" in r.message
+
+
+def test_golden_regression_margin() -> None:
+    margin = Margin(rel_margin=0.25, threshold_fraction=0.05)
+    m = _measurement(0.2).metrics["err"]
+    # allowed = 0.25 * 0.1 + 0.05 * 1.0 = 0.075 -> 0.2 > 0.175 regresses
+    assert golden_regression(m, 0.1, margin) is not None
+    ok = _measurement(0.17).metrics["err"]
+    assert golden_regression(ok, 0.1, margin) is None
+
+
+def test_change_metric_fails_on_any_difference() -> None:
+    m = Measurement("c")
+    m.metric("n", 3, bad="change")
+    assert judge(m, {"metrics": {"n": 4}}).status == "fail"
+    assert judge(m, {"metrics": {"n": 3}}).status == "pass"
+
+
+def test_missing_golden_fails_unless_blessing() -> None:
+    assert judge(_measurement(0.1), None).status == "fail"
+    assert "no golden baseline" in judge(_measurement(0.1), None).message
+    assert judge(_measurement(0.1), None, blessing=True).status == "pass"
+    assert judge(_measurement(0.1), None, use_golden=False).status == "pass"
+
+
+def test_skip_is_reported() -> None:
+    m = Measurement("c").skip("no CUDA device")
+    r = judge(m, None)
+    assert r.status == "skip" and r.message == "no CUDA device"
+
+
+def test_golden_store_atomic_write_and_obtained(tmp_path: Path) -> None:
+    store = GoldenStore(tmp_path / "g" / "name")
+    assert store.load("c") is None
+    store.write_obtained("c", {"err": 1.0}, {"sha": "x"})
+    assert store.obtained_path("c").exists()
+    store.write("c", {"err": 0.5}, {"sha": "y"})
+    assert store.load("c") == {"metrics": {"err": 0.5}, "provenance": {"sha": "y"}}
+    assert not store.obtained_path("c").exists()
+    assert not list(store.directory.glob(".*.tmp"))
+
+
+def test_golden_file_corrupt_is_input_error(tmp_path: Path) -> None:
+    store = GoldenStore(tmp_path)
+    store.path("c").write_text("{not json")
+    with pytest.raises(InputError) as err:
+        store.load("c")
+    assert "c.json" in err.value.line()
+
+
+POLICY = {
+    "name": "x",
+    "family": "policy",
+    "policy": {
+        "training_factory": "m:f",
+        "inference_factory": "m:g",
+        "checkpoint": "c.safetensors",
+        "probes": {"generator": "m:p"},
+    },
+}
+
+
+def _bad(data: dict, tmp_path: Path) -> str:
+    with pytest.raises(InputError) as err:
+        config_from_dict(data, tmp_path / "gate.yaml")
+    line = err.value.line()
+    assert "\n" not in line
+    return line
+
+
+def test_config_unknown_key_named(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(POLICY))
+    data["policy"]["checkpiont"] = "typo"
+    assert _bad(data, tmp_path) == f"{tmp_path / 'gate.yaml'}: policy.checkpiont: unknown key"
+
+
+def test_config_wrong_type_named(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(POLICY))
+    data["policy"]["probes"]["count"] = "many"
+    line = _bad(data, tmp_path)
+    assert "policy.probes.count" in line and "'many'" in line
+
+
+def test_config_missing_section_and_unknown_threshold(tmp_path: Path) -> None:
+    assert "policy" in _bad({"name": "x", "family": "policy"}, tmp_path)
+    data = json.loads(json.dumps(POLICY))
+    data["thresholds"] = {"logits_agreement": {"max_abs_dif": 1.0}}
+    assert "thresholds.logits_agreement.max_abs_dif" in _bad(data, tmp_path)
+    data["thresholds"] = {"no_such_check": {}}
+    assert "thresholds.no_such_check" in _bad(data, tmp_path)
+
+
+def test_config_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(InputError) as err:
+        load_config(p)
+    assert "bad.yaml" in err.value.line() and "invalid YAML" in err.value.line()
+    with pytest.raises(InputError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_committed_configs_validate() -> None:
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        cfg = load_config(path)
+        assert cfg.name == path.stem
+
+
+def test_import_paritygate_is_light() -> None:
+    code = (
+        "import sys, paritygate, paritygate.config, paritygate.gate, paritygate.cli\n"
+        "heavy = [m for m in ('torch', 'onnxruntime', 'transformers', 'vllm') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_junit_and_summary_shape() -> None:
+    results = [
+        CheckResult("a", "pass", "ok", {"x": 1.0}, {"x": 1.0}, {"x": 2.0}, "x"),
+        CheckResult("b", "fail", "bad thing", {"y": 3.0}, None, {}, None),
+        CheckResult("c", "skip", "no gpu", {}, None, {}, None),
+    ]
+    data = {"name": "n", "checks": [r.to_json() for r in results]}
+    root = ET.fromstring(junit_xml(data).split("\n", 1)[1])
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    lines = summary_table(results)
+    assert lines[0].split() == ["check", "status", "key", "metric", "value", "threshold", "golden"]
+    assert any(line.startswith("b: bad thing") for line in lines)
+
+
+def test_gate_marks_match_check_specs() -> None:
+    from paritygate.checks import CHECK_IDS, get_check
+
+    for cid in CHECK_IDS:
+        text = (REPO / "gates" / f"test_{cid}.py").read_text()
+        for mark in get_check(cid).marks:
+            assert f"@pytest.mark.{mark}" in text, (cid, mark)
