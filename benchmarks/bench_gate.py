@@ -37,8 +37,9 @@ def minimal_work(demo: Path, out: Path) -> None:
     inference.eval()
     raw = policy.probe_observations(64, 0)
     x = policy.normalize_training(raw, stats_path=demo / "obs_norm.json")
-    artifact = export_onnx(inference, x[:2], out / "policy.onnx", input_name="obs",
-                           output_names=["logits"])
+    artifact = export_onnx(
+        inference, x[:2], out / "policy.onnx", input_name="obs", output_names=["logits"]
+    )
     session = make_session(artifact)
     with torch.inference_mode():
         training(x)
@@ -53,8 +54,15 @@ def gate_work(demo: Path, out: Path) -> str:
     data = {
         "name": "bench-policy",
         "family": "policy",
-        "checks": ["weights_load", "batchnorm_export", "head_removal", "dropout_off",
-                   "preprocessing_parity", "logits_agreement", "export_integrity"],
+        "checks": [
+            "weights_load",
+            "batchnorm_export",
+            "head_removal",
+            "dropout_off",
+            "preprocessing_parity",
+            "logits_agreement",
+            "export_integrity",
+        ],
         "report_dir": str(out / "report"),
         "golden": {"dir": str(out / "golden")},
         "policy": {

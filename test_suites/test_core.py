@@ -20,7 +20,9 @@ from paritygate.verdict import Margin, golden_regression, judge
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _measurement(value: float, *, bad: str = "higher", threshold: float | None = 1.0) -> Measurement:
+def _measurement(
+    value: float, *, bad: str = "higher", threshold: float | None = 1.0
+) -> Measurement:
     m = Measurement("demo_check")
     m.metric("err", value, bad=bad, threshold=threshold, key=True)  # type: ignore[arg-type]
     return m
@@ -171,7 +173,8 @@ def test_committed_configs_validate() -> None:
 def test_import_paritygate_is_light() -> None:
     code = (
         "import sys, paritygate, paritygate.config, paritygate.gate, paritygate.cli\n"
-        "heavy = [m for m in ('torch', 'onnxruntime', 'transformers', 'vllm') if m in sys.modules]\n"
+        "names = ('torch', 'onnxruntime', 'transformers', 'vllm')\n"
+        "heavy = [m for m in names if m in sys.modules]\n"
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -188,7 +191,9 @@ def test_junit_and_summary_shape() -> None:
     root = ET.fromstring(junit_xml(data).split("\n", 1)[1])
     suite = root.find("testsuite")
     assert suite is not None
-    assert suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    assert (
+        suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
+    )
     lines = summary_table(results)
     assert lines[0].split() == ["check", "status", "key", "metric", "value", "threshold", "golden"]
     assert any(line.startswith("b: bad thing") for line in lines)

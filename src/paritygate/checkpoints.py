@@ -45,7 +45,9 @@ def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) ->
         except Exception as exc2:
             raise InputError(path, key, f"unreadable torch file: {exc2}") from exc
     except (EOFError, RuntimeError, OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise InputError(path, key, f"unreadable torch file (truncated or corrupt?): {exc}") from None
+        raise InputError(
+            path, key, f"unreadable torch file (truncated or corrupt?): {exc}"
+        ) from None
 
 
 def _as_state_dict(obj: Any, path: Path) -> dict[str, Any]:
@@ -82,7 +84,9 @@ def load_state_dict(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]
         except InputError:
             raise
         except Exception as exc:
-            raise InputError(path, None, f"unreadable safetensors (truncated or corrupt?): {exc}") from None
+            raise InputError(
+                path, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
+            ) from None
     if suffix == ".zip" and zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout

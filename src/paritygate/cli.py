@@ -26,17 +26,32 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the gate on a config (exit 0 pass, 1 fail, 2 bad input)")
     run.add_argument("config", type=Path)
     run.add_argument("--report-dir", type=Path, default=None)
-    run.add_argument("--update-golden", action="store_true",
-                     help="bless the obtained metrics as golden baselines (atomic)")
-    run.add_argument("-m", dest="markexpr", default=None,
-                     help="pytest mark expression selecting checks, e.g. 'fast' or 'not gpu'")
-    run.add_argument("-n", dest="workers", default=None,
-                     help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial")
+    run.add_argument(
+        "--update-golden",
+        action="store_true",
+        help="bless the obtained metrics as golden baselines (atomic)",
+    )
+    run.add_argument(
+        "-m",
+        dest="markexpr",
+        default=None,
+        help="pytest mark expression selecting checks, e.g. 'fast' or 'not gpu'",
+    )
+    run.add_argument(
+        "-n",
+        dest="workers",
+        default=None,
+        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial",
+    )
 
     export = sub.add_parser("export", help="build the inference artifact and manifest.json")
     export.add_argument("config", type=Path)
-    export.add_argument("--out", type=Path, default=None,
-                        help="output folder (default: export/<name>/ beside the current folder)")
+    export.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: export/<name>/ beside the current folder)",
+    )
 
     demo = sub.add_parser("demo", help="build the bundled demo checkpoints (no network needed)")
     demo.add_argument("--out", type=Path, default=Path("demo"))
@@ -62,11 +77,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     register_gate(gate)
     pytest_args = [
         str(Path(paritygate_gates.__file__).parent),
-        "--gate-config", str(gate.config.path),
-        "-p", "no:cacheprovider",
-        "-q", "--no-header", "-rN", "--tb=no",
-        "-o", "console_output_style=classic",
-        "--rootdir", str(Path(paritygate_gates.__file__).parent),
+        "--gate-config",
+        str(gate.config.path),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--no-header",
+        "-rN",
+        "--tb=no",
+        "-o",
+        "console_output_style=classic",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        "--rootdir",
+        str(Path(paritygate_gates.__file__).parent),
     ]
     if args.report_dir is not None:
         pytest_args += ["--report-dir", str(args.report_dir)]
@@ -91,7 +115,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if config.family != "policy":
-        raise InputError(config.path, "family", "export builds ONNX artifacts for the 'policy' family")
+        raise InputError(
+            config.path, "family", "export builds ONNX artifacts for the 'policy' family"
+        )
     out = args.out or Path("export") / config.name
     manifest = export_from_config(config, out)
     print(f"paritygate: wrote {manifest.parent / 'policy.onnx'} and {manifest}")
@@ -129,8 +155,12 @@ def _cmd_precision(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "export": _cmd_export, "demo": _cmd_demo,
-                "precision": _cmd_precision}
+    handlers = {
+        "run": _cmd_run,
+        "export": _cmd_export,
+        "demo": _cmd_demo,
+        "precision": _cmd_precision,
+    }
     try:
         return handlers[args.command](args)
     except InputError as exc:

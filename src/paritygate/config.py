@@ -87,7 +87,7 @@ class GoldenSettings(StrictModel):
     rel_margin: float = Field(0.25, ge=0)
     """A metric may be this fraction worse than golden (new checkpoints legitimately move)."""
     threshold_fraction: float = Field(0.05, ge=0)
-    """... plus this fraction of its absolute threshold, so near-zero golden values are not brittle."""
+    """... plus this fraction of its absolute threshold, so near-zero baselines are not brittle."""
 
 
 class GateConfig(StrictModel):
@@ -187,12 +187,16 @@ def _validate_thresholds(config: GateConfig, path: Path) -> None:
 
     for cid, values in config.thresholds.items():
         if cid not in CHECK_IDS:
-            raise InputError(path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}")
+            raise InputError(
+                path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}"
+            )
         known = get_check(cid).defaults
         for metric in values:
             if metric not in known:
                 choices = ", ".join(sorted(known)) or "none"
-                raise InputError(path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}")
+                raise InputError(
+                    path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}"
+                )
 
 
 def load_config(path: str | Path) -> GateConfig:

@@ -27,5 +27,7 @@ class MissingExtra(InputError):
 
     def __init__(self, module: str, extra: str) -> None:
         super().__init__(
-            None, None, f"{module} is not installed; install it with: pip install 'paritygate[{extra}]'"
+            None,
+            None,
+            f"{module} is not installed; install it with: pip install 'paritygate[{extra}]'",
         )

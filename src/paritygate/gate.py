@@ -137,20 +137,29 @@ class Gate:
             raise
         except Exception as exc:  # a check crashing is a gate error, reported by name
             tb = traceback.format_exc(limit=-3)
-            return CheckResult(check_id, "error", f"{type(exc).__name__}: {exc}", {}, None, {},
-                               details={"traceback": tb},
-                               duration_s=time.perf_counter() - start)
+            return CheckResult(
+                check_id,
+                "error",
+                f"{type(exc).__name__}: {exc}",
+                {},
+                None,
+                {},
+                details={"traceback": tb},
+                duration_s=time.perf_counter() - start,
+            )
         expected = self.golden.load(check_id) if golden else None
         blessing = golden and self.update_golden
-        result = judge(measurement, expected, margin=self.margin, use_golden=golden,
-                       blessing=blessing)
+        result = judge(
+            measurement, expected, margin=self.margin, use_golden=golden, blessing=blessing
+        )
         if golden and result.status in ("pass", "fail"):
             self._golden_lifecycle(result, measurement, blessing)
         result.duration_s = time.perf_counter() - start
         return result
 
-    def _golden_lifecycle(self, result: CheckResult, measurement: Measurement,
-                          blessing: bool) -> None:
+    def _golden_lifecycle(
+        self, result: CheckResult, measurement: Measurement, blessing: bool
+    ) -> None:
         ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet}
         if blessing:
             if result.status == "pass":
@@ -159,9 +168,9 @@ class Gate:
             else:
                 result.message += " (not blessed: the check fails its thresholds)"
             return
-        if result.status == "fail" and (result.golden is None or any(
-            "golden" in r for r in result.reasons
-        )):
+        if result.status == "fail" and (
+            result.golden is None or any("golden" in r for r in result.reasons)
+        ):
             path = self.golden.write_obtained(result.id, ratcheted, self.provenance())
             result.details["obtained_path"] = str(path)
             result.message += f"; obtained metrics written to {path}; bless with: " + (

@@ -43,8 +43,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def json_default(obj: Any) -> Any:
+    """JSON for numpy scalars/arrays and paths that checks may leave in details."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
 def dump_json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True) + "\n"
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 
 
 class GoldenStore:

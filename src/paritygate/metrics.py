@@ -79,8 +79,13 @@ def distribution_stats(
     if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(cand))):
         nan = float("nan")
         return {
-            "kl_mean": nan, "kl_max": nan, "tv_mean": nan, "tv_max": nan,
-            "topk_overlap": nan, "argmax_agreement": nan, "worst": [],
+            "kl_mean": nan,
+            "kl_max": nan,
+            "tv_mean": nan,
+            "tv_max": nan,
+            "topk_overlap": nan,
+            "argmax_agreement": nan,
+            "worst": [],
         }
     logp_ref = log_softmax(ref)
     logp_cand = log_softmax(cand)
@@ -92,7 +97,7 @@ def distribution_stats(
     top_ref = np.argsort(-ref, axis=-1, kind="stable")[:, :k]
     top_cand = np.argsort(-cand, axis=-1, kind="stable")[:, :k]
     overlap = np.array(
-        [len(set(r.tolist()) & set(c.tolist())) / k for r, c in zip(top_ref, top_cand)]
+        [len(set(r.tolist()) & set(c.tolist())) / k for r, c in zip(top_ref, top_cand, strict=True)]
     )
     agree = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
     worst = np.argsort(-kl, kind="stable")[: min(5, len(kl))]

@@ -6,8 +6,14 @@ from typing import Any
 
 import numpy as np
 
-RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-              "Bernoulli", "Multinomial"}
+RANDOM_OPS = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Bernoulli",
+    "Multinomial",
+}
 
 
 def _attr(node: Any, name: str) -> Any:

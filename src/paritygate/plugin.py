@@ -30,12 +30,22 @@ def register_gate(gate: Any) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("paritygate", "paritygate release gate")
-    group.addoption("--gate-config", default=os.environ.get("PARITYGATE_CONFIG"),
-                    help="gate config YAML (env PARITYGATE_CONFIG)")
-    group.addoption("--report-dir", default=None,
-                    help="where report.json/.md/.html and junit.xml go (default reports/<name>)")
-    group.addoption("--update-golden", action="store_true", default=False,
-                    help="bless the obtained metrics as the new golden baselines")
+    group.addoption(
+        "--gate-config",
+        default=os.environ.get("PARITYGATE_CONFIG"),
+        help="gate config YAML (env PARITYGATE_CONFIG)",
+    )
+    group.addoption(
+        "--report-dir",
+        default=None,
+        help="where report.json/.md/.html and junit.xml go (default reports/<name>)",
+    )
+    group.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="bless the obtained metrics as the new golden baselines",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,6 +57,36 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config._paritygate_results = []  # type: ignore[attr-defined]
     config._paritygate_input_errors = []  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect gate files whose check does not apply to the configured family."""
+    path = config.getoption("--gate-config")
+    gate_items = [i for i in items if "gate_check" in getattr(i, "fixturenames", ())]
+    if not path or not gate_items:
+        return
+    from paritygate.errors import InputError
+    from paritygate.gate import Gate
+
+    try:
+        wanted = {c.id for c in Gate.from_path(path).checks()}
+    except InputError:
+        return  # reported when the first check builds the gate
+    drop = [i for i in gate_items if i.name.removeprefix("test_") not in wanted]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i not in drop]
+    from paritygate.checks import CHECK_IDS
+
+    order = {f"test_{cid}": n for n, cid in enumerate(CHECK_IDS)}
+    items.sort(key=lambda i: order.get(i.name, -1) if i in gate_items else -1)
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    """Gate checks print their own progress line; keep pytest's status letters out of it."""
+    if report.when == "call" and any(k == RESULT_KEY for k, _ in report.user_properties):
+        return report.outcome, "", ""
+    return None
 
 
 def _get_gate(config: pytest.Config) -> Any:
@@ -90,7 +130,10 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
         except InputError as exc:
             request.node.user_properties.append((INPUT_ERROR_KEY, exc.line()))
             pytest.fail(f"bad input: {exc.line()}", pytrace=False)
-        request.node.user_properties.append((RESULT_KEY, json.dumps(result.to_json())))
+        from paritygate.golden import json_default
+
+        payload = json.dumps(result.to_json(), default=json_default)
+        request.node.user_properties.append((RESULT_KEY, payload))
         if result.status == "skip":
             pytest.skip(result.message)
         if result.status != "pass":
@@ -102,7 +145,7 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
-    if config is None:
+    if config is None or report.when != "call":
         return
     for name, value in report.user_properties:
         if name == RESULT_KEY:
@@ -130,7 +173,9 @@ def _progress(config: pytest.Config, result: Any) -> None:
     key = result.key_metric
     value = result.metrics.get(key) if key else None
     shown = f"{key}={value:.3g}" if isinstance(value, float) else (f"{key}={value}" if key else "")
-    tr.write_line(f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}")
+    tr.write_line(
+        f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

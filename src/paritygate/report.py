@@ -60,7 +60,10 @@ def summary_table(results: list[CheckResult]) -> list[str]:
         name, value, thr, gold = key_row(r)
         rows.append((r.id, r.status, name, value, thr, gold))
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in results:
         if r.status in ("fail", "error"):
@@ -100,7 +103,8 @@ def report_markdown(data: dict[str, Any], extras: dict[str, Rendered]) -> str:
         if len(msg) > 300:
             msg = msg[:297] + "..."
         lines.append(
-            f"| `{r.id}` | {ICON.get(r.status, '')} {r.status} | {name} | {value} | {thr} | {gold} | {msg} |"
+            f"| `{r.id}` | {ICON.get(r.status, '')} {r.status} | {name} | {value} | {thr} "
+            f"| {gold} | {msg} |"
         )
     for cid, extra in extras.items():
         if extra.markdown:
@@ -140,11 +144,14 @@ def report_html(data: dict[str, Any], extras: dict[str, Rendered]) -> str:
     parts.append("</table>")
     for c in data["checks"]:
         r = CheckResult.from_json(c)
-        parts.append(f"<h2 id='{e(r.id)}'>{e(r.id)} <span class='{e(r.status)}'>{e(r.status)}"
-                     f"</span></h2><p>{e(r.message)}</p>")
+        parts.append(
+            f"<h2 id='{e(r.id)}'>{e(r.id)} <span class='{e(r.status)}'>{e(r.status)}"
+            f"</span></h2><p>{e(r.message)}</p>"
+        )
         if r.metrics:
-            parts.append("<table><tr><th>metric</th><th>value</th><th>threshold</th>"
-                         "<th>golden</th></tr>")
+            parts.append(
+                "<table><tr><th>metric</th><th>value</th><th>threshold</th><th>golden</th></tr>"
+            )
             for name, value in r.metrics.items():
                 parts.append(
                     f"<tr><td>{e(name)}</td><td>{e(_fmt(value))}</td>"
@@ -174,8 +181,13 @@ def junit_xml(data: dict[str, Any]) -> str:
         time=f"{sum(c.get('duration_s', 0.0) for c in checks):.3f}",
     )
     for c in checks:
-        case = ET.SubElement(suite, "testcase", classname=f"paritygate.{data['name']}",
-                             name=c["id"], time=f"{c.get('duration_s', 0.0):.3f}")
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"paritygate.{data['name']}",
+            name=c["id"],
+            time=f"{c.get('duration_s', 0.0):.3f}",
+        )
         props = ET.SubElement(case, "properties")
         for name, value in c["metrics"].items():
             ET.SubElement(props, "property", name=name, value=_fmt(value))

@@ -90,8 +90,16 @@ def judge(
     expected = (golden or {}).get("metrics") if use_golden else None
 
     if measurement.skipped is not None:
-        return CheckResult(measurement.check_id, "skip", measurement.skipped, metrics,
-                           expected, thresholds, key, details)
+        return CheckResult(
+            measurement.check_id,
+            "skip",
+            measurement.skipped,
+            metrics,
+            expected,
+            thresholds,
+            key,
+            details,
+        )
 
     reasons: list[str] = list(measurement.findings)
     for m in measurement.metrics.values():
@@ -119,5 +127,14 @@ def judge(
         )
     else:
         message = "ok"
-    return CheckResult(measurement.check_id, status, message, metrics, expected, thresholds, key,
-                       details, reasons=reasons)
+    return CheckResult(
+        measurement.check_id,
+        status,
+        message,
+        metrics,
+        expected,
+        thresholds,
+        key,
+        details,
+        reasons=reasons,
+    )

@@ -21,8 +21,13 @@ DEFAULTS: dict[str, float] = {"unexcused_divergences": 0.0}
 
 
 def greedy_training_path(
-    model: Any, tokenizer: Any, prompt: list[int], *, max_new_tokens: int,
-    min_new_tokens: int, stop: list[str]
+    model: Any,
+    tokenizer: Any,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    min_new_tokens: int,
+    stop: list[str],
 ) -> tuple[list[int], list[float]]:
     """Argmax decoding with a full forward per step (no KV cache); returns tokens and the
     top-1 minus top-2 logit margin at each step."""
@@ -62,15 +67,24 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     tol = ctx.spec.near_tie_margin
     unexcused = excused = agreeing = compared = 0
     rows: list[dict[str, Any]] = []
-    for probe, prompt, cand in zip(ctx.probes, engine_out.prompt_ids, engine_out.output_ids,
-                                   strict=True):
+    for probe, prompt, cand in zip(
+        ctx.probes, engine_out.prompt_ids, engine_out.output_ids, strict=True
+    ):
         ref, margins = greedy_training_path(
-            model, tok, prompt, max_new_tokens=training.max_new_tokens,
-            min_new_tokens=training.min_new_tokens, stop=list(training.stop),
+            model,
+            tok,
+            prompt,
+            max_new_tokens=training.max_new_tokens,
+            min_new_tokens=training.min_new_tokens,
+            stop=list(training.stop),
         )
         at = next((i for i, (r, c) in enumerate(zip(ref, cand, strict=False)) if r != c), None)
-        row: dict[str, Any] = {"probe": probe.id, "training_len": len(ref),
-                               "engine_len": len(cand), "first_divergence": at}
+        row: dict[str, Any] = {
+            "probe": probe.id,
+            "training_len": len(ref),
+            "engine_len": len(cand),
+            "first_divergence": at,
+        }
         compared += max(len(ref), len(cand))
         if at is None and len(ref) == len(cand):
             agreeing += len(ref)
@@ -89,12 +103,17 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             )
         else:
             agreeing += at
-            row.update(margin=margins[at], training_token=tok.decode([ref[at]]),
-                       engine_token=tok.decode([cand[at]]))
+            row.update(
+                margin=margins[at],
+                training_token=tok.decode([ref[at]]),
+                engine_token=tok.decode([cand[at]]),
+            )
             if margins[at] < tol:
                 excused += 1
-                m.note(f"probe {probe.id!r}: divergence at token {at} excused, near-tie "
-                       f"(margin {margins[at]:.3g} < {tol:g})")
+                m.note(
+                    f"probe {probe.id!r}: divergence at token {at} excused, near-tie "
+                    f"(margin {margins[at]:.3g} < {tol:g})"
+                )
             else:
                 unexcused += 1
                 m.fail(
@@ -103,8 +122,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                     f"(logit margin {margins[at]:.3g} >= near-tie tolerance {tol:g})"
                 )
         rows.append(row)
-    m.metric("unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"],
-             key=True)
+    m.metric(
+        "unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"], key=True
+    )
     m.metric("excused_divergences", excused, bad="none")
     m.metric("token_agreement", agreeing / compared if compared else 1.0, bad="lower")
     m.details["probes"] = rows

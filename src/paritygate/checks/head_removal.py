@@ -32,33 +32,51 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     foreign = [k for k in infer_state if k not in train_state]
     if foreign:
         m.fail(f"inference model has parameters the training model lacks: {foreign[:5]}")
-    differing = [k for k in infer_state if k in train_state
-                 and (infer_state[k].shape != train_state[k].shape
-                      or not torch.equal(infer_state[k], train_state[k]))]
+    differing = [
+        k
+        for k in infer_state
+        if k in train_state
+        and (
+            infer_state[k].shape != train_state[k].shape
+            or not torch.equal(infer_state[k], train_state[k])
+        )
+    ]
     if differing:
         m.fail(f"inference parameters differ from the training model's: {differing[:5]}")
     leftover = [k for k in infer_state if any(k.startswith(h + ".") for h in heads)]
     if leftover:
         m.fail(f"training-only head parameters remain in the inference model: {leftover[:5]}")
 
-    inference = TorchEngine(ctx.inference_model, input_name=ctx.input_name,
-                            output_name=ctx.output_name, select=0, name="torch inference model")
+    inference = TorchEngine(
+        ctx.inference_model,
+        input_name=ctx.input_name,
+        output_name=ctx.output_name,
+        select=0,
+        name="torch inference model",
+    )
     reference = ctx.reference_outputs
     candidate = inference.infer({ctx.input_name: ctx.probes})[ctx.output_name]
-    for label, arr in (("training policy output", reference), ("inference model output", candidate)):
+    for label, arr in (
+        ("training policy output", reference),
+        ("inference model output", candidate),
+    ):
         bad = finite_report(label, arr)
         if bad:
             m.fail(bad)
     if candidate.shape != reference.shape:
-        m.fail(f"inference output shape {list(candidate.shape)} differs from the training policy "
-               f"output {list(reference.shape)}")
+        m.fail(
+            f"inference output shape {list(candidate.shape)} differs from the training policy "
+            f"output {list(reference.shape)}"
+        )
         diff = float("inf")
     else:
         diff = diff_stats(reference, candidate)["max_abs"]
     m.metric("policy_max_abs_diff", diff, threshold=thresholds["policy_max_abs_diff"], key=True)
     if diff > thresholds["policy_max_abs_diff"] and not differing and not foreign:
-        m.fail("inference forward differs from the training model's policy path with identical "
-               "weights: a step (shared norm, activation) was removed with the heads or skipped")
+        m.fail(
+            "inference forward differs from the training model's policy path with identical "
+            "weights: a step (shared norm, activation) was removed with the heads or skipped"
+        )
 
     declared = list(ctx.spec.output_names)
     exposed = [o.name for o in ctx.onnx_model.graph.output]

@@ -54,8 +54,10 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
     for seq, lg in zip(seqs, logits, strict=True):
         out = _single(fn, model, seq)
         if tuple(out.shape) != (len(seq) - 1,):
-            causes.append(f"returns shape {tuple(out.shape)} for a (1, {len(seq)}) input; "
-                          f"expected (1, {len(seq) - 1})")
+            causes.append(
+                f"returns shape {tuple(out.shape)} for a (1, {len(seq)}) input; "
+                f"expected (1, {len(seq) - 1})"
+            )
             return {"causes": causes}
         ids = torch.tensor(seq)
         expected = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[1:])  # (T-1,)
@@ -93,13 +95,22 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
                 batch_err = max(batch_err, err)
             pad_nonzero += int((out[row, : max(p - 1, 0)] != 0).sum())
     if pad_nonzero:
-        causes.append(f"pads counted: {pad_nonzero} positions whose target is a pad token "
-                      "have nonzero log-probs")
+        causes.append(
+            f"pads counted: {pad_nonzero} positions whose target is a pad token "
+            "have nonzero log-probs"
+        )
     if pad_err > DEFAULTS["padding_max_abs"]:
-        causes.append(f"left padding changes the log-probs of real tokens (max {pad_err:.3g}): "
-                      "the attention mask or position ids are not applied")
-    return {"categorical_max_abs": cat_err, "padding_max_abs": pad_err,
-            "batch_max_abs": batch_err, "pad_targets_nonzero": pad_nonzero, "causes": causes}
+        causes.append(
+            f"left padding changes the log-probs of real tokens (max {pad_err:.3g}): "
+            "the attention mask or position ids are not applied"
+        )
+    return {
+        "categorical_max_abs": cat_err,
+        "padding_max_abs": pad_err,
+        "batch_max_abs": batch_err,
+        "pad_targets_nonzero": pad_nonzero,
+        "causes": causes,
+    }
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
@@ -122,8 +133,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.fail(f"{name}: {cause}")
         for key in DEFAULTS:
             if key in res:
-                m.metric(prefix + key, res[key], threshold=thresholds[key], key=(key ==
-                         "categorical_max_abs" and not prefix))
+                m.metric(
+                    prefix + key,
+                    res[key],
+                    threshold=thresholds[key],
+                    key=(key == "categorical_max_abs" and not prefix),
+                )
         m.details[f"{prefix or 'user_'}function"] = name
     m.metric("sequences", len(seqs), bad="none", ratchet=False)
     return m

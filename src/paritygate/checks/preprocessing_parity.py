@@ -43,6 +43,44 @@ def _as_array(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def _diffs_at_clip(compared: list[tuple[np.ndarray, np.ndarray]], limit: float) -> bool:
+    """True when every differing value sits on a saturation plateau: its feature's max |x| on
+    either side (a clip bound)."""
+
+    def tops(side: int) -> np.ndarray:
+        cols = [np.where(np.isfinite(p[side]), np.abs(p[side]), 0.0).max(0) for p in compared]
+        return np.max(cols, axis=0)
+
+    top_ref, top_cand = tops(0), tops(1)  # (D,)
+    any_diff = False
+    for ref, cand in compared:
+        with np.errstate(invalid="ignore"):
+            rows, cols = np.nonzero(np.abs(ref - cand) > limit)
+        if not len(rows):
+            continue
+        any_diff = True
+        plateau = np.isclose(np.abs(ref[rows, cols]), top_ref[cols]) | np.isclose(
+            np.abs(cand[rows, cols]), top_cand[cols]
+        )
+        if not plateau.all():
+            return False
+    return any_diff
+
+
+def _diagnose(
+    case_worst: Mapping[str, float], limit: float, raw_passthrough: bool, at_clip: bool
+) -> str:
+    """Name the likely cause from which kinds of input differ and where."""
+    if raw_passthrough:
+        return "the serving side returns the raw input: normalisation missing"
+    bad = {label for label, diff in case_worst.items() if diff > limit}
+    if bad <= {"missing_value", "all_missing"}:
+        return "another fill value for missing inputs"
+    if at_clip:
+        return "another clip range (only saturated values differ)"
+    return "normalisation statistics differ (stale stats or another epsilon)"
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("preprocessing_parity")
     if ctx.training_preprocess is None:
@@ -53,6 +91,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     worst_case, worst_diff, worst_feature = "", 0.0, -1
     discrete_mismatch = 0
     per_feature: np.ndarray | None = None
+    case_worst: dict[str, float] = {}
+    compared: list[tuple[np.ndarray, np.ndarray]] = []
+    raw_passthrough = False
     for label, raw in cases.items():
         try:
             ref = _as_array(ctx.training_preprocess(raw.copy())).astype(np.float64)
@@ -84,12 +125,21 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if discrete:
             discrete_mismatch += int((diff[:, discrete] != 0).sum())
         j = int(np.argmax(feat))
+        case_worst[label] = float(feat[j])
+        compared.append((flat_ref, flat_cand))
+        if label == "probes" and raw.size and np.array_equal(
+            cand.reshape(len(cand), -1), np.asarray(raw, np.float64).reshape(len(raw), -1)
+        ):
+            raw_passthrough = True
         if feat[j] > worst_diff:
             worst_case, worst_diff, worst_feature = label, float(feat[j]), j
     if worst_diff > thresholds["max_abs_diff"]:
-        m.fail(f"feature {worst_feature} differs by {worst_diff:.3g} between training and serving "
-               f"preprocessing (worst on {worst_case} input): stale or missing normalisation "
-               "stats, another epsilon, clip or fill value")
+        at_clip = _diffs_at_clip(compared, thresholds["max_abs_diff"])
+        cause = _diagnose(case_worst, thresholds["max_abs_diff"], raw_passthrough, at_clip)
+        m.fail(
+            f"feature {worst_feature} differs by {worst_diff:.3g} between training and serving "
+            f"preprocessing (worst on {worst_case} input): {cause}"
+        )
     if discrete_mismatch:
         m.fail(f"{discrete_mismatch} discrete feature values differ (features {discrete})")
     m.metric("max_abs_diff", worst_diff, threshold=thresholds["max_abs_diff"], key=True)

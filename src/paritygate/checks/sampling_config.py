@@ -41,7 +41,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     for name in allow:
         if name in COMPARED_FIELDS and not any(d.field == name for d in diffs):
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
-    m.metric("fields_differing", len(unexplained), threshold=thresholds["fields_differing"], key=True)
+    m.metric(
+        "fields_differing", len(unexplained), threshold=thresholds["fields_differing"], key=True
+    )
     m.metric("fields_allowed", len(diffs) - len(unexplained), bad="none")
     m.metric("fields_compared", len(COMPARED_FIELDS), bad="none", ratchet=False)
     m.details["fields"] = [

@@ -45,7 +45,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
     for name in allow:
         if name not in ALLOWABLE:
-            m.fail(f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}")
+            m.fail(
+                f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}"
+            )
 
     def differs(field: str, cause: str) -> None:
         if field in allow:
@@ -92,8 +94,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         t_seq = encode_probe(train, probe, ctx.spec.max_prompt_tokens)
         s_seq = encode_probe(serve, probe, ctx.spec.max_prompt_tokens)
         same = t_seq == s_seq
-        row: dict[str, Any] = {"probe": probe.id, "training_len": len(t_seq),
-                               "serving_len": len(s_seq), "equal": same}
+        row: dict[str, Any] = {
+            "probe": probe.id,
+            "training_len": len(t_seq),
+            "serving_len": len(s_seq),
+            "equal": same,
+        }
         if probe.is_chat:
             t_text, s_text = render_probe(train, probe), render_probe(serve, probe)
             if t_text != s_text:
@@ -101,7 +107,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                 differs(
                     "chat_template",
                     f"chat template differs: probe {probe.id!r} renders differently from char "
-                    f"{at}: training {t_text[at:at + 24]!r} vs serving {s_text[at:at + 24]!r}",
+                    f"{at}: training {t_text[at : at + 24]!r} vs serving {s_text[at : at + 24]!r}",
                 )
         if not same:
             at = _first_divergence(t_seq, s_seq)
@@ -112,17 +118,20 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                 mismatched += 1
                 m.fail(
                     f"probe {probe.id!r} tokenizes differently at token {at}: training "
-                    f"{t_seq[at:at + 3]} vs serving {s_seq[at:at + 3]}"
+                    f"{t_seq[at : at + 3]} vs serving {s_seq[at : at + 3]}"
                 )
         rows.append(row)
-    if t_template != s_template and "chat_template" not in allow and not any(
-        p.is_chat for p in ctx.probes
+    if (
+        t_template != s_template
+        and "chat_template" not in allow
+        and not any(p.is_chat for p in ctx.probes)
     ):
         m.fail("chat template differs between the training and the serving tokenizer")
 
     m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
-    m.metric("special_ids_mismatched", special_mismatch,
-             threshold=thresholds["special_ids_mismatched"])
+    m.metric(
+        "special_ids_mismatched", special_mismatch, threshold=thresholds["special_ids_mismatched"]
+    )
     m.metric("probes_compared", len(rows), bad="none", ratchet=False)
     m.details["probes"] = rows
     m.details["tokenizers"] = {

@@ -14,65 +14,130 @@ KNOWN_PREFIXES = {
 }
 
 
-def _explain(missing: list[str], unexpected: list[str], shapes: dict[str, tuple[int, ...]],
-             file_shapes: dict[str, tuple[int, ...]]) -> list[str]:
+def _explain(
+    missing: list[str],
+    unexpected: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    file_shapes: dict[str, tuple[int, ...]],
+) -> list[str]:
     """Name the known causes behind a set of missing / unexpected keys."""
     causes = []
     for prefix, cause in KNOWN_PREFIXES.items():
-        stripped = {k[len(prefix):] for k in unexpected if k.startswith(prefix)}
+        stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped and stripped & set(missing):
-            causes.append(f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
-                          "after stripping it")
+            causes.append(
+                f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
+                "after stripping it"
+            )
     for m in missing:
-        same = [u for u in unexpected if file_shapes.get(u) == shapes.get(m)
-                and not any(u.startswith(p) for p in KNOWN_PREFIXES)]
+        same = [
+            u
+            for u in unexpected
+            if file_shapes.get(u) == shapes.get(m)
+            and not any(u.startswith(p) for p in KNOWN_PREFIXES)
+        ]
         if len(same) == 1:
-            causes.append(f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the "
-                          "same shape")
+            causes.append(
+                f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the same shape"
+            )
     return causes
 
 
-def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[str, Any]) -> None:
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+def _narrowed(
+    report: Any, model_state: Mapping[str, Any], state: Mapping[str, Any]
+) -> list[tuple[str, str, str]]:
+    """Float tensors the load casts to a narrower float dtype (float64 file -> float32 model).
+
+    ``load_state_dict`` copies them silently; the values the trainer saved are not
+    the values the model runs with.
+    """
+    listed = {name for name, _, _ in report.dtype_mismatch}
+    out = []
+    for name, tensor in state.items():
+        target = model_state.get(name)
+        if (
+            target is None
+            or name in listed
+            or target.dtype == tensor.dtype
+            or tuple(target.shape) != tuple(tensor.shape)
+        ):
+            continue
+        if (
+            tensor.is_floating_point()
+            and target.is_floating_point()
+            and tensor.element_size() > target.element_size()
+        ):
+            out.append((name, str(tensor.dtype), str(target.dtype)))
+    return out
+
+
+def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[str, Any]) -> int:
+    model_state = model.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in model_state.items()}
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     for cause in _explain(report.missing, report.unexpected, shapes, file_shapes):
         m.fail(f"{label}: {cause}")
     if report.missing:
-        m.fail(f"{label}: {len(report.missing)} model tensors missing from the checkpoint, left at "
-               f"their initial values: {report.missing[:5]}")
+        m.fail(
+            f"{label}: {len(report.missing)} model tensors missing from the checkpoint, left at "
+            f"their initial values: {report.missing[:5]}"
+        )
     if report.unexpected:
-        m.fail(f"{label}: {len(report.unexpected)} unexpected checkpoint keys (not in the model and "
-               f"not a declared training head): {report.unexpected[:5]}")
+        m.fail(
+            f"{label}: {len(report.unexpected)} unexpected checkpoint keys (not in the model and "
+            f"not a declared training head): {report.unexpected[:5]}"
+        )
     for name, file_shape, model_shape in report.shape_mismatch[:5]:
-        m.fail(f"{label}: shape mismatch for {name!r}: checkpoint {list(file_shape)} vs model "
-               f"{list(model_shape)}")
+        m.fail(
+            f"{label}: shape mismatch for {name!r}: checkpoint {list(file_shape)} vs model "
+            f"{list(model_shape)}"
+        )
     for name, file_dtype, model_dtype in report.dtype_mismatch[:5]:
-        m.fail(f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model {model_dtype}")
+        m.fail(
+            f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model {model_dtype}"
+        )
+    narrowed = _narrowed(report, model_state, state)
+    for name, file_dtype, model_dtype in narrowed[:5]:
+        m.fail(
+            f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model "
+            f"{model_dtype} (narrowed silently on load)"
+        )
     if report.load_error:
         m.fail(f"{label}: load_state_dict raised {report.load_error}")
     if report.value_mismatch:
-        m.fail(f"{label}: {len(report.value_mismatch)} tensors differ from the file after loading "
-               f"(a load hook or non-strict loader dropped or altered them): {report.value_mismatch[:5]}")
+        m.fail(
+            f"{label}: {len(report.value_mismatch)} tensors differ from the file after loading "
+            f"(a load hook or non-strict loader dropped or altered them): "
+            f"{report.value_mismatch[:5]}"
+        )
     if report.tied:
         m.note(f"{label}: tied weights not stored separately (fine): {report.tied[:5]}")
+    return len(narrowed)
 
 
 def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     m = Measurement("weights_load")
-    nonfinite = sorted(k for k, v in ctx.state.items()
-                       if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    nonfinite = sorted(
+        k
+        for k, v in ctx.state.items()
+        if v.is_floating_point() and not bool(torch.isfinite(v).all())
+    )
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
         m.fail(f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
-    _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
-    _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
+    narrowed = _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
+    narrowed += _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
     tl, il = ctx.training_load, ctx.inference_load
     m.metric("missing_keys", len(tl.missing) + len(il.missing), key=True, ratchet=False)
     m.metric("unexpected_keys", len(tl.unexpected) + len(il.unexpected), ratchet=False)
     m.metric("shape_mismatches", len(tl.shape_mismatch) + len(il.shape_mismatch), ratchet=False)
-    m.metric("dtype_mismatches", len(tl.dtype_mismatch) + len(il.dtype_mismatch), ratchet=False)
+    m.metric(
+        "dtype_mismatches",
+        len(tl.dtype_mismatch) + len(il.dtype_mismatch) + narrowed,
+        ratchet=False,
+    )
     m.metric("value_mismatches", len(tl.value_mismatch) + len(il.value_mismatch), ratchet=False)
     m.metric("nonfinite_tensors", len(nonfinite), ratchet=False)
     m.metric("checkpoint_tensors", len(ctx.state), bad="none", ratchet=False)

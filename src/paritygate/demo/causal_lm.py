@@ -27,9 +27,9 @@ HIDDEN = 64
 LAYERS = 2
 HEADS = 4
 MAX_POSITIONS = 256
-TRAIN_STEPS = 300
+TRAIN_STEPS = 250
 SEQ_LEN = 48
-BATCH = 32
+BATCH = 16
 
 
 def _train_tokenizer(lines: list[str]):  # -> PreTrainedTokenizerFast

@@ -1,4 +1,4 @@
-"""The demo torch policy: an MLP actor-critic with BatchNorm, dropout, a value and an auxiliary head.
+"""The demo torch policy: an MLP actor-critic with BatchNorm, dropout, value and auxiliary heads.
 
 Trained briefly on a synthetic task so its BatchNorm running statistics are real,
 with an observation normaliser whose training implementation is torch and whose
@@ -30,16 +30,27 @@ N_CATEGORIES = 3
 class Trunk(nn.Sequential):
     def __init__(self, obs_dim: int = OBS_DIM, hidden: int = HIDDEN, dropout: float = 0.1) -> None:
         super().__init__(
-            nn.Linear(obs_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(obs_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
         )
 
 
 class TrainingPolicy(nn.Module):
     """Training model: shared trunk, policy head, value head and auxiliary (next-obs) head."""
 
-    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden: int = HIDDEN,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        obs_dim: int = OBS_DIM,
+        n_actions: int = N_ACTIONS,
+        hidden: int = HIDDEN,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         self.trunk = Trunk(obs_dim, hidden, dropout)
         self.policy_head = nn.Linear(hidden, n_actions)
@@ -48,15 +59,23 @@ class TrainingPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:
         h = self.trunk(obs)  # (B, H)
-        return {"logits": self.policy_head(h), "value": self.value_head(h).squeeze(-1),
-                "aux": self.aux_head(h)}
+        return {
+            "logits": self.policy_head(h),
+            "value": self.value_head(h).squeeze(-1),
+            "aux": self.aux_head(h),
+        }
 
 
 class InferencePolicy(nn.Module):
     """Serving model: the trunk and the policy head only; returns logits (B, A)."""
 
-    def __init__(self, obs_dim: int = OBS_DIM, n_actions: int = N_ACTIONS, hidden: int = HIDDEN,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        obs_dim: int = OBS_DIM,
+        n_actions: int = N_ACTIONS,
+        hidden: int = HIDDEN,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         self.trunk = Trunk(obs_dim, hidden, dropout)
         self.policy_head = nn.Linear(hidden, n_actions)
@@ -74,6 +93,7 @@ def build_inference_model(**kwargs: Any) -> nn.Module:
 
 
 # --- observation normaliser -------------------------------------------------------------------
+
 
 def load_stats(stats_path: str | Path) -> dict[str, Any]:
     return json.loads(Path(stats_path).read_text(encoding="utf-8"))
@@ -118,6 +138,7 @@ def probe_observations(count: int, seed: int) -> np.ndarray:
 
 # --- training -------------------------------------------------------------------------------------
 
+
 def _task(raw: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Synthetic task: the best action is the argmax of a fixed linear score; value = its margin."""
     w = np.random.default_rng(1234).standard_normal((OBS_DIM, N_ACTIONS)).astype(np.float32)
@@ -136,9 +157,11 @@ def train(model: TrainingPolicy, stats_path: Path, *, steps: int = 300, seed: in
         action, value = _task(raw, rng)
         obs = normalize_training(raw, stats_path=stats_path)
         out = model(obs)
-        loss = (nn.functional.cross_entropy(out["logits"], torch.as_tensor(action))
-                + 0.5 * nn.functional.mse_loss(out["value"], torch.as_tensor(value))
-                + 0.1 * nn.functional.mse_loss(out["aux"], obs))
+        loss = (
+            nn.functional.cross_entropy(out["logits"], torch.as_tensor(action))
+            + 0.5 * nn.functional.mse_loss(out["value"], torch.as_tensor(value))
+            + 0.1 * nn.functional.mse_loss(out["aux"], obs)
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -161,10 +184,11 @@ def write_stats(path: Path, *, epsilon: float = 1e-8, clip: float = 10.0) -> Pat
     return path
 
 
-def inference_state(training_state: dict[str, torch.Tensor],
-                    heads: tuple[str, ...] = ("value_head", "aux_head")) -> dict[str, torch.Tensor]:
+def inference_state(
+    training_state: dict[str, torch.Tensor], heads: tuple[str, ...] = ("value_head", "aux_head")
+) -> dict[str, torch.Tensor]:
     """The training state without the training-only heads."""
-    return {k: v for k, v in training_state.items() if not k.split(".")[0] in heads}
+    return {k: v for k, v in training_state.items() if k.split(".")[0] not in heads}
 
 
 def build(out_dir: Path, *, seed: int = 0, steps: int = 300) -> dict[str, Path]:
@@ -185,7 +209,8 @@ def build(out_dir: Path, *, seed: int = 0, steps: int = 300) -> dict[str, Path]:
     inference.load_state_dict(inference_state(state), strict=True)
     inference.eval()
     example = torch.zeros(2, OBS_DIM)
-    artifact = export_onnx(inference, example, out_dir / "policy.onnx", input_name="obs",
-                           output_names=["logits"])
+    artifact = export_onnx(
+        inference, example, out_dir / "policy.onnx", input_name="obs", output_names=["logits"]
+    )
     manifest = write_manifest(artifact, ckpt, opset=18)
     return {"checkpoint": ckpt, "stats": stats, "artifact": artifact, "manifest": manifest}

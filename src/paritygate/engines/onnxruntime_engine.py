@@ -10,7 +10,7 @@ import numpy as np
 from paritygate.errors import InputError, MissingExtra
 
 
-def make_session(path: Path, *, threads: int = 1):  # noqa: ANN201 - onnxruntime type
+def make_session(path: Path, *, threads: int = 1):
     """An InferenceSession with deterministic settings (one intra-op thread, no arena reuse)."""
     try:
         import onnxruntime as ort
@@ -21,7 +21,9 @@ def make_session(path: Path, *, threads: int = 1):  # noqa: ANN201 - onnxruntime
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
     except Exception as exc:
         raise InputError(path, None, f"ONNX Runtime cannot load the artifact: {exc}") from None
 
@@ -43,10 +45,14 @@ class OnnxRuntimeEngine:
         n = next(iter(arrays.values())).shape[0]
         if self.fixed_batch is None or n == self.fixed_batch:
             outs = self.session.run(None, arrays)
-            return dict(zip(self.output_names, outs))
+            return dict(zip(self.output_names, outs, strict=True))
         step = self.fixed_batch
         if n % step:
             raise ValueError(f"artifact batch axis is fixed to {step}; cannot run batch {n}")
-        chunks = [self.session.run(None, {k: v[i:i + step] for k, v in arrays.items()})
-                  for i in range(0, n, step)]
-        return {name: np.concatenate([c[j] for c in chunks]) for j, name in enumerate(self.output_names)}
+        chunks = [
+            self.session.run(None, {k: v[i : i + step] for k, v in arrays.items()})
+            for i in range(0, n, step)
+        ]
+        return {
+            name: np.concatenate([c[j] for c in chunks]) for j, name in enumerate(self.output_names)
+        }

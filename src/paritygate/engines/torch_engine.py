@@ -19,7 +19,9 @@ def select_output(output: Any, which: str | int) -> torch.Tensor:
         return output[which]
     if isinstance(output, (tuple, list)):
         if isinstance(which, str):
-            raise KeyError(f"forward returned a {type(output).__name__}; policy_output must be an index")
+            raise KeyError(
+                f"forward returned a {type(output).__name__}; policy_output must be an index"
+            )
         return output[which]
     if isinstance(which, str) and hasattr(output, which):
         return getattr(output, which)
@@ -29,8 +31,15 @@ def select_output(output: Any, which: str | int) -> torch.Tensor:
 class TorchEngine:
     """Runs ``module`` on the feed named ``input_name``; returns ``{output_name: array}``."""
 
-    def __init__(self, module: torch.nn.Module, *, input_name: str, output_name: str,
-                 select: str | int = 0, name: str = "torch") -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        input_name: str,
+        output_name: str,
+        select: str | int = 0,
+        name: str = "torch",
+    ) -> None:
         self.module = module
         self.input_name = input_name
         self.output_name = output_name

@@ -29,7 +29,9 @@ def import_callable(spec: str, file: Path, key: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
-        raise InputError(file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+        raise InputError(
+            file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(file, key, f"{module_name!r} has no attribute {attr!r}")
@@ -41,7 +43,7 @@ def import_callable(spec: str, file: Path, key: str) -> Any:
 
 @dataclass
 class LoadReport:
-    """How a state dict landed in a model (computed by us, independent of the model's own loader)."""
+    """How a state dict landed in a model, computed independently of the model's own loader."""
 
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -52,7 +54,9 @@ class LoadReport:
     load_error: str | None = None
 
 
-def load_into(model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()) -> LoadReport:
+def load_into(
+    model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()
+) -> LoadReport:
     """Load ``state`` into ``model`` non-strictly and report every discrepancy.
 
     Keys under ``ignore_prefixes`` (declared training-only heads) are not
@@ -82,8 +86,10 @@ def load_into(model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, 
         if tuple(target.shape) != tuple(tensor.shape):
             report.shape_mismatch.append((name, tuple(tensor.shape), tuple(target.shape)))
             continue
-        if target.dtype != tensor.dtype and (target.is_floating_point() != tensor.is_floating_point()
-                                             or target.dtype != torch.float32):
+        if target.dtype != tensor.dtype and (
+            target.is_floating_point() != tensor.is_floating_point()
+            or target.dtype != torch.float32
+        ):
             report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
         loadable[name] = tensor
     report.missing = [n for n in model_state if n not in state and n not in tied_names]
@@ -94,16 +100,19 @@ def load_into(model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, 
     after = model.state_dict()
     for name, tensor in loadable.items():
         got = after.get(name)
-        if got is None or got.shape != tensor.shape or not torch.equal(
-            got.detach().to(tensor.dtype), tensor
+        if (
+            got is None
+            or got.shape != tensor.shape
+            or not torch.equal(got.detach().to(tensor.dtype), tensor)
         ):
             report.value_mismatch.append(name)
     return report
 
 
 def strip_heads(state: dict[str, Any], heads: list[str]) -> dict[str, Any]:
-    return {k: v for k, v in state.items()
-            if not any(k == h or k.startswith(h + ".") for h in heads)}
+    return {
+        k: v for k, v in state.items() if not any(k == h or k.startswith(h + ".") for h in heads)
+    }
 
 
 @dataclass
@@ -137,12 +146,15 @@ class PolicyContext:
         return self.spec.output_names[0]
 
     def new_training_model(self) -> Any:
-        factory = import_callable(self.spec.training_factory, self.config.path, "policy.training_factory")
+        factory = import_callable(
+            self.spec.training_factory, self.config.path, "policy.training_factory"
+        )
         return factory(**self.spec.factory_kwargs)
 
     def new_inference_model(self) -> Any:
-        factory = import_callable(self.spec.inference_factory, self.config.path,
-                                  "policy.inference_factory")
+        factory = import_callable(
+            self.spec.inference_factory, self.config.path, "policy.inference_factory"
+        )
         return factory(**self.spec.factory_kwargs)
 
     @cached_property
@@ -155,9 +167,13 @@ class PolicyContext:
     def reference(self) -> Any:
         from paritygate.engines.torch_engine import TorchEngine
 
-        return TorchEngine(self.training_model, input_name=self.input_name,
-                           output_name=self.output_name, select=self.spec.policy_output,
-                           name="torch training model (eval, fp32)")
+        return TorchEngine(
+            self.training_model,
+            input_name=self.input_name,
+            output_name=self.output_name,
+            select=self.spec.policy_output,
+            name="torch training model (eval, fp32)",
+        )
 
     @cached_property
     def reference_outputs(self) -> np.ndarray:
@@ -213,10 +229,16 @@ def _load_probes(config: GateConfig, spec: PolicySpec) -> np.ndarray:
         try:
             arr = gen(probes.count, probes.seed)
         except Exception as exc:
-            raise InputError(config.path, "policy.probes.generator", f"generator failed: {exc}") from None
+            raise InputError(
+                config.path, "policy.probes.generator", f"generator failed: {exc}"
+            ) from None
     arr = np.asarray(arr)
     if arr.ndim < 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(config.path, "policy.probes", f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}")
+        raise InputError(
+            config.path,
+            "policy.probes",
+            f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}",
+        )
     return arr.astype(np.float32)
 
 
@@ -228,7 +250,9 @@ def _preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
     if pre.stats is not None:
         stats = config.resolve(pre.stats)
         if not stats.exists():
-            raise InputError(stats, "policy.preprocessing.stats", "preprocessing stats file not found")
+            raise InputError(
+                stats, "policy.preprocessing.stats", "preprocessing stats file not found"
+            )
         kwargs["stats_path"] = stats
     training = import_callable(pre.training, config.path, "policy.preprocessing.training")
     serving = import_callable(pre.serving, config.path, "policy.preprocessing.serving")
@@ -258,15 +282,23 @@ def check_artifact_inputs(ctx_artifact: Path, input_name: str, probes: np.ndarra
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
     if input_name not in names:
-        raise InputError(ctx_artifact, "inputs", f"artifact inputs {names} do not include {input_name!r}")
+        raise InputError(
+            ctx_artifact, "inputs", f"artifact inputs {names} do not include {input_name!r}"
+        )
     shape = next(i.shape for i in inputs if i.name == input_name)
     if len(shape) != probes.ndim:
-        raise InputError(ctx_artifact, f"inputs.{input_name}",
-                         f"rank {len(shape)} does not match the probes' rank {probes.ndim}")
-    for axis, (dim, want) in enumerate(zip(shape[1:], probes.shape[1:]), start=1):
+        raise InputError(
+            ctx_artifact,
+            f"inputs.{input_name}",
+            f"rank {len(shape)} does not match the probes' rank {probes.ndim}",
+        )
+    for axis, (dim, want) in enumerate(zip(shape[1:], probes.shape[1:], strict=False), start=1):
         if isinstance(dim, int) and dim != want:
-            raise InputError(ctx_artifact, f"inputs.{input_name}",
-                             f"axis {axis} is {dim} but the model input has {want}")
+            raise InputError(
+                ctx_artifact,
+                f"inputs.{input_name}",
+                f"axis {axis} is {dim} but the model input has {want}",
+            )
 
 
 def export_from_config(config: GateConfig, out_dir: Path) -> Path:
@@ -275,8 +307,9 @@ def export_from_config(config: GateConfig, out_dir: Path) -> Path:
     return ctx.manifest_path
 
 
-def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
-                         force_export: bool = False) -> PolicyContext:
+def build_policy_context(
+    config: GateConfig, *, export_dir: Path | None = None, force_export: bool = False
+) -> PolicyContext:
     """Load and validate every input of a policy gate."""
     import torch
 
@@ -288,7 +321,12 @@ def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
     torch.manual_seed(config.seed)
     ckpt = config.resolve(spec.checkpoint)
     sha_before = sha256_file(ckpt) if ckpt.is_file() else ""
-    state = load_state_dict(ckpt, allow_pickle=config.allow_pickle)
+    try:
+        state = load_state_dict(ckpt, allow_pickle=config.allow_pickle)
+    except InputError as exc:
+        if exc.key is None:
+            raise InputError(exc.file, "policy.checkpoint", exc.cause) from None
+        raise
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
     training_load = load_into(training, state)
@@ -303,8 +341,11 @@ def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
             finite_raw = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
             probes = np.asarray(train_pre(finite_raw), dtype=np.float32)
         except Exception as exc:
-            raise InputError(config.path, "policy.preprocessing.training",
-                             f"training preprocessing failed on the probes: {exc}") from None
+            raise InputError(
+                config.path,
+                "policy.preprocessing.training",
+                f"training preprocessing failed on the probes: {exc}",
+            ) from None
     else:
         probes = raw
     if not np.all(np.isfinite(probes)):
@@ -319,15 +360,24 @@ def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
         from paritygate.export import export_onnx, write_manifest
 
         out = export_dir or (config.default_report_dir() / "export")
-        model = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
-        report = load_into(model, state, ignore_prefixes=tuple(spec.training_heads))
+        model, report = inference, inference_load  # export the very model the checks inspect
         if report.missing or report.shape_mismatch:
-            raise InputError(ckpt, "state_dict", "cannot export: the inference model does not load "
-                             f"from the checkpoint (missing {report.missing[:3]}, shape "
-                             f"{[m[0] for m in report.shape_mismatch[:3]]})")
+            raise InputError(
+                ckpt,
+                "state_dict",
+                "cannot export: the inference model does not load "
+                f"from the checkpoint (missing {report.missing[:3]}, shape "
+                f"{[m[0] for m in report.shape_mismatch[:3]]})",
+            )
         example = torch.from_numpy(probes[: min(2, len(probes))])
-        artifact = export_onnx(model.eval(), example, out / "policy.onnx", input_name=spec.input_name,
-                               output_names=list(spec.output_names), opset=spec.opset)
+        artifact = export_onnx(
+            model.eval(),
+            example,
+            out / "policy.onnx",
+            input_name=spec.input_name,
+            output_names=list(spec.output_names),
+            opset=spec.opset,
+        )
         write_manifest(artifact, ckpt, opset=spec.opset)
         exported = True
     check_artifact_inputs(artifact, spec.input_name, probes)
@@ -336,10 +386,21 @@ def build_policy_context(config: GateConfig, *, export_dir: Path | None = None,
     if sha_before != sha_after:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
     return PolicyContext(
-        config=config, spec=spec, checkpoint_path=ckpt, checkpoint_sha256=sha_after, state=state,
-        training_model=training, inference_model=inference, training_load=training_load,
-        inference_load=inference_load, raw_probes=raw, probes=probes, artifact_path=artifact,
-        manifest_path=manifest, training_preprocess=train_pre, serving_preprocess=serve_pre,
+        config=config,
+        spec=spec,
+        checkpoint_path=ckpt,
+        checkpoint_sha256=sha_after,
+        state=state,
+        training_model=training,
+        inference_model=inference,
+        training_load=training_load,
+        inference_load=inference_load,
+        raw_probes=raw,
+        probes=probes,
+        artifact_path=artifact,
+        manifest_path=manifest,
+        training_preprocess=train_pre,
+        serving_preprocess=serve_pre,
         exported_on_the_fly=exported,
     )
 

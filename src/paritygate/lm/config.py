@@ -48,7 +48,7 @@ class TokenizerSpec(StrictModel):
     training_chat_template: str | None = None
     """A Jinja file overriding the training tokenizer's template."""
     serving_chat_template: str | None = None
-    allow: list[AllowEntry] = []
+    allow: list[AllowEntry] = Field(default_factory=list)
     """Accepted differences: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``,
     ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``."""
 
@@ -60,7 +60,7 @@ class SamplingFiles(StrictModel):
     """YAML in ``configs/sampling/``."""
     serving: str
     """The model's ``generation_config.json`` or a vLLM sampling-parameters YAML."""
-    allow: list[AllowEntry] = []
+    allow: list[AllowEntry] = Field(default_factory=list)
 
 
 class TrainingSide(StrictModel):
@@ -91,14 +91,14 @@ class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
     model_dir: str
-    training_only_heads: list[str] = []
+    training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
     tokenizer: TokenizerSpec = TokenizerSpec()
     sampling: SamplingFiles
     probes: str
     """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
     max_prompt_tokens: int = Field(128, ge=1)
-    engines: list[Literal["hf", "vllm"]] = ["hf"]
+    engines: list[Literal["hf", "vllm"]] = Field(default_factory=lambda: ["hf"])
     """Engines ``logprob_delta`` and ``generation_parity`` compare; vLLM is ``vllm_delta``'s."""
     training: TrainingSide = TrainingSide()
     engine: EngineSpec = EngineSpec()

@@ -110,14 +110,18 @@ class LMContext:
             elif name == "vllm":
                 from paritygate.lm.vllm_engine import VLLMEngine
 
+                tok_dir = self.spec.tokenizer.serving
                 self._cache[key] = VLLMEngine(
                     self.engine_model_dir,
+                    tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
                     dtype=eng.dtype,
+                    seed=self.config.seed,
                     logprobs_mode=eng.logprobs_mode,
                     top_logprobs=eng.top_logprobs,
                     gpu_memory_utilization=eng.gpu_memory_utilization,
-                    trust_remote_code=self.config.trust_remote_code,
-                    seed=self.config.seed,
+                    max_model_len=self.spec.max_prompt_tokens
+                    + self.serving_sampling.spec().max_new_tokens,
+                    engine_kwargs={"trust_remote_code": self.config.trust_remote_code},
                 )
             else:
                 raise ValueError(f"unknown engine {name!r}")
@@ -129,7 +133,9 @@ class LMContext:
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
         key = f"prompts:{side}"
         if key not in self._cache:
-            self._cache[key] = [encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes]
+            self._cache[key] = [
+                encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes
+            ]
         return self._cache[key]
 
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
@@ -198,7 +204,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     files = safetensors_files(model_dir)
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
     if not (engine_dir / "config.json").is_file():
-        raise InputError(cfg, "causal_lm.engine.model_dir", f"no HF model directory at {engine_dir}")
+        raise InputError(
+            cfg, "causal_lm.engine.model_dir", f"no HF model directory at {engine_dir}"
+        )
 
     def tokenizer(side: str) -> Any:
         tspec = spec.tokenizer
@@ -217,7 +225,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
         for side, tok in (("training", training_tok), ("serving", serving_tok)):
             if probe.is_chat and not getattr(tok, "chat_template", None):
                 raise InputError(
-                    cfg, f"causal_lm.tokenizer.{side}",
+                    cfg,
+                    f"causal_lm.tokenizer.{side}",
                     f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
                 )
     training_sampling = load_sampling_file(

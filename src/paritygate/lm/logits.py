@@ -55,8 +55,9 @@ def measure_logits_agreement(ctx: Any, thresholds: Mapping[str, float]) -> Measu
     reference_model = ctx.reference_model()
     engine_model = ctx.engine("hf").model
     refs, cands, owners = [], [], []
-    for probe, prompt, output in zip(ctx.probes, generation.prompt_ids, generation.output_ids,
-                                     strict=True):
+    for probe, prompt, output in zip(
+        ctx.probes, generation.prompt_ids, generation.output_ids, strict=True
+    ):
         if not output:
             continue
         refs.append(teacher_forced_logits(reference_model, prompt, output))

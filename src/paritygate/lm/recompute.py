@@ -135,16 +135,24 @@ def measure_delta(
         logp_train, logp_infer, mask, eps=ctx.spec.ratio_eps, token_text=token_text, tier=tier
     )
     values = stats.as_metrics()
-    m.metric("delta_mean_abs", abs(values["delta_mean"]), threshold=tier["delta_mean_abs"],
-             unit="nats")
-    m.metric("delta_max_abs", values["delta_max_abs"], threshold=tier["delta_max_abs"],
-             unit="nats", key=True)
+    m.metric(
+        "delta_mean_abs", abs(values["delta_mean"]), threshold=tier["delta_mean_abs"], unit="nats"
+    )
+    m.metric(
+        "delta_max_abs",
+        values["delta_max_abs"],
+        threshold=tier["delta_max_abs"],
+        unit="nats",
+        key=True,
+    )
     m.metric("delta_p99_abs", values["delta_p99_abs"], threshold=tier["delta_p99_abs"], unit="nats")
-    m.metric("ratio_outside_frac", values["ratio_outside_frac"],
-             threshold=tier["ratio_outside_frac"])
+    m.metric(
+        "ratio_outside_frac", values["ratio_outside_frac"], threshold=tier["ratio_outside_frac"]
+    )
     m.metric("k3_kl", values["k3_kl"], threshold=tier["k3_kl"], unit="nats")
-    m.metric("nonfinite_tokens", values["nonfinite_tokens"],
-             threshold=tier.get("nonfinite_tokens", 0.0))
+    m.metric(
+        "nonfinite_tokens", values["nonfinite_tokens"], threshold=tier.get("nonfinite_tokens", 0.0)
+    )
     m.metric("delta_mean", values["delta_mean"], bad="none", unit="nats")
     m.metric("delta_std", values["delta_std"], bad="none", unit="nats")
     m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
@@ -164,6 +172,14 @@ def measure_delta(
             f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
             f"top_p {processed.top_p:g} applied on the {side} side only)"
         )
+    if train_mode == engine_mode == "processed":
+        for name in ("temperature", "top_k", "top_p"):
+            t_val, s_val = getattr(training, name), getattr(serving, name)
+            if t_val != s_val:
+                m.fail(
+                    f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
+                    f"{s_val:g} (see sampling_config)"
+                )
     if ctx.spec.precision_tier:
         actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
         if actual != tier_key and actual[::-1] != tier_key:
@@ -188,6 +204,9 @@ def measure_delta(
         {"seq": s, "pos": p, "delta": float(logp_train[s, p] - logp_infer[s, p])}
         for s, p in zip(*np.nonzero(mask), strict=True)
     ][:512]
-    m.details["engine"] = {"name": generation.engine, "logprobs_mode": engine_mode,
-                           "dtype": engine_dtype}
+    m.details["engine"] = {
+        "name": generation.engine,
+        "logprobs_mode": engine_mode,
+        "dtype": engine_dtype,
+    }
     return m

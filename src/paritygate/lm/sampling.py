@@ -158,7 +158,9 @@ def load_sampling_file(path: Path, *, trainer: bool, side_defaults: dict[str, An
         if key in IGNORED or (fmt == "hf_generation_config" and key not in COMPARED_FIELDS):
             continue
         if key not in COMPARED_FIELDS:
-            raise InputError(path, raw_key, f"unknown sampling field; known: {', '.join(COMPARED_FIELDS)}")
+            raise InputError(
+                path, raw_key, f"unknown sampling field; known: {', '.join(COMPARED_FIELDS)}"
+            )
         values[key] = _normalise(key, raw_value, path)
         explicit.add(key)
     if fmt == "hf_generation_config" and values["temperature"] == 0.0:

@@ -55,11 +55,14 @@ def measure_weights_load(ctx: Any, thresholds: Mapping[str, float]) -> Measureme
     m = Measurement("weights_load")
     heads = list(ctx.spec.training_only_heads)
     state = read_state(ctx.model_dir)
-    nonfinite = sorted(k for k, v in state.items()
-                       if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    nonfinite = sorted(
+        k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
+    )
     for name in nonfinite[:5]:
-        m.fail(f"checkpoint tensor {name!r} has {int((~torch.isfinite(state[name])).sum())} "
-               "NaN/Inf values")
+        m.fail(
+            f"checkpoint tensor {name!r} has {int((~torch.isfinite(state[name])).sum())} "
+            "NaN/Inf values"
+        )
 
     model = ctx.reference_model()
     info = ctx.reference_loading_info()
@@ -68,29 +71,40 @@ def measure_weights_load(ctx: Any, thresholds: Mapping[str, float]) -> Measureme
     head_keys = [k for k in unexpected_all if _is_head(k, heads)]
     unexpected = [k for k in unexpected_all if not _is_head(k, heads)]
     mismatched = sorted(info.get("mismatched_keys", []))
-    tied = [k for k in missing if k == "lm_head.weight"
-            and getattr(model.config, "tie_word_embeddings", False)]
+    tied = [
+        k
+        for k in missing
+        if k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)
+    ]
     missing = [k for k in missing if k not in tied]
 
     for prefix, cause in KNOWN_PREFIXES.items():
-        stripped = {k[len(prefix):] for k in unexpected if k.startswith(prefix)}
+        stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped & set(missing):
-            m.fail(f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
-                   "after stripping it")
+            m.fail(
+                f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
+                "after stripping it"
+            )
     if missing:
-        m.fail(f"training model: {len(missing)} tensors missing from the checkpoint, left at "
-               f"their initial values: {missing[:5]}")
+        m.fail(
+            f"training model: {len(missing)} tensors missing from the checkpoint, left at "
+            f"their initial values: {missing[:5]}"
+        )
     undeclared = sorted({k.split(".")[0] + "." for k in unexpected})
     if unexpected:
-        m.fail(f"training model: {len(unexpected)} unexpected checkpoint keys {unexpected[:4]} "
-               f"are not in the model and not declared training-only (add {undeclared} to "
-               "causal_lm.training_only_heads if they are a training head such as TRL's v_head)")
+        m.fail(
+            f"training model: {len(unexpected)} unexpected checkpoint keys {unexpected[:4]} "
+            f"are not in the model and not declared training-only (add {undeclared} to "
+            "causal_lm.training_only_heads if they are a training head such as TRL's v_head)"
+        )
     for entry in mismatched[:5]:
         m.fail(f"training model: shape mismatch {entry}")
     values = _value_mismatches(model, state)
     if values:
-        m.fail(f"training model: {len(values)} tensors differ from the file after loading: "
-               f"{values[:5]}")
+        m.fail(
+            f"training model: {len(values)} tensors differ from the file after loading: "
+            f"{values[:5]}"
+        )
     for head in heads:
         if not any(k.startswith(head) for k in state):
             m.note(f"declared training-only head {head!r} has no keys in the checkpoint")
@@ -105,15 +119,19 @@ def measure_weights_load(ctx: Any, thresholds: Mapping[str, float]) -> Measureme
 
         engine_sha = _sha256_files(safetensors_files(engine_dir))
         if engine_sha != ctx.checkpoint_sha256:
-            m.fail(f"inference engine loads {engine_dir} (weights sha256 {engine_sha[:12]}), not "
-                   f"the checkpoint under test (sha256 {ctx.checkpoint_sha256[:12]}): stale or "
-                   "different checkpoint")
+            m.fail(
+                f"inference engine loads {engine_dir} (weights sha256 {engine_sha[:12]}), not "
+                f"the checkpoint under test (sha256 {ctx.checkpoint_sha256[:12]}): stale or "
+                "different checkpoint"
+            )
     if "hf" in ctx.spec.engines:
         engine_model = ctx.engine("hf").model
         engine_values = _value_mismatches(engine_model, state)
         if engine_values:
-            m.fail(f"inference model: {len(engine_values)} tensors differ from the checkpoint "
-                   f"under test: {engine_values[:5]}")
+            m.fail(
+                f"inference model: {len(engine_values)} tensors differ from the checkpoint "
+                f"under test: {engine_values[:5]}"
+            )
 
     m.metric("missing_keys", len(missing), key=True, ratchet=False)
     m.metric("unexpected_keys", len(unexpected), ratchet=False)

@@ -48,7 +48,7 @@ def select_layers(model: nn.Module, spec: PrecisionSpec) -> dict[nn.Module, Laye
 
 
 def parameterised_leaves(model: nn.Module) -> set[nn.Module]:
-    """Leaf modules with their own parameters (the depth D of the output budget counts their calls)."""
+    """Leaf modules with their own parameters (D of the output budget counts their calls)."""
     return {
         m
         for m in model.modules()
@@ -94,7 +94,7 @@ def cast_params(
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every floating tensor of a nested tuple/list/dict; other leaves pass through."""
+    """Apply ``fn`` to every floating tensor of a nested tuple, list or dict."""
     if isinstance(obj, torch.Tensor):
         return fn(obj) if obj.is_floating_point() else obj
     if isinstance(obj, dict):
@@ -166,7 +166,7 @@ class CallCounter:
 
 
 class Hooks:
-    """Forward hooks on the selected modules calling ``on_call(key, info, module, args, kwargs, out)``.
+    """Forward hooks on the selected modules calling ``on_call(key, info, module, args, kw, out)``.
 
     ``paused`` silences them while the measurement itself runs a module again.
     """

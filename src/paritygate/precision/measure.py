@@ -41,7 +41,7 @@ from paritygate.precision.hooks import (
     saturating_cast,
     select_layers,
 )
-from paritygate.precision.stats import ActivationStats, ErrorStats
+from paritygate.precision.stats import ActivationStats, ErrorStats, RelL2
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -58,7 +58,7 @@ class LayerRecord:
     act: ActivationStats = field(default_factory=ActivationStats)
     local: dict[str, ErrorStats] = field(default_factory=dict)
     cum: dict[str, ErrorStats] = field(default_factory=dict)
-    cum_in: dict[str, ErrorStats] = field(default_factory=dict)
+    cum_in: dict[str, RelL2] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     """dtype -> why the local run of this layer failed."""
 
@@ -80,7 +80,7 @@ class PrecisionRun:
 
 
 class _Keeper:
-    """Copies low-precision tensors once, sharing the copy when one tensor is both an output and an input.
+    """Copies low-precision tensors once; an output that is also an input shares one copy.
 
     A tensor is recognised by identity (a live weak reference) and its version
     counter, so a tensor changed in place after it was kept is copied again.
@@ -143,7 +143,9 @@ class _Pass:
         keep = _Keeper()
         store: dict[str, tuple[list[torch.Tensor], torch.Tensor | None]] = {}
 
-        def on_call(key: str, info: LayerInfo, module: nn.Module, a: Any, kw: Any, out: Any) -> None:
+        def on_call(
+            key: str, info: LayerInfo, module: nn.Module, a: Any, kw: Any, out: Any
+        ) -> None:
             inp = first_floating(a, kw)
             store[key] = ([keep(t) for t in floating_tensors(out)], keep(inp))
 
@@ -190,7 +192,7 @@ class _Pass:
             for dtype in self.dtypes:
                 record.local[dtype] = ErrorStats()
                 record.cum[dtype] = ErrorStats()
-                record.cum_in[dtype] = ErrorStats()
+                record.cum_in[dtype] = RelL2()
             self.records[key] = record
         return record
 
@@ -234,13 +236,17 @@ class _Pass:
         inp: torch.Tensor | None,
     ) -> None:
         if entry is None:
-            self._note(f"{dtype}: layer {record.key!r} ran in fp32 but not in the low-precision run")
+            self._note(
+                f"{dtype}: layer {record.key!r} ran in fp32 but not in the low-precision run"
+            )
             return
         lp_outputs, lp_inp = entry
         if [t.shape for t in lp_outputs] != [t.shape for t in outputs]:
-            self._note(f"{dtype}: layer {record.key!r} output shapes differ between fp32 and {dtype}")
+            self._note(
+                f"{dtype}: layer {record.key!r} output shapes differ between fp32 and {dtype}"
+            )
             return
-        for ref, cand in zip(outputs, lp_outputs):
+        for ref, cand in zip(outputs, lp_outputs, strict=True):
             record.cum[dtype].update(ref, cand)
         if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
             record.cum_in[dtype].update(inp, lp_inp)
@@ -270,7 +276,7 @@ class _Pass:
         if [t.shape for t in candidates] != [t.shape for t in outputs]:
             record.errors[dtype] = "output shapes differ from the fp32 run"
             return
-        for ref, cand in zip(outputs, candidates):
+        for ref, cand in zip(outputs, candidates, strict=True):
             record.local[dtype].update(ref, cand)
 
     def _note(self, text: str) -> None:
@@ -312,7 +318,9 @@ def measure_model(
         ref_nonfinite += int((~torch.isfinite(out32)).sum())
         for dtype, cand in final.items():
             if cand.shape != out32.shape:
-                state.errors[dtype] = f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
+                state.errors[dtype] = (
+                    f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
+                )
                 continue
             output[dtype].update(out32, cand)
         if onnx is not None:

@@ -64,12 +64,14 @@ class MixedRunner:
         if self._reference is None:
             with torch.no_grad():
                 self._reference = [
-                    self.select_output(self.model(*a, **kw)).detach().float() for a, kw in self.batches
+                    self.select_output(self.model(*a, **kw)).detach().float()
+                    for a, kw in self.batches
                 ]
         return self._reference
 
     def output_error(self, dtype: str, keep: list[str]) -> ErrorStats:
         """Output error of the model in ``dtype`` with the modules named in ``keep`` in fp32."""
+        references = self.reference()
         tdtype = getattr(torch, dtype)
         kept = [self.modules[name] for name in keep]
         kept_ids = {id(m) for k in kept for m in k.modules()}
@@ -80,11 +82,10 @@ class MixedRunner:
             if id(m) not in kept_ids and not any(True for _ in m.children()):
                 handles.append(m.register_forward_pre_hook(_caster(tdtype), with_kwargs=True))
         stats = ErrorStats()
-        references = self.reference()
         restore = cast_params(self.model, tdtype, keep=kept)
         try:
             with torch.no_grad():
-                for (args, kwargs), ref in zip(self.batches, references):
+                for (args, kwargs), ref in zip(self.batches, references, strict=True):
                     to_low = _cast_fn(tdtype)
                     out = self.model(*map_tensors(args, to_low), **map_tensors(kwargs, to_low))
                     stats.update(ref, self.select_output(out).detach())
@@ -129,7 +130,9 @@ def suggest_mixed(
         except Exception as exc:  # a dtype clash where a kept layer meets a low-precision op
             result.tried.append({"keep_fp32": keep, "error": f"{type(exc).__name__}: {exc}"})
             return None
-        result.tried.append({"keep_fp32": keep, "output_rel_l2": stats.rel_l2, "nonfinite": stats.nan + stats.inf})
+        result.tried.append(
+            {"keep_fp32": keep, "output_rel_l2": stats.rel_l2, "nonfinite": stats.nan + stats.inf}
+        )
         return stats
 
     chosen: list[str] = []

@@ -103,7 +103,11 @@ def artifact_dtype(model: Any) -> str:
     from onnx import TensorProto
 
     counts = {"float16": 0, "bfloat16": 0, "float32": 0}
-    names = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16", TensorProto.FLOAT: "float32"}
+    names = {
+        TensorProto.FLOAT16: "float16",
+        TensorProto.BFLOAT16: "bfloat16",
+        TensorProto.FLOAT: "float32",
+    }
     for init in model.graph.initializer:
         if init.data_type in names:
             counts[names[init.data_type]] += int(np.prod(init.dims)) if init.dims else 1
@@ -157,7 +161,7 @@ class OnnxComparison:
             return
         feeds = self.feeds[index]
         names = [o.name for o in self.session.get_outputs()]
-        self.values = dict(zip(names, self.session.run(names, feeds)))
+        self.values = dict(zip(names, self.session.run(names, feeds), strict=True))
         self.final = self.plain.run([self.output_name], feeds)[0]
 
     def compare_layer(self, key: str, outputs: list[Any]) -> None:
@@ -171,7 +175,9 @@ class OnnxComparison:
         matches = [t for t in outputs if tuple(t.shape) == tuple(array.shape)]
         if not matches:
             shapes = [tuple(t.shape) for t in outputs]
-            self.mismatch[key] = f"ONNX value {value!r} has shape {array.shape}, torch output {shapes}"
+            self.mismatch[key] = (
+                f"ONNX value {value!r} has shape {array.shape}, torch output {shapes}"
+            )
             return
         candidate = torch.from_numpy(np.ascontiguousarray(array))
         self.layers.setdefault(key, ErrorStats()).update(matches[0], candidate)
@@ -185,7 +191,18 @@ class OnnxComparison:
     def finish_batch(self) -> None:
         self.values, self.final = {}, None
 
-    def report(self, run: Any, k_local: float, k_out: float, spec: Any) -> dict[str, Any]:
+    def budget(self, depth: int, k_out: float, fp32_budget: float) -> float:
+        """Cumulative budget of a tensor ``depth`` parameterised layers deep.
+
+        A low-precision artifact gets the output-budget formula of its dtype; an
+        fp32 artifact differs from torch only by summation order and op
+        implementations, so it gets the flat ``fp32_budget``.
+        """
+        if self.dtype == "float32":
+            return fp32_budget
+        return output_budget(self.dtype, k_out, depth)
+
+    def report(self, run: Any, k_out: float, fp32_budget: float) -> dict[str, Any]:
         """Rows per compared layer (execution order), unmapped layers with reasons, output."""
         from paritygate.precision.analysis import json_number
 
@@ -198,13 +215,14 @@ class OnnxComparison:
                 reason = self.mismatch.get(record.key) or self.unmapped.get(record.key)
                 if reason is None:
                     reason = (
-                        "no graph node carries this module's scope (folded, fused or removed at export)"
+                        "no graph node carries this module's scope "
+                        "(folded, fused or removed at export)"
                         if record.key not in self.mapped
                         else "its value was not produced by the session"
                     )
                 unmapped.append({"layer": record.key, "reason": reason})
                 continue
-            budget = output_budget(self.dtype, k_out, max(record.depth, 1))
+            budget = self.budget(max(record.depth, 1), k_out, fp32_budget)
             nonfinite = stats.nan + stats.inf
             rows.append(
                 {
@@ -219,7 +237,7 @@ class OnnxComparison:
             )
         first = next((r for r in rows if r["over_budget"]), None)
         out = self.output
-        out_budget = output_budget(self.dtype, k_out, run.depth)
+        out_budget = self.budget(run.depth, k_out, fp32_budget)
         return {
             "path": str(self.path),
             "dtype": self.dtype,
@@ -229,8 +247,14 @@ class OnnxComparison:
             "unmapped": unmapped,
             "unscoped_nodes": self.unscoped,
             "missing_feeds": self.missing_feeds,
-            "first_divergent": None if first is None else {"layer": first["layer"], "index": first["index"],
-                                                             "rel_l2": first["onnx_rel_l2"], "budget": first["budget"]},
+            "first_divergent": None
+            if first is None
+            else {
+                "layer": first["layer"],
+                "index": first["index"],
+                "rel_l2": first["onnx_rel_l2"],
+                "budget": first["budget"],
+            },
             "output_rel_l2": json_number(out.rel_l2),
             "output_max_abs": json_number(out.max_abs),
             "output_nan": out.nan,

@@ -1,0 +1,186 @@
+"""precision_per_layer: fp16/bf16 error per layer is within budget and no worse than golden.
+
+One low-precision pass per dtype with hooks (cumulative error of every layer),
+one fp32 pass (local error: each layer rerun alone in low precision on its
+fp32 inputs), streamed statistics. Each layer's local relative L2 error is a
+metric with its budget as threshold, so the golden step ratchets every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from paritygate.check import CheckSpec
+from paritygate.result import Measurement
+
+CHECK_ID = "precision_per_layer"
+
+DEFAULTS: dict[str, float] = {
+    # k_local: a layer's local rel L2 budget is k_local * u (u = unit roundoff of the dtype).
+    # Rounding input, weights and output costs ~u/sqrt(3) each; whole transformer blocks
+    # measure 1-3 u (test_suites/precision/test_sanity.py); 16 leaves a factor ~5 of headroom.
+    "local_budget_ulps": 16.0,
+    # k_out: output rel L2 budget is k_out * u * sqrt(D), D = parameterised layer calls;
+    # independent per-layer errors of a few u add in quadrature over D layers.
+    "output_budget_ulps": 8.0,
+    # Largest fp32 activation as a fraction of the dtype's largest finite value: above 1/2
+    # a single doubling (a residual add, a larger input) overflows.
+    "headroom_max": 0.5,
+    # fp32 ONNX artifact vs torch fp32, per tensor: two correct fp32 implementations differ by
+    # summation order, 1e-7..1e-6 relative (measured on the zoo policy: <= 2.4e-7); an altered
+    # node (epsilon, approximation, scale) shows >= 1e-4.
+    "onnx_fp32_rel_l2": 1e-5,
+}
+
+
+def _spec(ctx: Any) -> Any:
+    from paritygate.precision.config import PrecisionSpec
+
+    spec = getattr(getattr(ctx, "config", None), "precision", None)
+    return spec if spec is not None else PrecisionSpec()
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return float(value)  # "inf" / "nan" stay non-finite and fail by name
+    return float(value)
+
+
+def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None:
+    first = summary["first_divergent"]
+    mixed = summary.get("mixed")
+    fix = ""
+    if mixed and mixed["verified"]:
+        fix = (
+            f"; keeping {mixed['keep_fp32']} in fp32 brings the output rel L2 error to "
+            f"{float(mixed['output_rel_l2']):.3g} (budget {summary['output_budget']:.3g}), "
+            "verified by a run"
+        )
+    elif mixed:
+        fix = f"; no set of layers kept in fp32 passed within {mixed['runs']} verification runs"
+    if first is not None:
+        m.fail(
+            f"{dtype}: first divergent layer {first['layer']!r} ({first['type']}, "
+            f"#{first['index']} in execution order): {first['reason']}; "
+            f"{summary['layers_over_budget']} layer(s) over budget{fix}"
+        )
+    elif fix:
+        m.note(f"{dtype}: output over budget with every layer inside its own budget{fix}")
+    if summary["output_nan"] or summary["output_inf"]:
+        m.fail(
+            f"{dtype} output has {summary['output_nan']} NaN and {summary['output_inf']} Inf "
+            "values where the fp32 output is finite"
+        )
+
+
+def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
+    m.metric(
+        "onnx/output_rel_l2",
+        _number(onnx["output_rel_l2"]),
+        threshold=onnx["output_budget"],
+        ratchet=False,
+    )
+    m.metric("onnx/layers_compared", len(onnx["rows"]), bad="none")
+    m.metric("onnx/layers_unmapped", len(onnx["unmapped"]), bad="none")
+    for row in onnx["rows"]:
+        m.metric(
+            f"onnx/{row['layer']}/rel_l2",
+            _number(row["onnx_rel_l2"]),
+            threshold=row["budget"],
+            ratchet=False,
+        )
+    first = onnx["first_divergent"]
+    if first is not None:
+        row = next(r for r in onnx["rows"] if r["layer"] == first["layer"])
+        m.fail(
+            f"ONNX artifact ({onnx['dtype']}): first divergent layer {first['layer']!r} "
+            f"(value {row['onnx_value']!r}): rel L2 error {_number(first['rel_l2']):.3g} "
+            f"vs torch fp32 exceeds its budget {first['budget']:.3g}"
+        )
+    if onnx["output_nan"] or onnx["output_inf"]:
+        m.fail(
+            f"ONNX artifact output {onnx['output_name']!r} has {onnx['output_nan']} NaN and "
+            f"{onnx['output_inf']} Inf values"
+        )
+    if onnx["unmapped"]:
+        names = ", ".join(u["layer"] for u in onnx["unmapped"][:8])
+        more = len(onnx["unmapped"]) - 8
+        m.note(
+            f"ONNX: {len(onnx['unmapped'])} layer(s) not compared ({names}"
+            f"{f', +{more} more' if more > 0 else ''}); reasons in details"
+        )
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    """Measure every layer in each configured low-precision dtype against fp32."""
+    from paritygate.precision.analysis import run_precision
+    from paritygate.precision.budgets import short_name
+
+    m = Measurement(CHECK_ID)
+    subject = ctx.precision_subject()
+    if subject is None:
+        return m.skip("this model family provides no per-layer precision subject")
+    spec = _spec(ctx)
+    report = run_precision(
+        subject,
+        spec,
+        float(thresholds["local_budget_ulps"]),
+        float(thresholds["output_budget_ulps"]),
+        float(thresholds["onnx_fp32_rel_l2"]),
+    )
+    m.details["precision"] = report
+    if report["reference_output_nonfinite"]:
+        m.fail(f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
+    for position, (dtype, summary) in enumerate(report["summary"].items()):
+        prefix = short_name(dtype)
+        if summary["error"]:
+            m.fail(f"the model does not run in {dtype}: {summary['error']}")
+            continue
+        m.metric(
+            f"{prefix}/output_rel_l2",
+            _number(summary["output_rel_l2"]),
+            threshold=summary["output_budget"],
+            key=position == 0,
+        )
+        m.metric(
+            f"{prefix}/layers_over_budget",
+            summary["layers_over_budget"],
+            threshold=0,
+            ratchet=False,
+        )
+        m.metric(
+            f"{prefix}/max_headroom",
+            summary["max_headroom"],
+            threshold=thresholds["headroom_max"],
+            ratchet=False,
+        )
+        for row in report["rows"]:
+            if row["dtype"] == dtype:
+                value = None if row["local_error"] else _number(row["local_rel_l2"])
+                m.metric(f"{prefix}/{row['layer']}/local_rel_l2", value, threshold=row["budget"])
+        _dtype_findings(m, dtype, summary)
+    if report["onnx"] is not None:
+        _onnx_metrics(m, report["onnx"])
+    for note in report["notes"]:
+        m.note(note)
+    return m
+
+
+def _render(result: Any, report_dir: Any) -> Any:
+    from paritygate.precision.render import render_precision
+
+    return render_precision(result, report_dir)
+
+
+CHECK = CheckSpec(
+    id=CHECK_ID,
+    summary="fp16/bf16 error per layer is within budget and no worse than golden",
+    families=("policy", "causal_lm"),
+    measure=measure,
+    defaults=DEFAULTS,
+    marks=("fast",),
+    render=_render,
+)

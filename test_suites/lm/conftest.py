@@ -1,0 +1,56 @@
+"""Causal-LM test fixtures: the demo LM is built once per session; faulty variants are
+derived from it as modified copies, never by editing the clean one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+class Variants:
+    """Gates over the clean demo and each fault of :mod:`lm_zoo`, built on first use."""
+
+    def __init__(self, model_dir: Path, root: Path) -> None:
+        self.model_dir = model_dir
+        self.root = root
+        self._gates: dict[str, Any] = {}
+        self._results: dict[tuple[str, str], Any] = {}
+
+    def gate(self, name: str) -> Any:
+        from lm_zoo import FAULTS, variant_config
+
+        from paritygate.config import config_from_dict
+        from paritygate.gate import Gate
+
+        if name not in self._gates:
+            fault = None if name == "clean" else next(f for f in FAULTS if f.name == name)
+            out = self.root / name
+            out.mkdir(parents=True, exist_ok=True)
+            data = variant_config(self.model_dir, out, fault)
+            data["name"] = f"lm-{name}".replace("_", "-")
+            self._gates[name] = Gate(config_from_dict(data, out / "gate.yaml"))
+        return self._gates[name]
+
+    def evaluate(self, name: str, check_id: str) -> Any:
+        key = (name, check_id)
+        if key not in self._results:
+            self._results[key] = self.gate(name).evaluate(check_id, golden=False)
+        return self._results[key]
+
+
+@pytest.fixture(scope="session")
+def demo_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from paritygate.demo.causal_lm import build
+
+    out = tmp_path_factory.mktemp("demo-lm")
+    build(out, seed=0)
+    return out / "model"
+
+
+@pytest.fixture(scope="session")
+def lm_variants(demo_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Variants:
+    return Variants(demo_lm, tmp_path_factory.mktemp("lm-variants"))

@@ -1,0 +1,239 @@
+"""Registry of causal-LM faults: each derives a faulty gate config from the clean demo.
+
+A variant never touches the clean demo: it writes modified copies (tokenizer
+directory, sampling YAML, chat template, stale weights) into its own folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from copy import deepcopy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "demo-lm.yaml"
+LM_CHECKS = (
+    "weights_load",
+    "tokenizer_parity",
+    "sampling_config",
+    "logits_agreement",
+    "logprob_impl",
+    "logprob_delta",
+    "vllm_delta",
+    "generation_parity",
+)
+
+Patch = Callable[[dict[str, Any], Path, Path], None]
+"""(config dict to edit, clean demo model dir, this variant's folder)."""
+
+
+def clean_config(model_dir: Path) -> dict[str, Any]:
+    """The committed demo config with its paths made absolute (model from ``model_dir``)."""
+    data = yaml.safe_load(CONFIG.read_text())
+    lm = data["causal_lm"]
+    lm["model_dir"] = str(model_dir)
+    lm["tokenizer"] = {"training": str(model_dir), "serving": str(model_dir)}
+    for side in ("training", "serving"):
+        lm["sampling"][side] = str((CONFIG.parent / lm["sampling"][side]).resolve())
+    lm["probes"] = str((CONFIG.parent / lm["probes"]).resolve())
+    data.pop("golden", None)
+    return data
+
+
+def _sampling(cfg: dict[str, Any], side: str, out: Path, **changes: Any) -> None:
+    src = Path(cfg["causal_lm"]["sampling"][side])
+    values = yaml.safe_load(src.read_text())
+    values.update(changes)
+    dst = out / f"sampling-{side}.yaml"
+    dst.write_text(yaml.safe_dump(values))
+    cfg["causal_lm"]["sampling"][side] = str(dst)
+
+
+def _serving_tokenizer(
+    cfg: dict[str, Any], model: Path, out: Path, edit: Callable[[Path], None]
+) -> None:
+    tok_dir = out / "serving-tokenizer"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model / name).exists():
+            shutil.copy(model / name, tok_dir / name)
+    edit(tok_dir)
+    cfg["causal_lm"]["tokenizer"]["serving"] = str(tok_dir)
+
+
+def _edit_json(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def pads_counted(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:pads_counted"
+
+
+def off_by_one(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:off_by_one"
+
+
+def temperature_one_side(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    _sampling(cfg, "training", out, temperature=0.7)
+    _sampling(cfg, "serving", out, temperature=0.7)
+    cfg["causal_lm"]["training"]["logprobs_mode"] = "raw"
+
+
+def right_padding(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    def edit(d: Path) -> None:
+        _edit_json(d / "tokenizer_config.json", lambda c: c.update(padding_side="right"))
+
+    _serving_tokenizer(cfg, model, out, edit)
+
+
+def temperature_differs(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    _sampling(cfg, "serving", out, temperature=0.8)
+
+
+def max_new_tokens_differs(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    _sampling(cfg, "serving", out, max_tokens=8)
+
+
+def stop_strings_missing(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    _sampling(cfg, "training", out, stop=["."])
+
+
+def no_bos(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    def edit(d: Path) -> None:
+        _edit_json(d / "tokenizer.json", lambda c: c.update(post_processor=None))
+
+    _serving_tokenizer(cfg, model, out, edit)
+
+
+def other_chat_template(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    template = out / "serving-template.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    cfg["causal_lm"]["tokenizer"]["serving_chat_template"] = str(template)
+
+
+def bf16_vs_fp32_tier(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    cfg["causal_lm"]["engine"]["dtype"] = "bfloat16"
+    cfg["causal_lm"]["precision_tier"] = "fp32/fp32"
+
+
+def value_head_undeclared(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    cfg["causal_lm"]["training_only_heads"] = []
+
+
+def stale_checkpoint(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The engine serves a copy whose weights are one optimiser step's worth away."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    stale = out / "stale-model"
+    shutil.copytree(model, stale)
+    state = load_file(str(stale / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    for name, tensor in state.items():
+        if tensor.dim() == 2 and not name.startswith("v_head."):
+            noise = torch.randn(tensor.shape, generator=gen) * tensor.std() * 0.02
+            state[name] = (tensor + noise).contiguous()
+    save_file(state, str(stale / "model.safetensors"), metadata={"format": "pt"})
+    cfg["causal_lm"]["engine"]["model_dir"] = str(stale)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault, the checks it must fail with the cause each names, and the other checks
+    that also fail on it (asserted too, so this table stays true)."""
+
+    name: str
+    patch: Patch
+    causes: dict[str, str]
+    also_fail: tuple[str, ...] = ()
+
+
+FAULTS: tuple[Fault, ...] = (
+    Fault(
+        "pads_counted",
+        pads_counted,
+        {"logprob_impl": "pads counted"},
+        # The recompute attends to left pads, so batched rows drift from the engine's.
+        ("logprob_delta",),
+    ),
+    Fault(
+        "off_by_one",
+        off_by_one,
+        {"logprob_impl": "off-by-one shift"},
+        # Scores the wrong token: the trainer's log-probs are unrelated to the engine's.
+        ("logprob_delta",),
+    ),
+    Fault("temperature_one_side", temperature_one_side, {"logprob_delta": "log-prob modes differ"}),
+    Fault(
+        "right_padding",
+        right_padding,
+        {"tokenizer_parity": "pads on the right"},
+        # padding_side is also a sampling-protocol field (training left, serving right);
+        # right-padded batches make the engine continue from pad tokens.
+        ("sampling_config", "logprob_delta", "generation_parity"),
+    ),
+    Fault(
+        "temperature_differs",
+        temperature_differs,
+        {"sampling_config": "temperature differs: training 1.0 vs serving 0.8"},
+        # The engine reports log-probs at T=0.8, the trainer recomputes at T=1.0.
+        ("logprob_delta",),
+    ),
+    Fault(
+        "max_new_tokens_differs",
+        max_new_tokens_differs,
+        {"sampling_config": "max_new_tokens differs: training 16 vs serving 8"},
+        # Greedy responses longer than 8 tokens are cut on the engine side only.
+        ("generation_parity",),
+    ),
+    Fault(
+        "stop_strings_missing",
+        stop_strings_missing,
+        {"sampling_config": "stop differs: training ['.'] vs serving []"},
+        # The training path stops at '.', the engine runs on.
+        ("generation_parity",),
+    ),
+    Fault("no_bos", no_bos, {"tokenizer_parity": "serving tokenizer does not add BOS"}),
+    Fault(
+        "other_chat_template", other_chat_template, {"tokenizer_parity": "chat template differs"}
+    ),
+    Fault(
+        "bf16_vs_fp32_tier",
+        bf16_vs_fp32_tier,
+        {"logprob_delta": "precision mismatch: trainer float32 vs engine bfloat16"},
+        # dtype is a sampling-protocol field; bf16 logits differ from the fp32 forward by
+        # far more than logits_agreement's fp32 bound.
+        ("sampling_config", "logits_agreement"),
+    ),
+    Fault(
+        "value_head_undeclared",
+        value_head_undeclared,
+        {"weights_load": "not declared training-only"},
+    ),
+    Fault(
+        "stale_checkpoint",
+        stale_checkpoint,
+        {"weights_load": "stale or different checkpoint"},
+        # Log-probs move by ~0.03 nats; the peaked greedy argmax does not flip, so
+        # generation_parity passes: logits_agreement and logprob_delta see it.
+        ("logits_agreement", "logprob_delta"),
+    ),
+)
+
+
+def variant_config(model_dir: Path, out: Path, fault: Fault | None) -> dict[str, Any]:
+    cfg = deepcopy(clean_config(model_dir))
+    if fault is not None:
+        fault.patch(cfg, model_dir, out)
+    return cfg

@@ -1,0 +1,262 @@
+"""The policy fault zoo: one entry per fault, the check that must catch it, why others fail too.
+
+Each builder writes the faulty checkpoint / artifact / stats into ``out_dir`` (the
+clean demo in ``clean_dir`` is only read) and returns the config overrides that
+point the demo gate at them. ``also_fails`` is measured, not guessed:
+``test_policy_zoo.py`` evaluates all seven checks on every fault and compares.
+
+Run ``python test_suites/policy/policy_zoo.py`` to print the Markdown table kept in ZOO.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import policy_zoo_builders as zb
+import yaml
+from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_CONFIG = REPO / "configs" / "demo-policy.yaml"
+
+POLICY_CHECKS = (
+    "weights_load",
+    "batchnorm_export",
+    "head_removal",
+    "dropout_off",
+    "preprocessing_parity",
+    "logits_agreement",
+    "export_integrity",
+)
+
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: what it is, which check must fail, the cause its message names."""
+
+    id: str
+    check: str
+    summary: str
+    build: Builder
+    causes: tuple[str, ...]
+    """Substrings the failing check's message must contain (naming the cause)."""
+    also_fails: dict[str, str] = field(default_factory=dict)
+    """Other checks that fail on this fault (measured), each with a one-line why."""
+
+
+# --- config --------------------------------------------------------------------------------------
+
+
+def base_config(clean_dir: Path) -> dict[str, Any]:
+    """The committed demo config, pointed at a clean demo build in ``clean_dir``."""
+    data = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
+    pol = data["policy"]
+    pol["checkpoint"] = str(clean_dir / "policy.safetensors")
+    pol["artifact"] = str(clean_dir / "policy.onnx")
+    pol["preprocessing"]["stats"] = str(clean_dir / "obs_norm.json")
+    return data
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` into a copy of ``base`` (mappings merge, anything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides) -> Any:
+    """A validated GateConfig for a fault (lives in ``out_dir``)."""
+    from paritygate.config import config_from_dict
+
+    data = merge(base_config(clean_dir), overrides)
+    data["name"] = "zoo-" + out_dir.name.replace("_", "-")[:60]
+    data["golden"] = {"dir": str(out_dir / "golden")}
+    return config_from_dict(data, out_dir / "gate.yaml")
+
+
+def evaluate_all(config: Any) -> dict[str, Any]:
+    """Every policy check's verdict on ``config``, without golden."""
+    from paritygate.gate import Gate
+
+    gate = Gate(config)
+    return {cid: gate.evaluate(cid, golden=False) for cid in POLICY_CHECKS}
+
+
+def failing(results: dict[str, Any]) -> set[str]:
+    return {cid for cid, r in results.items() if r.status in ("fail", "error")}
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+_F = FAULTS_MODULE
+_RANDOM_INIT = "the policy runs with random-init tensors where the checkpoint did not land"
+
+FAULTS: tuple[Fault, ...] = (
+    # weights_load
+    Fault("ddp_prefix", "weights_load", "checkpoint keys carry DDP's 'module.' prefix",
+          zb.checkpoint_fault(zb.prefix("module.")), ("'module.' prefix",),
+          {"batchnorm_export": "running stats absent under the model's key names",
+           "head_removal": "training and inference models are both random init, differently",
+           "logits_agreement": "the training model is random init; the artifact is trained"}),
+    Fault("compile_prefix", "weights_load", "checkpoint keys carry torch.compile's '_orig_mod.'",
+          zb.checkpoint_fault(zb.prefix("_orig_mod.")), ("'_orig_mod.' prefix",),
+          {"batchnorm_export": "running stats absent under the model's key names",
+           "head_removal": "training and inference models are both random init, differently",
+           "logits_agreement": "the training model is random init; the artifact is trained"}),
+    Fault("renamed_key", "weights_load", "trunk.0.weight saved as trunk.0.kernel",
+          zb.checkpoint_fault(zb.rename), ("key renamed?", "'trunk.0.weight'", "'trunk.0.kernel'"),
+          {"batchnorm_export": "torch eval with a random first layer differs from the artifact",
+           "head_removal": "trunk.0.weight is random init in both models, differently",
+           "logits_agreement": "the training model's first layer is random init"}),
+    Fault("missing_key", "weights_load", "policy_head.bias not saved",
+          zb.checkpoint_fault(zb.drop_key), ("missing from the checkpoint", "policy_head.bias"),
+          {"batchnorm_export": "torch eval with a random-init bias differs from the artifact",
+           "head_removal": "policy_head.bias is random init in both models, differently",
+           "logits_agreement": "the training model's policy bias is random init"}),
+    Fault("shape_change", "weights_load", "policy_head.weight saved with half its columns",
+          zb.checkpoint_fault(zb.reshape), ("shape mismatch for 'policy_head.weight'",),
+          {"batchnorm_export": "torch eval with a random-init weight differs from the artifact",
+           "head_removal": "policy_head.weight is random init in both models, differently",
+           "logits_agreement": "the training model's policy weight is random init"}),
+    Fault("nan_weight", "weights_load", "one NaN in trunk.4.weight",
+          zb.checkpoint_fault(zb.nan_weight), ("'trunk.4.weight' has 1 NaN/Inf",),
+          {"batchnorm_export": "torch reference outputs are NaN",
+           "head_removal": "training and inference policy outputs are NaN",
+           "logits_agreement": "the reference output has NaN values"}),
+    Fault("silent_nonstrict", "weights_load",
+          "inference loader silently skips policy_head.bias (stays random init)",
+          zb.model_variant(inference_factory=f"{_F}:build_skipping_load_inference"),
+          ("differ from the file after loading", "policy_head.bias"),
+          {"head_removal": "inference policy_head.bias differs from the training model's"}),
+    Fault("float64_tensor", "weights_load", "trunk.0.weight saved as float64",
+          zb.checkpoint_fault(zb.float64), ("dtype mismatch for 'trunk.0.weight'", "float64")),
+    # batchnorm_export
+    Fault("bn_training_export", "batchnorm_export",
+          "legacy export with training=TrainingMode.TRAINING (BN uses batch stats)",
+          zb.artifact_fault(zb.bn_training_export),
+          ("BatchNormalization exported in training mode",),
+          {"dropout_off": "the same export left Dropout nodes in training mode",
+           "logits_agreement": "batch statistics and dropout change the artifact's logits"}),
+    Fault("bn_stats_reset", "batchnorm_export",
+          "artifact exported after reset_running_stats() (legacy exporter keeps BN nodes)",
+          zb.artifact_fault(zb.bn_reset_export), ("match no BatchNorm running statistics",),
+          {"logits_agreement": "mean 0 / var 1 normalisation changes the artifact's logits"}),
+    Fault("bn_stats_reset_folded", "batchnorm_export",
+          "artifact exported after reset_running_stats() (dynamo exporter folds BN into Gemm)",
+          zb.artifact_fault(zb.bn_reset_export_folded), ("BatchNorm is folded", "statistics reset"),
+          {"logits_agreement": "mean 0 / var 1 normalisation changes the artifact's logits"}),
+    Fault("bn_nonpersistent", "batchnorm_export",
+          "BN running stats registered non-persistent: never saved, default at reload",
+          zb.bn_nonpersistent, ("not in the checkpoint", "non-persistent")),
+    # head_removal
+    Fault("index_shift", "head_removal",
+          "inference trunk without Dropout entries: Sequential indices shift by one",
+          zb.model_variant(inference_factory=f"{_F}:build_no_dropout_inference"),
+          ("inference model has parameters the training model lacks",),
+          {"weights_load": "shifted keys: missing, unexpected and shape-mismatched tensors"}),
+    Fault("shared_norm_removed", "head_removal",
+          "the LayerNorm shared by all heads declared a training head and removed",
+          zb.shared_norm, ("a step (shared norm, activation) was removed",),
+          {"batchnorm_export": "torch eval (with the norm) differs from the artifact",
+           "logits_agreement": "the artifact (no norm) differs from the training model"}),
+    Fault("skipped_relu", "head_removal", "inference forward skips the trunk's last ReLU",
+          zb.model_variant(inference_factory=f"{_F}:build_skipped_relu_inference"),
+          ("a step (shared norm, activation) was removed",)),
+    Fault("value_head_exported", "head_removal", "artifact also outputs the value head",
+          zb.artifact_fault(zb.value_head_exported), ("undeclared outputs ['value']",),
+          {"export_integrity": "artifact outputs differ from the declared ['logits']"}),
+    # dropout_off
+    Fault("forced_train_mode", "dropout_off", "inference model's train() ignores mode=False",
+          zb.model_variant(inference_factory=f"{_F}:build_forced_train_inference"),
+          ("still in training mode", "inference model"),
+          {"head_removal": "dropout and batch-stat BN change the inference model's output"}),
+    Fault("hardcoded_dropout", "dropout_off", "F.dropout(training=True) in the inference forward",
+          zb.model_variant(inference_factory=f"{_F}:build_hard_dropout_inference"),
+          ("torch eval forward is not deterministic",),
+          {"head_removal": "dropout changes the inference model's output"}),
+    Fault("stochastic_depth", "dropout_off", "inference forward skips a block with torch.rand",
+          zb.model_variant(inference_factory=f"{_F}:build_stochastic_depth_inference"),
+          ("torch eval forward is not deterministic",),
+          {"head_removal": "skipped blocks change the inference model's output"}),
+    Fault("artifact_dropout", "dropout_off",
+          "artifact exported from a forward with F.dropout(training=True)",
+          zb.artifact_fault(zb.dropout_artifact), ("Dropout in training mode",)),
+    # ONNX Runtime's CPU Dropout kernel does not drop at inference even with training_mode
+    # set, so only the graph lint sees this one (outputs equal torch eval today).
+    Fault("artifact_random_mask", "dropout_off",
+          "RandomUniformLike-driven mask inserted into the graph",
+          zb.artifact_fault(lambda c, s, a: zb.edit_onnx(c, a, zb.random_mask)),
+          ("RandomUniformLike", "artifact is not deterministic"),
+          {"batchnorm_export": "random masks make rows depend on the call",
+           "logits_agreement": "the mask changes the artifact's logits"}),
+    # preprocessing_parity
+    Fault("stale_norm_stats", "preprocessing_parity", "serving loads last release's stats",
+          zb.stale_stats, ("differs by", "stale stats")),
+    Fault("missing_normalisation", "preprocessing_parity", "serving passes raw observations",
+          zb.serving("normalize_serving_missing"), ("normalisation missing", "raw input")),
+    Fault("different_epsilon", "preprocessing_parity", "serving epsilon 1e-5 instead of 1e-8",
+          zb.serving("normalize_serving_epsilon"), ("feature 5 differs by", "another epsilon")),
+    Fault("different_clip", "preprocessing_parity", "serving clips at 5 instead of 10",
+          zb.serving("normalize_serving_clip"), ("differs by", "another clip range")),
+    Fault("different_fill", "preprocessing_parity", "serving fills missing values with 0",
+          zb.serving("normalize_serving_fill_zero"), ("missing_value input", "another fill value")),
+    # logits_agreement
+    Fault("stale_artifact_1e-4", "logits_agreement",
+          "artifact exported from a checkpoint 1e-4 relative away (own manifest)",
+          zb.stale_perturbed, ("artifact logits differ", "stale artifact"),
+          {"batchnorm_export": "the artifact differs from torch eval beyond 2e-5",
+           "export_integrity": "the manifest names the older checkpoint"}),
+    Fault("fp16_layer", "logits_agreement", "trunk.4 weights rounded to fp16 in the artifact",
+          zb.artifact_fault(lambda c, s, a: zb.edit_onnx(c, a, zb.fp16_layer)),
+          ("artifact logits differ", "low-precision layer"),
+          {"batchnorm_export": "the artifact differs from torch eval beyond 2e-5"}),
+    Fault("temperature_baked", "logits_agreement", "artifact divides logits by 0.9",
+          zb.artifact_fault(lambda c, s, a: zb.edit_onnx(c, a, zb.temperature)),
+          ("temperature baked into the artifact",),
+          {"batchnorm_export": "the artifact differs from torch eval beyond 2e-5"}),
+    # export_integrity
+    Fault("stale_manifest", "export_integrity", "manifest names another checkpoint's sha256",
+          zb.stale_manifest, ("stale artifact",)),
+    Fault("batch_axis_baked", "export_integrity", "legacy export without dynamic_axes (batch 2)",
+          zb.artifact_fault(zb.baked_batch), ("batch axis of input 'obs' is baked",),
+          {"batchnorm_export": "batch sizes 1 and 7 cannot run: batch independence unproven"}),
+    Fault("modified_after_export", "export_integrity", "artifact edited after its manifest",
+          zb.modified_after_export, ("modified after export",)),
+)
+
+FAULTS_BY_ID = {f.id: f for f in FAULTS}
+
+
+def main() -> int:
+    """Build the demo, run every fault, print the Markdown table for ZOO.md."""
+    from paritygate.demo import policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        clean = Path(tmp) / "clean"
+        policy.build(clean)
+        print("| fault | check | message excerpt | also fails (why) |")
+        print("|---|---|---|---|")
+        for fault in FAULTS:
+            out = Path(tmp) / fault.id
+            results = evaluate_all(fault_config(clean, out, fault.build(clean, out)))
+            msg = results[fault.check].message.replace("|", "\\|")
+            excerpt = msg if len(msg) <= 160 else msg[:157] + "..."
+            also = sorted(failing(results) - {fault.check})
+            why = "<br>".join(f"`{c}`: {fault.also_fails.get(c, '(not in registry)')}"
+                              for c in also) or "—"
+            print(f"| `{fault.id}` | `{fault.check}` | {excerpt} | {why} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The policy fault zoo: the clean demo passes all seven checks; each fault fails its check.
+
+For every fault the failing check's message must name the cause, and the set of
+other checks that fail must equal the registry's ``also_fails`` (so the record in
+``policy_zoo.py`` and ``ZOO.md`` stays measured, not guessed).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from policy_zoo import FAULTS, FAULTS_BY_ID, POLICY_CHECKS, failing
+
+ZOO_MD = Path(__file__).with_name("ZOO.md")
+
+
+def _params() -> list[object]:
+    # xdist_group keeps both tests of a fault on one worker under ``--dist loadgroup``.
+    return [pytest.param(f, id=f.id, marks=pytest.mark.xdist_group(f.id)) for f in FAULTS]
+
+
+def test_registry_is_well_formed() -> None:
+    from paritygate.checks import checks_for
+
+    policy_ids = {c.id for c in checks_for("policy")}
+    assert set(POLICY_CHECKS) <= policy_ids
+    assert len(FAULTS) >= 15
+    assert len(FAULTS_BY_ID) == len(FAULTS), "fault ids must be unique"
+    for check in POLICY_CHECKS:
+        assert any(f.check == check for f in FAULTS), f"no fault for {check}"
+    for fault in FAULTS:
+        assert fault.check in POLICY_CHECKS
+        assert fault.causes and all(fault.causes)
+        assert fault.check not in fault.also_fails
+        assert set(fault.also_fails) <= set(POLICY_CHECKS)
+        assert all(why.strip() for why in fault.also_fails.values())
+
+
+def test_clean_demo_passes_every_check(zoo) -> None:
+    results = zoo.results("clean")
+    assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+
+
+@pytest.mark.parametrize("fault", _params())
+def test_fault_fails_with_its_cause(zoo, fault) -> None:
+    result = zoo.results(fault.id)[fault.check]
+    assert result.status == "fail", f"{fault.check} {result.status} on {fault.id}: {result.message}"
+    for cause in fault.causes:
+        assert cause in result.message, f"{cause!r} not in: {result.message}"
+
+
+@pytest.mark.parametrize("fault", _params())
+def test_also_fails_is_measured(zoo, fault) -> None:
+    results = zoo.results(fault.id)
+    crashed = {cid: r.message for cid, r in results.items() if r.status == "error"}
+    assert not crashed, f"checks crashed instead of failing by a named cause: {crashed}"
+    others = failing(results) - {fault.check}
+    messages = {cid: results[cid].message[:200] for cid in others ^ set(fault.also_fails)}
+    assert others == set(fault.also_fails), f"registry out of date for {fault.id}: {messages}"
+
+
+def _zoo_md_rows() -> dict[str, tuple[str, set[str]]]:
+    row = re.compile(r"^\| `(?P<id>[^`]+)` \| `(?P<check>[^`]+)` \| .* \| (?P<also>[^|]*) \|$")
+    rows = {}
+    for line in ZOO_MD.read_text(encoding="utf-8").splitlines():
+        m = row.match(line)
+        if m:
+            rows[m["id"]] = (m["check"], set(re.findall(r"`([a-z_]+)`:", m["also"])))
+    return rows
+
+
+def test_zoo_md_matches_registry() -> None:
+    rows = _zoo_md_rows()
+    expected = {f.id: (f.check, set(f.also_fails)) for f in FAULTS}
+    assert rows == expected, "ZOO.md is out of date: regenerate with python " \
+        "test_suites/policy/policy_zoo.py"

@@ -1,0 +1,74 @@
+"""Hugging Face model directories (causal LM and encoder) and the bundled demo policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from precision_zoo import FakeContext, measure
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+
+from paritygate.precision.hf import hf_subject
+from paritygate.verdict import judge
+
+
+def _save(model: torch.nn.Module, path: Path) -> Path:
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "encoder"])
+def test_hf_directory_is_measured_per_layer(kind: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    if kind == "causal_lm":
+        config = LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        )
+        model, block, output = LlamaForCausalLM(config), "model.layers.1", "lm_head"
+    else:
+        config = BertConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+        )
+        model, block, output = (
+            BertModel(config, add_pooling_layer=False),
+            "encoder.layer.1",
+            "encoder",
+        )
+    directory = _save(model, tmp_path / kind)
+    ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    m = measure(FakeContext(hf_subject(directory, ids, pad_token_id=0)))
+    result = judge(m, None, use_golden=False)
+    assert result.status == "pass", result.message
+    assert f"fp16/{block}/local_rel_l2" in m.metrics
+    assert f"bf16/{output}/local_rel_l2" in m.metrics
+
+
+def test_demo_policy_passes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from paritygate.config import load_config
+    from paritygate.demo import policy
+    from paritygate.gate import Gate
+
+    root = tmp_path_factory.mktemp("demo")
+    policy.build(root / "demo" / "policy")
+    config_text = (Path(__file__).parents[2] / "configs" / "demo-policy.yaml").read_text()
+    (root / "configs").mkdir()
+    (root / "configs" / "demo-policy.yaml").write_text(config_text)
+    gate = Gate(load_config(root / "configs" / "demo-policy.yaml"))
+    result = gate.evaluate("precision_per_layer", golden=False)
+    assert result.status == "pass", result.message
+    onnx = result.details["precision"]["onnx"]
+    assert onnx["rows"] and onnx["output_rel_l2"] < onnx["output_budget"]
+    # modules the exporter folds or drops (dropout, BatchNorm folded into Gemm) are listed
+    assert all(u["reason"] for u in onnx["unmapped"])

@@ -1,0 +1,27 @@
+"""Report artifacts: CSV and JSON with one row per (dtype, layer), the PNG, the fragments."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from paritygate.checks.precision_per_layer import CHECK
+from paritygate.verdict import judge
+
+
+def test_render_writes_csv_json_png_and_fragments(clean_measurement, tmp_path: Path) -> None:
+    result = judge(clean_measurement, None, use_golden=False)
+    rendered = CHECK.render(result, tmp_path)
+    names = sorted(Path(f).name for f in rendered.files)
+    assert names == ["precision.json", "precision.png", "precision_layers.csv"]
+    report = clean_measurement.details["precision"]
+    with open(tmp_path / "precision_layers.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(report["rows"]) == 2 * len({r["layer"] for r in report["rows"]})
+    assert {r["dtype"] for r in rows} == {"float16", "bfloat16"}
+    assert float(rows[0]["local_rel_l2"]) > 0 and rows[0]["layer"] == "inp"
+    assert json.loads((tmp_path / "precision.json").read_text())["rows"] == report["rows"]
+    assert (tmp_path / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'src="data:image/png;base64,' in rendered.html
+    assert "| float16 |" in rendered.markdown

@@ -1,0 +1,42 @@
+"""Physical sanity: measured relative errors follow the formats' unit roundoff.
+
+On a seeded random transformer the first block's local relative error must be
+a small multiple of u (2^-8 bfloat16, 2^-11 float16), and bf16/fp16 must be
+near 2^3 = 8, the ratio of their unit roundoffs. If this disagrees with the
+arithmetic, the measurement is wrong.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+from paritygate.precision.budgets import unit_roundoff
+from paritygate.precision.config import PrecisionSpec
+from paritygate.precision.measure import measure_model
+
+
+def test_first_block_error_matches_unit_roundoff() -> None:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaModel(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    batches = [((), {"input_ids": torch.randint(0, 256, (4, 16), generator=generator)})]
+    run = measure_model(
+        model, batches, lambda out: out.last_hidden_state, PrecisionSpec(layers="blocks")
+    )
+    first = next(r for r in run.layers if r.key == "layers.0")
+    fp16, bf16 = first.local["float16"].rel_l2, first.local["bfloat16"].rel_l2
+    assert 4 <= bf16 / fp16 <= 16, (fp16, bf16)
+    for dtype, value in (("float16", fp16), ("bfloat16", bf16)):
+        u = unit_roundoff(dtype)
+        assert u / 4 <= value <= 4 * u, (dtype, value / u)
+    assert not run.errors

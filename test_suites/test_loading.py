@@ -1,0 +1,78 @@
+"""Checkpoint formats and ``paritygate export``."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from paritygate.checkpoints import load_state_dict
+from paritygate.cli import main
+from paritygate.errors import InputError
+from paritygate.gate import sha256_file
+
+
+def _state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {"fc.weight": torch.randn(3, 4), "fc.bias": torch.zeros(3)}
+
+
+def test_torch_file_weights_only(tmp_path: Path) -> None:
+    p = tmp_path / "c.pt"
+    torch.save({"state_dict": _state(), "step": 10}, p)
+    loaded = load_state_dict(p)
+    assert set(loaded) == {"fc.weight", "fc.bias"}
+
+
+def test_sb3_zip_layout(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(_state(), buf)
+    p = tmp_path / "ppo_agent.zip"
+    with zipfile.ZipFile(p, "w") as zf:
+        zf.writestr("data", json.dumps({"policy_class": "ActorCriticPolicy"}))
+        zf.writestr("policy.pth", buf.getvalue())
+    sha = sha256_file(p)
+    loaded = load_state_dict(p)
+    assert torch.equal(loaded["fc.weight"], _state()["fc.weight"])
+    assert sha256_file(p) == sha
+
+
+def test_not_a_state_dict(tmp_path: Path) -> None:
+    p = tmp_path / "c.pt"
+    torch.save([1, 2, 3], p)
+    with pytest.raises(InputError, match="no state_dict"):
+        load_state_dict(p)
+
+
+def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys) -> None:
+    from paritygate.demo import policy
+
+    demo = tmp_path / "demo"
+    policy.build(demo, steps=20)
+    cfg = tmp_path / "gate.yaml"
+    cfg.write_text(
+        "name: exp\nfamily: policy\npolicy:\n"
+        "  training_factory: paritygate.demo.policy:build_training_model\n"
+        "  inference_factory: paritygate.demo.policy:build_inference_model\n"
+        "  checkpoint: demo/policy.safetensors\n"
+        "  training_heads: [value_head, aux_head]\n"
+        "  policy_output: logits\n"
+        "  probes: {generator: 'paritygate.demo.policy:probe_observations', count: 8}\n"
+    )
+    sha = sha256_file(demo / "policy.safetensors")
+    out = tmp_path / "export"
+    assert main(["export", str(cfg), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checkpoint_sha256"] == sha
+    assert manifest["artifact_sha256"] == sha256_file(out / "policy.onnx")
+    assert manifest["opset"] == 18
+    assert sha256_file(demo / "policy.safetensors") == sha
+    import onnx
+
+    model = onnx.load(str(out / "policy.onnx"))
+    assert [o.name for o in model.graph.output] == ["logits"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
