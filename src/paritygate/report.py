@@ -68,6 +68,8 @@ def summary_table(results: list[CheckResult]) -> list[str]:
     for r in results:
         if r.status in ("fail", "error"):
             lines.append(f"{r.id}: {r.message}")
+        elif r.status == "skip":
+            lines.append(f"{r.id}: skipped: {r.message}")
     return lines
 
 

@@ -6,12 +6,11 @@ import base64
 import csv
 import html
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from paritygate.check import Rendered
+from paritygate.golden import atomic_write_bytes
 from paritygate.result import CheckResult
 
 CSV_COLUMNS = [
@@ -25,15 +24,7 @@ CSV_COLUMNS = [
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data)
 
 
 def write_csv(report: dict[str, Any], path: Path) -> Path:
