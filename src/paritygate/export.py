@@ -8,6 +8,7 @@ it so a stale artifact built from another checkpoint cannot ship.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import warnings
@@ -33,6 +34,8 @@ def export_onnx(
     import torch
 
     model.eval()
+    # The exporter logs one warning per optional torchvision op it cannot register.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")

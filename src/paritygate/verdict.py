@@ -102,12 +102,15 @@ def judge(
         )
 
     reasons: list[str] = list(measurement.findings)
+    offending: list[str] = []  # metrics that fail, first one shown as the key metric
     for m in measurement.metrics.values():
         if not m.is_finite():
             reasons.append(f"{m.name} is {m.value} (non-finite output)")
+            offending.append(m.name)
         elif m.breaches():
             op = ">" if m.bad == "higher" else "<"
             reasons.append(f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}")
+            offending.append(m.name)
     if use_golden and not blessing:
         if expected is None:
             reasons.append("no golden baseline")
@@ -116,8 +119,11 @@ def judge(
                 reason = golden_regression(m, expected.get(m.name), margin)
                 if reason:
                     reasons.append(reason)
+                    offending.append(m.name)
 
     status = "fail" if reasons else "pass"
+    if offending and key not in offending:
+        key = offending[0]  # a failing check shows a failing metric, not a passing one
     if reasons:
         message = "; ".join(reasons)
     elif key is not None:

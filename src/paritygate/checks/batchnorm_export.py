@@ -116,7 +116,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
     m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
     if eval_diff > thresholds["eval_max_abs_diff"] and not training_nodes:
-        folded = " (BatchNorm is folded into the artifact's Gemm weights)" if (
+        folded = " (BatchNorm is folded into the artifact's Conv/Gemm weights)" if (
             bns and not onnx_bns) else ""
         m.fail(f"artifact output differs from torch eval (the checkpoint's running statistics) "
                f"by up to {eval_diff:.3g}{folded}: BatchNorm statistics reset or replaced before "

@@ -69,6 +69,26 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     return {**diff, **dist}
 
 
+def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
+    """Name a softmax / log-softmax applied on one side only (rows normalised)."""
+
+    def probs(x: np.ndarray) -> bool:
+        return bool(x.size and np.all(x >= 0) and np.all(x <= 1)
+                    and np.allclose(x.reshape(len(x), -1).sum(1), 1, atol=1e-4))
+
+    def logprobs(x: np.ndarray) -> bool:
+        return bool(x.size and np.all(x <= 0)
+                    and np.allclose(np.exp(x).reshape(len(x), -1).sum(1), 1, atol=1e-4))
+
+    if probs(candidate) and not probs(reference):
+        return (" (the artifact's rows are probabilities summing to 1: softmax applied in the "
+                "serving forward?)")
+    if logprobs(candidate) and not logprobs(reference):
+        return (" (the artifact's rows are log-probabilities: log_softmax applied in the "
+                "serving forward?)")
+    return ""
+
+
 def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("logits_agreement")
     reference = ctx.reference_outputs
@@ -84,6 +104,9 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         hint = ""
         if np.isfinite(scale) and abs(scale - 1) > 1e-3 and np.nanstd(ratio) < 1e-3 * abs(scale):
             hint = f" (candidate = reference x {scale:.4g}: a temperature baked into the artifact?)"
+        elif ctx.spec.action_space == "discrete":
+            hint = _normalised_hint(np.asarray(reference, np.float64),
+                                    np.asarray(candidate, np.float64))
         m.fail(f"artifact logits differ from the training model's by up to {stats['max_abs']:.3g}"
                f"{hint}; stale artifact, low-precision layer or changed output scaling")
     m.details["reference"] = ctx.reference.name

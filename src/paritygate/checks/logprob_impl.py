@@ -114,7 +114,7 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    from paritygate.lm.context import import_callable
+    from paritygate.imports import import_callable
 
     m = Measurement("logprob_impl")
     model = ctx.reference_model()

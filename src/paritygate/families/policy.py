@@ -8,7 +8,6 @@ the cached forward passes.
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,26 +18,7 @@ import numpy as np
 
 from paritygate.config import GateConfig, PolicySpec
 from paritygate.errors import InputError
-
-
-def import_callable(spec: str, file: Path, key: str) -> Any:
-    """Resolve ``module:callable`` (dotted attribute path allowed), or raise InputError."""
-    if ":" not in spec:
-        raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
-    module_name, attr = spec.split(":", 1)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise InputError(
-            file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InputError(file, key, f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise InputError(file, key, f"{spec!r} is not callable")
-    return obj
+from paritygate.imports import import_callable
 
 
 @dataclass
@@ -274,11 +254,53 @@ def _build_model(factory_spec: str, key: str, config: GateConfig, spec: PolicySp
     return model
 
 
-def check_artifact_inputs(ctx_artifact: Path, input_name: str, probes: np.ndarray) -> None:
-    """The artifact's first input must be ``input_name`` with the probes' feature shape."""
+def _describe(output: Any) -> str:
+    if isinstance(output, (tuple, list)):
+        return f"a {type(output).__name__} of {len(output)}"
+    if hasattr(output, "keys"):
+        return f"a {type(output).__name__} with keys {list(output.keys())}"
+    return f"a {type(output).__name__}"
+
+
+def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, probes: Any) -> None:
+    """``policy.policy_output`` must pick a tensor out of the training forward's result."""
+    import torch
+
+    from paritygate.engines.torch_engine import select_output
+
+    with torch.random.fork_rng(devices=[]), torch.inference_mode():
+        try:
+            output = model(torch.from_numpy(probes[: min(2, len(probes))]))
+        except Exception:  # a forward that fails is the checks' to report
+            return
+        try:
+            picked = select_output(output, spec.policy_output)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            picked = None
+    if not isinstance(picked, torch.Tensor):
+        raise InputError(
+            config.path,
+            "policy.policy_output",
+            f"{spec.policy_output!r} does not pick a tensor: the training forward returns "
+            f"{_describe(output)}",
+        )
+
+
+def check_artifact_inputs(
+    ctx_artifact: Path, input_name: str, probes: np.ndarray, output_name: str | None = None
+) -> None:
+    """The artifact's first input must be ``input_name`` with the probes' feature shape;
+    ``output_name`` (the declared policy output), when given, must be one of its outputs."""
     from paritygate.engines.onnxruntime_engine import make_session
 
     session = make_session(ctx_artifact)
+    outputs = [o.name for o in session.get_outputs()]
+    if output_name is not None and output_name not in outputs:
+        raise InputError(
+            ctx_artifact,
+            "policy.output_names",
+            f"artifact has no output {output_name!r} (its outputs: {outputs})",
+        )
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
     if input_name not in names:
@@ -351,6 +373,8 @@ def build_policy_context(
     if not np.all(np.isfinite(probes)):
         raise InputError(config.path, "policy.probes", "model-input probes contain NaN/Inf")
 
+    check_policy_output(config, spec, training, probes)
+
     exported = False
     if spec.artifact is not None and not force_export:
         artifact = config.resolve(spec.artifact)
@@ -380,7 +404,7 @@ def build_policy_context(
         )
         write_manifest(artifact, ckpt, opset=spec.opset)
         exported = True
-    check_artifact_inputs(artifact, spec.input_name, probes)
+    check_artifact_inputs(artifact, spec.input_name, probes, spec.output_names[0])
     manifest = config.resolve(spec.manifest) if spec.manifest else artifact.parent / "manifest.json"
     sha_after = sha256_file(ckpt)
     if sha_before != sha_after:

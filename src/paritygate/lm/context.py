@@ -8,12 +8,12 @@ lazily and cached, so a gate that runs one check pays only for that check.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
+from paritygate.imports import import_callable
 from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
 from paritygate.lm.hf import load_causal_lm, safetensors_files
 from paritygate.lm.probes import Probe, load_probes
@@ -36,22 +36,6 @@ def _sha256_files(files: list[Path]) -> str:
             while block := fh.read(1 << 20):
                 h.update(block)
     return h.hexdigest()
-
-
-def import_callable(spec: str, file: Path, key: str) -> Any:
-    """``module:callable`` from the config (user code named by the config, not the checkpoint)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise InputError(file, key, f"cannot import {spec!r}: {exc}") from None
-    if not callable(obj):
-        raise InputError(file, key, f"{spec!r} is not callable")
-    return obj
 
 
 @dataclass

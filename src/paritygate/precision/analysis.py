@@ -158,12 +158,22 @@ def run_precision(
     model.eval()
     batches = subject.batches[: spec.max_batches] if spec.max_batches else subject.batches
     onnx = None
+    skipped: str | None = None
     if spec.onnx_compare and subject.onnx_path is not None:
         from paritygate.precision.onnx_compare import OnnxComparison
 
         onnx = OnnxComparison(subject.onnx_path, subject.onnx_feeds or [], subject.onnx_output_name)
+        problem = onnx.unrunnable()
+        if problem is not None:
+            skipped = (
+                f"ONNX per-layer comparison skipped: the artifact does not run on a probe "
+                f"batch ({problem}); export_integrity checks its batch axis"
+            )
+            onnx = None
     run = measure_model(model, batches, subject.select_output, spec, onnx=onnx)
     report = analyse(run, spec, k_local, k_out)
+    if skipped is not None:
+        report["notes"].append(skipped)
     if onnx is not None:
         report["onnx"] = onnx.report(run, k_out, onnx_fp32_budget)
     if spec.suggest_mixed:

@@ -153,6 +153,18 @@ class OnnxComparison:
         self.output = ErrorStats()
         self.missing_feeds = 0
 
+    def unrunnable(self) -> str | None:
+        """Why the artifact cannot run the first probe batch (e.g. a batch axis baked
+        to 1), or None. The per-layer comparison needs whole batches."""
+        if not self.feeds:
+            return None
+        try:
+            self.plain.run([self.output_name], self.feeds[0])
+        except Exception as exc:  # onnxruntime raises its own error types
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return f"{type(exc).__name__}: {first}"
+        return None
+
     def run_batch(self, index: int) -> None:
         """Run both sessions on batch ``index``'s feeds, keeping this batch's values only."""
         if index >= len(self.feeds):

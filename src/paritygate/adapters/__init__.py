@@ -1,0 +1,1 @@
+"""Adapters that expose other libraries ' policies as paritygate factories."""
