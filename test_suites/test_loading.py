@@ -76,3 +76,43 @@ def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys) -> 
     model = onnx.load(str(out / "policy.onnx"))
     assert [o.name for o in model.graph.output] == ["logits"]
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+
+
+def test_golden_life_cycle_and_probe_set_drift(tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.demo import policy
+    from paritygate.gate import Gate
+
+    demo = tmp_path / "demo"
+    policy.build(demo, steps=20)
+
+    def gate(seed: int, update: bool = False) -> Gate:
+        data = {
+            "name": "life",
+            "family": "policy",
+            "checks": ["logits_agreement"],
+            "golden": {"dir": str(tmp_path / "golden")},
+            "policy": {
+                "training_factory": "paritygate.demo.policy:build_training_model",
+                "inference_factory": "paritygate.demo.policy:build_inference_model",
+                "checkpoint": str(demo / "policy.safetensors"),
+                "artifact": str(demo / "policy.onnx"),
+                "training_heads": ["value_head", "aux_head"],
+                "policy_output": "logits",
+                "probes": {"generator": "paritygate.demo.policy:probe_observations", "seed": seed},
+            },
+        }
+        return Gate(config_from_dict(data, tmp_path / "gate.yaml"), update_golden=update)
+
+    first = gate(0).evaluate("logits_agreement")
+    assert first.status == "fail" and "no golden baseline" in first.message
+    assert (tmp_path / "golden" / "life" / "logits_agreement.obtained.json").exists()
+    assert "--update-golden" in first.message
+    blessed = gate(0, update=True).evaluate("logits_agreement")
+    assert blessed.status == "pass" and "golden blessed" in blessed.message
+    record = json.loads((tmp_path / "golden" / "life" / "logits_agreement.json").read_text())
+    assert record["provenance"]["checkpoint_sha256"] == sha256_file(demo / "policy.safetensors")
+    assert not (tmp_path / "golden" / "life" / "logits_agreement.obtained.json").exists()
+    assert gate(0).evaluate("logits_agreement").status == "pass"
+    drifted = gate(1).evaluate("logits_agreement")
+    assert drifted.status == "fail" and "probe set changed" in drifted.message

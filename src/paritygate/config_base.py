@@ -8,4 +8,4 @@ from pydantic import BaseModel, ConfigDict
 class StrictModel(BaseModel):
     """Config section: unknown keys and wrong types are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

@@ -109,9 +109,11 @@ class Gate:
 
     def provenance(self) -> dict[str, Any]:
         ctx = self.context
-        config_hash = hashlib.sha256(self.config.path.read_bytes()).hexdigest()
+        # Hash of the validated config, so comments and formatting do not count as changes.
+        config_hash = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()
         return {
             "checkpoint_sha256": ctx.checkpoint_sha256,
+            "probes_sha256": ctx.probes_sha256,
             "config_sha256": config_hash,
             "bless_command": self.bless_command(),
             "environment": environment(),
@@ -152,10 +154,26 @@ class Gate:
         result = judge(
             measurement, expected, margin=self.margin, use_golden=golden, blessing=blessing
         )
+        if golden and expected is not None and not blessing and result.status in ("pass", "fail"):
+            self._check_probe_set(result, expected)
         if golden and result.status in ("pass", "fail"):
             self._golden_lifecycle(result, measurement, blessing)
         result.duration_s = time.perf_counter() - start
         return result
+
+    def _check_probe_set(self, result: CheckResult, expected: dict[str, Any]) -> None:
+        """Golden numbers are only comparable on the probes they were blessed with."""
+        blessed = (expected.get("provenance") or {}).get("probes_sha256")
+        current = self.context.probes_sha256
+        if blessed and blessed != current:
+            reason = (
+                f"probe set changed since the golden baseline was blessed (sha256 "
+                f"{blessed[:12]} -> {current[:12]}): re-bless with {self.bless_command()}"
+            )
+            was_passing = result.status == "pass"
+            result.reasons.append(reason)
+            result.status = "fail"
+            result.message = reason if was_passing else f"{result.message}; {reason}"
 
     def _golden_lifecycle(
         self, result: CheckResult, measurement: Measurement, blessing: bool

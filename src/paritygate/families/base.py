@@ -21,5 +21,7 @@ class Context(Protocol):
     config: GateConfig
     checkpoint_path: Path
     checkpoint_sha256: str
+    probes_sha256: str
+    """Digest of the probe set; golden baselines record it so drift is caught."""
 
     def precision_subject(self) -> PrecisionSubject: ...

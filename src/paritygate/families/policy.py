@@ -117,6 +117,16 @@ class PolicyContext:
     exported_on_the_fly: bool = False
     family: str = "policy"
 
+    @cached_property
+    def probes_sha256(self) -> str:
+        """Digest of the raw probe array (values, shape and dtype)."""
+        import hashlib
+
+        raw = np.ascontiguousarray(self.raw_probes)
+        h = hashlib.sha256(f"{raw.dtype}{raw.shape}".encode())
+        h.update(raw.tobytes())
+        return h.hexdigest()
+
     @property
     def input_name(self) -> str:
         return self.spec.input_name

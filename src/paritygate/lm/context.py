@@ -57,6 +57,13 @@ class LMContext:
     family: str = "causal_lm"
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
+    @property
+    def probes_sha256(self) -> str:
+        """Digest of the probe prompts file."""
+        if "probes_sha256" not in self._cache:
+            self._cache["probes_sha256"] = _sha256_files([self.config.resolve(self.spec.probes)])
+        return self._cache["probes_sha256"]
+
     # -- models ------------------------------------------------------------------
     def _load_reference(self) -> tuple[Any, dict[str, Any]]:
         if "reference" not in self._cache:
