@@ -129,7 +129,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if cand.shape != ctx.reference_outputs.shape:
         m.fail(f"artifact output shape {list(cand.shape)} differs from the training model's "
                f"{list(ctx.reference_outputs.shape)} (see weights_load / export_integrity)")
-        eval_diff = float("inf")
+        eval_diff = None
     else:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
     if cand_dep is not None:
@@ -142,7 +142,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
     m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
     limit = thresholds["eval_max_abs_diff"]
-    if bns and eval_diff > limit and not training_nodes and np.isfinite(eval_diff):
+    if bns and eval_diff is not None and eval_diff > limit and not training_nodes:
         reset_diff = _diff_with_reset_stats(ctx, cand)
         m.metric("reset_stats_max_abs_diff", reset_diff, bad="none", ratchet=False)
         folded = " (BatchNorm is folded into the artifact's Conv/Gemm weights)" if (

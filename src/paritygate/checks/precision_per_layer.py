@@ -77,6 +77,9 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
 
 
 def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
+    if onnx.get("output_error"):
+        m.fail(f"ONNX artifact cannot be compared: {onnx['output_error']}")
+        return
     m.metric(
         "onnx/output_rel_l2",
         _number(onnx["output_rel_l2"]),

@@ -150,6 +150,7 @@ class OnnxComparison:
         self.final: np.ndarray | None = None
         self.layers: dict[str, ErrorStats] = {}
         self.mismatch: dict[str, str] = {}
+        self.output_error: str | None = None
         self.output = ErrorStats()
         self.missing_feeds = 0
 
@@ -197,8 +198,15 @@ class OnnxComparison:
     def compare_output(self, reference: Any) -> None:
         import torch
 
-        if self.final is not None:
-            self.output.update(reference, torch.from_numpy(np.ascontiguousarray(self.final)))
+        if self.final is None:
+            return
+        if tuple(self.final.shape) != tuple(reference.shape):
+            self.output_error = (
+                f"artifact output {self.output_name!r} has shape {list(self.final.shape)}, the "
+                f"torch model's {list(reference.shape)}"
+            )
+            return
+        self.output.update(reference, torch.from_numpy(np.ascontiguousarray(self.final)))
 
     def finish_batch(self) -> None:
         self.values, self.final = {}, None
@@ -259,6 +267,7 @@ class OnnxComparison:
             "unmapped": unmapped,
             "unscoped_nodes": self.unscoped,
             "missing_feeds": self.missing_feeds,
+            "output_error": self.output_error,
             "first_divergent": None
             if first is None
             else {
