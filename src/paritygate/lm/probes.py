@@ -58,9 +58,9 @@ def load_probes(path: Path) -> list[Probe]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raise InputError(path, None, "probes file not found") from None
+        raise InputError(path, "causal_lm.probes", "probes file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, None, f"cannot read probes: {exc}") from None
+        raise InputError(path, "causal_lm.probes", f"cannot read probes: {exc}") from None
     probes: list[Probe] = []
     seen: set[str] = set()
     for n, line in enumerate(lines, start=1):
