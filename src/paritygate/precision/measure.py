@@ -216,7 +216,13 @@ class _Pass:
             record.act.update(t, self.dtypes)
         for dtype, store in stored.items():
             self._cumulative(record, dtype, store.get(key), outputs, first_floating(args, kwargs))
-        if local:
+        if local and (module is self.model or not floating_tensors((args, kwargs))):
+            # The root sees the probes themselves and a layer without floating inputs (an
+            # embedding on token ids) inherits no error, so a low-precision rerun would repeat
+            # the cumulative run exactly: the local error is the cumulative error.
+            for dtype, store in stored.items():
+                self._cumulative_as_local(record, dtype, store.get(key), outputs)
+        elif local:
             hooks.paused = self.in_local = True
             try:
                 for dtype in self.dtypes:
@@ -250,6 +256,18 @@ class _Pass:
             record.cum[dtype].update(ref, cand)
         if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
             record.cum_in[dtype].update(inp, lp_inp)
+
+    def _cumulative_as_local(
+        self,
+        record: LayerRecord,
+        dtype: str,
+        entry: tuple[list[torch.Tensor], torch.Tensor | None] | None,
+        outputs: list[torch.Tensor],
+    ) -> None:
+        if entry is None or [t.shape for t in entry[0]] != [t.shape for t in outputs]:
+            return
+        for ref, cand in zip(outputs, entry[0], strict=True):
+            record.local[dtype].update(ref, cand)
 
     def _local(
         self,
