@@ -43,35 +43,7 @@ def _explain(
     return causes
 
 
-def _narrowed(
-    report: Any, model_state: Mapping[str, Any], state: Mapping[str, Any]
-) -> list[tuple[str, str, str]]:
-    """Float tensors the load casts to a narrower float dtype (float64 file -> float32 model).
-
-    ``load_state_dict`` copies them silently; the values the trainer saved are not
-    the values the model runs with.
-    """
-    listed = {name for name, _, _ in report.dtype_mismatch}
-    out = []
-    for name, tensor in state.items():
-        target = model_state.get(name)
-        if (
-            target is None
-            or name in listed
-            or target.dtype == tensor.dtype
-            or tuple(target.shape) != tuple(tensor.shape)
-        ):
-            continue
-        if (
-            tensor.is_floating_point()
-            and target.is_floating_point()
-            and tensor.element_size() > target.element_size()
-        ):
-            out.append((name, str(tensor.dtype), str(target.dtype)))
-    return out
-
-
-def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[str, Any]) -> int:
+def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[str, Any]) -> None:
     model_state = model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in model_state.items()}
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
@@ -94,13 +66,8 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
         )
     for name, file_dtype, model_dtype in report.dtype_mismatch[:5]:
         m.fail(
-            f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model {model_dtype}"
-        )
-    narrowed = _narrowed(report, model_state, state)
-    for name, file_dtype, model_dtype in narrowed[:5]:
-        m.fail(
             f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model "
-            f"{model_dtype} (narrowed silently on load)"
+            f"{model_dtype} (the load casts it; the saved values are not the ones served)"
         )
     if report.load_error:
         m.fail(f"{label}: load_state_dict raised {report.load_error}")
@@ -112,7 +79,6 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
         )
     if report.tied:
         m.note(f"{label}: tied weights not stored separately (fine): {report.tied[:5]}")
-    return len(narrowed)
 
 
 def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
@@ -127,15 +93,15 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
         m.fail(f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
-    narrowed = _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
-    narrowed += _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
+    _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
+    _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
     tl, il = ctx.training_load, ctx.inference_load
     m.metric("missing_keys", len(tl.missing) + len(il.missing), key=True, ratchet=False)
     m.metric("unexpected_keys", len(tl.unexpected) + len(il.unexpected), ratchet=False)
     m.metric("shape_mismatches", len(tl.shape_mismatch) + len(il.shape_mismatch), ratchet=False)
     m.metric(
         "dtype_mismatches",
-        len(tl.dtype_mismatch) + len(il.dtype_mismatch) + narrowed,
+        len(tl.dtype_mismatch) + len(il.dtype_mismatch),
         ratchet=False,
     )
     m.metric("value_mismatches", len(tl.value_mismatch) + len(il.value_mismatch), ratchet=False)

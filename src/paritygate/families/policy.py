@@ -34,6 +34,16 @@ class LoadReport:
     load_error: str | None = None
 
 
+def _lossless_upcast(tensor: Any, target: Any) -> bool:
+    """A float tensor loaded into a wider float (fp16/bf16 file -> fp32 model) keeps its values;
+    any other dtype change (float64 -> float32, fp16 -> bf16, int <-> float) does not."""
+    return (
+        tensor.is_floating_point()
+        and target.is_floating_point()
+        and target.element_size() > tensor.element_size()
+    )
+
+
 def load_into(
     model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()
 ) -> LoadReport:
@@ -66,10 +76,7 @@ def load_into(
         if tuple(target.shape) != tuple(tensor.shape):
             report.shape_mismatch.append((name, tuple(tensor.shape), tuple(target.shape)))
             continue
-        if target.dtype != tensor.dtype and (
-            target.is_floating_point() != tensor.is_floating_point()
-            or target.dtype != torch.float32
-        ):
+        if target.dtype != tensor.dtype and not _lossless_upcast(tensor, target):
             report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
         loadable[name] = tensor
     report.missing = [n for n in model_state if n not in state and n not in tied_names]
