@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
+from paritygate.gate import sha256_file, sha256_files
 from paritygate.imports import import_callable
 from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
 from paritygate.lm.hf import load_causal_lm, safetensors_files
@@ -24,18 +25,6 @@ if TYPE_CHECKING:
     from paritygate.config import GateConfig
     from paritygate.lm.config import CausalLMSpec
     from paritygate.precision.subject import PrecisionSubject
-
-
-def _sha256_files(files: list[Path]) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for path in files:
-        h.update(path.name.encode())
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 20):
-                h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -61,7 +50,7 @@ class LMContext:
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
         if "probes_sha256" not in self._cache:
-            self._cache["probes_sha256"] = _sha256_files([self.config.resolve(self.spec.probes)])
+            self._cache["probes_sha256"] = sha256_file(self.config.resolve(self.spec.probes))
         return self._cache["probes_sha256"]
 
     # -- models ------------------------------------------------------------------
@@ -245,7 +234,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         model_dir=model_dir,
         engine_model_dir=engine_dir,
         checkpoint_path=files[0] if len(files) == 1 else model_dir,
-        checkpoint_sha256=_sha256_files(files),
+        checkpoint_sha256=sha256_files(files),
         training_tokenizer=training_tok,
         serving_tokenizer=serving_tok,
         probes=probes,

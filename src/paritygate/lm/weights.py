@@ -115,9 +115,9 @@ def measure_weights_load(ctx: Any, thresholds: Mapping[str, float]) -> Measureme
     engine_values: list[str] = []
     engine_dir = ctx.engine_model_dir
     if engine_dir != ctx.model_dir:
-        from paritygate.lm.context import _sha256_files
+        from paritygate.gate import sha256_files
 
-        engine_sha = _sha256_files(safetensors_files(engine_dir))
+        engine_sha = sha256_files(safetensors_files(engine_dir))
         if engine_sha != ctx.checkpoint_sha256:
             m.fail(
                 f"inference engine loads {engine_dir} (weights sha256 {engine_sha[:12]}), not "

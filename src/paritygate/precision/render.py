@@ -23,10 +23,6 @@ CSV_COLUMNS = [
 ]  # fmt: skip
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    atomic_write_bytes(path, data)
-
-
 def write_csv(report: dict[str, Any], path: Path) -> Path:
     """One row per (dtype, layer), execution order within each dtype."""
     import io
@@ -38,12 +34,12 @@ def write_csv(report: dict[str, Any], path: Path) -> Path:
     writer.writeheader()
     for row in report["rows"]:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
-    _atomic_write(path, buffer.getvalue().encode())
+    atomic_write_bytes(path, buffer.getvalue().encode())
     return path
 
 
 def write_json(report: dict[str, Any], path: Path) -> Path:
-    _atomic_write(path, json.dumps(report, indent=1, sort_keys=False).encode())
+    atomic_write_bytes(path, json.dumps(report, indent=1, sort_keys=False).encode())
     return path
 
 
