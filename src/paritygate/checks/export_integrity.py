@@ -14,7 +14,6 @@ from paritygate.result import Measurement
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
 
-    from paritygate.engines.onnxruntime_engine import make_session
     from paritygate.families.policy import read_manifest
     from paritygate.gate import sha256_file
 
@@ -43,7 +42,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.fail(f"batch axis of input {ctx.input_name!r} is baked to the constant "
                    f"{dim0.dim_value}; export with a dynamic batch axis")
 
-    session = make_session(ctx.artifact_path)
+    session = ctx.candidate.session
     batch_failures = []
     for n in sorted({1, min(len(ctx.probes), 7)}):
         try:

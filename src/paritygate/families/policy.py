@@ -122,6 +122,8 @@ class PolicyContext:
     training_preprocess: Any = None
     serving_preprocess: Any = None
     exported_on_the_fly: bool = False
+    candidate: Any = None
+    """The ONNX Runtime engine over the artifact (one session, opened while validating)."""
     family: str = "policy"
 
     @cached_property
@@ -153,12 +155,6 @@ class PolicyContext:
             self.spec.inference_factory, self.config.path, "policy.inference_factory"
         )
         return factory(**self.spec.factory_kwargs)
-
-    @cached_property
-    def candidate(self) -> Any:
-        from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
-
-        return OnnxRuntimeEngine(self.artifact_path)
 
     @cached_property
     def reference(self) -> Any:
@@ -304,13 +300,14 @@ def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, probes
 
 
 def check_artifact_inputs(
-    ctx_artifact: Path, input_name: str, probes: np.ndarray, output_name: str | None = None
+    session: Any,
+    ctx_artifact: Path,
+    input_name: str,
+    probes: np.ndarray,
+    output_name: str | None = None,
 ) -> None:
     """The artifact's first input must be ``input_name`` with the probes' feature shape;
     ``output_name`` (the declared policy output), when given, must be one of its outputs."""
-    from paritygate.engines.onnxruntime_engine import make_session
-
-    session = make_session(ctx_artifact)
     outputs = [o.name for o in session.get_outputs()]
     if output_name is not None and output_name not in outputs:
         raise InputError(
@@ -421,7 +418,12 @@ def build_policy_context(
         )
         write_manifest(artifact, ckpt, opset=spec.opset)
         exported = True
-    check_artifact_inputs(artifact, spec.input_name, probes, spec.output_names[0])
+    from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    candidate = OnnxRuntimeEngine(artifact)
+    check_artifact_inputs(
+        candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
+    )
     manifest = config.resolve(spec.manifest) if spec.manifest else artifact.parent / "manifest.json"
     sha_after = sha256_file(ckpt)
     if sha_before != sha_after:
@@ -443,6 +445,7 @@ def build_policy_context(
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
         exported_on_the_fly=exported,
+        candidate=candidate,
     )
 
 
