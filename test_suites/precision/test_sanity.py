@@ -40,3 +40,24 @@ def test_first_block_error_matches_unit_roundoff() -> None:
         u = unit_roundoff(dtype)
         assert u / 4 <= value <= 4 * u, (dtype, value / u)
     assert not run.errors
+
+
+def test_local_max_batches_samples_local_error_and_says_so() -> None:
+    """Local error on the first batches only; cumulative error on every batch; a note says it."""
+    from paritygate.precision.analysis import run_precision
+    from paritygate.precision.subject import PrecisionSubject
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    generator = torch.Generator().manual_seed(0)
+    batches = [((torch.randn(5, 8, generator=generator),), {}) for _ in range(3)]
+    spec = PrecisionSpec(local_max_batches=1)
+    run = measure_model(model.eval(), batches, lambda out: out, spec)
+    first = next(r for r in run.layers if r.key == "2")
+    assert first.local["float16"].n == 5 * 4
+    assert first.cum["float16"].n == 3 * 5 * 4
+    report = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o), spec, 16, 8)
+    assert any("first 1 of 3 probe batches" in note for note in report["notes"])
+    full = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o),
+                         PrecisionSpec(), 16, 8)
+    assert not any("probe batches" in note for note in full["notes"])

@@ -174,6 +174,11 @@ def run_precision(
     report = analyse(run, spec, k_local, k_out)
     if skipped is not None:
         report["notes"].append(skipped)
+    if spec.local_max_batches is not None and spec.local_max_batches < len(batches):
+        report["notes"].append(
+            f"local error measured on the first {spec.local_max_batches} of {len(batches)} probe "
+            "batches (precision.local_max_batches); cumulative and output error on all"
+        )
     if onnx is not None:
         report["onnx"] = onnx.report(run, k_out, onnx_fp32_budget)
     if spec.suggest_mixed:
