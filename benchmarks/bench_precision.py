@@ -90,42 +90,13 @@ def plain_passes(model: Any, batches: list[Any], dtypes: list[str]) -> None:
                 restore()
 
 
-def _low_copy(model: Any, dtype: Any) -> dict[int, Any]:
-    """Every floating parameter and buffer of ``model`` cast to ``dtype`` once, by tensor id."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return {id(t): t.detach().to(dtype) for t in tensors if t.is_floating_point()}
-
-
-def _swap_in(module: Any, copy: dict[int, Any]) -> Any:
-    """Point ``module``'s parameters and buffers at their low-precision copies; returns the undo."""
-    swapped = []
-    for mod in module.modules():
-        for p in mod._parameters.values():
-            if p is not None and id(p) in copy:
-                swapped.append((p, p.data))
-                p.data = copy[id(p)]
-        for name, b in list(mod._buffers.items()):
-            if b is not None and id(b) in copy:
-                swapped.append((mod, name, b))
-                mod._buffers[name] = copy[id(b)]
-
-    def undo() -> None:
-        for entry in reversed(swapped):
-            if len(entry) == 2:
-                entry[0].data = entry[1]
-            else:
-                entry[0]._buffers[entry[1]] = entry[2]
-
-    return undo
-
-
 def minimal_passes(model: Any, batches: list[Any], dtypes: list[str], spec: PrecisionSpec) -> None:
     """The minimal work of the report: three plain forwards plus one rerun per measured layer
     and dtype on its fp32 inputs (the root and layers without floating inputs excepted, as in
     the pass), with each dtype's weights cast once for the whole run."""
     plain_passes(model, batches, dtypes)
     layers = select_layers(model, spec)
-    copies = {name: _low_copy(model, getattr(torch, name)) for name in dtypes}
+    copies: dict[str, dict[int, Any]] = {name: {} for name in dtypes}  # each dtype cast once
     rerunning = False
 
     def rerun(module: Any, args: Any, kwargs: Any, output: Any) -> None:
@@ -135,8 +106,9 @@ def minimal_passes(model: Any, batches: list[Any], dtypes: list[str], spec: Prec
         rerunning = True
         try:
             for name, copy in copies.items():
-                cast = saturating_cast(getattr(torch, name))
-                restore = _swap_in(module, copy)
+                dtype = getattr(torch, name)
+                cast = saturating_cast(dtype)
+                restore = cast_params(module, dtype, cache=copy)
                 try:
                     module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
                 finally:
@@ -169,18 +141,16 @@ def model_bytes(model: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def bench_time(layers: int, hidden: int, batches: list[Any], repeats: int) -> dict[str, float]:
-    model = llama(layers, hidden)
+def bench_time(model: Any, batches: list[Any], repeats: int) -> dict[str, float]:
     dtypes = ["float16", "bfloat16"]
     full, leaves = PrecisionSpec(), PrecisionSpec(layers="leaves")
-    per_dtype = {  # fp32 alone, then fp32 + one low dtype (its forward = the difference)
-        name: best_of(
-            lambda n=name: plain_passes(model, batches, [n] if n in dtypes else []), repeats
-        )
-        for name in ("float32", *dtypes)
-    }
+    fp32 = best_of(lambda: plain_passes(model, batches, []), repeats)
     return {
-        **{f"{name}_s": seconds for name, seconds in per_dtype.items()},
+        "float32_s": fp32,
+        **{  # fp32 + one low dtype, less fp32 alone
+            f"{name}_s": best_of(lambda n=name: plain_passes(model, batches, [n]), repeats) - fp32
+            for name in dtypes
+        },
         "plain_s": best_of(lambda: plain_passes(model, batches, dtypes), repeats),
         "minimal_s": best_of(lambda: minimal_passes(model, batches, dtypes, full), repeats),
         "precision_s": best_of(lambda: precision_pass(model, batches, full), repeats),
@@ -191,8 +161,7 @@ def bench_time(layers: int, hidden: int, batches: list[Any], repeats: int) -> di
     }
 
 
-def bench_sampled(layers: int, hidden: int, batches: list[Any], repeats: int) -> dict[str, float]:
-    model = llama(layers, hidden)
+def bench_sampled(model: Any, batches: list[Any], repeats: int) -> dict[str, float]:
     sampled = PrecisionSpec(local_max_batches=1)
     return {
         "plain_s": best_of(lambda: plain_passes(model, batches, ["float16", "bfloat16"]), repeats),
@@ -260,11 +229,12 @@ def main() -> None:
 
     batches = probes(2, 2, 32)
     hidden = 256 if args.quick else 512
-    t = bench_time(4, hidden, batches, repeats)
+    model = llama(4, hidden)
+    t = bench_time(model, batches, repeats)
     print(f"\n[time] LlamaModel 4 layers, hidden {hidden}, 2 batches of 2x32 tokens")
     plain = t["plain_s"]
     fp32 = t["float32_s"]
-    lows = ", ".join(f"{n} {t[f'{n}_s'] - fp32:.3f} s" for n in ("float16", "bfloat16"))
+    lows = ", ".join(f"{n} {t[f'{n}_s']:.3f} s" for n in ("float16", "bfloat16"))
     print(f"  3 plain forwards (fp32+fp16+bf16):   {plain:.3f} s (fp32 {fp32:.3f} s, {lows})")
     for label, pass_key, floor_key in (
         ("leaves+blocks", "precision_s", "minimal_s"),
@@ -276,7 +246,7 @@ def main() -> None:
             f"forwards (target <= 1.5x); minimal work {floor:.3f} s = {floor / plain:.2f}x "
             f"the 3 forwards; pass / minimal work {seconds / floor:.2f}x"
         )
-    s8 = bench_sampled(4, hidden, probes(8, 2, 32), repeats)
+    s8 = bench_sampled(model, probes(8, 2, 32), repeats)
     print(
         f"  sampled local (local_max_batches: 1 of 8 batches): {s8['sampled_s']:.3f} s = "
         f"{s8['sampled_s'] / s8['plain_s']:.2f}x the 3 forwards ({s8['plain_s']:.3f} s)"

@@ -53,9 +53,9 @@ def test_local_max_batches_samples_local_error_and_says_so() -> None:
     batches = [((torch.randn(5, 8, generator=generator),), {}) for _ in range(3)]
     spec = PrecisionSpec(local_max_batches=1)
     run = measure_model(model.eval(), batches, lambda out: out, spec)
-    first = next(r for r in run.layers if r.key == "2")
-    assert first.local["float16"].n == 5 * 4
-    assert first.cum["float16"].n == 3 * 5 * 4
+    last = next(r for r in run.layers if r.key == "2")
+    assert last.local["float16"].n == 5 * 4
+    assert last.cum["float16"].n == 3 * 5 * 4
     report = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o), spec, 16, 8)
     assert any("first 1 of 3 probe batches" in note for note in report["notes"])
     full = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o),

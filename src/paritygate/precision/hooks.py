@@ -57,12 +57,26 @@ def parameterised_leaves(model: nn.Module) -> set[nn.Module]:
 
 
 def cast_params(
-    module: nn.Module, dtype: torch.dtype, keep: Iterable[nn.Module] = ()
+    module: nn.Module,
+    dtype: torch.dtype,
+    keep: Iterable[nn.Module] = (),
+    cache: dict[int, torch.Tensor] | None = None,
 ) -> Callable[[], None]:
     """Cast floating parameters and buffers of ``module`` in place; returns the undo function.
 
-    Modules in ``keep`` (and everything below them) stay as they are.
+    Modules in ``keep`` (and everything below them) stay as they are. With a
+    ``cache`` (tensor id -> its cast copy, filled on first use), each tensor is
+    cast once and later calls only swap the copies in.
     """
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if cache is None:
+            return t.detach().to(dtype)
+        low = cache.get(id(t))
+        if low is None:
+            low = cache[id(t)] = t.detach().to(dtype)
+        return low
+
     skip: set[int] = set()
     for kept in keep:
         skip.update(id(m) for m in kept.modules())
@@ -77,12 +91,12 @@ def cast_params(
                 continue
             seen.add(id(p))
             params.append((p, p.data))
-            p.data = p.data.to(dtype)
+            p.data = cast(p)
         for name, b in mod._buffers.items():
             if b is None or not b.is_floating_point() or b.dtype == dtype:
                 continue
             buffers.append((mod, name, b))
-            mod._buffers[name] = b.to(dtype)
+            mod._buffers[name] = cast(b)
 
     def restore() -> None:
         for p, original in params:
