@@ -28,7 +28,7 @@ def minimal_work(demo: Path, out: Path) -> None:
 
     from paritygate.demo import policy
     from paritygate.engines.onnxruntime_engine import make_session
-    from paritygate.export import export_onnx
+    from paritygate.families.policy.export import export_onnx
 
     state = load_file(str(demo / "policy.safetensors"))
     training = policy.build_training_model()

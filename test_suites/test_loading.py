@@ -13,7 +13,7 @@ import torch
 from paritygate.checkpoints import load_state_dict
 from paritygate.cli import main
 from paritygate.errors import InputError
-from paritygate.gate import sha256_file
+from paritygate.provenance import sha256_file
 
 
 def _state() -> dict[str, torch.Tensor]:

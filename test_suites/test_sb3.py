@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from paritygate.config import config_from_dict
-from paritygate.gate import Gate, sha256_file
+from paritygate.gate import Gate
+from paritygate.provenance import sha256_file
 
 pytest.importorskip("stable_baselines3", reason="stable-baselines3 not installed (extra 'sb3')")
 

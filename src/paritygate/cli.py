@@ -7,6 +7,7 @@ the file and key, no traceback).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -111,16 +112,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from paritygate.config import load_config
-    from paritygate.families.policy import export_from_config
+    from paritygate.families import export
 
     config = load_config(args.config)
-    if config.family != "policy":
-        raise InputError(
-            config.path, "family", "export builds ONNX artifacts for the 'policy' family"
-        )
     out = args.out or Path("export") / config.name
-    manifest = export_from_config(config, out)
-    print(f"paritygate: wrote {manifest.parent / 'policy.onnx'} and {manifest}")
+    manifest = export(config, out)
+    artifact = json.loads(manifest.read_text(encoding="utf-8"))["artifact"]
+    print(f"paritygate: wrote {manifest.parent / artifact} and {manifest}")
     return EXIT_PASS
 
 

@@ -1,8 +1,11 @@
-"""Golden baselines: read, write atomically, and describe where they came from.
+"""Golden baselines: the whole life cycle of a check's baseline, in one place.
 
 ``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "provenance": {...}}``.
-When a baseline is missing or a regression is found, the obtained metrics are
-written beside it as ``<check_id>.obtained.json`` so they can be inspected or blessed.
+:func:`regression_check` owns the cycle: load the baseline, judge the measurement
+against thresholds and golden (:func:`paritygate.verdict.judge`), fail when the probe
+set changed since blessing, then either bless (``--update-golden``, atomic, passing
+checks only) or, when a baseline is missing or a metric regressed, write the obtained
+metrics beside it as ``<check_id>.obtained.json`` with the command that blesses them.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from paritygate.result import CheckResult, Measurement
+from paritygate.verdict import Margin, judge
 
 
 def _umask_mode() -> int:
@@ -108,3 +115,57 @@ class GoldenStore:
         p = self.obtained_path(check_id)
         atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
         return p
+
+
+def _probe_set_changed(result: CheckResult, expected: dict[str, Any], current: str) -> None:
+    """Golden numbers are only comparable on the probes they were blessed with."""
+    blessed = (expected.get("provenance") or {}).get("probes_sha256")
+    if blessed and blessed != current:
+        reason = (
+            f"probe set changed since the golden baseline was blessed (sha256 "
+            f"{blessed[:12]} -> {current[:12]})"
+        )
+        was_passing = result.status == "pass"
+        result.reasons.append(reason)
+        result.status = "fail"
+        result.message = reason if was_passing else f"{result.message}; {reason}"
+
+
+def regression_check(
+    measurement: Measurement,
+    store: GoldenStore,
+    *,
+    margin: Margin,
+    blessing: bool,
+    probes_sha256: Callable[[], str],
+    provenance: Callable[[], dict[str, Any]],
+    bless_command: str,
+) -> CheckResult:
+    """Judge ``measurement`` against its baseline in ``store`` and run the golden life cycle.
+
+    ``probes_sha256`` and ``provenance`` are called only when needed (they may hash files).
+    """
+    check_id = measurement.check_id
+    expected = store.load(check_id)
+    result = judge(measurement, expected, margin=margin, blessing=blessing)
+    if result.status not in ("pass", "fail"):
+        return result
+    if expected is not None and not blessing:
+        _probe_set_changed(result, expected, probes_sha256())
+    ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet}
+    if blessing:
+        if result.status == "pass":
+            path = store.write(check_id, ratcheted, provenance())
+            result.message += f" (golden blessed: {path.name})"
+        else:
+            result.message += " (not blessed: the check fails its thresholds)"
+        return result
+    if result.status == "fail" and (
+        result.golden is None or any("golden" in r for r in result.reasons)
+    ):
+        path = store.write_obtained(check_id, ratcheted, provenance())
+        result.details["obtained_path"] = str(path)
+        result.message += f"; obtained metrics written to {path}"
+        if all("golden" in r for r in result.reasons):  # blessing would make it pass
+            result.message += f"; bless with: {bless_command}"
+    return result

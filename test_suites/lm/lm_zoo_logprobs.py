@@ -1,5 +1,5 @@
 """Faulty training-side log-prob functions for the fault zoo (same signature as
-:func:`paritygate.lm.logprobs.compute_logprobs`)."""
+:func:`paritygate.families.causal_lm.logprobs.compute_logprobs`)."""
 
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ import pytest
 from lm_zoo import CONFIG, clean_config
 
 from paritygate.config import config_from_dict, load_config
+from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
-from paritygate.lm.context import build_lm_context
-from paritygate.lm.engine import SamplingSpec
-from paritygate.lm.probes import load_probes
-from paritygate.lm.sampling import load_sampling_file
+from paritygate.families.causal_lm.context import build_lm_context
+from paritygate.families.causal_lm.probes import load_probes
+from paritygate.families.causal_lm.sampling import load_sampling_file
 
 
 def test_committed_config_validates() -> None:
@@ -62,7 +62,7 @@ def test_missing_model_dir_names_key(tmp_path: Path, demo_lm: Path) -> None:
 
 def test_bad_logprob_fn_names_key(tmp_path: Path, demo_lm: Path) -> None:
     data = clean_config(demo_lm)
-    data["causal_lm"]["training"]["logprob_fn"] = "paritygate.lm.logprobs:nope"
+    data["causal_lm"]["training"]["logprob_fn"] = "paritygate.families.causal_lm.logprobs:nope"
     with pytest.raises(InputError) as err:
         build_lm_context(config_from_dict(data, tmp_path / "gate.yaml"))
     assert err.value.key == "causal_lm.training.logprob_fn"
@@ -94,8 +94,8 @@ def test_demo_is_peaked_and_carries_value_head(demo_lm: Path) -> None:
     from safetensors import safe_open
 
     from paritygate.demo.causal_lm import mean_entropy
-    from paritygate.lm.hf import load_causal_lm
-    from paritygate.lm.tokenizer import load_tokenizer
+    from paritygate.engines.hf_loading import load_causal_lm
+    from paritygate.families.causal_lm.tokenizer import load_tokenizer
 
     with safe_open(str(demo_lm / "model.safetensors"), "pt") as fh:
         keys = set(fh.keys())
@@ -127,7 +127,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     """vllm_delta runs the shared delta measurement on whatever engine is named vllm;
     here the HF engine stands in for vLLM so the path is exercised without a GPU."""
     import paritygate.checks.vllm_delta as vllm_delta
-    from paritygate.lm.hf_engine import HFGenerateEngine
+    from paritygate.engines.hf_generate import HFGenerateEngine
 
     ctx = lm_variants.gate("clean").context
     hf = ctx.engine("hf")

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from paritygate.lm.delta import PRECISION_TIERS, DeltaStats, delta_stats, tier_for
+from paritygate.metrics.logprob import PRECISION_TIERS, DeltaStats, delta_stats, tier_for
 
 METRICS = {
     "delta_mean",

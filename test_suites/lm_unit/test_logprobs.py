@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from paritygate.lm.logprobs import (  # noqa: E402
+from paritygate.families.causal_lm.logprobs import (  # noqa: E402
     compute_logprobs,
     logprobs_from_logits,
     process_logits,

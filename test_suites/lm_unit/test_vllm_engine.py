@@ -9,14 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paritygate.errors import MissingExtra
-from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
-from paritygate.lm.vllm_engine import (
+from paritygate.engines.base import GenerationEngine
+from paritygate.engines.generation import Generation, SamplingSpec
+from paritygate.engines.vllm_engine import (
     VLLMEngine,
     generation_from_outputs,
     sampling_params_kwargs,
     vllm_unavailable_reason,
 )
+from paritygate.errors import MissingExtra
 
 # --- fakes shaped like vllm.logprobs.Logprob / vllm.outputs.CompletionOutput / RequestOutput ---
 
@@ -227,8 +228,8 @@ def test_real_vllm_matches_trainer_recompute(tmp_path: Path, mode: str) -> None:
     import torch
     import transformers
 
-    from paritygate.lm.delta import delta_stats, tier_for
-    from paritygate.lm.logprobs import compute_logprobs
+    from paritygate.families.causal_lm.logprobs import compute_logprobs
+    from paritygate.metrics.logprob import delta_stats, tier_for
 
     model_dir = _tiny_model_dir(tmp_path)
     spec = SamplingSpec(temperature=0.7, top_k=5, max_new_tokens=8, seed=0)

@@ -38,7 +38,7 @@ def _save(state: dict[str, Any], path: Path) -> Path:
 
 
 def _manifest(artifact: Path, checkpoint: Path) -> None:
-    from paritygate.export import write_manifest
+    from paritygate.families.policy.export import write_manifest
 
     write_manifest(artifact, checkpoint, opset=18)
 
@@ -86,7 +86,7 @@ def _export(model: Any, path: Path, output_names: list[str] | None = None) -> Pa
     """The project's exporter (dynamo, dynamic batch axis)."""
     import torch
 
-    from paritygate.export import export_onnx
+    from paritygate.families.policy.export import export_onnx
 
     return export_onnx(model.eval(), torch.zeros(2, 8), path, input_name="obs",
                        output_names=output_names or ["logits"], opset=18)

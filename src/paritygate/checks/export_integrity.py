@@ -14,8 +14,7 @@ from paritygate.result import Measurement
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
 
-    from paritygate.families.policy import read_manifest
-    from paritygate.gate import sha256_file
+    from paritygate.provenance import sha256_file
 
     m = Measurement("export_integrity")
     model = ctx.onnx_model
@@ -54,7 +53,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if batch_failures:
         m.fail(f"artifact does not run at every batch size: {batch_failures}")
 
-    manifest = read_manifest(ctx.manifest_path)
+    manifest = ctx.manifest()
     stale = modified = 0
     if manifest is None:
         m.fail(f"no manifest at {ctx.manifest_path}: the artifact's source checkpoint is unknown "

@@ -114,11 +114,44 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
+def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("logits_agreement")
+    if "hf" not in ctx.spec.engines:
+        return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
+    generation = ctx.greedy("hf")
+    engine = ctx.engine("hf")
+    refs, cands, owners = [], [], []
+    for probe, prompt, output in zip(
+        ctx.probes, generation.prompt_ids, generation.output_ids, strict=True
+    ):
+        if not output:
+            continue
+        refs.append(ctx.teacher_forced_logits(prompt, output))
+        cands.append(engine.cached_logits(prompt, output))
+        owners += [f"{probe.id}@{j}" for j in range(len(output))]
+    if not refs:
+        return m.skip("the engine generated no tokens for any probe")
+    reference = np.concatenate(refs)  # (N, V)
+    candidate = np.concatenate(cands)  # (N, V)
+    stats = compare_logits(m, reference, candidate, thresholds)
+    if stats and stats.get("max_abs", 0.0) > thresholds["max_abs_diff"]:
+        m.fail(
+            f"cached engine logits differ from the trainer's forward by up to "
+            f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
+            f"{ctx.spec.engine.dtype}, trainer in {ctx.spec.training.dtype}): stale checkpoint, "
+            "lower precision or a cache bug"
+        )
+    for row in m.details.get("worst_probes", []):
+        row["position"] = owners[row["probe"]]
+    m.metric("rows", len(reference), bad="none", ratchet=False)
+    m.details["reference"] = f"training model ({ctx.spec.training.dtype}, teacher-forced, no cache)"
+    m.details["candidate"] = f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"
+    return m
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if ctx.family == "causal_lm":
-        from paritygate.lm.logits import measure_logits_agreement
-
-        return measure_logits_agreement(ctx, thresholds)
+        return measure_causal_lm(ctx, thresholds)
     return measure_policy(ctx, thresholds)
 
 

@@ -4,7 +4,7 @@ The configured engine (HF ``generate`` with a KV cache on CPU) samples continuat
 of the probe prompts under the serving sampling config and reports each token's
 log-prob; the trainer's own log-prob function recomputes them teacher-forced.
 Thresholds come from the precision tier of (training dtype, engine dtype), see
-:mod:`paritygate.lm.tiers`; a value set under ``thresholds.logprob_delta`` overrides it.
+:mod:`paritygate.metrics.tiers`; a value set under ``thresholds.logprob_delta`` overrides it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from paritygate.check import CheckSpec
-from paritygate.lm.tiers import PRECISION_TIERS
+from paritygate.engines.generation import is_processing_trivial
+from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
-# Defaults are the strictest tier (fp32/fp32, sources in paritygate.lm.tiers); at run time
+# Defaults are the strictest tier (fp32/fp32, sources in paritygate.metrics.tiers); at run time
 # the tier of the configured dtypes replaces them unless the config overrides a value.
 DEFAULTS: dict[str, float] = {
     **PRECISION_TIERS["fp32/fp32"],
@@ -25,9 +28,137 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    from paritygate.lm.recompute import measure_delta
+DELTA_THRESHOLD_KEYS = (
+    "delta_mean_abs",
+    "delta_max_abs",
+    "delta_p99_abs",
+    "ratio_outside_frac",
+    "k3_kl",
+)
 
+
+def effective_tier(
+    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_dtype: str
+) -> tuple[str, dict[str, float]]:
+    """The precision tier's thresholds, with the user's explicit overrides on top."""
+    from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
+
+    if ctx.spec.precision_tier:
+        key = ctx.spec.precision_tier
+        if key not in PRECISION_TIERS:
+            raise ValueError(f"unknown precision tier {key!r}; known: {', '.join(PRECISION_TIERS)}")
+        values = dict(PRECISION_TIERS[key])
+    else:
+        key, values = tier_for(ctx.spec.training.dtype, engine_dtype)
+    overrides = ctx.config.thresholds.get(check_id, {})
+    for name in DELTA_THRESHOLD_KEYS:
+        if name in overrides:
+            values[name] = float(thresholds[name])
+    if "nonfinite_tokens" in thresholds:
+        values["nonfinite_tokens"] = float(thresholds["nonfinite_tokens"])
+    return key, values
+
+
+def measure_delta(
+    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_name: str
+) -> Measurement:
+    """Sample with the engine, recompute on the training side, and judge the delta by tier."""
+    from paritygate.metrics.logprob import delta_stats
+    from paritygate.metrics.tiers import canonical_dtype
+
+    m = Measurement(check_id)
+    engine_dtype = ctx.spec.engine.dtype
+    tier_key, tier = effective_tier(ctx, check_id, thresholds, engine_dtype)
+    generation, serving = ctx.sampled(engine_name)
+    training = ctx.training_sampling.spec()
+    logp_train, logp_infer, mask = ctx.recompute(generation)
+    tok = ctx.serving_tokenizer
+
+    def token_text(seq: int, pos: int) -> str:
+        return str(tok.decode([generation.output_ids[seq][pos]]))
+
+    stats = delta_stats(
+        logp_train, logp_infer, mask, eps=ctx.spec.ratio_eps, token_text=token_text, tier=tier
+    )
+    values = stats.as_metrics()
+    m.metric(
+        "delta_mean_abs", abs(values["delta_mean"]), threshold=tier["delta_mean_abs"], unit="nats"
+    )
+    m.metric(
+        "delta_max_abs",
+        values["delta_max_abs"],
+        threshold=tier["delta_max_abs"],
+        unit="nats",
+        key=True,
+    )
+    m.metric("delta_p99_abs", values["delta_p99_abs"], threshold=tier["delta_p99_abs"], unit="nats")
+    m.metric(
+        "ratio_outside_frac", values["ratio_outside_frac"], threshold=tier["ratio_outside_frac"]
+    )
+    m.metric("k3_kl", values["k3_kl"], threshold=tier["k3_kl"], unit="nats")
+    m.metric(
+        "nonfinite_tokens", values["nonfinite_tokens"], threshold=tier.get("nonfinite_tokens", 0.0)
+    )
+    m.metric("delta_mean", values["delta_mean"], bad="none", unit="nats")
+    m.metric("delta_std", values["delta_std"], bad="none", unit="nats")
+    m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
+    m.metric("prob_diff_max", values["prob_diff_max"], bad="none")
+    m.metric("n_tokens", values["n_tokens"], bad="none", ratchet=False)
+
+    # Named causes: configurations that make the two sides score different distributions.
+    train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
+    engine_mode = generation.logprobs_mode
+    if train_mode != engine_mode and not (
+        is_processing_trivial(training) and is_processing_trivial(serving)
+    ):
+        processed = serving if engine_mode == "processed" else training
+        side = "engine" if engine_mode == "processed" else "trainer"
+        m.fail(
+            f"log-prob modes differ: trainer scores {train_mode} log-probs, engine reports "
+            f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
+            f"top_p {processed.top_p:g} applied on the {side} side only)"
+        )
+    if train_mode == engine_mode == "processed":
+        for name in ("temperature", "top_k", "top_p"):
+            t_val, s_val = getattr(training, name), getattr(serving, name)
+            if t_val != s_val:
+                m.fail(
+                    f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
+                    f"{s_val:g} (see sampling_config)"
+                )
+    if ctx.spec.precision_tier:
+        actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
+        if actual != tier_key and actual[::-1] != tier_key:
+            m.fail(
+                f"precision mismatch: trainer {ctx.spec.training.dtype} vs engine "
+                f"{engine_dtype}, but the gate's precision tier is {tier_key}"
+            )
+    if ctx.engine_model_dir != ctx.model_dir:
+        m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
+    if any(metric.breaches() for metric in m.metrics.values()):
+        worst = ", ".join(
+            f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
+            for w in stats.worst[:3]
+        )
+        m.fail(f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; worst: {worst}")
+    m.note(f"diagnosis: {stats.diagnosis}")
+    m.details["tier"] = {"name": tier_key, **tier}
+    details = stats.to_details()
+    details.pop("per_token", None)
+    m.details["delta"] = details
+    m.details["per_token"] = [
+        {"seq": s, "pos": p, "delta": float(logp_train[s, p] - logp_infer[s, p])}
+        for s, p in zip(*np.nonzero(mask), strict=True)
+    ][:512]
+    m.details["engine"] = {
+        "name": generation.engine,
+        "logprobs_mode": engine_mode,
+        "dtype": engine_dtype,
+    }
+    return m
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     engine = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine is None:
         return Measurement("logprob_delta").skip("no CPU engine configured (engines: vllm only)")

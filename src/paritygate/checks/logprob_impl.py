@@ -1,7 +1,7 @@
 """logprob_impl: the training-side log-prob function has the semantics PPO/GRPO assume.
 
 Runs the function named in ``causal_lm.training.logprob_fn`` (and the library's
-reference :func:`paritygate.lm.logprobs.compute_logprobs` when that is another
+reference :func:`paritygate.families.causal_lm.logprobs.compute_logprobs` when that is another
 function) on the probe prompts and proves: it equals
 ``torch.distributions.Categorical(logits).log_prob`` with position ``t`` scoring
 token ``t + 1``; every row equals its unpadded single-sequence result whatever the
@@ -17,14 +17,14 @@ from typing import Any
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
-REFERENCE_FN = "paritygate.lm.logprobs:compute_logprobs"
+REFERENCE_FN = "paritygate.families.causal_lm.logprobs:compute_logprobs"
 
 DEFAULTS: dict[str, float] = {
     # Same forward, two log-softmax implementations: fp32 agrees to a few ulps of the
     # logit scale (|logit| ~ 10 -> ~1e-6); 1e-5 leaves 10x margin.
     "categorical_max_abs": 1e-5,
     # Padded vs unpadded runs differ only by fp32 reduction order: the fp32/fp32 tier's
-    # delta_max_abs (paritygate.lm.tiers).
+    # delta_max_abs (paritygate.metrics.tiers).
     "padding_max_abs": 1e-4,
     "batch_max_abs": 1e-4,
     # A pad target must contribute exactly nothing to the sequence log-prob.
@@ -44,7 +44,7 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
     """Run every property on ``fn``; returns metric values and named causes."""
     import torch
 
-    from paritygate.lm.recompute import left_pad
+    from paritygate.engines.generation import left_pad
 
     causes: list[str] = []
     with torch.inference_mode():

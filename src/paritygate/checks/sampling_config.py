@@ -9,6 +9,7 @@ format's defaults for absent fields. A difference fails unless the allow-list
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from paritygate.check import CheckSpec
@@ -19,14 +20,35 @@ from paritygate.result import Measurement
 DEFAULTS: dict[str, float] = {"fields_differing": 0.0}
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    from paritygate.lm.sampling import COMPARED_FIELDS, diff_sampling
+@dataclass(frozen=True)
+class FieldDiff:
+    field: str
+    training: Any
+    serving: Any
+    allowed_reason: str | None
 
+
+def diff_sampling(
+    training: Any, serving: Any, allow: dict[str, str]
+) -> list[FieldDiff]:
+    """Fields whose values differ; ``use_cache`` only when both sides state it."""
+    diffs: list[FieldDiff] = []
+    for name in training.compared_fields:
+        t, s = training.values.get(name), serving.values.get(name)
+        if t is None or s is None:
+            continue
+        if t != s:
+            diffs.append(FieldDiff(name, t, s, allow.get(name)))
+    return diffs
+
+
+def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
+    compared = training.compared_fields
     allow = {entry.field: entry.reason for entry in ctx.spec.sampling.allow}
     for name in allow:
-        if name not in COMPARED_FIELDS:
+        if name not in compared:
             m.fail(f"allow-list names unknown sampling field {name!r}")
     diffs = diff_sampling(training, serving, allow)
     unexplained = [d for d in diffs if d.allowed_reason is None]
@@ -39,13 +61,13 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if d.allowed_reason is not None:
             m.note(f"{d.field} differs (allowed: {d.allowed_reason})")
     for name in allow:
-        if name in COMPARED_FIELDS and not any(d.field == name for d in diffs):
+        if name in compared and not any(d.field == name for d in diffs):
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
     m.metric(
         "fields_differing", len(unexplained), threshold=thresholds["fields_differing"], key=True
     )
     m.metric("fields_allowed", len(diffs) - len(unexplained), bad="none")
-    m.metric("fields_compared", len(COMPARED_FIELDS), bad="none", ratchet=False)
+    m.metric("fields_compared", len(compared), bad="none", ratchet=False)
     m.details["fields"] = [
         {
             "field": name,
@@ -55,7 +77,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             "serving_explicit": name in serving.explicit,
             "allowed": allow.get(name),
         }
-        for name in COMPARED_FIELDS
+        for name in compared
     ]
     m.details["formats"] = {"training": training.format, "serving": serving.format}
     return m

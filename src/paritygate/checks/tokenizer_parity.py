@@ -38,8 +38,6 @@ def _first_divergence(reference: list[int], candidate: list[int]) -> int:
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    from paritygate.lm.tokenizer import encode_probe, render_probe
-
     m = Measurement("tokenizer_parity")
     train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
@@ -90,9 +88,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     s_template = getattr(serve, "chat_template", None) or ""
     rows: list[dict[str, Any]] = []
     mismatched = 0
-    for probe in ctx.probes:
-        t_seq = encode_probe(train, probe, ctx.spec.max_prompt_tokens)
-        s_seq = encode_probe(serve, probe, ctx.spec.max_prompt_tokens)
+    encoded = zip(ctx.probes, ctx.prompts("training"), ctx.prompts("serving"), strict=True)
+    for probe, t_seq, s_seq in encoded:
         same = t_seq == s_seq
         row: dict[str, Any] = {
             "probe": probe.id,
@@ -101,7 +98,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             "equal": same,
         }
         if probe.is_chat:
-            t_text, s_text = render_probe(train, probe), render_probe(serve, probe)
+            t_text, s_text = ctx.render_probe("training", probe), ctx.render_probe("serving", probe)
             if t_text != s_text:
                 at = _first_divergence(list(map(ord, t_text)), list(map(ord, s_text)))
                 differs(

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paritygate.check import CheckSpec
-from paritygate.lm.tiers import PRECISION_TIERS
+from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
 # Same sources as logprob_delta: the strictest tier, replaced by the configured dtypes' tier.
@@ -31,7 +31,7 @@ def unavailable_reason() -> str | None:
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    from paritygate.lm.recompute import measure_delta
+    from paritygate.checks.logprob_delta import measure_delta
 
     reason = unavailable_reason()
     if reason is not None:

@@ -195,7 +195,7 @@ def build(out_dir: Path, *, seed: int = 0, steps: int = 300) -> dict[str, Path]:
     """Train, save and export the demo policy into ``out_dir``; deterministic for a seed."""
     from safetensors.torch import save_file
 
-    from paritygate.export import export_onnx, write_manifest
+    from paritygate.families.policy.export import export_onnx, write_manifest
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

@@ -1,21 +1,35 @@
-"""The engine contract for array-in, array-out policies.
+"""The two engine protocols: every engine runs one side of a comparison.
 
-An engine runs one side of the comparison and returns name-keyed arrays, so
-everything downstream is keyed by output name. The causal-LM family adds a
-generation protocol in :mod:`paritygate.lm.engine`.
+- :class:`TensorEngine` (torch, ONNX Runtime): name-keyed arrays in, name-keyed arrays
+  out, so everything downstream is keyed by output name.
+- :class:`GenerationEngine` (HF ``generate``, vLLM): prompt token ids in, a
+  :class:`~paritygate.engines.generation.Generation` (tokens and their log-probs) out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from paritygate.engines.generation import Generation, SamplingSpec
 
-class Engine(Protocol):
+
+@runtime_checkable
+class TensorEngine(Protocol):
     """``infer(feeds) -> {output name: array}``; ``name`` labels the side in reports."""
 
     name: str
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Anything that generates continuations and reports per-token log-probs."""
+
+    name: str
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation: ...

@@ -1,1 +1,38 @@
+"""Model families: one package each, with the same parts.
 
+Each family package (``policy``, ``causal_lm``) has ``config`` (its section of the
+gate config), ``context`` (loading and validation of every input, the object the
+checks receive), ``probes`` (the inputs the checks feed) and ``export`` (the
+serving artifact and its manifest). The package exposes ``build_context(config)``
+and ``export(config, out_dir)``; checks reach family helpers through the context.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+
+FAMILIES: tuple[str, ...] = ("policy", "causal_lm")
+
+
+def family_package(family: str) -> ModuleType:
+    """The package of ``family`` (KeyError for an unknown family)."""
+    if family not in FAMILIES:
+        raise KeyError(family)
+    return importlib.import_module(f"paritygate.families.{family}")
+
+
+def build_context(config: GateConfig) -> Any:
+    """Load and validate every input of ``config``'s family; raises ``InputError``."""
+    return family_package(config.family).build_context(config)
+
+
+def export(config: GateConfig, out_dir: Path) -> Path:
+    """Build the serving artifact of ``config`` into ``out_dir``; returns the manifest path."""
+    path: Path = family_package(config.family).export(config, out_dir)
+    return path

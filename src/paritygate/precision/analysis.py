@@ -14,6 +14,7 @@ from typing import Any
 from paritygate.precision.budgets import local_budget_ulps, output_budget, unit_roundoff
 from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.measure import LayerRecord, PrecisionRun, measure_model
+from paritygate.precision.stats import json_number
 from paritygate.precision.subject import PrecisionSubject
 
 BUDGET_FORMULA = (
@@ -23,15 +24,6 @@ BUDGET_FORMULA = (
     "ONNX artifact tensors: the output formula at the layer's depth for a float16/bfloat16 "
     "artifact, a flat onnx_fp32_rel_l2 for a float32 one"
 )
-
-
-def json_number(value: float | int | None) -> float | int | str | None:
-    """Numbers for JSON: NaN/Inf become the strings ``"nan"``/``"inf"``/``"-inf"``."""
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    if math.isfinite(value):
-        return float(value)
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def _layer_row(

@@ -21,7 +21,7 @@ import numpy as np
 
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.budgets import output_budget, unit_roundoff
-from paritygate.precision.stats import ErrorStats
+from paritygate.precision.stats import ErrorStats, json_number
 
 
 def node_scopes(node: Any) -> list[str] | None:
@@ -224,8 +224,6 @@ class OnnxComparison:
 
     def report(self, run: Any, k_out: float, fp32_budget: float) -> dict[str, Any]:
         """Rows per compared layer (execution order), unmapped layers with reasons, output."""
-        from paritygate.precision.analysis import json_number
-
         u = unit_roundoff(self.dtype)
         rows: list[dict[str, Any]] = []
         unmapped: list[dict[str, str]] = []

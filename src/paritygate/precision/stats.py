@@ -226,3 +226,12 @@ class ActivationStats:
     def underflow_fraction(self, dtype: str) -> float:
         """Fraction of values whose magnitude lies below the dtype's smallest normal number."""
         return self.underflow.get(dtype, 0) / self.sampled if self.sampled else 0.0
+
+
+def json_number(value: float | int | None) -> float | int | str | None:
+    """Numbers for JSON: NaN/Inf become the strings ``"nan"``/``"inf"``/``"-inf"``."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if math.isfinite(value):
+        return float(value)
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from paritygate.engines.hf_loading import quiet_transformers
 from paritygate.errors import InputError
-from paritygate.lm.hf import quiet_transformers
-from paritygate.lm.probes import Probe
+from paritygate.families.causal_lm.probes import Probe
 
 
 def load_tokenizer(

@@ -74,7 +74,7 @@ def summary_table(results: list[CheckResult]) -> list[str]:
 
 
 def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
-    from paritygate.gate import environment
+    from paritygate.provenance import environment
 
     ctx = gate.context
     return {

@@ -12,18 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paritygate.engines.base import GenerationEngine
+from paritygate.engines.generation import Generation, SamplingSpec
+from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
 from paritygate.errors import InputError
-from paritygate.gate import sha256_file, sha256_files
+from paritygate.families.causal_lm.probes import Probe, load_probes
+from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
+from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 from paritygate.imports import import_callable
-from paritygate.lm.engine import Generation, GenerationEngine, SamplingSpec
-from paritygate.lm.hf import load_causal_lm, safetensors_files
-from paritygate.lm.probes import Probe, load_probes
-from paritygate.lm.sampling import SamplingFile, load_sampling_file
-from paritygate.lm.tokenizer import encode_probe, load_tokenizer
+from paritygate.provenance import sha256_file, sha256_files
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-    from paritygate.lm.config import CausalLMSpec
+    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.precision.subject import PrecisionSubject
 
 
@@ -53,6 +54,18 @@ class LMContext:
             self._cache["probes_sha256"] = sha256_file(self.config.resolve(self.spec.probes))
         return self._cache["probes_sha256"]
 
+    # -- weights -----------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Every tensor of the training directory's safetensors files (read on each call, so
+        the run does not hold a second copy of the weights)."""
+        from paritygate.families.causal_lm.weights import read_state
+
+        return read_state(self.model_dir)
+
+    def engine_weights_sha256(self) -> str:
+        """Digest of the weights the inference engine loads (same scheme as the checkpoint's)."""
+        return sha256_files(safetensors_files(self.engine_model_dir))
+
     # -- models ------------------------------------------------------------------
     def _load_reference(self) -> tuple[Any, dict[str, Any]]:
         if "reference" not in self._cache:
@@ -70,13 +83,19 @@ class LMContext:
     def reference_loading_info(self) -> dict[str, Any]:
         return self._load_reference()[1]
 
+    def teacher_forced_logits(self, prompt: list[int], output: list[int]) -> Any:
+        """The training model's next-token logits over ``output`` after ``prompt``, (N, V)."""
+        from paritygate.families.causal_lm.recompute import teacher_forced_logits
+
+        return teacher_forced_logits(self.reference_model(), prompt, output)
+
     def engine(self, name: str = "hf") -> GenerationEngine:
         """The inference engine ``name`` (``hf`` or ``vllm``), built once."""
         key = f"engine:{name}"
         if key not in self._cache:
             eng = self.spec.engine
             if name == "hf":
-                from paritygate.lm.hf_engine import HFGenerateEngine
+                from paritygate.engines.hf_generate import HFGenerateEngine
 
                 self._cache[key] = HFGenerateEngine.from_dir(
                     self.engine_model_dir,
@@ -88,7 +107,7 @@ class LMContext:
                     batch_size=eng.batch_size,
                 )
             elif name == "vllm":
-                from paritygate.lm.vllm_engine import VLLMEngine
+                from paritygate.engines.vllm_engine import VLLMEngine
 
                 tok_dir = self.spec.tokenizer.serving
                 self._cache[key] = VLLMEngine(
@@ -118,6 +137,13 @@ class LMContext:
             ]
         return self._cache[key]
 
+    def render_probe(self, side: str, probe: Probe) -> str:
+        """The prompt text of ``probe`` after the ``side`` tokenizer's chat template."""
+        from paritygate.families.causal_lm.tokenizer import render_probe
+
+        tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
+        return render_probe(tok, probe)
+
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
         """Sampled continuations (``generation_samples`` per probe) under the serving config."""
         key = f"sampled:{engine}"
@@ -136,6 +162,12 @@ class LMContext:
             sampling = self.serving_sampling.spec().greedy()
             self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
         return self._cache[key]
+
+    def recompute(self, generation: Generation) -> tuple[Any, Any, Any]:
+        """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
+        from paritygate.families.causal_lm.recompute import recompute
+
+        return recompute(self, generation)
 
     def precision_subject(self) -> PrecisionSubject:
         """The HF model in fp32 eval, probe prompts as left-padded batches of input ids."""

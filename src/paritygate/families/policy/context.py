@@ -8,98 +8,21 @@ the cached forward passes.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.config import GateConfig, PolicySpec
 from paritygate.errors import InputError
+from paritygate.families.policy.loading import LoadReport, load_into
+from paritygate.families.policy.probes import load_probes, preprocessors
 from paritygate.imports import import_callable
 
-
-@dataclass
-class LoadReport:
-    """How a state dict landed in a model, computed independently of the model's own loader."""
-
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    shape_mismatch: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    dtype_mismatch: list[tuple[str, str, str]] = field(default_factory=list)
-    value_mismatch: list[str] = field(default_factory=list)
-    tied: list[str] = field(default_factory=list)
-    load_error: str | None = None
-
-
-def _lossless_upcast(tensor: Any, target: Any) -> bool:
-    """A float tensor loaded into a wider float (fp16/bf16 file -> fp32 model) keeps its values;
-    any other dtype change (float64 -> float32, fp16 -> bf16, int <-> float) does not."""
-    return (
-        tensor.is_floating_point()
-        and target.is_floating_point()
-        and target.element_size() > tensor.element_size()
-    )
-
-
-def load_into(
-    model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()
-) -> LoadReport:
-    """Load ``state`` into ``model`` non-strictly and report every discrepancy.
-
-    Keys under ``ignore_prefixes`` (declared training-only heads) are not
-    "unexpected". Tensors with the wrong shape are not loaded (they would raise).
-    After loading, every model tensor is compared with the file's, which catches
-    loaders or hooks that silently drop or alter weights.
-    """
-    import torch
-
-    report = LoadReport()
-    model_state = model.state_dict(keep_vars=True)
-    owners: dict[int, str] = {}
-    for name, tensor in model_state.items():
-        ptr = tensor.data_ptr() if isinstance(tensor, torch.Tensor) and tensor.numel() else None
-        if ptr is not None and ptr in owners and name not in state:
-            report.tied.append(f"{name} (tied to {owners[ptr]})")
-        elif ptr is not None:
-            owners.setdefault(ptr, name)
-    tied_names = {t.split(" ")[0] for t in report.tied}
-    loadable: dict[str, Any] = {}
-    for name, tensor in state.items():
-        if name not in model_state:
-            if not any(name == p or name.startswith(p + ".") for p in ignore_prefixes):
-                report.unexpected.append(name)
-            continue
-        target = model_state[name]
-        if tuple(target.shape) != tuple(tensor.shape):
-            report.shape_mismatch.append((name, tuple(tensor.shape), tuple(target.shape)))
-            continue
-        if target.dtype != tensor.dtype and not _lossless_upcast(tensor, target):
-            report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
-        loadable[name] = tensor
-    report.missing = [n for n in model_state if n not in state and n not in tied_names]
-    try:
-        model.load_state_dict(loadable, strict=False)
-    except Exception as exc:  # a custom loader that raises is reported by the check
-        report.load_error = f"{type(exc).__name__}: {exc}"
-    after = model.state_dict()
-    for name, tensor in loadable.items():
-        got = after.get(name)
-        if (
-            got is None
-            or got.shape != tensor.shape
-            or not torch.equal(got.detach().to(tensor.dtype), tensor)
-        ):
-            report.value_mismatch.append(name)
-    return report
-
-
-def strip_heads(state: dict[str, Any], heads: list[str]) -> dict[str, Any]:
-    return {
-        k: v for k, v in state.items() if not any(k == h or k.startswith(h + ".") for h in heads)
-    }
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.policy.config import PolicySpec
 
 
 @dataclass
@@ -177,6 +100,12 @@ class PolicyContext:
     def candidate_outputs(self) -> dict[str, np.ndarray]:
         return self.candidate.infer({self.input_name: self.probes})
 
+    def manifest(self) -> dict[str, Any] | None:
+        """The artifact's ``manifest.json`` as a mapping, or ``None`` when there is none."""
+        from paritygate.families.policy.export import read_manifest
+
+        return read_manifest(self.manifest_path)
+
     @cached_property
     def onnx_model(self) -> Any:
         import onnx
@@ -204,56 +133,6 @@ class PolicyContext:
             onnx_feeds=[{self.input_name: self.probes}],
             onnx_output_name=self.output_name,
         )
-
-
-def _load_probes(config: GateConfig, spec: PolicySpec) -> np.ndarray:
-    probes = spec.probes
-    if probes.file is not None:
-        path = config.resolve(probes.file)
-        if not path.exists():
-            raise InputError(path, "policy.probes.file", "probe file not found")
-        try:
-            loaded = np.load(path, allow_pickle=False)
-            arr = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
-        except Exception as exc:
-            raise InputError(path, "policy.probes.file", f"unreadable probes: {exc}") from None
-    else:
-        gen = import_callable(probes.generator or "", config.path, "policy.probes.generator")
-        try:
-            arr = gen(probes.count, probes.seed)
-        except Exception as exc:
-            raise InputError(
-                config.path, "policy.probes.generator", f"generator failed: {exc}"
-            ) from None
-    arr = np.asarray(arr)
-    if arr.ndim < 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(
-            config.path,
-            "policy.probes",
-            f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}",
-        )
-    return arr.astype(np.float32)
-
-
-def _preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
-    pre = spec.preprocessing
-    if pre is None:
-        return None, None
-    kwargs = dict(pre.kwargs)
-    if pre.stats is not None:
-        stats = config.resolve(pre.stats)
-        if not stats.exists():
-            raise InputError(
-                stats, "policy.preprocessing.stats", "preprocessing stats file not found"
-            )
-        kwargs["stats_path"] = stats
-    training = import_callable(pre.training, config.path, "policy.preprocessing.training")
-    serving = import_callable(pre.serving, config.path, "policy.preprocessing.serving")
-
-    def bind(fn: Any) -> Any:
-        return lambda raw: fn(raw, **kwargs)
-
-    return bind(training), bind(serving)
 
 
 def _build_model(factory_spec: str, key: str, config: GateConfig, spec: PolicySpec) -> Any:
@@ -337,12 +216,6 @@ def check_artifact_inputs(
             )
 
 
-def export_from_config(config: GateConfig, out_dir: Path) -> Path:
-    """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
-    ctx = build_policy_context(config, export_dir=out_dir, force_export=True)
-    return ctx.manifest_path
-
-
 def build_policy_context(
     config: GateConfig, *, export_dir: Path | None = None, force_export: bool = False
 ) -> PolicyContext:
@@ -350,7 +223,7 @@ def build_policy_context(
     import torch
 
     from paritygate.checkpoints import load_state_dict
-    from paritygate.gate import sha256_file
+    from paritygate.provenance import sha256_file
 
     spec = config.policy
     assert spec is not None
@@ -370,8 +243,8 @@ def build_policy_context(
     training.eval()
     inference.eval()
 
-    raw = _load_probes(config, spec)
-    train_pre, serve_pre = _preprocessors(config, spec)
+    raw = load_probes(config, spec)
+    train_pre, serve_pre = preprocessors(config, spec)
     if train_pre is not None:
         try:
             finite_raw = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
@@ -395,7 +268,7 @@ def build_policy_context(
         if not artifact.exists():
             raise InputError(artifact, "policy.artifact", "artifact not found")
     else:
-        from paritygate.export import export_onnx, write_manifest
+        from paritygate.families.policy.export import export_onnx, write_manifest
 
         out = export_dir or (config.default_report_dir() / "export")
         model, report = inference, inference_load  # export the very model the checks inspect
@@ -449,11 +322,3 @@ def build_policy_context(
     )
 
 
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(path, None, f"manifest unreadable: {exc}") from None
-    return data if isinstance(data, dict) else None

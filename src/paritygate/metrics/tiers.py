@@ -2,7 +2,7 @@
 
 Keyed ``"<training dtype>/<inference dtype>"``. Each tier bounds the statistics
 of ``delta = logp_train - logp_infer`` on sampled tokens (see
-:mod:`paritygate.lm.delta`):
+:mod:`paritygate.metrics.logprob`):
 
 - ``delta_max_abs``: worst single token, nats.
 - ``delta_p99_abs``: 99th percentile of |delta|, nats.

@@ -1,9 +1,9 @@
-"""The generation-engine protocol: one interface for HF generate, vLLM and friends.
+"""What generation engines exchange: the sampling spec in, a :class:`Generation` out.
 
-An engine turns prompt token ids into generated token ids plus the log-prob the
-engine assigned to each generated token. The training side then recomputes those
-log-probs with a teacher-forced forward; :mod:`paritygate.checks.logprob_delta`
-compares the two.
+An engine (:class:`paritygate.engines.base.GenerationEngine`) turns prompt token ids
+into generated token ids plus the log-prob it assigned to each generated token. The
+training side then recomputes those log-probs with a teacher-forced forward;
+:mod:`paritygate.checks.logprob_delta` compares the two.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 LogprobsMode = Literal["raw", "processed"]
 """``raw``: log-softmax of the model's logits; ``processed``: after temperature/top-k/top-p."""
@@ -113,10 +113,20 @@ class Generation:
     engine: str
 
 
-@runtime_checkable
-class GenerationEngine(Protocol):
-    """Anything that generates continuations and reports per-token log-probs."""
+def is_processing_trivial(sampling: SamplingSpec) -> bool:
+    """True when processed and raw log-probs coincide (T=1, no top-k/top-p)."""
+    return sampling.temperature in (0.0, 1.0) and not sampling.top_k and sampling.top_p >= 1.0
 
-    name: str
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation: ...
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Any, Any]:
+    """``(B, T)`` input ids and attention mask, each row right-aligned."""
+    import torch
+
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
+    return ids, mask

@@ -66,8 +66,9 @@ class SamplingFiles(StrictModel):
 class TrainingSide(StrictModel):
     """How the trainer recomputes log-probs."""
 
-    logprob_fn: str = "paritygate.lm.logprobs:compute_logprobs"
-    """``module:callable`` with the signature of :func:`paritygate.lm.logprobs.compute_logprobs`."""
+    logprob_fn: str = "paritygate.families.causal_lm.logprobs:compute_logprobs"
+    """``module:callable`` with the signature of
+    :func:`paritygate.families.causal_lm.logprobs.compute_logprobs`."""
     logprobs_mode: Literal["raw", "processed"] = "processed"
     """``processed``: the trainer scores tokens under the sampling distribution (temperature,
     top-k/top-p applied); ``raw``: under the model's plain softmax."""
@@ -116,6 +117,6 @@ class CausalLMSpec(StrictModel):
         """The precision tier key: the configured one, else ``<training>/<inference>``."""
         if self.precision_tier:
             return self.precision_tier
-        from paritygate.lm.tiers import tier_for
+        from paritygate.metrics.tiers import tier_for
 
         return tier_for(self.training.dtype, engine_dtype or self.engine.dtype)[0]

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from paritygate.errors import InputError
 from paritygate.golden import atomic_write_bytes, atomic_write_text
 
 
@@ -60,7 +61,7 @@ def write_manifest(
     artifact: Path, checkpoint: Path, *, opset: int, extra: dict[str, Any] | None = None
 ) -> Path:
     """Write ``manifest.json`` beside ``artifact``."""
-    from paritygate.gate import environment, sha256_file
+    from paritygate.provenance import environment, sha256_file
 
     manifest = {
         "artifact": artifact.name,
@@ -75,3 +76,13 @@ def write_manifest(
     path = artifact.parent / "manifest.json"
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(path, None, f"manifest unreadable: {exc}") from None
+    return data if isinstance(data, dict) else None

@@ -1,4 +1,4 @@
-"""HF ``generate`` with a KV cache as a :class:`~paritygate.lm.engine.GenerationEngine` (CPU).
+"""HF ``generate`` with a KV cache as a generation engine (CPU).
 
 Prompts are batched with the serving tokenizer's padding side (left for a correct
 setup) and decoded with ``use_cache=True``. Per-token log-probs come from the
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from paritygate.lm.engine import Generation, LogprobsMode, SamplingSpec
-from paritygate.lm.hf import load_causal_lm, quiet_transformers
+from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
+from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
 
 
 class HFGenerateEngine:
@@ -154,3 +154,28 @@ class HFGenerateEngine:
             logprobs_mode=self.logprobs_mode,
             engine=self.name,
         )
+
+    def cached_logits(self, prompt: list[int], output: list[int]) -> Any:
+        """Next-token logits at the last prompt position and each generated one, through the
+        KV cache as serving computes them: one prefill, then one token per step.
+
+        Returns a (len(output), V) float32 array.
+        """
+        import inspect
+
+        import torch
+
+        model = self.model
+        # transformers 5 names the cache ``cache``; 4.x ``past_key_values``.
+        params = inspect.signature(model.forward).parameters
+        key = "cache" if "cache" in params else "past_key_values"
+        rows = []
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+            rows.append(out.logits[0, -1].float())
+            for tok in output[:-1]:
+                out = model(
+                    input_ids=torch.tensor([[tok]]), use_cache=True, **{key: getattr(out, key)}
+                )
+                rows.append(out.logits[0, -1].float())
+        return torch.stack(rows).numpy()  # (N, V)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from paritygate.lm.tiers import PRECISION_TIERS, tier_for
+from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
 
 __all__ = ["PRECISION_TIERS", "DeltaStats", "delta_stats", "tier_for"]
 

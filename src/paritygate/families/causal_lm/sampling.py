@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
+from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
-from paritygate.lm.engine import SamplingSpec
 
 COMPARED_FIELDS: tuple[str, ...] = (
     "temperature",
@@ -82,6 +82,11 @@ class SamplingFile:
     values: dict[str, Any]
     explicit: set[str] = field(default_factory=set)
     seed: int | None = 0
+
+    @property
+    def compared_fields(self) -> tuple[str, ...]:
+        """Every field ``sampling_config`` compares, in report order."""
+        return COMPARED_FIELDS
 
     def spec(self) -> SamplingSpec:
         v = self.values
@@ -168,25 +173,3 @@ def load_sampling_file(path: Path, *, trainer: bool, side_defaults: dict[str, An
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
     return SamplingFile(path, fmt, values, explicit, seed)
-
-
-@dataclass(frozen=True)
-class FieldDiff:
-    field: str
-    training: Any
-    serving: Any
-    allowed_reason: str | None
-
-
-def diff_sampling(
-    training: SamplingFile, serving: SamplingFile, allow: dict[str, str]
-) -> list[FieldDiff]:
-    """Fields whose values differ; ``use_cache`` only when both sides state it."""
-    diffs: list[FieldDiff] = []
-    for name in COMPARED_FIELDS:
-        t, s = training.values.get(name), serving.values.get(name)
-        if t is None or s is None:
-            continue
-        if t != s:
-            diffs.append(FieldDiff(name, t, s, allow.get(name)))
-    return diffs

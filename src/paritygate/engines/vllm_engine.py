@@ -1,4 +1,4 @@
-"""vLLM as a :class:`~paritygate.lm.engine.GenerationEngine` (GPU only).
+"""vLLM as a :class:`~paritygate.engines.base.GenerationEngine` (GPU only).
 
 vLLM is imported lazily; without it :class:`VLLMEngine` raises
 :class:`~paritygate.errors.MissingExtra`, and :func:`vllm_unavailable_reason`
@@ -30,7 +30,7 @@ vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken
 first; then allowed/bad words, min-tokens, logit bias, penalties, temperature,
 min-p, top-k/top-p. So ``processed_logprobs`` also reflect repetition penalty,
 min-p and min-tokens EOS masking, which the trainer's
-:func:`~paritygate.lm.logprobs.compute_logprobs` does not model: compare
+:func:`~paritygate.families.causal_lm.logprobs.compute_logprobs` does not model: compare
 processed log-probs only with those set to neutral.
 """
 
@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import MissingExtra
-from paritygate.lm.engine import Generation, SamplingSpec
 
 VLLM_LOGPROBS_MODES: dict[str, str] = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
 """Our log-prob semantics -> vLLM's ``logprobs_mode`` value."""

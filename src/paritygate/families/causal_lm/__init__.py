@@ -1,0 +1,29 @@
+"""The causal-LM family: a Hugging Face training directory against the model that is served.
+
+``config`` the ``causal_lm:`` section · ``weights`` checkpoint tensors into the models ·
+``probes`` the prompt set · ``tokenizer`` and ``sampling`` the two sides' text and sampling
+protocols · ``logprobs`` the reference per-token log-prob implementation · ``recompute``
+the trainer's teacher-forced recompute · ``context`` everything the checks share, loaded and
+validated once · ``export`` the serving copy (training-only heads removed) and its manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.context import LMContext
+
+
+def build_context(config: GateConfig) -> LMContext:
+    from paritygate.families.causal_lm.context import build_lm_context
+
+    return build_lm_context(config)
+
+
+def export(config: GateConfig, out_dir: Path) -> Path:
+    from paritygate.families.causal_lm.export import export_serving_copy
+
+    return export_serving_copy(config, out_dir)

@@ -1,0 +1,79 @@
+"""The serving copy of a causal-LM checkpoint: training-only heads removed, nothing else changed.
+
+``paritygate export`` on a causal-LM config writes ``<out>/model/`` (every non-weight file of
+the training directory copied as is, each safetensors file rewritten without the keys under
+``training_only_heads``, tensors bit-identical) and ``<out>/manifest.json`` with the sha256 of
+the source checkpoint and of every file written. The training directory is only read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paritygate.engines.hf_loading import safetensors_files
+from paritygate.errors import InputError
+from paritygate.golden import atomic_write_bytes, atomic_write_text
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+
+
+def _is_head(key: str, heads: list[str]) -> bool:
+    return any(key.startswith(h) for h in heads)
+
+
+def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
+    """Write the serving copy of ``config``'s model directory; returns the manifest path."""
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from paritygate.provenance import environment, sha256_file, sha256_files
+
+    spec = config.causal_lm
+    assert spec is not None
+    source = config.resolve(spec.model_dir)
+    shards = safetensors_files(source)
+    if not shards:
+        raise InputError(source, "causal_lm.model_dir", "no safetensors weights in the directory")
+    target = out_dir / "model"
+    target.mkdir(parents=True, exist_ok=True)
+    heads = list(spec.training_only_heads)
+    removed: list[str] = []
+    weight_map: dict[str, str] = {}
+    for shard in shards:
+        kept: dict[str, Any] = {}
+        with safe_open(str(shard), framework="pt") as fh:
+            metadata = fh.metadata()
+            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if _is_head(key, heads):
+                    removed.append(key)
+                else:
+                    kept[key] = fh.get_tensor(key)
+                    weight_map[key] = shard.name
+        atomic_write_bytes(target / shard.name, save(kept, metadata=metadata))
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.suffix != ".safetensors" and path.name != (
+            "model.safetensors.index.json"
+        ):
+            shutil.copyfile(path, target / path.name)
+    index = source / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text(encoding="utf-8"))
+        data["weight_map"] = dict(sorted(weight_map.items()))
+        atomic_write_text(target / index.name, json.dumps(data, indent=2) + "\n")
+    files = sorted(p.name for p in target.iterdir() if p.is_file())
+    manifest = {
+        "artifact": "model",
+        "files": {name: sha256_file(target / name) for name in files},
+        "checkpoint": str(source),
+        "checkpoint_sha256": sha256_files(shards),
+        "removed_keys": sorted(removed),
+        "exporter": "paritygate export (safetensors, training-only heads removed)",
+        "versions": environment(),
+    }
+    path = out_dir / "manifest.json"
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return path

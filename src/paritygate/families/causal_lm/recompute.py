@@ -1,0 +1,71 @@
+"""The training side's recompute of an engine's generations.
+
+The engine samples continuations of the probe prompts and reports each token's
+log-prob; the trainer's log-prob function (the one named in the config)
+recomputes them with one teacher-forced forward over ``prompt + output``
+(left-padded batches, eval mode). ``logprob_delta`` and ``vllm_delta`` compare the two.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paritygate.engines.generation import Generation, SamplingSpec, left_pad
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
+
+def teacher_forced_logits(model: Any, prompt: list[int], output: list[int]) -> np.ndarray:
+    """Next-token logits at the last prompt position and each generated one, from one full
+    forward without a cache (the trainer's view). Returns (len(output), V) float32."""
+    import torch
+
+    seq = prompt + output
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0].float()
+    return logits[len(prompt) - 1 : len(seq) - 1].numpy()  # (N, V)
+
+
+def processing_args(sampling: SamplingSpec) -> dict[str, Any]:
+    """The sampling knobs a processed log-prob depends on, in compute_logprobs' terms."""
+    return {
+        "temperature": sampling.temperature if sampling.temperature > 0 else 1.0,
+        "top_k": sampling.top_k or None,
+        "top_p": sampling.top_p if sampling.top_p < 1.0 else None,
+    }
+
+
+def recompute(
+    ctx: LMContext, generation: Generation, *, batch_size: int = 8
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Trainer log-probs of every generated token: ``(logp_train, logp_infer, mask)``, (B, L)."""
+    sampling = ctx.training_sampling.spec()
+    mode = ctx.spec.training.logprobs_mode
+    if not sampling.do_sample:
+        mode = "raw"
+    model = ctx.reference_model()
+    pad = ctx.training_tokenizer.pad_token_id
+    pad = 0 if pad is None else pad
+    n = len(generation.output_ids)
+    width = max((len(o) for o in generation.output_ids), default=0)
+    logp_train = np.zeros((n, max(width, 1)), dtype=np.float64)
+    logp_infer = np.zeros_like(logp_train)
+    mask = np.zeros(logp_train.shape, dtype=bool)
+    for start in range(0, n, batch_size):
+        rows = range(start, min(n, start + batch_size))
+        seqs = [generation.prompt_ids[i] + generation.output_ids[i] for i in rows]
+        ids, attn = left_pad(seqs, pad)  # (B, T)
+        out = ctx.logprob_fn(model, ids, attn, mode=mode, **processing_args(sampling))
+        out = out.detach().float().cpu().numpy()  # (B, T-1)
+        total = ids.shape[1]
+        for b, i in enumerate(rows):
+            k = len(generation.output_ids[i])
+            if k == 0:
+                continue
+            # Generated token j sits at column total-k+j; its log-prob at column total-k+j-1.
+            logp_train[i, :k] = out[b, total - k - 1 : total - 1]
+            logp_infer[i, :k] = generation.logprobs[i]
+            mask[i, :k] = True
+    return logp_train, logp_infer, mask

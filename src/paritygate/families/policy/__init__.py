@@ -1,0 +1,28 @@
+"""The torch-policy family: an ``nn.Module`` policy served through ONNX Runtime.
+
+``config`` the ``policy:`` section · ``loading`` checkpoint tensors into the models ·
+``probes`` probe observations and preprocessing · ``context`` everything the checks
+share, loaded and validated once · ``export`` the ONNX artifact and its manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.policy.context import PolicyContext
+
+
+def build_context(config: GateConfig) -> PolicyContext:
+    from paritygate.families.policy.context import build_policy_context
+
+    return build_policy_context(config)
+
+
+def export(config: GateConfig, out_dir: Path) -> Path:
+    """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
+    from paritygate.families.policy.context import build_policy_context
+
+    return build_policy_context(config, export_dir=out_dir, force_export=True).manifest_path

@@ -1,0 +1,69 @@
+"""Config model of the torch-policy family: the ``policy:`` section of a gate config."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from paritygate.config_base import StrictModel
+
+
+class ProbeSpec(StrictModel):
+    """Where probe observations come from: a generator callable or a .npy/.npz file."""
+
+    generator: str | None = None
+    """``module:callable(count, seed) -> np.ndarray`` of raw observations (N, ...)."""
+    file: str | None = None
+    count: int = Field(64, ge=1)
+    seed: int = 0
+    edge_cases: bool = True
+    """Add zeros, extremes (+-1e4), and missing values (NaN) for preprocessing_parity."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ProbeSpec:
+        if (self.generator is None) == (self.file is None):
+            raise ValueError("give exactly one of 'generator' or 'file'")
+        return self
+
+
+class PreprocessingSpec(StrictModel):
+    """The two preprocessing implementations: raw observation array in, model input out."""
+
+    training: str
+    """``module:callable(raw, **kwargs)`` used by the trainer (may return a torch tensor)."""
+    serving: str
+    """``module:callable(raw, **kwargs)`` used by the serving stack."""
+    stats: str | None = None
+    """Normalisation statistics file, passed to both as ``stats_path`` (relative to the config)."""
+    kwargs: dict[str, Any] = {}
+    discrete_features: list[int] = []
+    """Feature indices that must match exactly (categorical / integer-coded)."""
+
+
+class PolicySpec(StrictModel):
+    """A torch policy network served through ONNX Runtime."""
+
+    training_factory: str
+    """``module:callable(**factory_kwargs) -> nn.Module``: the full training model, with heads."""
+    inference_factory: str
+    """``module:callable(**factory_kwargs) -> nn.Module``: the serving model, heads removed."""
+    factory_kwargs: dict[str, Any] = {}
+    checkpoint: str
+    artifact: str | None = None
+    """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
+    manifest: str | None = None
+    """Defaults to ``manifest.json`` beside the artifact."""
+    training_heads: list[str] = []
+    """Module-name prefixes present only in the training model (value / auxiliary heads)."""
+    policy_output: str | int = 0
+    """Which element of the training forward's output is the policy: dict key or tuple index."""
+    input_name: str = "obs"
+    output_names: list[str] = ["logits"]
+    """Outputs the artifact must declare, in order; the first is the policy output."""
+    action_space: Literal["discrete", "continuous"] = "discrete"
+    preprocessing: PreprocessingSpec | None = None
+    probes: ProbeSpec
+    opset: int = Field(18, ge=13)
+    batch_sizes: list[int] = [1, 2, 7]
+    dropout_repeats: int = Field(5, ge=2)

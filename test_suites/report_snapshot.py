@@ -1,0 +1,70 @@
+"""Snapshot of a demo gate's report.json, held byte for byte across refactors.
+
+The demo gates are run through the library on the session's demo builds, and their
+report.json (durations, environment and machine paths left out) is compared with the
+file in ``test_suites/snapshots/``. A deliberate change of the report regenerates it:
+``PARITYGATE_REGEN_SNAPSHOTS=1 python -m pytest test_suites -k report_snapshot``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+def _strip(data: Any, roots: dict[str, str]) -> Any:
+    if isinstance(data, dict):
+        return {k: _strip(v, roots) for k, v in data.items() if k != "duration_s"}
+    if isinstance(data, list):
+        return [_strip(v, roots) for v in data]
+    if isinstance(data, str):
+        for root, name in roots.items():
+            data = data.replace(root, name)
+    return data
+
+
+def demo_config(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``configs/<name>.yaml`` with the demo paths replaced and the repository's golden."""
+    data = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text(encoding="utf-8"))
+    data["golden"]["dir"] = str(REPO / "golden")
+    for dotted, value in overrides.items():
+        section = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            section = section[part]
+        section[leaf] = value
+    return data
+
+
+def normalised_report(config: dict[str, Any], config_path: Path, roots: dict[str, str]) -> str:
+    """report.json of a gate over ``config`` as the snapshot stores it."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+    from paritygate.golden import dump_json
+    from paritygate.report import report_json
+
+    gate = Gate(config_from_dict(config, config_path))
+    data = report_json(gate, gate.run())
+    data.pop("environment", None)
+    roots = {str(config_path.parent): "<config-dir>", str(REPO): "<repo>", **roots}
+    return dump_json(_strip(json.loads(dump_json(data)), roots))
+
+
+def assert_matches_snapshot(name: str, text: str) -> None:
+    path = SNAPSHOTS / f"{name}.report.json"
+    if os.environ.get("PARITYGATE_REGEN_SNAPSHOTS") == "1" or not path.exists():
+        path.write_text(text, encoding="utf-8")
+        assert os.environ.get("PARITYGATE_REGEN_SNAPSHOTS") == "1", (
+            f"no snapshot {path.name}: written now, commit it")
+        return
+    expected = path.read_text(encoding="utf-8")
+    assert text == expected, (
+        f"report.json of {name} differs from {path.relative_to(REPO)}; if the change is "
+        "deliberate: PARITYGATE_REGEN_SNAPSHOTS=1 python -m pytest test_suites -k report_snapshot")
