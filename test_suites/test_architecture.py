@@ -144,7 +144,7 @@ def test_every_family_package_has_the_same_parts() -> None:
         for part in ("__init__", "config", "context", "probes", "export"):
             assert (folder / f"{part}.py").is_file(), f"families/{family} has no {part}.py"
         init = (folder / "__init__.py").read_text(encoding="utf-8")
-        assert "def build_context(" in init and "def export(" in init
+        assert "def build_context(" in init and "def export_artifact(" in init
 
 
 def test_every_engine_lives_under_engines() -> None:

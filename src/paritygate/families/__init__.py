@@ -4,7 +4,7 @@ Each family package (``policy``, ``causal_lm``) has ``config`` (its section of t
 gate config), ``context`` (loading and validation of every input, the object the
 checks receive), ``probes`` (the inputs the checks feed) and ``export`` (the
 serving artifact and its manifest). The package exposes ``build_context(config)``
-and ``export(config, out_dir)``; checks reach family helpers through the context.
+and ``export_artifact(config, out_dir)``; checks reach family helpers through the context.
 """
 
 from __future__ import annotations
@@ -34,5 +34,5 @@ def build_context(config: GateConfig) -> Any:
 
 def export(config: GateConfig, out_dir: Path) -> Path:
     """Build the serving artifact of ``config`` into ``out_dir``; returns the manifest path."""
-    path: Path = family_package(config.family).export(config, out_dir)
+    path: Path = family_package(config.family).export_artifact(config, out_dir)
     return path

@@ -23,7 +23,7 @@ def build_context(config: GateConfig) -> LMContext:
     return build_lm_context(config)
 
 
-def export(config: GateConfig, out_dir: Path) -> Path:
+def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     from paritygate.families.causal_lm.export import export_serving_copy
 
     return export_serving_copy(config, out_dir)

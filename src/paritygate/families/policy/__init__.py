@@ -21,7 +21,7 @@ def build_context(config: GateConfig) -> PolicyContext:
     return build_policy_context(config)
 
 
-def export(config: GateConfig, out_dir: Path) -> Path:
+def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
     from paritygate.families.policy.context import build_policy_context
 
