@@ -1,4 +1,4 @@
-"""`paritygate export` on a causal-LM config writes the serving copy: heads removed, nothing else."""
+"""`paritygate export` on a causal-LM config: the serving copy, heads removed, nothing else."""
 
 from __future__ import annotations
 
