@@ -192,6 +192,48 @@ def test_action_scripts_pass_shellcheck(action: dict[str, Any]) -> None:
     assert _shellcheck('x=1\necho "$x[0]"\n').returncode != 0
 
 
+def _readme_workflows() -> list[dict[str, Any]]:
+    """The README's caller examples (```yml blocks) as workflows; a block with jobs but no
+    trigger joins the first example in place of its jobs of the same name."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yml\n(.*?)```", text, re.S)]
+    full = [b for b in blocks if isinstance(b, dict) and "jobs" in b]
+    assert full and True in full[0], "the README's first workflow example has no `on:`"
+    base = full[0]
+    return [{"on": base[True], "jobs": {**base["jobs"], **b["jobs"]}} for b in full]
+
+
+@needs_actionlint
+def test_readme_examples_lint(tmp_path: Path, actionlint_config: Path) -> None:
+    workflows = _readme_workflows()
+    assert len(workflows) >= 2
+    files = []
+    for i, workflow in enumerate(workflows):
+        files.append(tmp_path / ".github" / "workflows" / f"readme-{i}.yml")
+        files[-1].parent.mkdir(parents=True, exist_ok=True)
+        files[-1].write_text(yaml.safe_dump(workflow, sort_keys=False), encoding="utf-8")
+    proc = _actionlint(files, actionlint_config)
+    assert proc.returncode == 0, f"actionlint README examples:\n{proc.stdout}{proc.stderr}"
+
+
+def test_readme_examples_use_declared_inputs(action: dict[str, Any], gate: dict[str, Any]) -> None:
+    call = _triggers(gate)["workflow_call"]
+    used = {"action": 0, "workflow": 0}
+    for workflow in _readme_workflows():
+        for job_id, job in workflow["jobs"].items():
+            uses = str(job.get("uses", ""))
+            if uses.endswith(".github/workflows/gate.yml@<ref>"):
+                used["workflow"] += 1
+                assert set(job.get("with", {})) <= set(call["inputs"]), job_id
+                assert set(job.get("secrets", {})) <= set(call["secrets"]), job_id
+            for step in job.get("steps", []):
+                if str(step.get("uses", "")).endswith("/paritygate@<ref>"):
+                    used["action"] += 1
+                    assert set(step["with"]) <= set(action["inputs"]), step
+                    assert "config" in step["with"]
+    assert used["action"] and used["workflow"], used
+
+
 # --- action.yml -------------------------------------------------------------------------------
 
 
