@@ -150,9 +150,13 @@ def _copy_tracked(source: Path, dest: Path) -> Path:
     """The files of `source` a checkout would have (tracked, and new files not ignored)."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=source, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
-    for rel in filter(None, listed):
+        cwd=source, capture_output=True, check=False,
+    )
+    if listed.returncode != 0:  # not a git checkout: everything but what a build leaves
+        ignore = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "reports",
+                                        "demo", "__pycache__", "*.egg-info", ".*_cache")
+        return Path(shutil.copytree(source, dest, ignore=ignore))
+    for rel in filter(None, listed.stdout.decode().split("\0")):
         src = source / rel
         if src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -195,8 +199,6 @@ def caller_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     _write(workspace / "mockpolicy" / "models.py", MODELS_PY)
     _write(workspace / "mockpolicy" / "probes.py", PROBES_PY)
     config = _write(workspace / "configs" / "mock-policy.yaml", CONFIG)
-    misspelt = CONFIG.replace("  policy_output:", "  polcy_output:")
-    _write(workspace / "configs" / "broken.yaml", misspelt)
 
     sys.path.insert(0, str(workspace))
     try:
@@ -336,19 +338,21 @@ def test_action_gates_the_callers_model(
     assert sorted(artifacts.uploaded[first.outputs["artifact-name"]]) == sorted(
         str(p.relative_to(report_dir)) for p in report_dir.rglob("*") if p.is_file())
 
-    # A config with a misspelt key is bad input: exit 2, status bad-input, the step fails.
-    broken = runner.run_action(paritygate_checkout, {**with_, "config": "configs/broken.yaml"})
+    # The same call again, now with a misspelt key in the config: bad input (exit 2), the step
+    # fails, and the report is still uploaded, under a name of its own though the inputs are equal.
+    _write(workspace / "configs" / "mock-policy.yaml",
+           CONFIG.replace("  policy_output:", "  polcy_output:"))
+    broken = runner.run_action(paritygate_checkout, with_)
     assert broken.outcome == "failure"
     assert broken.outputs["status"] == "bad-input", broken.log
     assert broken.outputs["exit-code"] == "2"
     assert broken.outputs["report"] == ""
     assert broken.step("gate").returncode == 2
     assert "policy.polcy_output: unknown key" in broken.step("gate").log
-    # Uploaded even on failure, under a name of its own.
     assert set(artifacts.uploaded) == {first.outputs["artifact-name"],
                                        broken.outputs["artifact-name"]}
     summary = runner.summary.read_text(encoding="utf-8")
-    assert "### paritygate: bad-input (configs/broken.yaml)" in summary
+    assert "### paritygate: bad-input (configs/mock-policy.yaml)" in summary
     assert "polcy_output" in summary
 
 
