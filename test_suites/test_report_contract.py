@@ -70,7 +70,7 @@ def test_published_schemas_are_regenerated_files() -> None:
     for name, text in schema_texts().items():
         committed = (REPO / "schemas" / name).read_text(encoding="utf-8")
         assert committed == text, (
-            f"schemas/{name} is stale: python -m paritygate.report.model schemas")
+            f"schemas/{name} is stale: python -m paritygate.report.schemagen schemas")
 
 
 def test_report_json_is_strict_with_nonfinite_markers(tmp_path: Path) -> None:

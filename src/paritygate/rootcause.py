@@ -38,6 +38,8 @@ class Explanation:
     explains: tuple[str, ...]
     why: str
     """Why the explained checks fail too (one clause, written into their messages)."""
+    fix: str | None = None
+    """The likely fix of the root finding, shown with the root cause."""
 
 
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
@@ -49,7 +51,8 @@ GRAPH: tuple[Explanation, ...] = (
     # Earlier edges win: a check explained by one edge is never the root of a later one.
     Explanation("weights_load", "nonfinite_checkpoint", r"has \d+ NaN/Inf values",
                 _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
-                "the checkpoint's NaN/Inf tensors propagate into every output"),
+                "the checkpoint's NaN/Inf tensors propagate into every output",
+                fix="do not release this checkpoint: resume from the last finite one"),
     Explanation("head_removal", "structure_mismatch",
                 r"inference model has parameters the training model lacks",
                 ("weights_load",),
@@ -59,29 +62,38 @@ GRAPH: tuple[Explanation, ...] = (
                 r"stale or different checkpoint|inference model: \d+ tensors differ from the "
                 r"checkpoint under test",
                 _DOWNSTREAM_LM,
-                "the inference engine serves other weights than the checkpoint under test"),
+                "the inference engine serves other weights than the checkpoint under test",
+                fix="point the engine at the checkpoint under test"),
     Explanation("weights_load", "weights_not_loaded",
                 r"prefix|key renamed|missing from the checkpoint|unexpected checkpoint keys|"
                 r"shape mismatch|differ from the file after loading|load_state_dict raised",
                 _DOWNSTREAM_POLICY + _DOWNSTREAM_LM,
                 "part of the model runs on tensors the checkpoint did not provide "
-                "(random init)"),
+                "(random init)",
+                fix="save the state_dict under the model's key names (strip wrapper "
+                    "prefixes) and load it strictly"),
     Explanation("export_integrity", "stale_artifact",
                 r"stale artifact|modified after export|differs from the manifest",
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
-                "the artifact was not exported from the checkpoint under test"),
+                "the artifact was not exported from the checkpoint under test",
+                fix="re-export the artifact from the gated checkpoint "
+                    "(paritygate export CONFIG)"),
     Explanation("export_integrity", "batch_axis", r"batch axis .* is baked|does not run at "
                 r"every batch size", ("batchnorm_export", "logits_agreement"),
-                "the artifact only runs at its baked batch size"),
+                "the artifact only runs at its baked batch size",
+                fix="export with a dynamic batch axis"),
     Explanation("head_removal", "undeclared_outputs", r"undeclared outputs",
                 ("export_integrity", "logits_agreement"),
-                "a training head was exported with the policy"),
+                "a training head was exported with the policy",
+                fix="export only the inference model's declared outputs"),
     Explanation("head_removal", "step_removed", r"a step \(shared norm, activation\) was removed",
                 ("batchnorm_export", "logits_agreement"),
                 "the inference model lacks a step of the training forward"),
-    Explanation("batchnorm_export", "training_mode_export", r"exported in training mode",
+    Explanation("batchnorm_export", "training_mode_export",
+                r"BatchNormalization exported in training mode",
                 ("dropout_off", "logits_agreement", "head_removal"),
-                "the artifact was exported in training mode"),
+                "the artifact was exported in training mode",
+                fix="call model.eval() before exporting"),
     Explanation("batchnorm_export", "stats_reset",
                 r"match no BatchNorm running|statistics reset before export|default running "
                 r"statistics|not in the checkpoint",
@@ -191,9 +203,10 @@ def explain(
         first = next(r for r in results if r.id in failing)
     explained_ids = tuple(cid for cid, (root, _) in by.items() if root == first.id)
     kind = kinds.get(first.id, "independent")
+    edge_fix = next((e.fix for e in graph if e.check == first.id and e.kind == kind), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
-        first.fix,
+        first.fix or edge_fix,
     )
     return out, root_cause
 

@@ -2,7 +2,8 @@
 
 ``schemas/report.schema.json`` and ``schemas/config.schema.json`` in the repository
 are generated from :class:`Report` and :class:`paritygate.config.GateConfig` by
-:func:`write_schemas`; a test keeps them equal to the committed files.
+:func:`write_schemas` (``python -m paritygate.report.schemagen schemas``); a test
+keeps them equal to the committed files.
 
 Non-finite numbers: report.json is strict JSON (no bare ``NaN``/``Infinity``).
 Wherever a NaN or an infinity would appear, the report holds the object
@@ -159,10 +160,3 @@ def validate_report(data: dict[str, Any]) -> None:
             raise ValueError(f"report.json does not match the schema at {path}: "
                              f"{exc.message}") from exc
     Report.model_validate(parsed)
-
-
-if __name__ == "__main__":  # python -m paritygate.report.model SCHEMA_DIR
-    import sys
-
-    for written in write_schemas(Path(sys.argv[1] if len(sys.argv) > 1 else "schemas")):
-        print(written)
