@@ -103,6 +103,10 @@ GRAPH: tuple[Explanation, ...] = (
                 r"still in training mode|not deterministic|random operators|Dropout in training",
                 ("head_removal", "batchnorm_export", "logits_agreement"),
                 "randomness in the forward changes every output it feeds"),
+    Explanation("logits_agreement", "artifact_outputs_differ", r"artifact logits differ",
+                ("batchnorm_export",),
+                "the artifact's outputs differ from torch eval (the cause is named by "
+                "logits_agreement)"),
     Explanation("logprob_impl", "logprob_recompute", r".",
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
