@@ -17,11 +17,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+VARYING = ("duration_s", "generated_at", "git_commit", "artifact_url")
+"""Fields that vary between runs of the same gate (left out of the snapshot)."""
 
 
 def _strip(data: Any, roots: dict[str, str]) -> Any:
     if isinstance(data, dict):
-        return {k: _strip(v, roots) for k, v in data.items() if k != "duration_s"}
+        return {k: _strip(v, roots) for k, v in data.items() if k not in VARYING}
     if isinstance(data, list):
         return [_strip(v, roots) for v in data]
     if isinstance(data, str):
@@ -51,7 +53,10 @@ def normalised_report(config: dict[str, Any], config_path: Path, roots: dict[str
     from paritygate.report import report_json
 
     gate = Gate(config_from_dict(config, config_path))
+    from paritygate.report import validate_report
+
     data = report_json(gate, gate.run())
+    validate_report(data)
     data.pop("environment", None)
     roots = {str(config_path.parent): "<config-dir>", str(REPO): "<repo>", **roots}
     return dump_json(_strip(json.loads(dump_json(data)), roots))

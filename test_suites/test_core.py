@@ -37,12 +37,12 @@ def test_pass_within_threshold_and_golden() -> None:
 def test_threshold_breach_fails_with_numbers() -> None:
     r = judge(_measurement(2.0), {"metrics": {"err": 2.0}})
     assert r.status == "fail"
-    assert "err=2 > threshold 1" in r.message
+    assert "err 2 is above the threshold 1" in r.message
 
 
 def test_lower_is_bad_metric() -> None:
     r = judge(_measurement(0.5, bad="lower", threshold=0.9), {"metrics": {"err": 0.5}})
-    assert r.status == "fail" and "err=0.5 < threshold 0.9" in r.message
+    assert r.status == "fail" and "err 0.5 is below the threshold 0.9" in r.message
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -195,7 +195,9 @@ def test_junit_and_summary_shape() -> None:
         suite.get("tests") == "3" and suite.get("failures") == "1" and suite.get("skipped") == "1"
     )
     lines = summary_table(results)
-    assert lines[0].split() == ["check", "status", "key", "metric", "value", "threshold", "golden"]
+    assert lines[0] == "root cause: b"
+    assert lines[1].split() == ["check", "status", "key", "metric", "value", "threshold", "golden"]
+    assert lines[3].startswith("b ") and lines[4].startswith("a "), "failing checks first"
     assert any(line.startswith("b: bad thing") for line in lines)
 
 

@@ -128,7 +128,7 @@ def _probe_set_changed(result: CheckResult, expected: dict[str, Any], current: s
         was_passing = result.status == "pass"
         result.reasons.append(reason)
         result.status = "fail"
-        result.message = reason if was_passing else f"{result.message}; {reason}"
+        result.message = f"{reason}." if was_passing else f"{result.message} {reason}."
 
 
 def regression_check(
@@ -165,7 +165,8 @@ def regression_check(
     ):
         path = store.write_obtained(check_id, ratcheted, provenance())
         result.details["obtained_path"] = str(path)
-        result.message += f"; obtained metrics written to {path}"
+        result.message += f" Obtained metrics written to {path.name} beside the golden."
         if all("golden" in r for r in result.reasons):  # blessing would make it pass
-            result.message += f"; bless with: {bless_command}"
+            result.message += f" Bless with: {bless_command}"
+            result.fix = f"bless with: {bless_command}"
     return result

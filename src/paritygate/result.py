@@ -69,6 +69,8 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
+    finding_metrics: dict[str, str] = field(default_factory=dict)
+    """Finding -> the metric it explains (the verdict folds that metric's breach into it)."""
 
     def metric(
         self,
@@ -90,10 +92,17 @@ class Measurement:
         self.metrics[name] = m
         return m
 
-    def fail(self, cause: str) -> None:
-        """Record a named cause that fails the check regardless of thresholds."""
+    def fail(self, cause: str, *, metric: str | None = None) -> None:
+        """Record a named cause that fails the check regardless of thresholds.
+
+        ``metric`` ties the cause to the metric whose breach it explains: the verdict
+        then states breach and cause in one sentence, and drops the cause when the
+        golden baseline shows the metric unchanged (only the threshold was tightened).
+        """
         if cause not in self.findings:
             self.findings.append(cause)
+        if metric is not None:
+            self.finding_metrics[cause] = metric
 
     def note(self, text: str) -> None:
         """Record context for the report that is not a failure."""
@@ -118,12 +127,24 @@ class CheckResult:
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     reasons: list[str] = field(default_factory=list)
+    cause: str | None = None
+    """The first failure sentence: what differs, by how much (``None`` when passing)."""
+    fix: str | None = None
+    """The likely fix, when the verdict or the root-cause step knows one."""
+    consequence_of: str | None = None
+    """Id of the check whose failure explains this one (set by :mod:`paritygate.rootcause`)."""
+    failed_metrics: list[str] = field(default_factory=list)
+    """Metrics that breached a threshold, regressed against golden or are non-finite."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "status": self.status,
             "message": self.message,
+            "cause": self.cause,
+            "fix": self.fix,
+            "consequence_of": self.consequence_of,
+            "failed_metrics": list(self.failed_metrics),
             "metrics": self.metrics,
             "golden": self.golden,
             "thresholds": self.thresholds,
@@ -146,4 +167,8 @@ class CheckResult:
             details=data.get("details", {}),
             duration_s=data.get("duration_s", 0.0),
             reasons=data.get("reasons", []),
+            cause=data.get("cause"),
+            fix=data.get("fix"),
+            consequence_of=data.get("consequence_of"),
+            failed_metrics=data.get("failed_metrics", []),
         )

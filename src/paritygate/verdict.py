@@ -103,6 +103,8 @@ def judge(
 
     reasons: list[str] = list(measurement.findings)
     offending: list[str] = []  # metrics that fail, first one shown as the key metric
+    breached: set[str] = set()
+    regressed: dict[str, str] = {}
     for m in measurement.metrics.values():
         if not m.is_finite():
             reasons.append(f"{m.name} is {m.value} (non-finite output)")
@@ -111,21 +113,29 @@ def judge(
             op = ">" if m.bad == "higher" else "<"
             reasons.append(f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}")
             offending.append(m.name)
+            breached.add(m.name)
+    no_golden = False
     if use_golden and not blessing:
         if expected is None:
             reasons.append("no golden baseline")
+            no_golden = True
         else:
             for m in measurement.metrics.values():
                 reason = golden_regression(m, expected.get(m.name), margin)
                 if reason:
                     reasons.append(reason)
-                    offending.append(m.name)
+                    regressed[m.name] = reason
+                    if m.name not in offending:
+                        offending.append(m.name)
 
     status = "fail" if reasons else "pass"
-    if offending and key not in offending:
-        key = offending[0]  # a failing check shows a failing metric, not a passing one
+    if status == "fail":
+        key = _failing_key(measurement, offending, key)
+    sentences, fix = _sentences(
+        measurement, offending, breached, regressed, expected, no_golden
+    )
     if reasons:
-        message = "; ".join(reasons)
+        message = " ".join(sentences)
     elif key is not None:
         km = measurement.metrics[key]
         message = f"{key}={_fmt(km.value)}" + (
@@ -133,7 +143,7 @@ def judge(
         )
     else:
         message = "ok"
-    return CheckResult(
+    result = CheckResult(
         measurement.check_id,
         status,
         message,
@@ -144,3 +154,128 @@ def judge(
         details,
         reasons=reasons,
     )
+    if status == "fail":
+        result.cause = sentences[0] if sentences else None
+        result.fix = fix
+        result.failed_metrics = list(offending)
+    return result
+
+
+def sentence(text: str) -> str:
+    """``text`` ending with sentence punctuation (messages are runs of sentences)."""
+    text = text.strip()
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def _failing_key(measurement: Measurement, offending: list[str], key: str | None) -> str | None:
+    """The metric a failing check shows: one that failed, never a passing one.
+
+    Order: a metric that breached or regressed; a metric a finding is tied to; a
+    count of bad things that is non-zero (e.g. ``nonfinite_tensors`` of a NaN
+    checkpoint rather than its ``missing_keys 0``); else the declared key.
+    """
+    if offending:
+        return key if key in offending else offending[0]
+    for name in measurement.finding_metrics.values():
+        if name in measurement.metrics:
+            return name
+    metrics = measurement.metrics
+    if key is not None and _is_bad_count(metrics[key]):
+        return key
+    for m in metrics.values():  # NaN/Inf counts first: the strongest cause
+        if "nonfinite" in m.name and _is_bad_count(m):
+            return m.name
+    for m in metrics.values():
+        if _is_bad_count(m):
+            return m.name
+    return key
+
+
+def _is_bad_count(m: Metric) -> bool:
+    return (
+        m.bad in ("higher", "change")
+        and m.threshold is None
+        and isinstance(m.value, (int, float))
+        and not isinstance(m.value, bool)
+        and m.value > 0
+    )
+
+
+def _sentences(
+    measurement: Measurement,
+    offending: list[str],
+    breached: set[str],
+    regressed: dict[str, str],
+    expected: dict[str, Any] | None,
+    no_golden: bool,
+) -> tuple[list[str], str | None]:
+    """One sentence per failure (named causes first, then failing metrics) and a likely fix.
+
+    A threshold breach and a golden regression of the same metric become one
+    sentence; a finding tied to a metric carries that metric's numbers. When the
+    golden value breaches the threshold as well (the model did not change, the
+    threshold was tightened), the check's generic explanation is dropped.
+    """
+    tied: dict[str, list[str]] = {}
+    out: list[str] = []
+    fix: str | None = None
+    for finding in measurement.findings:
+        name = measurement.finding_metrics.get(finding)
+        if name in measurement.metrics:
+            tied.setdefault(name, []).append(finding)
+        else:
+            out.append(sentence(finding))
+    n_findings = len(out)
+    nonfinite: list[str] = []
+    plain: list[tuple[str, str, str, str]] = []  # (name, value, threshold, side): bare breaches
+    for name in offending:
+        m = measurement.metrics[name]
+        gold = (expected or {}).get(name)
+        value = _fmt(m.value)
+        if not m.is_finite():
+            nonfinite.append(f"{name} is {value}")
+            continue
+        if name in breached and name not in regressed and gold is not None:
+            side = "above" if m.bad == "higher" else "below"
+            out.append(sentence(
+                f"{name} {value} is {side} the threshold {_fmt(m.threshold)}, as is the blessed "
+                f"golden {_fmt(gold)}: the threshold was tightened below what this model has "
+                "always measured"
+            ))
+            fix = (f"loosen thresholds.{measurement.check_id}.{name} or fix the model, then "
+                   "re-bless")
+            tied.pop(name, None)  # the check's generic explanation does not apply
+            continue
+        numbers = []
+        if name in breached:
+            numbers.append(f"threshold {_fmt(m.threshold)}")
+        if gold is not None:
+            numbers.append(f"golden {_fmt(gold)}")
+        if name in tied:
+            for finding in tied.pop(name):
+                text = f"{finding} ({name} {value}, {', '.join(numbers)})"
+                out.insert(n_findings, sentence(text))
+                n_findings += 1
+            continue
+        side = "above" if m.bad == "higher" else "below"
+        if name in breached and name not in regressed:
+            plain.append((name, value, _fmt(m.threshold), side))
+        elif name in breached:
+            out.append(sentence(f"{name} {value} is {side} the threshold {_fmt(m.threshold)} "
+                                f"and regressed from the golden {_fmt(gold)}"))
+        else:
+            out.append(sentence(regressed[name]))
+    if nonfinite:
+        out.insert(n_findings, sentence(f"non-finite output (NaN/Inf): {', '.join(nonfinite)}"))
+    if plain and n_findings:  # the numbers behind the named cause, in its sentence
+        first = out[0][:-1] if out[0].endswith(".") else out[0]
+        numbers = "; ".join(f"{n} {v}, threshold {t}" for n, v, t, _ in plain)
+        out[0] = f"{first} ({numbers})."
+    else:
+        out += [sentence(f"{n} {v} is {side} the threshold {t}") for n, v, t, side in plain]
+    for findings in tied.values():  # tied to a metric that did not fail: keep the cause
+        out += [sentence(f) for f in findings]
+    if no_golden:
+        out.append("no golden baseline.")
+        fix = fix or "bless a baseline once every check passes"
+    return out, fix

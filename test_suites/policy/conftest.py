@@ -33,13 +33,16 @@ class Zoo:
         self.root = root
         self.clean_digest = digest(clean)
         self._results: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, Any] = {}
+        """The GateConfig each fault was evaluated with (reports need its paths)."""
 
     def results(self, fault_id: str) -> dict[str, Any]:
         """``{check_id: CheckResult}`` for a fault id, or ``"clean"`` for the clean demo."""
         if fault_id not in self._results:
             out = self.root / fault_id
             overrides = {} if fault_id == "clean" else FAULTS_BY_ID[fault_id].build(self.clean, out)
-            self._results[fault_id] = evaluate_all(fault_config(self.clean, out, overrides))
+            self.configs[fault_id] = fault_config(self.clean, out, overrides)
+            self._results[fault_id] = evaluate_all(self.configs[fault_id])
             assert digest(self.clean) == self.clean_digest, (
                 f"building or gating {fault_id!r} modified the clean demo")
         return self._results[fault_id]

@@ -108,7 +108,8 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
         m.fail(f"artifact logits differ from the training model's by up to {stats['max_abs']:.3g}"
-               f"{hint}; stale artifact, low-precision layer or changed output scaling")
+               f"{hint}; stale artifact, low-precision layer or changed output scaling",
+               metric="max_abs_diff")
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m
@@ -139,7 +140,8 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             f"cached engine logits differ from the trainer's forward by up to "
             f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
             f"{ctx.spec.engine.dtype}, trainer in {ctx.spec.training.dtype}): stale checkpoint, "
-            "lower precision or a cache bug"
+            "lower precision or a cache bug",
+            metric="max_abs_diff",
         )
     for row in m.details.get("worst_probes", []):
         row["position"] = owners[row["probe"]]

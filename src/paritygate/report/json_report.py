@@ -1,0 +1,123 @@
+"""report.json: the machine-readable contract (schema in :mod:`paritygate.report.model`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from paritygate.report.model import SCHEMA_VERSION
+from paritygate.result import CheckResult
+from paritygate.rootcause import RootCause, explain
+
+
+def overall_status(results: list[CheckResult]) -> str:
+    """``fail`` when any check failed or errored."""
+    return "fail" if any(r.status in ("fail", "error") for r in results) else "pass"
+
+
+def counts(results: list[CheckResult]) -> dict[str, int]:
+    out = {"total": len(results), "pass": 0, "fail": 0, "error": 0, "skip": 0}
+    for r in results:
+        out[r.status] += 1
+    return out
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every NaN/Inf replaced by ``{"value": null, "nonfinite": ...}``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        kind = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return {"value": None, "nonfinite": kind}
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        try:
+            return strict(value.item())
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def git_info(folder: Path, timeout: float = 5.0) -> tuple[Path | None, str | None]:
+    """(top level, HEAD commit) of the git repository holding ``folder``; ``(None, None)``
+    outside one, without git, or when git does not answer within ``timeout`` seconds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--show-toplevel", "HEAD"],
+            capture_output=True, text=True, timeout=timeout, check=False, env=env,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2:
+        return None, None
+    return Path(lines[0]), lines[1]
+
+
+def relative(path: Path, *bases: Path | None) -> str:
+    """``path`` relative to the first base that holds it, else absolute."""
+    path = Path(path).resolve()
+    for base in bases:
+        if base is None:
+            continue
+        try:
+            return path.relative_to(Path(base).resolve()).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
+def artifact_url() -> str | None:
+    """The CI run's page, where the uploaded report artifact lives (GitHub Actions)."""
+    server, repo, run = (os.environ.get(k) for k in
+                         ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    if server and repo and run:
+        return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
+    return None
+
+
+def root_cause(results: list[CheckResult]) -> tuple[list[CheckResult], RootCause | None]:
+    """Results with consequences explained, and the run's root cause (see rootcause)."""
+    return explain(results)
+
+
+def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
+    """The report.json mapping of a run: strict JSON, root cause first in ``root_cause``."""
+    from paritygate.provenance import environment
+
+    ctx = gate.context
+    config_path = Path(gate.config.path).resolve()
+    top, commit = git_info(config_path.parent)
+    explained, cause = explain(results)
+    checkpoint = Path(ctx.checkpoint_path)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "name": gate.config.name,
+        "status": overall_status(results),
+        "family": gate.config.family,
+        "counts": counts(results),
+        "root_cause": cause.to_json() if cause is not None else None,
+        "config": relative(config_path, top) if top else config_path.name,
+        "config_abs": str(config_path),
+        "git_commit": commit,
+        "artifact_url": artifact_url(),
+        "checkpoint": {
+            "path": relative(checkpoint, config_path.parent, top),
+            "path_abs": str(checkpoint.resolve()),
+            "sha256": ctx.checkpoint_sha256,
+        },
+        "environment": {k: str(v) for k, v in environment().items()},
+        "checks": [r.to_json() for r in explained],
+    }
+    return strict(data)

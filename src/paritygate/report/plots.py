@@ -1,0 +1,69 @@
+"""Plots embedded in report.html (PNG, base64): LM log-prob delta histogram and delta per
+position, drawn from the ``per_token`` details of ``logprob_delta`` / ``vllm_delta``.
+
+matplotlib is optional (the ``plots`` extra): without it the report has no plots.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from paritygate.result import CheckResult
+
+LM_DELTA_CHECKS = ("logprob_delta", "vllm_delta")
+
+
+def _png(fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
+    """``[{"title", "png"}]``: histogram of per-token deltas and delta against position."""
+    if result.id not in LM_DELTA_CHECKS:
+        return []
+    tokens = [t for t in result.details.get("per_token") or []
+              if isinstance(t, dict) and isinstance(t.get("delta"), (int, float))]
+    if not tokens:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    import numpy as np
+
+    delta = np.array([t["delta"] for t in tokens], dtype=np.float64)
+    pos = np.array([t.get("pos", 0) for t in tokens], dtype=np.int64)
+    delta = np.where(np.isfinite(delta), delta, np.nan)
+    shown = delta[np.isfinite(delta)]
+    out = []
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.hist(shown, bins=min(60, max(10, shown.size // 4)) if shown.size else 10, color="#4063a0")
+    ax.set_xlabel("log-prob delta (trainer - engine), nats")
+    ax.set_ylabel("tokens")
+    ax.set_title(f"{result.id}: delta histogram ({shown.size} tokens)")
+    out.append({"title": "delta histogram", "png": _png(fig)})
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.scatter(pos, delta, s=6, alpha=0.5, color="#4063a0", label="token")
+    positions = np.unique(pos)
+    worst = [np.nanmax(np.abs(delta[pos == p])) if np.isfinite(delta[pos == p]).any()
+             else np.nan for p in positions]
+    ax.plot(positions, worst, color="#b00020", linewidth=1, label="max |delta|")
+    threshold = result.thresholds.get("delta_max_abs") if result.thresholds else None
+    if isinstance(threshold, (int, float)):
+        ax.axhline(threshold, color="#777", linestyle="--", linewidth=1, label="threshold")
+        ax.axhline(-threshold, color="#777", linestyle="--", linewidth=1)
+    ax.set_xlabel("response position")
+    ax.set_ylabel("delta, nats")
+    ax.set_title(f"{result.id}: delta per position")
+    ax.legend(fontsize=7)
+    out.append({"title": "delta per position", "png": _png(fig)})
+    plt.close(fig)
+    return out

@@ -1,0 +1,228 @@
+"""One fault, one root cause: which failing check's finding explains the others.
+
+A single fault usually fails several checks: a checkpoint saved with DDP's
+``module.`` prefix fails ``weights_load`` and then every check that ran on the
+random-init tensors left behind. :func:`explain` walks a declared explanation
+graph (:data:`GRAPH`: a failing check, the kind of finding that identifies the
+fault, and the checks that fault makes fail too) over a run's results and
+
+* names the root cause (``RootCause``: the check, the finding kind, its message);
+* marks each consequential failure with ``consequence_of`` and rewrites its message
+  to ``see <check>: <why>``, followed by its own measurement (the metrics stay), so
+  it no longer offers its own guess.
+
+It is a pure function over ``CheckResult`` records (copies are returned) and runs
+after the verdict: statuses never change, only how the failures are explained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from paritygate.result import CheckResult
+
+FAILED = ("fail", "error")
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """An edge set of the graph: ``check``'s finding of ``kind`` explains ``explains``."""
+
+    check: str
+    kind: str
+    pattern: str
+    """Regular expression matched against the root's reasons (its findings and breaches)."""
+    explains: tuple[str, ...]
+    why: str
+    """Why the explained checks fail too (one clause, written into their messages)."""
+    fix: str | None = None
+    """The likely fix of the root finding, shown with the root cause."""
+
+
+_DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
+                      "precision_per_layer")
+_DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
+                  "precision_per_layer")
+
+GRAPH: tuple[Explanation, ...] = (
+    # Earlier edges win: a check explained by one edge is never the root of a later one.
+    Explanation("weights_load", "nonfinite_checkpoint", r"has \d+ NaN/Inf values",
+                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
+                "the checkpoint's NaN/Inf tensors propagate into every output",
+                fix="do not release this checkpoint: resume from the last finite one"),
+    Explanation("head_removal", "structure_mismatch",
+                r"inference model has parameters the training model lacks",
+                ("weights_load",),
+                "the inference model's structure differs, so its keys do not match the "
+                "checkpoint"),
+    Explanation("weights_load", "stale_engine_weights",
+                r"stale or different checkpoint|inference model: \d+ tensors differ from the "
+                r"checkpoint under test",
+                _DOWNSTREAM_LM,
+                "the inference engine serves other weights than the checkpoint under test",
+                fix="point the engine at the checkpoint under test"),
+    Explanation("weights_load", "weights_not_loaded",
+                r"prefix|key renamed|missing from the checkpoint|unexpected checkpoint keys|"
+                r"shape mismatch|differ from the file after loading|load_state_dict raised",
+                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM,
+                "part of the model runs on tensors the checkpoint did not provide "
+                "(random init)",
+                fix="save the state_dict under the model's key names (strip wrapper "
+                    "prefixes) and load it strictly"),
+    Explanation("export_integrity", "stale_artifact",
+                r"stale artifact|modified after export|differs from the manifest",
+                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                "the artifact was not exported from the checkpoint under test",
+                fix="re-export the artifact from the gated checkpoint "
+                    "(paritygate export CONFIG)"),
+    Explanation("export_integrity", "batch_axis", r"batch axis .* is baked|does not run at "
+                r"every batch size", ("batchnorm_export", "logits_agreement"),
+                "the artifact only runs at its baked batch size",
+                fix="export with a dynamic batch axis"),
+    Explanation("head_removal", "undeclared_outputs", r"undeclared outputs",
+                ("export_integrity", "logits_agreement"),
+                "a training head was exported with the policy",
+                fix="export only the inference model's declared outputs"),
+    Explanation("head_removal", "step_removed", r"a step \(shared norm, activation\) was removed",
+                ("batchnorm_export", "logits_agreement"),
+                "the inference model lacks a step of the training forward"),
+    Explanation("batchnorm_export", "training_mode_export",
+                r"BatchNormalization exported in training mode",
+                ("dropout_off", "logits_agreement", "head_removal"),
+                "the artifact was exported in training mode",
+                fix="call model.eval() before exporting"),
+    Explanation("batchnorm_export", "stats_reset",
+                r"match no BatchNorm running|statistics reset before export|default running "
+                r"statistics|not in the checkpoint",
+                ("logits_agreement",),
+                "the artifact normalises with other BatchNorm statistics than the checkpoint's"),
+    Explanation("dropout_off", "nondeterministic",
+                r"still in training mode|not deterministic|random operators|Dropout in training",
+                ("head_removal", "batchnorm_export", "logits_agreement"),
+                "randomness in the forward changes every output it feeds"),
+    Explanation("logits_agreement", "artifact_outputs_differ", r"artifact logits differ",
+                ("batchnorm_export",),
+                "the artifact's outputs differ from torch eval (the cause is named by "
+                "logits_agreement)"),
+    Explanation("logprob_impl", "logprob_recompute", r".",
+                ("logprob_delta",),
+                "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
+    Explanation("tokenizer_parity", "tokenizer", r".",
+                ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
+                "the serving tokenizer encodes prompts differently from training"),
+    Explanation("sampling_config", "sampling_protocol", r".",
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                "training and serving sample under different settings"),
+)
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The failure that explains the run: reported first everywhere."""
+
+    check: str
+    kind: str
+    message: str
+    explains: tuple[str, ...] = ()
+    fix: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "kind": self.kind,
+            "message": self.message,
+            "explains": list(self.explains),
+            "fix": self.fix,
+        }
+
+
+def _matches(result: CheckResult, pattern: str) -> bool:
+    texts = list(result.reasons) or [result.message]
+    return any(re.search(pattern, text) for text in texts)
+
+
+def _own_measurement(result: CheckResult) -> str:
+    """The consequence's own numbers, without its guess at a cause."""
+    names = list(result.failed_metrics) or ([result.key_metric] if result.key_metric else [])
+    parts = []
+    for name in names[:2]:
+        value = result.metrics.get(name)
+        text = f"{name} {_fmt(value)}"
+        if name in result.thresholds:
+            text += f" (threshold {_fmt(result.thresholds[name])})"
+        parts.append(text)
+    return f" Measured here: {', '.join(parts)}." if parts else ""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def explain(
+    results: list[CheckResult], graph: tuple[Explanation, ...] = GRAPH
+) -> tuple[list[CheckResult], RootCause | None]:
+    """Results with consequential failures marked and reworded, plus the run's root cause.
+
+    ``None`` when nothing failed. Without a matching edge the first failing check
+    is the root cause (kind ``"independent"``). Idempotent: results already marked
+    keep their messages.
+    """
+    failing = {r.id: r for r in results if r.status in FAILED}
+    if not failing:
+        return [dataclasses.replace(r) for r in results], None
+    by: dict[str, tuple[str, Explanation]] = {
+        r.id: (r.consequence_of, Explanation(r.consequence_of, "", "", (), ""))
+        for r in failing.values() if r.consequence_of
+    }
+    kinds: dict[str, str] = {}  # check -> kind of its first matching finding
+    roots: set[str] = set()  # checks that explain another: never a consequence themselves
+    for edge in graph:
+        root = failing.get(edge.check)
+        if root is None or root.status != "fail" or root.id in by:
+            continue
+        if not _matches(root, edge.pattern):
+            continue
+        kinds.setdefault(root.id, edge.kind)
+        for cid in edge.explains:
+            if cid in failing and cid not in by and cid not in roots and cid != root.id:
+                by[cid] = (root.id, edge)
+                roots.add(root.id)
+    out: list[CheckResult] = []
+    for r in results:
+        r = dataclasses.replace(r)
+        if r.id in by and not r.consequence_of:
+            root_id, edge = by[r.id]
+            r.consequence_of = root_id
+            r.message = f"see {root_id}: {edge.why}.{_own_measurement(r)}"
+            r.cause = r.message
+            r.fix = failing[root_id].fix
+        out.append(r)
+    first = next((r for r in results if r.id in failing and r.id not in by), None)
+    if first is None:  # every failure explained by another: a cycle in stored results
+        first = next(r for r in results if r.id in failing)
+    explained_ids = tuple(cid for cid, (root, _) in by.items() if root == first.id)
+    kind = kinds.get(first.id, "independent")
+    edge_fix = next((e.fix for e in graph if e.check == first.id and e.kind == kind), None)
+    root_cause = RootCause(
+        first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
+        first.fix or edge_fix,
+    )
+    return out, root_cause
+
+
+def ordered(results: list[CheckResult], root: RootCause | None) -> list[CheckResult]:
+    """Report order: the root cause, other independent failures, their consequences,
+    then passing and skipped checks (run order within each group)."""
+    def rank(r: CheckResult) -> int:
+        if root is not None and r.id == root.check:
+            return 0
+        if r.status in FAILED:
+            return 2 if r.consequence_of else 1
+        return 3 if r.status == "pass" else 4
+
+    return sorted(results, key=rank)
