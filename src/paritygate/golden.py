@@ -166,6 +166,8 @@ def regression_check(
         path = store.write_obtained(check_id, ratcheted, provenance())
         result.details["obtained_path"] = str(path)
         result.message += f"; obtained metrics written to {path}"
-        if all("golden" in r for r in result.reasons):  # blessing would make it pass
+        # Only a missing baseline is a reason to bless; a run that fails against an existing
+        # baseline (or its thresholds) is never offered for blessing.
+        if expected is None and result.reasons == ["no golden baseline"]:
             result.message += f"; bless with: {bless_command}"
     return result
