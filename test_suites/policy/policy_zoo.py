@@ -48,6 +48,8 @@ class Fault:
     """Substrings the failing check's message must contain (naming the cause)."""
     also_fails: dict[str, str] = field(default_factory=dict)
     """Other checks that fail on this fault (measured), each with a one-line why."""
+    absent: tuple[str, ...] = ()
+    """Substrings the failing check's message must not contain (a wrong or doubled cause)."""
 
 
 # --- config --------------------------------------------------------------------------------------
@@ -130,7 +132,8 @@ FAULTS: tuple[Fault, ...] = (
            "logits_agreement": "the training model's policy weight is random init"}),
     Fault("nan_weight", "weights_load", "one NaN in trunk.4.weight",
           zb.checkpoint_fault(zb.nan_weight), ("'trunk.4.weight' has 1 NaN/Inf",),
-          {"batchnorm_export": "torch reference outputs are NaN",
+          absent=("differ from the file after loading",),
+          also_fails={"batchnorm_export": "torch reference outputs are NaN",
            "head_removal": "training and inference policy outputs are NaN",
            "logits_agreement": "the reference output has NaN values"}),
     Fault("silent_nonstrict", "weights_load",
@@ -176,6 +179,12 @@ FAULTS: tuple[Fault, ...] = (
     Fault("value_head_exported", "head_removal", "artifact also outputs the value head",
           zb.artifact_fault(zb.value_head_exported), ("undeclared outputs ['value']",),
           {"export_integrity": "artifact outputs differ from the declared ['logits']"}),
+    Fault("dropout_in_serving_forward", "head_removal",
+          "F.dropout(training=True) in the inference forward: randomness, not a removed step",
+          zb.model_variant(inference_factory=f"{_F}:build_hard_dropout_inference"),
+          ("inference model is not deterministic", "see dropout_off"),
+          absent=("a step (shared norm, activation) was removed",),
+          also_fails={"dropout_off": "repeated forwards of the inference model differ"}),
     # dropout_off
     Fault("forced_train_mode", "dropout_off", "inference model's train() ignores mode=False",
           zb.model_variant(inference_factory=f"{_F}:build_forced_train_inference"),
@@ -210,7 +219,29 @@ FAULTS: tuple[Fault, ...] = (
     Fault("different_clip", "preprocessing_parity", "serving clips at 5 instead of 10",
           zb.serving("normalize_serving_clip"), ("differs by", "another clip range")),
     Fault("different_fill", "preprocessing_parity", "serving fills missing values with 0",
-          zb.serving("normalize_serving_fill_zero"), ("missing_value input", "another fill value")),
+          zb.serving("normalize_serving_fill_zero"),
+          ("missing_value input", "missing-value fill differs: training gives", "serving gives"),
+          absent=("normalisation statistics differ",)),
+    Fault("fill_where_training_propagates", "preprocessing_parity",
+          "training propagates NaN, serving fills missing values with the mean",
+          zb.model_variant(preprocessing={
+              "training": f"{_F}:normalize_training_propagate",
+              "serving": "paritygate.demo.policy:normalize_serving"}),
+          ("missing-value fill differs: training propagates NaN, serving gives",),
+          absent=("normalisation statistics differ",)),
+    Fault("nonfinite_other_positions", "preprocessing_parity",
+          "serving guards a log transform: finite where training gives NaN (negative input)",
+          zb.model_variant(preprocessing={
+              "training": f"{_F}:normalize_training_log",
+              "serving": f"{_F}:normalize_serving_log_guarded"}),
+          ("non-finite values at different positions on extreme_low input",
+           "training at features [5]"),
+          absent=("missing-value fill differs",)),
+    Fault("different_clip_extremes_only", "preprocessing_parity",
+          "serving clips at 5; probes without missing values (edge_cases: [extremes])",
+          zb.model_variant(preprocessing={"serving": f"{_F}:normalize_serving_clip"},
+                           probes={"edge_cases": ["extremes"]}),
+          ("another clip range",)),
     # logits_agreement
     Fault("stale_artifact_1e-4", "logits_agreement",
           "artifact exported from a checkpoint 1e-4 relative away (own manifest)",
@@ -233,6 +264,14 @@ FAULTS: tuple[Fault, ...] = (
           {"batchnorm_export": "batch sizes 1 and 7 cannot run: batch independence unproven"}),
     Fault("modified_after_export", "export_integrity", "artifact edited after its manifest",
           zb.modified_after_export, ("modified after export",)),
+    Fault("stale_artifact_no_manifest", "export_integrity",
+          "artifact exported from a checkpoint 1e-4 relative away, no manifest",
+          zb.stale_no_manifest,
+          ("artifact was not built from this checkpoint", "0/6 weight initializers match"),
+          also_fails={"logits_agreement": "the artifact computes another checkpoint's policy"}),
+    Fault("manifest_required_missing", "export_integrity",
+          "clean artifact without manifest.json, policy.require_manifest: true",
+          zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),
 )
 
 FAULTS_BY_ID = {f.id: f for f in FAULTS}

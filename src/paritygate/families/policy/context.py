@@ -130,6 +130,13 @@ class PolicyContext:
 
         return onnx.load(str(self.artifact_path))
 
+    @cached_property
+    def initializer_match(self) -> dict[str, Any]:
+        """The artifact's weight initializers matched against the checkpoint's tensors."""
+        from paritygate.families.policy.export import match_initializers
+
+        return match_initializers(self.onnx_model, self.state)
+
     def precision_subject(self) -> Any:
         import torch
 
