@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,17 @@ def _plain_export(checkpoint: Path, out: Path) -> Path:
     policy.load_state_dict({k: v for k, v in state.items() if k in policy.state_dict()})
     policy.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(policy, (torch.zeros(1, 4),), str(out), dynamo=False,
-                      input_names=["obs"], output_names=["logits"],
-                      dynamic_axes={"obs": {0: "batch"}, "logits": {0: "batch"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(policy, (torch.zeros(1, 4),), str(out), dynamo=False,
+                          input_names=["obs"], output_names=["logits"],
+                          dynamic_axes={"obs": {0: "batch"}, "logits": {0: "batch"}})
     return out
 
 
 def _config(root: Path, checkpoint: Path, stats: Path, artifact: Path | None = None,
             name: str = "sb3") -> dict[str, Any]:
+    root.mkdir(parents=True, exist_ok=True)
     probes = root / "probes.npy"
     if not probes.exists():
         rng = np.random.default_rng(0)
