@@ -132,8 +132,8 @@ def _fill_cause(cases: list[_Case], limit: float) -> str | None:
     how_ref = "propagates NaN" if np.isnan(ref_v) else f"gives {_fmt(ref_v)}"
     how_cand = "propagates NaN" if np.isnan(cand_v) else f"gives {_fmt(cand_v)}"
     return (
-        f"missing-value fill differs: training {how_ref}, serving {how_cand} for a missing "
-        f"value (e.g. on {label} input) at features {sorted(features)[:12]}"
+        f"missing-value fill differs: training {how_ref}, serving {how_cand} for missing "
+        f"values (e.g. on {label} input) at features {sorted(features)[:12]}"
     )
 
 
