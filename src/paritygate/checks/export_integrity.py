@@ -24,10 +24,14 @@ def _numeric_provenance(ctx: Any) -> tuple[float, str]:
     faulty side), and which model it was measured against."""
     cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
     best = (float("inf"), "the inference model built from this checkpoint")
-    for against, ref in (
-        ("the inference model built from this checkpoint", ctx.inference_outputs),
-        ("the training model's policy output on this checkpoint", ctx.reference_outputs),
+    for against, outputs in (
+        ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
+        ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
     ):
+        try:
+            ref = outputs()
+        except Exception:  # a forward that raises is the model checks' to report
+            continue
         if ref.shape != cand.shape:
             continue
         with np.errstate(invalid="ignore"):
