@@ -21,6 +21,12 @@ def build_context(config: GateConfig) -> PolicyContext:
     return build_policy_context(config)
 
 
+# Load the ``export`` submodule now, so that importing it later (``from ...policy.export
+# import ...``) does not rebind the package attribute ``export`` to the module, shadowing
+# the function below.
+from paritygate.families.policy import export as _export_module  # noqa: E402, F401
+
+
 def export(config: GateConfig, out_dir: Path) -> Path:
     """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
     from paritygate.families.policy.context import build_policy_context
