@@ -70,7 +70,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from paritygate.gate import Gate
     from paritygate.plugin import register_gate
 
-    gate = Gate.from_path(args.config, update_golden=args.update_golden)
+    gate = Gate.from_path(
+        args.config, update_golden=args.update_golden, report_dir=args.report_dir
+    )
     print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
     gate.context  # noqa: B018 - validate every input before any check runs
     import paritygate_gates
@@ -94,7 +96,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         str(Path(paritygate_gates.__file__).parent),
     ]
     if args.report_dir is not None:
-        pytest_args += ["--report-dir", str(args.report_dir)]
+        pytest_args += ["--report-dir", str(args.report_dir.resolve())]
     if args.update_golden:
         pytest_args.append("--update-golden")
     if args.markexpr:

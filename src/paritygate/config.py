@@ -24,7 +24,10 @@ class GoldenSettings(StrictModel):
     """Where baselines live and how much worse than golden a metric may get."""
 
     dir: str = "golden"
-    """Relative to the config file; baselines live in ``<dir>/<name>/<check_id>.json``."""
+    """Relative to the config file; baselines live in ``<dir>/<baseline>/<check_id>.json``."""
+    baseline: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    """Baseline name (default: the config's ``name``): many candidate configs can gate against
+    one blessed baseline."""
     rel_margin: float = Field(0.25, ge=0)
     """A metric may be this fraction worse than golden (new checkpoints legitimately move)."""
     threshold_fraction: float = Field(0.05, ge=0)
@@ -45,11 +48,15 @@ class GateConfig(StrictModel):
     allow_pickle: bool = False
     """Allow checkpoint formats that unpickle arbitrary objects (runs code from the file)."""
     trust_remote_code: bool = False
+    python_path: list[str] = []
+    """Folders (relative to the config file) where ``module:callable`` names are imported from,
+    searched before ``sys.path``."""
     policy: PolicySpec | None = None
     causal_lm: CausalLMSpec | None = None
     precision: PrecisionSpec = PrecisionSpec()
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
+    _report_dir: Path | None = PrivateAttr(default=None)
 
     @field_validator("checks", "skip_checks")
     @classmethod
@@ -82,9 +89,15 @@ class GateConfig(StrictModel):
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
     def golden_dir(self) -> Path:
-        return self.resolve(self.golden.dir) / self.name
+        return self.resolve(self.golden.dir) / (self.golden.baseline or self.name)
+
+    def set_report_dir(self, path: str | Path) -> None:
+        """The run's ``--report-dir`` (overrides the config's ``report_dir``)."""
+        self._report_dir = Path(path).expanduser().resolve()
 
     def default_report_dir(self) -> Path:
+        if self._report_dir is not None:
+            return self._report_dir
         if self.report_dir:
             return self.resolve(self.report_dir)
         return Path.cwd() / "reports" / self.name
@@ -120,6 +133,9 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
         raise InputError(path, _format_loc(loc) or None, cause) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
+    from paritygate.imports import register_python_path
+
+    register_python_path(config.path, [config.resolve(p) for p in config.python_path])
     return config
 
 

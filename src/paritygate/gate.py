@@ -29,15 +29,29 @@ from paritygate.verdict import Margin, judge
 class Gate:
     """A gate run over one config."""
 
-    def __init__(self, config: GateConfig, *, update_golden: bool = False) -> None:
+    def __init__(
+        self,
+        config: GateConfig,
+        *,
+        update_golden: bool = False,
+        report_dir: str | Path | None = None,
+    ) -> None:
         self.config = config
+        if report_dir is not None:  # where reports and an on-the-fly export go
+            config.set_report_dir(report_dir)
         self.update_golden = update_golden
         self.golden = GoldenStore(config.golden_dir())
         self.margin = Margin(config.golden.rel_margin, config.golden.threshold_fraction)
 
     @classmethod
-    def from_path(cls, path: str | Path, *, update_golden: bool = False) -> Gate:
-        return cls(load_config(path), update_golden=update_golden)
+    def from_path(
+        cls,
+        path: str | Path,
+        *,
+        update_golden: bool = False,
+        report_dir: str | Path | None = None,
+    ) -> Gate:
+        return cls(load_config(path), update_golden=update_golden, report_dir=report_dir)
 
     @cached_property
     def context(self) -> Any:

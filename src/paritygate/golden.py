@@ -166,7 +166,9 @@ def regression_check(
         path = store.write_obtained(check_id, ratcheted, provenance())
         result.details["obtained_path"] = str(path)
         result.message += f" Obtained metrics written to {path.name} beside the golden."
-        if all("golden" in r for r in result.reasons):  # blessing would make it pass
+        # Only a missing baseline is a reason to bless; a run that fails against an existing
+        # baseline (or its thresholds) is never offered for blessing.
+        if expected is None and result.reasons == ["no golden baseline"]:
             result.message += f" Bless with: {bless_command}"
             result.fix = f"bless with: {bless_command}"
     return result

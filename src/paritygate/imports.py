@@ -1,18 +1,42 @@
-"""Resolve ``module:callable`` strings named by a gate config (user code, never checkpoint code)."""
+"""Resolve ``module:callable`` strings named by a gate config (user code, never checkpoint code).
+
+A config's ``python_path`` folders (relative to the config file) are put in front of
+``sys.path`` before its first import, so a user does not need ``PYTHONPATH``.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
+
+_PYTHON_PATHS: dict[Path, list[Path]] = {}
+"""``python_path`` folders of each loaded config, keyed by the config file."""
+
+
+def register_python_path(config_file: Path, folders: list[Path]) -> None:
+    """Remember ``folders`` for imports named by ``config_file`` (added on first import)."""
+    _PYTHON_PATHS[Path(config_file)] = list(folders)
+
+
+def _activate(file: Path) -> None:
+    folders = _PYTHON_PATHS.get(Path(file)) if file is not None else None
+    for i, folder in enumerate(folders or []):
+        if not folder.is_dir():
+            raise InputError(file, f"python_path[{i}]", f"folder not found: {folder}")
+    for folder in reversed(folders or []):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def import_callable(spec: str, file: Path, key: str) -> Any:
     """Resolve ``module:callable`` (dotted attribute path allowed), or raise InputError."""
     if ":" not in spec:
         raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
+    _activate(file)
     module_name, attr = spec.split(":", 1)
     try:
         obj: Any = importlib.import_module(module_name)

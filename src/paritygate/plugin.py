@@ -101,7 +101,11 @@ def _get_gate(config: pytest.Config) -> Any:
         raise _INPUT_ERRORS[key]
     if key not in _GATES:
         try:
-            gate = Gate.from_path(path, update_golden=config.getoption("--update-golden"))
+            gate = Gate.from_path(
+                path,
+                update_golden=config.getoption("--update-golden"),
+                report_dir=config.getoption("--report-dir"),
+            )
             gate.context  # noqa: B018 - build and validate every input once
         except InputError as exc:
             _INPUT_ERRORS[key] = exc

@@ -388,3 +388,34 @@ def modified_after_export(clean: Path, out: Path) -> Overrides:
     model.doc_string = "hand-edited after export"
     onnx.save(model, str(out / "policy.onnx"))
     return {"policy": {"artifact": str(out / "policy.onnx")}}
+
+
+# --- artifacts from the user's own pipeline (no manifest) ----------------------------------------
+
+
+def no_manifest(clean: Path, out: Path) -> Overrides:
+    """The clean artifact copied alone: no manifest.json beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    artifact = out / "policy.onnx"
+    shutil.copyfile(clean / "policy.onnx", artifact)
+    return {"policy": {"artifact": str(artifact)}}
+
+
+def manifest_required(clean: Path, out: Path) -> Overrides:
+    """The clean artifact without its manifest, gated with ``require_manifest: true``."""
+    over = no_manifest(clean, out)
+    over["policy"]["require_manifest"] = True
+    return over
+
+
+def stale_no_manifest(clean: Path, out: Path) -> Overrides:
+    """An artifact exported from a checkpoint 1e-4 away, shipped without a manifest."""
+    artifact = _export(_inference_model(_perturbed(_state(clean))), out / "policy.onnx")
+    return {"policy": {"artifact": str(artifact)}}
+
+
+def plain_torch_export(clean: Path, out: Path) -> Overrides:
+    """The clean checkpoint exported with plain ``torch.onnx.export`` (TorchScript exporter,
+    dynamic batch axis), the way a team's own script does it: no paritygate, no manifest."""
+    artifact = _export_legacy(_inference_model(_state(clean)), out / "policy.onnx")
+    return {"policy": {"artifact": str(artifact)}}

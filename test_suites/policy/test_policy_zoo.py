@@ -50,6 +50,8 @@ def test_fault_fails_with_its_cause(zoo, fault) -> None:
     assert result.status == "fail", f"{fault.check} {result.status} on {fault.id}: {result.message}"
     for cause in fault.causes:
         assert cause in result.message, f"{cause!r} not in: {result.message}"
+    for wrong in fault.absent:
+        assert wrong not in result.message, f"{wrong!r} (a wrong cause) in: {result.message}"
 
 
 @pytest.mark.parametrize("fault", _params())

@@ -16,12 +16,23 @@ Config::
     checkpoint: ppo_cartpole.zip
     training_heads: [mlp_extractor.value_net, value_net]
     policy_output: logits
+    preprocessing:                 # VecNormalize observation statistics, saved as JSON
+      training: paritygate.adapters.sb3:normalize_training   # SB3's own VecNormalize code
+      serving: paritygate.adapters.sb3:normalize_serving     # float32 numpy, as served
+      stats: vecnormalize.json     # written by save_vecnormalize_stats(vec_env, path)
+
+``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
+``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from paritygate.errors import MissingExtra
@@ -75,3 +86,55 @@ def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = 
             return self.action_net(self.mlp_extractor.forward_actor(features))
 
     return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+
+
+def save_vecnormalize_stats(vec_normalize: Any, path: str | Path) -> Path:
+    """Write a ``VecNormalize``'s observation statistics (mean, var, count, epsilon, clip) to
+    JSON, the ``policy.preprocessing.stats`` file of the adapter's normalisers."""
+    rms = vec_normalize.obs_rms
+    stats = {
+        "mean": np.asarray(rms.mean, np.float64).tolist(),
+        "var": np.asarray(rms.var, np.float64).tolist(),
+        "count": float(rms.count),
+        "epsilon": float(vec_normalize.epsilon),
+        "clip_obs": float(vec_normalize.clip_obs),
+        "norm_obs": bool(vec_normalize.norm_obs),
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _stats(stats_path: str | Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(stats_path).read_text(encoding="utf-8"))
+    return data
+
+
+def normalize_training(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """The trainer's normalisation: SB3's own ``VecNormalize.normalize_obs`` on the saved
+    statistics (float64 arithmetic, float32 result; NaN propagates)."""
+    try:
+        from stable_baselines3.common.running_mean_std import RunningMeanStd
+        from stable_baselines3.common.vec_env import VecNormalize
+    except ImportError:
+        raise MissingExtra("stable-baselines3", "sb3") from None
+    s = _stats(stats_path)
+    rms = RunningMeanStd(shape=(len(s["mean"]),))
+    rms.mean, rms.var, rms.count = np.asarray(s["mean"]), np.asarray(s["var"]), s["count"]
+    env = SimpleNamespace(norm_obs=s["norm_obs"], obs_rms=rms, epsilon=s["epsilon"],
+                          clip_obs=s["clip_obs"])
+    env._normalize_obs = lambda obs, stats: VecNormalize._normalize_obs(env, obs, stats)  # type: ignore[arg-type]
+    return np.asarray(VecNormalize.normalize_obs(env, np.asarray(raw)))  # type: ignore[arg-type]
+
+
+def normalize_serving(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """A serving-side normaliser: the same formula in float32 numpy (NaN propagates)."""
+    s = _stats(stats_path)
+    x = np.asarray(raw, dtype=np.float32)
+    if not s["norm_obs"]:
+        return x
+    mean = np.asarray(s["mean"], np.float32)
+    std = np.sqrt(np.asarray(s["var"], np.float32) + np.float32(s["epsilon"]))
+    clip = np.float32(s["clip_obs"])
+    return np.clip((x - mean) / std, -clip, clip).astype(np.float32)

@@ -17,7 +17,8 @@ DEFAULTS = {
     # ~2e-6 (a couple of ulp at logit magnitude ~10); 2e-5 leaves 10x headroom while a
     # BatchNorm using batch statistics moves logits by O(0.1-1).
     "batch_dependence_max_abs": 2e-5,
-    # Artifact vs torch eval on the same probes; same budget as logits_agreement.
+    # Artifact vs torch eval on the same probes; same budget as logits_agreement. Above it,
+    # the model with reset BatchNorm statistics is compared to name a reset.
     "eval_max_abs_diff": 2e-5,
     # BN initializers vs the checkpoint's running stats, where not folded into a Gemm.
     "stats_max_abs_diff": 1e-6,
@@ -137,7 +138,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                  threshold=thresholds["batch_dependence_max_abs"], key=True)
     m.metric("reference_batch_dependence_max_abs", ref_dep,
              threshold=thresholds["batch_dependence_max_abs"])
-    m.metric("eval_max_abs_diff", eval_diff, threshold=thresholds["eval_max_abs_diff"])
+    # Shown, not judged on its own: an artifact that differs from torch eval fails here only
+    # when BatchNorm explains it (reset or training-mode statistics, below); any other cause
+    # (a stale artifact, a low-precision layer) is logits_agreement's and export_integrity's.
+    m.metric("eval_max_abs_diff", eval_diff, bad="none", ratchet=False)
     m.metric("stats_max_abs_diff", stats_diff, threshold=thresholds["stats_max_abs_diff"])
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
     m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)

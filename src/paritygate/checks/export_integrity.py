@@ -10,6 +10,47 @@ import numpy as np
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
+DEFAULTS = {
+    # Without a manifest, the artifact must compute what the inference model built from the
+    # checkpoint computes, within the fp32 torch-vs-ONNX Runtime budget of logits_agreement
+    # (its max_abs_diff: noise ~2e-6 on the demo, a checkpoint 1e-4 away moves logits ~8e-4).
+    "provenance_max_abs_diff": 2e-5,
+}
+
+
+def _numeric_provenance(ctx: Any) -> tuple[float, str]:
+    """Max |artifact - inference model built from the checkpoint| on the probes (or the
+    training model's policy output, when that is closer: the inference model may be the
+    faulty side), and which model it was measured against."""
+    cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
+    best = (float("inf"), "the inference model built from this checkpoint")
+    for against, outputs in (
+        ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
+        ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
+    ):
+        try:
+            ref = outputs()
+        except Exception:  # a forward that raises is the model checks' to report
+            continue
+        if ref.shape != cand.shape:
+            continue
+        with np.errstate(invalid="ignore"):
+            d = np.abs(cand - ref)
+        diff = float(d.max()) if d.size and np.isfinite(d).all() else float("inf")
+        if diff < best[0]:
+            best = (diff, against)
+    return best
+
+
+def _match_text(matches: Mapping[str, Any]) -> str:
+    n = matches["comparable"]
+    if not n:
+        return "no weight initializer to match against the checkpoint"
+    text = f"{matches['matched']}/{n} weight initializers match checkpoint tensors"
+    if matches["folded"]:
+        text += f", {matches['folded']} more up to a per-channel scale (BatchNorm folded)"
+    return text
+
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
@@ -55,9 +96,32 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 
     manifest = ctx.manifest()
     stale = modified = 0
+    provenance = _numeric_provenance(ctx)
+    matches = ctx.initializer_match
+    m.details["initializers"] = matches
+    match_text = _match_text(matches)
+    limit = thresholds["provenance_max_abs_diff"]
     if manifest is None:
-        m.fail(f"no manifest at {ctx.manifest_path}: the artifact's source checkpoint is unknown "
-               "(build it with paritygate export)")
+        where = f"no manifest at {ctx.manifest_path}"
+        if ctx.spec.require_manifest:
+            m.fail(f"{where}: policy.require_manifest is true (build the artifact with "
+                   "paritygate export, or write its manifest.json)")
+        diff, against = provenance
+        if diff <= limit:
+            m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
+                   f"{against} ({match_text})")
+        elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
+            stale = 1
+            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
+                   f"{diff:.3g} from {against} and {match_text} ({where})")
+        elif not matches["comparable"]:
+            stale = 1
+            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
+                   f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
+        else:
+            m.fail(f"{where} and provenance unproven: the artifact's outputs differ by up to "
+                   f"{diff:.3g} from {against} although {match_text} (a changed graph or "
+                   "layer; see logits_agreement)")
     else:
         recorded = manifest.get("checkpoint_sha256")
         if recorded != ctx.checkpoint_sha256:
@@ -70,6 +134,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.fail(f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
                    f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
         m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    m.details["provenance"] = "manifest" if manifest is not None else "numeric"
+    m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
+    if manifest is None:
+        m.metric("provenance_max_abs_diff", provenance[0], threshold=limit, ratchet=False)
+    else:  # the manifest proves provenance; numeric agreement is logits_agreement's
+        m.details["provenance_max_abs_diff"] = provenance[0]
+    m.metric("initializers_matched", matches["matched"] + matches["folded"], bad="none",
+             ratchet=False)
     m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
     m.metric("stale_checkpoint", stale, threshold=0, key=True)
     m.metric("artifact_modified", modified, threshold=0)
@@ -86,4 +158,5 @@ CHECK = CheckSpec(
     summary="the artifact is well formed and built from this checkpoint",
     families=("policy",),
     measure=measure,
+    defaults=DEFAULTS,
 )

@@ -107,9 +107,17 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         elif ctx.spec.action_space == "discrete":
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
-        m.fail(f"artifact logits differ from the training model's by up to {stats['max_abs']:.3g}"
-               f"{hint}; stale artifact, low-precision layer or changed output scaling",
-               metric="max_abs_diff")
+        matches = ctx.initializer_match
+        foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
+        if foreign and not hint:
+            m.fail(f"artifact logits differ from the training model's by up to "
+                   f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
+                   f"(0/{matches['comparable']} of its weight initializers match the "
+                   "checkpoint's tensors)", metric="max_abs_diff")
+        else:
+            m.fail(f"artifact logits differ from the training model's by up to "
+                   f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
+                   "changed output scaling", metric="max_abs_diff")
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+EDGE_CASE_KINDS: tuple[str, ...] = ("missing", "extremes", "empty", "long")
 
 DEFAULTS = {
     # Both sides compute (x - mean) / sqrt(var + eps) in float32 on clipped outputs
@@ -18,22 +21,28 @@ DEFAULTS = {
 }
 
 
-def edge_cases(raw: np.ndarray) -> dict[str, np.ndarray]:
-    """Named probe batches: typical rows plus missing values, extremes, empty and long inputs."""
+def edge_cases(raw: np.ndarray, kinds: tuple[str, ...] = EDGE_CASE_KINDS) -> dict[str, np.ndarray]:
+    """Named probe batches: the probes plus the edge cases of ``kinds`` (``missing``:
+    one NaN per feature and an all-NaN row; ``extremes``: zeros and +-1e4; ``empty``: 0
+    rows; ``long``: ~4096 rows)."""
     base = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
     row = base[:1] if len(base) else np.zeros((1, *raw.shape[1:]), np.float32)
     d = row.reshape(-1).shape[0]
     cases = {"probes": raw}
-    missing = np.repeat(row, d, axis=0).reshape(d, -1)
-    missing[np.arange(d), np.arange(d)] = np.nan
-    cases["missing_value"] = missing.reshape(d, *raw.shape[1:])
-    cases["all_missing"] = np.full_like(row, np.nan)
-    cases["zeros"] = np.zeros_like(row)
-    for label, value in (("extreme_high", 1e4), ("extreme_low", -1e4)):
-        cases[label] = np.full_like(row, value)
-    cases["empty"] = np.zeros((0, *raw.shape[1:]), np.float32)
-    reps = max(1, 4096 // max(1, len(base)))
-    cases["long"] = np.tile(base if len(base) else row, (reps,) + (1,) * (raw.ndim - 1))
+    if "missing" in kinds:
+        missing = np.repeat(row, d, axis=0).reshape(d, -1)
+        missing[np.arange(d), np.arange(d)] = np.nan
+        cases["missing_value"] = missing.reshape(d, *raw.shape[1:])
+        cases["all_missing"] = np.full_like(row, np.nan)
+    if "extremes" in kinds:
+        cases["zeros"] = np.zeros_like(row)
+        for label, value in (("extreme_high", 1e4), ("extreme_low", -1e4)):
+            cases[label] = np.full_like(row, value)
+    if "empty" in kinds:
+        cases["empty"] = np.zeros((0, *raw.shape[1:]), np.float32)
+    if "long" in kinds:
+        reps = max(1, 4096 // max(1, len(base)))
+        cases["long"] = np.tile(base if len(base) else row, (reps,) + (1,) * (raw.ndim - 1))
     return cases
 
 
@@ -67,15 +76,76 @@ def _diffs_at_clip(compared: list[tuple[np.ndarray, np.ndarray]], limit: float) 
     return any_diff
 
 
+def _fmt(value: float) -> str:
+    return "NaN" if np.isnan(value) else f"{value:.4g}"
+
+
+@dataclass
+class _Case:
+    """Where one input batch's two outputs disagree, split by whether the raw input was NaN."""
+
+    label: str
+    ref: np.ndarray  # (N, F) training output
+    cand: np.ndarray  # (N, F) serving output
+    diff: np.ndarray  # (N, F) |ref - cand| where both are finite, else 0
+    nonfinite_mismatch: np.ndarray  # (N, F) bool: non-finite on one side only, or another kind
+    agreeing_nonfinite: int  # positions where both sides give the same NaN / +-Inf
+    missing: np.ndarray  # (N, F) bool: the raw input was NaN there (whole row if not elementwise)
+
+
+def _compare(label: str, raw: np.ndarray, ref: np.ndarray, cand: np.ndarray) -> _Case:
+    flat_ref = ref.reshape(len(ref), -1)
+    flat_cand = cand.reshape(len(cand), -1)
+    nf_ref, nf_cand = ~np.isfinite(flat_ref), ~np.isfinite(flat_cand)
+    same_kind = (np.isnan(flat_ref) & np.isnan(flat_cand)) | (
+        np.isinf(flat_ref) & np.isinf(flat_cand) & (np.sign(flat_ref) == np.sign(flat_cand))
+    )
+    agree = nf_ref & nf_cand & same_kind
+    mismatch = (nf_ref | nf_cand) & ~agree
+    finite = ~nf_ref & ~nf_cand
+    diff = np.where(finite, np.abs(np.where(finite, flat_ref - flat_cand, 0.0)), 0.0)
+    raw_nan = np.isnan(np.asarray(raw, np.float64).reshape(len(raw), -1))
+    if raw_nan.shape == flat_ref.shape:
+        missing = raw_nan
+    else:  # the preprocessing changes the feature layout: attribute per row
+        missing = np.repeat(raw_nan.any(1, keepdims=True), flat_ref.shape[1], axis=1)
+    return _Case(label, flat_ref, flat_cand, diff, mismatch, int(agree.sum()), missing)
+
+
+def _fill_cause(cases: list[_Case], limit: float) -> str | None:
+    """``missing-value fill differs ...`` when every disagreement sits where the raw input was
+    NaN (and there is at least one), naming the values each side produces there."""
+    features: set[int] = set()
+    example = None
+    for c in cases:
+        bad = c.nonfinite_mismatch | (c.diff > limit)
+        if (bad & ~c.missing).any():
+            return None
+        rows, cols = np.nonzero(bad)
+        features.update(int(j) for j in cols)
+        if example is None and len(rows):
+            r, j = rows[0], cols[0]
+            example = (float(c.ref[r, j]), float(c.cand[r, j]), c.label)
+    if example is None:
+        return None
+    ref_v, cand_v, label = example
+    how_ref = "propagates NaN" if np.isnan(ref_v) else f"gives {_fmt(ref_v)}"
+    how_cand = "propagates NaN" if np.isnan(cand_v) else f"gives {_fmt(cand_v)}"
+    return (
+        f"missing-value fill differs: training {how_ref}, serving {how_cand} for missing "
+        f"values (e.g. on {label} input) at features {sorted(features)[:12]}"
+    )
+
+
 def _diagnose(
-    case_worst: Mapping[str, float], limit: float, raw_passthrough: bool, at_clip: bool
+    cases: list[_Case], limit: float, raw_passthrough: bool, at_clip: bool
 ) -> str:
-    """Name the likely cause from which kinds of input differ and where."""
+    """Name the likely cause from which inputs differ and where."""
     if raw_passthrough:
         return "the serving side returns the raw input: normalisation missing"
-    bad = {label for label, diff in case_worst.items() if diff > limit}
-    if bad <= {"missing_value", "all_missing"}:
-        return "another fill value for missing inputs"
+    fill = _fill_cause(cases, limit)
+    if fill is not None:
+        return fill
     if at_clip:
         return "another clip range (only saturated values differ)"
     return "normalisation statistics differ (stale stats or another epsilon)"
@@ -87,12 +157,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         return m.skip("no preprocessing configured (policy.preprocessing)")
     pre = ctx.spec.preprocessing
     discrete = list(pre.discrete_features)
-    cases = edge_cases(ctx.raw_probes) if ctx.spec.probes.edge_cases else {"probes": ctx.raw_probes}
+    limit = thresholds["max_abs_diff"]
+    cases = edge_cases(ctx.raw_probes, ctx.spec.probes.edge_case_kinds)
     worst_case, worst_diff, worst_feature = "", 0.0, -1
     discrete_mismatch = 0
     per_feature: np.ndarray | None = None
-    case_worst: dict[str, float] = {}
-    compared: list[tuple[np.ndarray, np.ndarray]] = []
+    compared: list[_Case] = []
     raw_passthrough = False
     for label, raw in cases.items():
         try:
@@ -111,38 +181,51 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             continue
         if ref.size == 0:
             continue
-        for side, arr in (("training", ref), ("serving", cand)):
-            n_bad = int((~np.isfinite(arr)).sum())
-            if n_bad:
-                m.fail(f"{side} preprocessing output has {n_bad} NaN/Inf values on {label} input")
-        flat_ref = ref.reshape(len(ref), -1)
-        flat_cand = cand.reshape(len(cand), -1)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(flat_ref - flat_cand)
-        diff = np.where(np.isfinite(diff), diff, np.inf)
-        feat = diff.max(axis=0)
+        case = _compare(label, raw, ref, cand)
+        compared.append(case)
+        feat = np.where(case.nonfinite_mismatch, np.inf, case.diff).max(axis=0)
         per_feature = feat if per_feature is None else np.maximum(per_feature, feat)
         if discrete:
-            discrete_mismatch += int((diff[:, discrete] != 0).sum())
-        j = int(np.argmax(feat))
-        case_worst[label] = float(feat[j])
-        compared.append((flat_ref, flat_cand))
+            wrong = (case.diff[:, discrete] != 0) | case.nonfinite_mismatch[:, discrete]
+            discrete_mismatch += int(wrong.sum())
         if label == "probes" and raw.size and np.array_equal(
-            cand.reshape(len(cand), -1), np.asarray(raw, np.float64).reshape(len(raw), -1)
+            case.cand, np.asarray(raw, np.float64).reshape(len(raw), -1), equal_nan=True
         ):
             raw_passthrough = True
-        if feat[j] > worst_diff:
-            worst_case, worst_diff, worst_feature = label, float(feat[j]), j
-    if worst_diff > thresholds["max_abs_diff"]:
-        at_clip = _diffs_at_clip(compared, thresholds["max_abs_diff"])
-        cause = _diagnose(case_worst, thresholds["max_abs_diff"], raw_passthrough, at_clip)
-        m.fail(
-            f"feature {worst_feature} differs by {worst_diff:.3g} between training and serving "
-            f"preprocessing (worst on {worst_case} input): {cause}"
-        )
+        finite_feat = case.diff.max(axis=0)
+        j = int(np.argmax(finite_feat))
+        if finite_feat[j] > worst_diff:
+            worst_case, worst_diff, worst_feature = label, float(finite_feat[j]), j
+    mismatched = [c for c in compared if c.nonfinite_mismatch.any()]
+    n_mismatch = int(sum(c.nonfinite_mismatch.sum() for c in compared))
+    if worst_diff > limit or mismatched:
+        at_clip = _diffs_at_clip([(c.ref, c.cand) for c in compared], limit)
+        cause = _diagnose(compared, limit, raw_passthrough, at_clip)
+        if worst_diff > limit:
+            m.fail(
+                f"feature {worst_feature} differs by {worst_diff:.3g} between training and "
+                f"serving preprocessing (worst on {worst_case} input): {cause}"
+            )
+        elif cause.startswith("missing-value fill differs"):
+            m.fail(cause)
+        if not cause.startswith("missing-value fill differs"):
+            for c in mismatched[:3]:
+                sides = []
+                for side, arr in (("training", c.ref), ("serving", c.cand)):
+                    cols = np.nonzero((~np.isfinite(arr) & c.nonfinite_mismatch).any(0))[0]
+                    if len(cols):
+                        sides.append(f"{side} at features {[int(j) for j in cols[:12]]}")
+                m.fail(
+                    f"non-finite values at different positions on {c.label} input: "
+                    f"NaN/Inf on one side only ({'; '.join(sides) or 'different kinds'})"
+                )
+    agreeing = sum(c.agreeing_nonfinite for c in compared)
+    if agreeing:
+        m.note(f"both sides give the same NaN/Inf at {agreeing} positions (agreement)")
     if discrete_mismatch:
         m.fail(f"{discrete_mismatch} discrete feature values differ (features {discrete})")
-    m.metric("max_abs_diff", worst_diff, threshold=thresholds["max_abs_diff"], key=True)
+    m.metric("max_abs_diff", worst_diff, threshold=limit, key=True)
+    m.metric("nonfinite_mismatches", n_mismatch, threshold=0)
     m.metric("discrete_mismatches", discrete_mismatch, threshold=0)
     m.metric("worst_feature", worst_feature, bad="none", ratchet=False)
     if per_feature is not None:

@@ -242,3 +242,57 @@ def normalize_serving_clip(raw: np.ndarray, *, stats_path: str | Path) -> np.nda
 def normalize_serving_fill_zero(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     """Serving normaliser filling missing values with 0 instead of the feature mean."""
     return _serve(raw, load_stats(stats_path), fill_zero=True)
+
+
+# --- preprocessing_parity: NaN propagation and non-finite values ----------------------------------
+# Pipelines whose normaliser propagates missing values (NaN in, NaN out) instead of filling
+# them: a pair that agrees (clean) and serving variants that differ in how they treat NaN.
+
+LOG_FEATURE = 5
+"""A strictly positive sensor (mean 1, std 0.01) that some pipelines log-transform."""
+
+
+def normalize_training_propagate(raw: np.ndarray, *, stats_path: str | Path) -> torch.Tensor:
+    """Training normaliser (torch) that propagates NaN: standardise and clip, no fill."""
+    s = load_stats(stats_path)
+    x = torch.as_tensor(np.asarray(raw, dtype=np.float32))  # (N, D)
+    mean = torch.tensor(s["mean"], dtype=torch.float32)
+    var = torch.tensor(s["var"], dtype=torch.float32)
+    z = ((x - mean) / torch.sqrt(var + s["epsilon"])).clamp(-s["clip"], s["clip"])
+    for j in s["discrete"]:
+        z[:, j] = x[:, j]
+    return z
+
+
+def normalize_serving_propagate(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving normaliser (numpy), the same contract: NaN in, NaN out at the same place."""
+    s = load_stats(stats_path)
+    x = np.asarray(raw, dtype=np.float32)  # (N, D)
+    mean = np.asarray(s["mean"], dtype=np.float32)
+    var = np.asarray(s["var"], dtype=np.float32)
+    z = np.clip((x - mean) / np.sqrt(var + np.float32(s["epsilon"])), -s["clip"], s["clip"])
+    z[:, s["discrete"]] = x[:, s["discrete"]]
+    return z.astype(np.float32)
+
+
+def normalize_training_log(raw: np.ndarray, *, stats_path: str | Path) -> torch.Tensor:
+    """Training normaliser that log-transforms feature LOG_FEATURE first (NaN for x < 0)."""
+    x = torch.as_tensor(np.asarray(raw, dtype=np.float32)).clone()
+    x[:, LOG_FEATURE] = torch.log(x[:, LOG_FEATURE])
+    return normalize_training_propagate(x.numpy(), stats_path=stats_path)
+
+
+def normalize_serving_log(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving counterpart of :func:`normalize_training_log` (numpy)."""
+    x = np.asarray(raw, dtype=np.float32).copy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x[:, LOG_FEATURE] = np.log(x[:, LOG_FEATURE])
+    return normalize_serving_propagate(x, stats_path=stats_path)
+
+
+def normalize_serving_log_guarded(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving variant that guards the log with ``max(x, 1e-6)``: finite where training is NaN."""
+    x = np.asarray(raw, dtype=np.float32).copy()
+    with np.errstate(invalid="ignore"):
+        x[:, LOG_FEATURE] = np.log(np.maximum(x[:, LOG_FEATURE], np.float32(1e-6)))
+    return normalize_serving_propagate(x, stats_path=stats_path)

@@ -111,3 +111,18 @@ def distribution_stats(
         "worst": [int(i) for i in worst],
         "kl_per_row": kl.tolist(),
     }
+
+
+def same_tensor(a: Any, b: Any) -> bool:
+    """``torch.equal`` where NaN equals NaN at the same position (a NaN weight loaded as
+    itself is the same tensor; its NaN is reported once, as NaN)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    if not a.is_floating_point():
+        return False
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    return bool(torch.equal(nan_a, nan_b) and torch.equal(a[~nan_a], b[~nan_b]))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from paritygate.config_base import StrictModel
+
+EDGE_CASE_KINDS: tuple[str, ...] = ("missing", "extremes", "empty", "long")
 
 
 class ProbeSpec(StrictModel):
@@ -17,8 +19,34 @@ class ProbeSpec(StrictModel):
     file: str | None = None
     count: int = Field(64, ge=1)
     seed: int = 0
-    edge_cases: bool = True
-    """Add zeros, extremes (+-1e4), and missing values (NaN) for preprocessing_parity."""
+    edge_cases: bool | list[str] = True
+    """Extra inputs preprocessing_parity feeds besides the probes: ``true`` (all kinds),
+    ``false`` (none) or a list of kinds: ``missing`` (one NaN per feature, an all-NaN row),
+    ``extremes`` (zeros, +-1e4), ``empty`` (a batch of 0 rows), ``long`` (~4096 rows)."""
+
+    @field_validator("edge_cases", mode="before")
+    @classmethod
+    def _known_kinds(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            unknown = [k for k in value if k not in EDGE_CASE_KINDS]
+            if unknown:
+                raise ValueError(
+                    f"unknown edge-case kinds {unknown}; known: {', '.join(EDGE_CASE_KINDS)} "
+                    "(or true / false)"
+                )
+        elif not isinstance(value, bool):
+            kinds = ", ".join(EDGE_CASE_KINDS)
+            raise ValueError(f"expected true, false or a list of kinds: {kinds}")
+        return value
+
+    @property
+    def edge_case_kinds(self) -> tuple[str, ...]:
+        """The edge-case kinds in use."""
+        if self.edge_cases is True:
+            return EDGE_CASE_KINDS
+        if self.edge_cases is False:
+            return ()
+        return tuple(k for k in EDGE_CASE_KINDS if k in self.edge_cases)
 
     @model_validator(mode="after")
     def _one_source(self) -> ProbeSpec:
@@ -54,6 +82,9 @@ class PolicySpec(StrictModel):
     """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
     manifest: str | None = None
     """Defaults to ``manifest.json`` beside the artifact."""
+    require_manifest: bool = False
+    """A missing manifest fails ``export_integrity`` (for pipelines that promise one); by
+    default provenance is then proven numerically from the artifact."""
     training_heads: list[str] = []
     """Module-name prefixes present only in the training model (value / auxiliary heads)."""
     policy_output: str | int = 0

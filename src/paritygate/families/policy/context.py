@@ -97,6 +97,24 @@ class PolicyContext:
         return self.reference.infer({self.input_name: self.probes})[self.output_name]
 
     @cached_property
+    def inference_engine(self) -> Any:
+        """The serving torch model (heads removed, eval) as an engine."""
+        from paritygate.engines.torch_engine import TorchEngine
+
+        return TorchEngine(
+            self.inference_model,
+            input_name=self.input_name,
+            output_name=self.output_name,
+            select=0,
+            name="torch inference model",
+        )
+
+    @cached_property
+    def inference_outputs(self) -> np.ndarray:
+        """The inference model built from the checkpoint, on the probes, (N, A)."""
+        return self.inference_engine.infer({self.input_name: self.probes})[self.output_name]
+
+    @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:
         return self.candidate.infer({self.input_name: self.probes})
 
@@ -111,6 +129,13 @@ class PolicyContext:
         import onnx
 
         return onnx.load(str(self.artifact_path))
+
+    @cached_property
+    def initializer_match(self) -> dict[str, Any]:
+        """The artifact's weight initializers matched against the checkpoint's tensors."""
+        from paritygate.families.policy.export import match_initializers
+
+        return match_initializers(self.onnx_model, self.state)
 
     def precision_subject(self) -> Any:
         import torch

@@ -86,3 +86,65 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(path, None, f"manifest unreadable: {exc}") from None
     return data if isinstance(data, dict) else None
+
+
+def match_initializers(onnx_model: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """Which of the artifact's weight initializers are this checkpoint's tensors.
+
+    An initializer (floating point, 2+ elements) *matches* when it equals a checkpoint
+    tensor exactly, as stored or transposed (2-D); it is *folded* when it equals the
+    same-named checkpoint tensor up to one scale per output channel (a BatchNorm folded
+    into the preceding Conv/Gemm by the exporter). Returns counts and the names of the
+    initializers that match nothing (``comparable`` counts those that have a checkpoint
+    tensor of the same shape to compare with).
+    """
+    import numpy as np
+    from onnx import numpy_helper
+
+    tensors: dict[tuple[int, ...], list[np.ndarray]] = {}
+    named: dict[str, np.ndarray] = {}
+    for name, t in state.items():
+        if not getattr(t, "is_floating_point", lambda: False)() or t.numel() < 2:
+            continue
+        arr = t.detach().float().cpu().numpy()
+        named[name] = arr
+        tensors.setdefault(tuple(arr.shape), []).append(arr)
+    matched, folded, unmatched, comparable = [], [], [], 0
+    for init in onnx_model.graph.initializer:
+        arr = numpy_helper.to_array(init)
+        if arr.dtype.kind != "f" or arr.size < 2:
+            continue
+        arr = arr.astype(np.float32)
+        pool = list(tensors.get(tuple(arr.shape), []))
+        if arr.ndim == 2:
+            pool += [t.T for t in tensors.get(tuple(arr.shape[::-1]), [])]
+        if not pool:
+            continue
+        comparable += 1
+        if any(np.array_equal(arr, t) for t in pool):
+            matched.append(init.name)
+        elif init.name in named and _channel_scaled(arr, named[init.name]):
+            folded.append(init.name)
+        else:
+            unmatched.append(init.name)
+    return {
+        "comparable": comparable,
+        "matched": len(matched),
+        "folded": len(folded),
+        "unmatched": unmatched,
+    }
+
+
+def _channel_scaled(arr: Any, ref: Any) -> bool:
+    """``arr == ref * s`` with one scale ``s`` per output channel (axis 0), ``ref.ndim >= 2``."""
+    import numpy as np
+
+    if arr.shape != ref.shape or ref.ndim < 2:
+        return False
+    a, r = arr.reshape(len(arr), -1).astype(np.float64), ref.reshape(len(ref), -1)
+    norm = (r * r).sum(1)
+    if np.any(norm == 0):
+        return False
+    scale = (a * r).sum(1) / norm  # least-squares per-channel scale
+    resid = np.abs(a - scale[:, None] * r).max(1)
+    return bool(np.all(resid <= 1e-5 * np.maximum(np.abs(a).max(1), 1e-12)))

@@ -46,6 +46,8 @@ def load_into(
     """
     import torch
 
+    from paritygate.metrics import same_tensor
+
     report = LoadReport()
     model_state = model.state_dict(keep_vars=True)
     owners: dict[int, str] = {}
@@ -80,7 +82,7 @@ def load_into(
         if (
             got is None
             or got.shape != tensor.shape
-            or not torch.equal(got.detach().to(tensor.dtype), tensor)
+            or not same_tensor(got.detach().to(tensor.dtype), tensor)
         ):
             report.value_mismatch.append(name)
     return report
