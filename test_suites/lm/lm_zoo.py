@@ -212,6 +212,14 @@ def trainer_json(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["sampling"]["training"] = str(dst)
 
 
+def _logprob_fn(name: str) -> Patch:
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        cfg["causal_lm"]["training"]["logprob_fn"] = f"lm_zoo_logprobs:{name}"
+
+    patch.__name__ = name
+    return patch
+
+
 def min_p_one_side(cfg: dict[str, Any], model: Path, out: Path) -> None:
     _sampling(cfg, "serving", out, min_p=0.05)
 
@@ -324,18 +332,41 @@ FAULTS += (
         {"sampling_config": "in the wrong format"},
     ),
     Fault("min_p_one_side", min_p_one_side, {"sampling_config": "min_p differs"}),
+    Fault(
+        "temperature_ignored",
+        _logprob_fn("temperature_ignored"),
+        {"logprob_impl": "temperature ignored"},
+    ),
+    Fault(
+        "prompt_only_mask",
+        _logprob_fn("prompt_only_mask"),
+        {"logprob_impl": "pads after EOS scored"},
+    ),
+    Fault(
+        "off_by_one_next",
+        _logprob_fn("off_by_one_next"),
+        {"logprob_impl": "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:]"},
+        ("logprob_delta",),
+    ),
+    Fault(
+        "no_position_ids",
+        _logprob_fn("no_position_ids"),
+        {"logprob_impl": "position ids not passed"},
+    ),
 )
 
 CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("serving_export", serving_export, {}),
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
+    Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
 )
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "serving_export": LM_CHECKS,
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
+    "trl_logits_adapter": ("logprob_impl", "logprob_delta"),
 }
 
 

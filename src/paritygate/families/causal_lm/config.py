@@ -91,6 +91,10 @@ class TrainingSide(StrictModel):
     logprob_fn: str = "paritygate.families.causal_lm.logprobs:compute_logprobs"
     """``module:callable`` with the signature of
     :func:`paritygate.families.causal_lm.logprobs.compute_logprobs`."""
+    logprob_convention: Literal["auto", "model", "logits"] = "auto"
+    """``model``: ``fn(model, input_ids, attention_mask, *, temperature, top_k, top_p, mode)``;
+    ``logits``: ``fn(logits, input_ids, attention_mask, temperature)``; ``auto``: ``logits``
+    when the first parameter is named ``logits``."""
     logprobs_mode: Literal["raw", "processed"] = "processed"
     """``processed``: the trainer scores tokens under the sampling distribution (temperature,
     top-k/top-p applied); ``raw``: under the model's plain softmax."""

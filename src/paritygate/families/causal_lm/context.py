@@ -183,6 +183,12 @@ class LMContext:
             self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
         return self._cache[key]
 
+    def logprob_variants(self) -> Any:
+        """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
+        from paritygate.families.causal_lm import logprobs
+
+        return logprobs
+
     def recompute(self, generation: Generation) -> tuple[Any, Any, Any]:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
         from paritygate.families.causal_lm.recompute import recompute
@@ -356,7 +362,12 @@ def build_lm_context(config: GateConfig) -> LMContext:
             "dtype": spec.engine.dtype,
         },
     )
-    logprob_fn = import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn")
+    from paritygate.families.causal_lm.logprobs import as_model_level
+
+    logprob_fn = as_model_level(
+        import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn"),
+        spec.training.logprob_convention,
+    )
     return LMContext(
         config=config,
         spec=spec,
