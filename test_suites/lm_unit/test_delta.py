@@ -185,3 +185,54 @@ def test_tiers_are_ordered_and_looked_up() -> None:
         tier_for("bf16", "fp16")
     with pytest.raises(ValueError, match="unknown dtype"):
         tier_for("int8", "fp32")
+
+
+def _tempered(temperature: float, seed: int = 3) -> np.ndarray:
+    """Log-probs of fixed tokens under softmax(z / T) for peaked random logits z."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(0.0, 4.0, size=(8, 40, 50))  # (B, L, V)
+    tok = rng.integers(0, 50, size=(8, 40))
+    scaled = z / temperature
+    logp = scaled - np.log(np.exp(scaled - scaled.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    logp -= scaled.max(-1, keepdims=True)
+    return np.take_along_axis(logp, tok[..., None], -1)[..., 0]
+
+
+def test_temperature_mismatch_is_fitted() -> None:
+    train, infer = _tempered(1.0), _tempered(0.8)
+    stats = delta_stats(train, infer, np.ones(train.shape, dtype=bool))
+    assert "temperature mismatch" in stats.labels and "noise" not in stats.labels
+    ratio = float(stats.diagnosis.split("T_engine / T_trainer = ")[1].split()[0].rstrip(";"))
+    assert 0.7 < ratio < 0.9
+
+
+def test_misalignment_is_low_correlation() -> None:
+    lp = _logp((10, 60))
+    shifted = np.roll(lp, 1, axis=1)
+    stats = delta_stats(lp, shifted, np.ones(lp.shape, dtype=bool))
+    assert "misalignment" in stats.labels
+
+
+def test_noise_names_the_tier_it_fits() -> None:
+    rng = np.random.default_rng(4)
+    lp = _logp((20, 100))
+    small = delta_stats(lp + rng.normal(0, 0.02, lp.shape), lp, np.ones(lp.shape, dtype=bool))
+    assert small.labels == ["noise"] and "bf16/fp32 precision noise" in small.diagnosis
+    big = delta_stats(lp + rng.normal(0, 0.5, lp.shape), lp, np.ones(lp.shape, dtype=bool))
+    assert "larger than any precision tier" in big.diagnosis
+
+
+def test_rollout_correction_formulas() -> None:
+    from paritygate.metrics.logprob import rollout_correction
+
+    delta = np.array([0.0, math.log(3.0), 0.0, -math.log(2.0)])
+    seq = np.array([0, 0, 1, 1])
+    rc = rollout_correction(delta, seq, 2, cap=2.0)
+    assert rc["token_ratio_mean"] == pytest.approx((1 + 3 + 1 + 0.5) / 4)
+    assert rc["token_outside_frac"] == pytest.approx(0.25)  # 3 > c; 0.5 is on the boundary
+    assert rc["seq_ratio_mean"] == pytest.approx((3 + 0.5) / 2)
+    assert rc["geo_ratio_mean"] == pytest.approx((math.sqrt(3) + math.sqrt(0.5)) / 2)
+    assert rc["ess"] == pytest.approx(3.5**2 / (2 * (9 + 0.25)))
+    assert rc["chi2"] == pytest.approx((0 + 4 + 0 + 0.25) / 4)
+    assert rc["ppl_ratio"] == pytest.approx(math.exp(-delta.mean()))
+    assert rc["catastrophic_frac"] == 0.0

@@ -104,6 +104,8 @@ def measure_delta(
     m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
     m.metric("prob_diff_max", values["prob_diff_max"], bad="none")
     m.metric("n_tokens", values["n_tokens"], bad="none", ratchet=False)
+    for name, value in stats.correction.items():
+        m.metric(f"rc_{name}", value, bad="none", ratchet=False)
 
     # Named causes: configurations that make the two sides score different distributions.
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"

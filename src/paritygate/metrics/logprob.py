@@ -44,6 +44,85 @@ BIAS_SIGMAS = 3.0
 GAUSS_P99 = 2.5758
 """99th percentile of |N(0, 1)|: a zero-mean Gaussian with std s has p99 |delta| = 2.5758 s."""
 
+MISALIGNED_CORR = 0.9
+"""Pearson correlation of logp_train and logp_infer below which the two sides are scoring
+different tokens or contexts (misalignment). Both noise and a temperature mismatch keep it
+near 1: on the demo a T=0.8 vs 1.0 mismatch gives r > 0.99, stale weights r > 0.99; right
+padding (the engine continues from pad tokens) gives r well below 0.9."""
+
+TEMPERATURE_R2 = 0.8
+"""A temperature mismatch makes delta affine in the token's log-prob: with peaked
+distributions log p_T(x) ~ (z_x - z_max) / T, so logp_infer ~ (T_train / T_infer) logp_train
+and delta = a + b logp_train with b = 1 - T_train / T_infer. The fit must explain this share of
+delta's variance."""
+
+TEMPERATURE_MIN_SLOPE = 0.01
+"""|b| below this (a temperature ratio within 1%) is not reported as a temperature mismatch."""
+
+IS_CAP = 2.0
+"""Importance-ratio cap c of the rollout-correction metrics (truncated IS, C = 2 in Yao et al.)."""
+
+CATASTROPHIC_LOG_RATIO = math.log(100.0)
+"""A token is catastrophic when trainer and engine probabilities differ by more than 100x."""
+
+
+def rollout_correction(
+    delta: np.ndarray, seq_idx: np.ndarray, n_seqs: int, *, cap: float = IS_CAP
+) -> dict[str, float]:
+    """Train/rollout mismatch metrics of the rollout-correction family, over compared tokens.
+
+    With per-token ratio ``r = exp(delta) = pi_train / pi_rollout`` and per sequence ``s``
+    the token count ``n_s`` and summed delta ``D_s``:
+
+    - ``token_ratio_mean`` = mean r; ``token_outside_frac`` = share of tokens with r outside
+      ``[1/c, c]``;
+    - ``seq_ratio_mean`` = mean over sequences of ``exp(D_s)``; ``seq_outside_frac``;
+    - ``geo_ratio_mean`` = mean over sequences of ``exp(D_s / n_s)``; ``geo_outside_frac``;
+    - ``ess`` = ``(sum w)^2 / (S * sum w^2)`` with ``w = exp(D_s)``: 1 when every sequence
+      weighs the same, 1/S when one dominates;
+    - ``chi2`` = mean over tokens of ``(r - 1)^2`` (the chi-squared divergence estimate);
+    - ``ppl_ratio`` = ``PPL_train / PPL_rollout = exp(-mean delta)``;
+    - ``catastrophic_frac`` = share of tokens with ``|delta| > ln 100``.
+    """
+    nan = float("nan")
+    if delta.size == 0:
+        return dict.fromkeys(
+            ("token_ratio_mean", "token_outside_frac", "seq_ratio_mean", "seq_outside_frac",
+             "geo_ratio_mean", "geo_outside_frac", "ess", "chi2", "ppl_ratio",
+             "catastrophic_frac"), nan)
+    lo, hi = math.log(1.0 / cap), math.log(cap)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.exp(delta)
+        sums = np.bincount(seq_idx, weights=delta, minlength=n_seqs)
+        counts = np.bincount(seq_idx, minlength=n_seqs)
+        have = counts > 0
+        seq_log = sums[have]
+        geo_log = sums[have] / counts[have]
+        w = np.exp(seq_log)
+        ess = float(w.sum() ** 2 / (w.size * np.square(w).sum())) if w.size else nan
+        return {
+            "token_ratio_mean": float(r.mean()),
+            "token_outside_frac": float(np.mean((delta < lo) | (delta > hi))),
+            "seq_ratio_mean": float(w.mean()),
+            "seq_outside_frac": float(np.mean((seq_log < lo) | (seq_log > hi))),
+            "geo_ratio_mean": float(np.exp(geo_log).mean()),
+            "geo_outside_frac": float(np.mean((geo_log < lo) | (geo_log > hi))),
+            "ess": ess,
+            "chi2": float(np.mean(np.square(r - 1.0))),
+            "ppl_ratio": float(math.exp(-float(delta.mean()))),
+            "catastrophic_frac": float(np.mean(np.abs(delta) > CATASTROPHIC_LOG_RATIO)),
+        }
+
+
+def _noise_tier(std: float) -> str | None:
+    """The most precise tier whose noise allowance (p99 / 2.5758) covers ``std``."""
+    fits = [
+        (float(t["delta_p99_abs"]), key)
+        for key, t in PRECISION_TIERS.items()
+        if std <= float(t["delta_p99_abs"]) / GAUSS_P99
+    ]
+    return min(fits)[1] if fits else None
+
 
 @dataclass
 class DeltaStats:
@@ -67,6 +146,8 @@ class DeltaStats:
     per_bucket: list[dict[str, Any]]
     per_token: list[dict[str, Any]] = field(repr=False)
     tier: dict[str, float] = field(default_factory=dict)
+    correction: dict[str, float] = field(default_factory=dict)
+    """Rollout-correction metrics (:func:`rollout_correction`)."""
 
     def as_metrics(self) -> dict[str, float]:
         """The flat metric names the checks report."""
@@ -85,6 +166,7 @@ class DeltaStats:
                 "per_sequence": self.per_sequence,
                 "per_bucket": self.per_bucket,
                 "per_token": self.per_token,
+                "correction": self.correction,
             }
         )
 
@@ -126,7 +208,11 @@ def _bulk_level(abs_delta: np.ndarray) -> tuple[float, int]:
 
 
 def _diagnose(
-    delta: np.ndarray, tier: Mapping[str, float], nonfinite: int
+    delta: np.ndarray,
+    tier: Mapping[str, float],
+    nonfinite: int,
+    lt: np.ndarray | None = None,
+    li: np.ndarray | None = None,
 ) -> tuple[list[str], str, np.ndarray]:
     """Labels, one explanatory line, and the mask of outlier tokens.
 
@@ -142,6 +228,13 @@ def _diagnose(
       and ``|mean|`` above the tier's ``delta_mean_abs`` (material).
     - ``noise``: ``std > tier.delta_p99_abs / 2.5758``, i.e. a zero-mean Gaussian
       with that spread would put its 99th-percentile |delta| past the tier.
+    - ``misalignment``: Pearson r of logp_train and logp_infer below ``MISALIGNED_CORR``
+      (replaces bias and noise).
+    - ``temperature mismatch``: delta = a + b logp_train explains ``TEMPERATURE_R2`` of delta's
+      variance with ``|b| > TEMPERATURE_MIN_SLOPE``; the implied ratio T_infer / T_train is
+      ``1 / (1 - b)`` (replaces bias and noise).
+    - the noise label says which precision tier a zero-mean spread of that size fits, or that
+      it is larger than any tier's (different weights, not precision).
     - ``consistent``: none of the above.
     """
     labels: list[str] = []
@@ -167,7 +260,33 @@ def _diagnose(
             f"(max {max_abs:.3g}, bulk level {bulk:.3g})"
         )
     rest = delta[~outliers]
-    if rest.size:
+    shaped = False
+    if lt is not None and li is not None and rest.size >= 10 and float(rest.std()) > float(
+        tier["delta_p99_abs"]
+    ) / GAUSS_P99:
+        a_t, a_i = lt[~outliers], li[~outliers]
+        corr = float(np.corrcoef(a_t, a_i)[0, 1]) if a_t.std() > 0 and a_i.std() > 0 else 1.0
+        if corr < MISALIGNED_CORR:
+            shaped = True
+            labels.append("misalignment")
+            parts.append(
+                f"misalignment: trainer and engine log-probs correlate at r = {corr:.3f} "
+                f"(< {MISALIGNED_CORR}): the two sides score different tokens or contexts "
+                "(padding side, shifted positions, another prompt)"
+            )
+        elif a_t.std() > 0:
+            b, a = np.polyfit(a_t, rest, 1)
+            resid = rest - (a + b * a_t)
+            r2 = 1.0 - float(resid.var()) / float(rest.var()) if rest.var() > 0 else 0.0
+            if r2 >= TEMPERATURE_R2 and abs(b) > TEMPERATURE_MIN_SLOPE and b < 1.0:
+                shaped = True
+                labels.append("temperature mismatch")
+                parts.append(
+                    f"temperature mismatch: delta = {a:+.3g} {b:+.3g} x logp_train explains "
+                    f"{r2:.0%} of its variance; implied temperature ratio T_engine / T_trainer "
+                    f"= {1.0 / (1.0 - b):.3g}"
+                )
+    if rest.size and not shaped:
         mean = float(rest.mean())
         std = float(rest.std())
         stderr = std / math.sqrt(rest.size)
@@ -181,7 +300,17 @@ def _diagnose(
         noise_std = float(tier["delta_p99_abs"]) / GAUSS_P99
         if std > noise_std:
             labels.append("noise")
-            parts.append(f"noise: std {std:.3g} > {noise_std:.3g} allowed by the precision tier")
+            fits = _noise_tier(std)
+            where = (
+                f"the size of {fits} precision noise (is one side in lower precision?)"
+                if fits
+                else "larger than any precision tier's noise: not precision (different "
+                "weights or model? see weights_load)"
+            )
+            parts.append(
+                f"noise: std {std:.3g} > {noise_std:.3g} allowed by the precision tier; "
+                f"zero-mean spread {where}"
+            )
     if not labels:
         labels.append("consistent")
         parts.append("consistent: delta within the precision tier, no bias, no outliers")
@@ -331,7 +460,7 @@ def delta_stats(
     li = infer[seq_idx, pos_idx]
     n = int(delta.size)
 
-    labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite)
+    labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite, lt, li)
     nan = float("nan")
     if n:
         # A huge |delta| overflows exp to inf: the metric turns non-finite and fails by name.
@@ -382,4 +511,5 @@ def delta_stats(
         per_bucket=_per_bucket(delta, pos_idx, buckets),
         per_token=per_token,
         tier=tier_map,
+        correction=rollout_correction(delta, seq_idx, train.shape[0]),
     )
