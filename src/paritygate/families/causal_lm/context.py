@@ -164,9 +164,38 @@ class LMContext:
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
         return render_probe(tok, probe)
 
+    def dump_records(self) -> list[dict[str, Any]]:
+        """The validated records of ``engine.dump`` (``engines: [dump]``)."""
+        if "dump" not in self._cache:
+            from paritygate.engines.rollout_dump import read_dump
+
+            if not self.spec.engine.dump:
+                raise InputError(
+                    self.config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file"
+                )
+            self._cache["dump"] = read_dump(self.config.resolve(self.spec.engine.dump))
+        return self._cache["dump"]
+
+    def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
+        from paritygate.engines.rollout_dump import as_generation, is_greedy
+
+        records = [r for r in self.dump_records() if is_greedy(r["sampling"]) == greedy]
+        if not records:
+            return None, None
+        return as_generation(records), records[0]["sampling"]
+
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
-        """Sampled continuations (``generation_samples`` per probe) under the serving config."""
+        """Sampled continuations (``generation_samples`` per probe) under the serving config;
+        for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
         key = f"sampled:{engine}"
+        if key not in self._cache and engine == "dump":
+            generation, sampling = self._dump_generation(greedy=False)
+            if generation is None:
+                raise InputError(
+                    self.config.resolve(self.spec.engine.dump or ""), None,
+                    "the dump holds no sampled record (all are greedy)",
+                )
+            self._cache[key] = (generation, sampling)
         if key not in self._cache:
             sampling = self.serving_sampling.spec()
             if sampling.seed is None:
@@ -175,9 +204,12 @@ class LMContext:
             self._cache[key] = (self.engine(engine).generate(prompts, sampling), sampling)
         return self._cache[key]
 
-    def greedy(self, engine: str = "hf") -> Generation:
-        """Greedy continuations of every probe under the serving config's length and stops."""
+    def greedy(self, engine: str = "hf") -> Generation | None:
+        """Greedy continuations of every probe under the serving config's length and stops
+        (``dump``: the dump's greedy records, ``None`` when it has none)."""
         key = f"greedy:{engine}"
+        if key not in self._cache and engine == "dump":
+            self._cache[key] = self._dump_generation(greedy=True)[0]
         if key not in self._cache:
             sampling = self.serving_sampling.spec().greedy()
             self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
