@@ -331,7 +331,13 @@ FAULTS += (
         sampling_wrong_format,
         {"sampling_config": "in the wrong format"},
     ),
-    Fault("min_p_one_side", min_p_one_side, {"sampling_config": "min_p differs"}),
+    Fault(
+        "min_p_one_side",
+        min_p_one_side,
+        {"sampling_config": "min_p differs"},
+        # The HF engine's processed log-probs renormalise over the min-p set; the trainer's do not.
+        ("logprob_delta",),
+    ),
     Fault(
         "temperature_ignored",
         _logprob_fn("temperature_ignored"),
