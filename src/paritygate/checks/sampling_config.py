@@ -60,26 +60,6 @@ def diff_sampling(
     return diffs
 
 
-def format_contradiction(side: Any) -> str | None:
-    """A configured format that the file's own fields contradict, or ``None``."""
-    from paritygate.families.causal_lm.sampling import HF_MARKERS, VLLM_MARKERS
-
-    if side.detection != "configured":
-        return None
-    keys = set(side.explicit) | set(side.not_compared) | set(side.raw_keys)
-    strong = {
-        "hf_generation_config": keys & {"transformers_version", "_from_model_config"},
-        "vllm": keys & (VLLM_MARKERS - HF_MARKERS),
-    }
-    for fmt, found in strong.items():
-        if found and fmt != side.format:
-            return (
-                f"{side.path.name} is read as {side.format} (configured) but its fields "
-                f"{sorted(found)[:3]} are {fmt}'s: absent fields take {side.format}'s defaults"
-            )
-    return None
-
-
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
@@ -89,7 +69,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if name not in compared:
             m.fail(f"allow-list names unknown sampling field {name!r}")
     for label, side in (("training", training), ("serving", serving)):
-        contradiction = format_contradiction(side)
+        contradiction = side.contradiction()
         if contradiction:
             m.fail(f"{label} sampling config in the wrong format: {contradiction}")
         m.note(f"{label} sampling config {side.path.name}: {side.format} ({side.detection})")
@@ -101,11 +81,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         for name in sorted(set(training.not_compared) | set(serving.not_compared))
     }
     if not_compared:
-        from paritygate.families.causal_lm.sampling import NOT_COMPARED
-
         m.note(
             "not compared: "
-            + ", ".join(f"{k} ({NOT_COMPARED.get(k, 'not modelled')})" for k in not_compared)
+            + ", ".join(f"{k} ({training.not_compared_reason(k)})" for k in not_compared)
         )
     diffs = diff_sampling(training, serving, allow)
     unexplained = [d for d in diffs if d.allowed_reason is None]

@@ -217,9 +217,9 @@ class LMContext:
 
     def logprob_variants(self) -> Any:
         """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
-        from paritygate.families.causal_lm import logprobs
+        import paritygate.families.causal_lm.logprobs as helpers
 
-        return logprobs
+        return helpers
 
     def recompute(self, generation: Generation) -> tuple[Any, Any, Any]:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""

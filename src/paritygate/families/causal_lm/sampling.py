@@ -171,6 +171,15 @@ class SamplingFile:
     raw_keys: set[str] = field(default_factory=set)
     """Every field name as written in the file."""
 
+    def contradiction(self) -> str | None:
+        """A configured format that the file's fields contradict (see format_contradiction)."""
+        return format_contradiction(self)
+
+    @staticmethod
+    def not_compared_reason(name: str) -> str:
+        """Why a known field is not compared."""
+        return NOT_COMPARED.get(name, "not modelled")
+
     @property
     def compared_fields(self) -> tuple[str, ...]:
         """Every field ``sampling_config`` compares, in report order."""
@@ -333,3 +342,21 @@ def load_sampling_file(
     return SamplingFile(
         path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data)
     )
+
+
+def format_contradiction(side: SamplingFile) -> str | None:
+    """A configured format that the file's own fields contradict, or ``None``."""
+    if side.detection != "configured":
+        return None
+    keys = set(side.raw_keys)
+    strong = {
+        "hf_generation_config": keys & {"transformers_version", "_from_model_config"},
+        "vllm": keys & (VLLM_MARKERS - HF_MARKERS),
+    }
+    for fmt, found in strong.items():
+        if found and fmt != side.format:
+            return (
+                f"{side.path.name} is read as {side.format} (configured) but its fields "
+                f"{sorted(found)[:3]} are {fmt}'s: absent fields take {side.format}'s defaults"
+            )
+    return None
