@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", type=Path, default=Path("demo"))
     demo.add_argument("--only", choices=("policy", "lm"), default=None)
 
+    dump = sub.add_parser(
+        "dump", help="causal LM: write the serving engine's rollouts as a dump to audit"
+    )
+    dump.add_argument("config", type=Path)
+    dump.add_argument("--out", type=Path, required=True, help="FILE.jsonl or FILE.parquet")
+    dump.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     prec = sub.add_parser("precision", help="per-layer fp16/bf16 precision report only")
     prec.add_argument("config", type=Path)
     prec.add_argument("--report-dir", type=Path, default=None)
@@ -124,6 +130,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _cmd_dump(args: argparse.Namespace) -> int:
+    from paritygate.config import load_config
+    from paritygate.families.causal_lm.dump import dump_rollouts
+
+    path = dump_rollouts(load_config(args.config), args.out, engine=args.engine)
+    print(f"paritygate: wrote rollout dump {path}")
+    return EXIT_PASS
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     out: Path = args.out
     if args.only in (None, "policy"):
@@ -160,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "export": _cmd_export,
         "demo": _cmd_demo,
         "precision": _cmd_precision,
+        "dump": _cmd_dump,
     }
     try:
         return handlers[args.command](args)

@@ -21,13 +21,17 @@ class Variants:
         self._results: dict[tuple[str, str], Any] = {}
 
     def gate(self, name: str) -> Any:
-        from lm_zoo import FAULTS, variant_config
+        from lm_zoo import CLEAN_VARIANTS, FAULTS, variant_config
 
         from paritygate.config import config_from_dict
         from paritygate.gate import Gate
 
         if name not in self._gates:
-            fault = None if name == "clean" else next(f for f in FAULTS if f.name == name)
+            fault = (
+                None
+                if name == "clean"
+                else next(f for f in FAULTS + CLEAN_VARIANTS if f.name == name)
+            )
             out = self.root / name
             out.mkdir(parents=True, exist_ok=True)
             data = variant_config(self.model_dir, out, fault)

@@ -148,6 +148,87 @@ def stale_checkpoint(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["engine"]["model_dir"] = str(stale)
 
 
+def _serving_copy(model: Path, out: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A serving export of the demo: value head stripped, then ``edit`` applied to the state."""
+    from safetensors.torch import load_file, save_file
+
+    served = out / "serving-model"
+    shutil.copytree(model, served)
+    state = load_file(str(served / "model.safetensors"))
+    state = {k: v for k, v in state.items() if not k.startswith("v_head.")}
+    edit(state)
+    save_file(state, str(served / "model.safetensors"), metadata={"format": "pt"})
+    return served
+
+
+def stale_serving(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The serving section points at an export of an older step (every matrix moved)."""
+    import torch
+
+    def edit(state: dict[str, Any]) -> None:
+        gen = torch.Generator().manual_seed(2)
+        for name, tensor in state.items():
+            if tensor.dim() == 2:
+                noise = torch.randn(tensor.shape, generator=gen) * tensor.std() * 0.02
+                state[name] = (tensor + noise).contiguous()
+
+    cfg["causal_lm"]["serving"] = {"model_dir": str(_serving_copy(model, out, edit))}
+
+
+def bf16_serving_copy(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The served export stores every weight in bfloat16; the gate's serving dtype is fp32."""
+
+    def edit(state: dict[str, Any]) -> None:
+        import torch
+
+        for name, tensor in state.items():
+            if tensor.is_floating_point():
+                state[name] = tensor.to(torch.bfloat16).contiguous()
+
+    cfg["causal_lm"]["serving"] = {"model_dir": str(_serving_copy(model, out, edit))}
+
+
+def serving_export(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: a separate serving export (value head stripped, every tensor bit-identical) with
+    its own tokenizer and generation_config.json, named only in the serving section."""
+    served = _serving_copy(model, out, lambda state: None)
+    cfg["causal_lm"]["serving"] = {"model_dir": str(served), "engine": "hf"}
+    cfg["causal_lm"]["tokenizer"].pop("serving")
+    cfg["causal_lm"]["sampling"].pop("serving")
+
+
+def sampling_wrong_format(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The served generation_config.json is declared a vLLM file: HF fields read as vLLM's."""
+    cfg["causal_lm"]["sampling"]["serving"] = str(model / "generation_config.json")
+    cfg["causal_lm"]["sampling"]["serving_format"] = "vllm"
+
+
+def trainer_json(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: the trainer's sampling config is a .json (trainer fields, no HF markers);
+    it is read in the trainer format, not as an HF generation_config with HF's defaults."""
+    src = Path(cfg["causal_lm"]["sampling"]["training"])
+    dst = out / "trainer-sampling.json"
+    dst.write_text(json.dumps(yaml.safe_load(src.read_text())))
+    cfg["causal_lm"]["sampling"]["training"] = str(dst)
+
+
+def _logprob_fn(name: str) -> Patch:
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        cfg["causal_lm"]["training"]["logprob_fn"] = f"lm_zoo_logprobs:{name}"
+
+    patch.__name__ = name
+    return patch
+
+
+def min_p_one_side(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    _sampling(cfg, "serving", out, min_p=0.05)
+
+
+def eos_as_stop(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: the server lists the EOS token as a stop string, the trainer relies on EOS."""
+    _sampling(cfg, "serving", out, stop=["</s>"])
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault, the checks it must fail with the cause each names, and the other checks
@@ -230,6 +311,69 @@ FAULTS: tuple[Fault, ...] = (
         ("logits_agreement", "logprob_delta"),
     ),
 )
+
+
+FAULTS += (
+    Fault(
+        "stale_serving",
+        stale_serving,
+        {"weights_load": "serving weights differ from the checkpoint under test"},
+        ("logits_agreement", "logprob_delta"),
+    ),
+    Fault(
+        "bf16_serving_copy",
+        bf16_serving_copy,
+        {"weights_load": "precision change: the served copy stores"},
+        ("logits_agreement", "logprob_delta"),
+    ),
+    Fault(
+        "sampling_wrong_format",
+        sampling_wrong_format,
+        {"sampling_config": "in the wrong format"},
+    ),
+    Fault(
+        "min_p_one_side",
+        min_p_one_side,
+        {"sampling_config": "min_p differs"},
+        # The HF engine's processed log-probs renormalise over the min-p set; the trainer's do not.
+        ("logprob_delta",),
+    ),
+    Fault(
+        "temperature_ignored",
+        _logprob_fn("temperature_ignored"),
+        {"logprob_impl": "temperature ignored"},
+    ),
+    Fault(
+        "prompt_only_mask",
+        _logprob_fn("prompt_only_mask"),
+        {"logprob_impl": "pads after EOS scored"},
+    ),
+    Fault(
+        "off_by_one_next",
+        _logprob_fn("off_by_one_next"),
+        {"logprob_impl": "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:]"},
+        ("logprob_delta",),
+    ),
+    Fault(
+        "no_position_ids",
+        _logprob_fn("no_position_ids"),
+        {"logprob_impl": "position ids not passed"},
+    ),
+)
+
+CLEAN_VARIANTS: tuple[Fault, ...] = (
+    Fault("serving_export", serving_export, {}),
+    Fault("trainer_json", trainer_json, {}),
+    Fault("eos_as_stop", eos_as_stop, {}),
+    Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
+)
+"""Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
+CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
+    "serving_export": LM_CHECKS,
+    "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
+    "eos_as_stop": ("sampling_config", "generation_parity"),
+    "trl_logits_adapter": ("logprob_impl", "logprob_delta"),
+}
 
 
 def variant_config(model_dir: Path, out: Path, fault: Fault | None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
 from __future__ import annotations
 
 import pytest
-from lm_zoo import FAULTS, LM_CHECKS, Fault
+from lm_zoo import CLEAN_CHECKS, CLEAN_VARIANTS, FAULTS, LM_CHECKS, Fault
 
 EXPECTED_STATUS = {cid: "pass" for cid in LM_CHECKS} | {"vllm_delta": "skip"}
 
@@ -53,3 +53,12 @@ def test_failing_set(lm_variants, fault: Fault) -> None:
     assert failing == set(fault.causes) | set(fault.also_fail), {
         cid: lm_variants.evaluate(fault.name, cid).message[:200] for cid in failing
     }
+
+
+@pytest.mark.parametrize("variant", CLEAN_VARIANTS, ids=lambda f: f.name)
+def test_clean_variant_passes(lm_variants, variant: Fault) -> None:
+    for check_id in CLEAN_CHECKS[variant.name]:
+        result = lm_variants.evaluate(variant.name, check_id)
+        if check_id == "vllm_delta" and result.status == "skip":
+            continue
+        assert result.status == "pass", f"{check_id} on {variant.name}: {result.message}"

@@ -79,8 +79,34 @@ def test_unknown_sampling_field_names_key(tmp_path: Path) -> None:
 def test_generation_config_takes_hf_defaults(tmp_path: Path) -> None:
     path = tmp_path / "generation_config.json"
     path.write_text(json.dumps({"do_sample": True, "eos_token_id": 2}))
-    values = load_sampling_file(path, trainer=False, side_defaults={}).values
-    assert values["top_k"] == 50 and values["max_new_tokens"] == 20
+    loaded = load_sampling_file(path, trainer=False, side_defaults={})
+    assert loaded.values["top_k"] == 50 and loaded.values["max_new_tokens"] == 20
+    assert loaded.format == "hf_generation_config" and "HF fields" in loaded.detection
+
+
+def test_generation_config_typo_names_field(tmp_path: Path) -> None:
+    path = tmp_path / "generation_config.json"
+    path.write_text(json.dumps({"transformers_version": "4.50", "temprature": 0.7}))
+    with pytest.raises(InputError) as err:
+        load_sampling_file(path, trainer=False, side_defaults={})
+    assert err.value.key == "temprature" and "temperature" in err.value.cause
+
+
+def test_trainer_json_is_not_read_as_generation_config(tmp_path: Path) -> None:
+    path = tmp_path / "trainer.json"
+    path.write_text(json.dumps({"temperature": 0.9, "max_new_tokens": 64}))
+    loaded = load_sampling_file(path, trainer=True, side_defaults={})
+    assert loaded.format == "trainer" and loaded.values["do_sample"] is True
+    assert loaded.values["top_k"] == 0
+    forced = load_sampling_file(path, trainer=True, side_defaults={}, fmt="hf_generation_config")
+    assert forced.detection == "configured" and forced.values["top_k"] == 50
+
+
+def test_hf_only_fields_listed_as_not_compared(tmp_path: Path) -> None:
+    path = tmp_path / "generation_config.json"
+    path.write_text(json.dumps({"do_sample": True, "typical_p": 0.9, "min_p": 0.1}))
+    loaded = load_sampling_file(path, trainer=False, side_defaults={})
+    assert loaded.not_compared == {"typical_p": 0.9} and loaded.values["min_p"] == 0.1
 
 
 def test_sampling_spec_from_vllm_names() -> None:

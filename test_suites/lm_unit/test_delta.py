@@ -185,3 +185,52 @@ def test_tiers_are_ordered_and_looked_up() -> None:
         tier_for("bf16", "fp16")
     with pytest.raises(ValueError, match="unknown dtype"):
         tier_for("int8", "fp32")
+
+
+def test_temperature_ratio_is_fitted() -> None:
+    from paritygate.metrics.logprob import fit_temperature_ratio
+
+    rng = np.random.default_rng(3)
+    z = rng.normal(0.0, 4.0, size=(300, 50))  # (N, V)
+    tok = rng.integers(0, 50, size=300)
+    scaled = z / 0.8
+    logp = scaled - scaled.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    ratio, explained = fit_temperature_ratio(z, tok, logp[np.arange(300), tok], 1.0)
+    assert ratio == pytest.approx(0.8, rel=1e-3) and explained > 0.99
+    plain = z - z.max(-1, keepdims=True)
+    plain -= np.log(np.exp(plain).sum(-1, keepdims=True))
+    r1, _ = fit_temperature_ratio(z, tok, plain[np.arange(300), tok], 1.0)
+    assert r1 == pytest.approx(1.0, abs=1e-3)
+
+
+def test_misalignment_is_low_correlation() -> None:
+    lp = _logp((10, 60))
+    shifted = np.roll(lp, 1, axis=1)
+    stats = delta_stats(lp, shifted, np.ones(lp.shape, dtype=bool))
+    assert "misalignment" in stats.labels
+
+
+def test_noise_names_the_tier_it_fits() -> None:
+    rng = np.random.default_rng(4)
+    lp = _logp((20, 100))
+    small = delta_stats(lp + rng.normal(0, 0.02, lp.shape), lp, np.ones(lp.shape, dtype=bool))
+    assert small.labels == ["noise"] and "bf16/fp32 precision noise" in small.diagnosis
+    big = delta_stats(lp + rng.normal(0, 0.5, lp.shape), lp, np.ones(lp.shape, dtype=bool))
+    assert "larger than any precision tier" in big.diagnosis
+
+
+def test_rollout_correction_formulas() -> None:
+    from paritygate.metrics.logprob import rollout_correction
+
+    delta = np.array([0.0, math.log(3.0), 0.0, -math.log(2.0)])
+    seq = np.array([0, 0, 1, 1])
+    rc = rollout_correction(delta, seq, 2, cap=2.0)
+    assert rc["token_ratio_mean"] == pytest.approx((1 + 3 + 1 + 0.5) / 4)
+    assert rc["token_outside_frac"] == pytest.approx(0.25)  # 3 > c; 0.5 is on the boundary
+    assert rc["seq_ratio_mean"] == pytest.approx((3 + 0.5) / 2)
+    assert rc["geo_ratio_mean"] == pytest.approx((math.sqrt(3) + math.sqrt(0.5)) / 2)
+    assert rc["ess"] == pytest.approx(3.5**2 / (2 * (9 + 0.25)))
+    assert rc["chi2"] == pytest.approx((0 + 4 + 0 + 0.25) / 4)
+    assert rc["ppl_ratio"] == pytest.approx(math.exp(-delta.mean()))
+    assert rc["catastrophic_frac"] == 0.0

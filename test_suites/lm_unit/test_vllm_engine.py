@@ -264,3 +264,22 @@ def test_real_vllm_matches_trainer_recompute(tmp_path: Path, mode: str) -> None:
     stats = delta_stats(logp_train, logp_infer, sel, tier=tier)
     assert stats.nonfinite_tokens == 0
     assert stats.delta_max_abs <= tier["delta_max_abs"], stats.diagnosis
+
+
+def test_tensor_parallel_size_passes_through() -> None:
+    assert VLLMEngine("/m").llm_kwargs()["tensor_parallel_size"] == 1
+    assert VLLMEngine("/m", tensor_parallel_size=4).llm_kwargs()["tensor_parallel_size"] == 4
+
+
+def test_device_map_plumbing() -> None:
+    import importlib.util
+
+    from paritygate.engines.hf_loading import load_kwargs
+    from paritygate.errors import InputError
+
+    assert load_kwargs(None) == {}
+    if importlib.util.find_spec("accelerate") is None:
+        with pytest.raises(InputError, match="accelerate"):
+            load_kwargs("auto")
+    else:
+        assert load_kwargs("auto") == {"device_map": "auto"}

@@ -62,13 +62,20 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     training = ctx.training_sampling.spec()
     serving = ctx.serving_sampling.spec()
     engine_out = ctx.greedy(engine_name)
+    if engine_out is None:
+        return m.skip("the rollout dump holds no greedy record (temperature 0)")
+    probes = list(ctx.probes)
+    if engine_name == "dump" or len(probes) != len(engine_out.prompt_ids):
+        from types import SimpleNamespace
+
+        probes = [SimpleNamespace(id=f"rollout {i}") for i in range(len(engine_out.prompt_ids))]
     model = ctx.reference_model()
     tok = ctx.serving_tokenizer
     tol = ctx.spec.near_tie_margin
     unexcused = excused = agreeing = compared = 0
     rows: list[dict[str, Any]] = []
     for probe, prompt, cand in zip(
-        ctx.probes, engine_out.prompt_ids, engine_out.output_ids, strict=True
+        probes, engine_out.prompt_ids, engine_out.output_ids, strict=True
     ):
         ref, margins = greedy_training_path(
             model,

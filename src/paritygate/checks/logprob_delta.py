@@ -104,6 +104,8 @@ def measure_delta(
     m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
     m.metric("prob_diff_max", values["prob_diff_max"], bad="none")
     m.metric("n_tokens", values["n_tokens"], bad="none", ratchet=False)
+    for name, value in stats.correction.items():
+        m.metric(f"rc_{name}", value, bad="none", ratchet=False)
 
     # Named causes: configurations that make the two sides score different distributions.
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
@@ -135,6 +137,10 @@ def measure_delta(
             )
     if ctx.engine_model_dir != ctx.model_dir:
         m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
+    if any(metric.breaches() for metric in m.metrics.values()) and (
+        "misalignment" not in stats.labels
+    ):
+        _temperature_fit(m, ctx, generation, logp_infer, mask, training)
     if any(metric.breaches() for metric in m.metrics.values()):
         worst = ", ".join(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
@@ -156,6 +162,45 @@ def measure_delta(
         "dtype": engine_dtype,
     }
     return m
+
+
+def _temperature_fit(
+    m: Measurement, ctx: Any, generation: Any, logp_infer: Any, mask: Any, training: Any
+) -> None:
+    """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
+    engine's log-probs (one teacher-forced forward per sequence, only on a breach)."""
+    from paritygate.metrics.logprob import (
+        TEMPERATURE_EXPLAINED,
+        TEMPERATURE_MIN_CHANGE,
+        fit_temperature_ratio,
+    )
+
+    if ctx.spec.training.logprobs_mode != "processed" or not training.do_sample:
+        return
+    if training.top_k or training.top_p < 1.0:
+        return  # a filtered distribution is not a rescaled softmax
+    rows, toks, infer = [], [], []
+    for i, (prompt, output) in enumerate(
+        zip(generation.prompt_ids, generation.output_ids, strict=True)
+    ):
+        if not output:
+            continue
+        rows.append(ctx.teacher_forced_logits(prompt, output))
+        toks.append(np.asarray(output))
+        infer.append(logp_infer[i, : len(output)])
+    if not rows:
+        return
+    t_train = training.temperature if training.temperature > 0 else 1.0
+    ratio, explained = fit_temperature_ratio(
+        np.concatenate(rows), np.concatenate(toks), np.concatenate(infer), t_train
+    )
+    m.details["temperature_fit"] = {"ratio": ratio, "explained": explained}
+    if explained >= TEMPERATURE_EXPLAINED and abs(ratio - 1.0) > TEMPERATURE_MIN_CHANGE:
+        m.fail(
+            f"temperature mismatch: the engine's log-probs are the trainer's logits at "
+            f"temperature {ratio * t_train:.3g} instead of {t_train:g} (fitted ratio "
+            f"T_engine / T_trainer = {ratio:.3g}, explains {explained:.0%} of the squared delta)"
+        )
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:

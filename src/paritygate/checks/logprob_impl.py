@@ -29,18 +29,69 @@ DEFAULTS: dict[str, float] = {
     "batch_max_abs": 1e-4,
     # A pad target must contribute exactly nothing to the sequence log-prob.
     "pad_targets_nonzero": 0.0,
+    # Processed mode: same forward, log_softmax(logits / T); same bound as categorical_max_abs.
+    "temperature_max_abs": 1e-5,
+    # TRL's layout: a right pad after EOS must score exactly 0.
+    "pads_after_eos_nonzero": 0.0,
+    # Real completion tokens in the RL layout vs unpadded: fp32 reduction order, as padding.
+    "rl_layout_max_abs": 1e-4,
 }
+NEW_METRICS = ("temperature_max_abs", "pads_after_eos_nonzero", "rl_layout_max_abs")
 
 
-def _single(fn: Callable[..., Any], model: Any, seq: list[int]) -> Any:
+POSITION_SHIFT_FACTOR = 2.0
+"""Omitting ``position_ids`` makes RoPE start each left-padded row at its pad count. Rotary
+attention depends on relative positions only, so the shift moves log-probs by rounding alone,
+but by more than the forward's own padding noise: on the demo LM (fp32) a function without
+position ids is off by 1.4e-5 nats on padded rows, while the reference with position ids
+``cumsum(mask) - 1`` differs from the unpadded run by 2.9e-6. The tolerance is measured at run
+time: this factor times the reference's own padding error (``reference_padding_max_abs``, at
+least 1e-6), so the cause is named whenever the shift is visible above the forward's noise."""
+
+TEST_TEMPERATURE = 0.7
+"""Temperature used to test processed mode when the trainer's config samples at T = 1."""
+
+
+def _single(fn: Callable[..., Any], model: Any, seq: list[int], **kw: Any) -> Any:
     import torch
 
     ids = torch.tensor([seq])
-    out = fn(model, ids, torch.ones_like(ids), mode="raw")
+    out = fn(model, ids, torch.ones_like(ids), **{"mode": "raw", **kw})
     return out[0].detach().float()
 
 
-def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) -> dict[str, Any]:
+def _rl_batch(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any, list[tuple[int, int]]]:
+    """TRL's layout: prompts left-padded, completions (ending in EOS) right-padded after EOS.
+
+    Each probe is split in half: prompt, then completion + EOS. Returns ids, mask and per
+    row ``(prompt_len, completion_len)``."""
+    import torch
+
+    parts = [(s[: max(1, len(s) // 2)], [*s[max(1, len(s) // 2):], eos]) for s in seqs]
+    pw = max(len(p) for p, _ in parts)
+    cw = max(len(c) for _, c in parts) + 2  # at least two pads after every EOS
+    ids = torch.full((len(parts), pw + cw), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    lens = []
+    for i, (p, c) in enumerate(parts):
+        ids[i, pw - len(p) : pw] = torch.tensor(p)
+        ids[i, pw : pw + len(c)] = torch.tensor(c)
+        mask[i, pw - len(p) : pw + len(c)] = 1
+        lens.append((len(p), len(c)))
+    return ids, mask, lens
+
+
+def _suite(
+    fn: Callable[..., Any],
+    model: Any,
+    seqs: list[list[int]],
+    pad: int,
+    *,
+    eos: int,
+    temperature: float,
+    helpers: Any,
+    logits_level: bool,
+) -> dict[str, Any]:
     """Run every property on ``fn``; returns metric values and named causes."""
     import torch
 
@@ -50,27 +101,66 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
     with torch.inference_mode():
         logits = [model(input_ids=torch.tensor([s])).logits[0].float() for s in seqs]  # (T, V)
     singles = []
-    cat_err = shift0_err = 0.0
+    cat_err = shift_b = shift_a = 0.0
     for seq, lg in zip(seqs, logits, strict=True):
-        out = _single(fn, model, seq)
-        if tuple(out.shape) != (len(seq) - 1,):
+        ids1 = torch.tensor([seq])
+        full = fn(model, ids1, torch.ones_like(ids1), mode="raw")
+        if tuple(full.shape) != (1, len(seq) - 1):
             causes.append(
-                f"returns shape {tuple(out.shape)} for a (1, {len(seq)}) input; "
-                f"expected (1, {len(seq) - 1})"
+                f"returns shape {tuple(full.shape)} for a (1, {len(seq)}) input; expected "
+                f"(1, {len(seq) - 1}): position t must score token t+1"
             )
             return {"causes": causes}
+        out = full[0].detach().float()
         ids = torch.tensor(seq)
         expected = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[1:])  # (T-1,)
-        same_pos = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[:-1])
+        form_b = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[:-1])
+        form_a = torch.distributions.Categorical(logits=lg[1:]).log_prob(ids[1:])
         cat_err = max(cat_err, float((out - expected).abs().max()))
-        shift0_err = max(shift0_err, float((out - same_pos).abs().max()))
+        shift_b = max(shift_b, float((out - form_b).abs().max()))
+        shift_a = max(shift_a, float((out - form_a).abs().max()))
         singles.append(out)
+    tol = DEFAULTS["categorical_max_abs"]
     if not all(torch.isfinite(s).all() for s in singles):
         causes.append("log-prob function returns NaN/Inf on unpadded sequences")
-    if cat_err > DEFAULTS["categorical_max_abs"] and shift0_err <= DEFAULTS["categorical_max_abs"]:
-        causes.append("off-by-one shift: position t scores token t instead of token t+1")
+    temp_check = cat_err <= tol  # an already wrong function is not judged on temperature
+    if cat_err > tol and shift_b <= tol:
+        causes.append(
+            "off-by-one shift: position t scores token t instead of token t+1 "
+            "(labels input_ids[:, :-1])"
+        )
+    elif cat_err > tol and shift_a <= tol:
+        causes.append(
+            "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:] (each token "
+            "scored by its own position's logits instead of the previous position's)"
+        )
+
+    # Processed mode: temperature must divide the logits.
+    temp_err = 0.0
+    temp_ignored = False
+    for seq, lg, raw in zip(seqs, logits, singles, strict=True):
+        out = _single(fn, model, seq, mode="processed", temperature=temperature)
+        ids = torch.tensor(seq)
+        expected = torch.distributions.Categorical(logits=lg[:-1] / temperature).log_prob(ids[1:])
+        if out.shape != expected.shape:
+            continue
+        err = float((out - expected).abs().max())
+        temp_err = max(temp_err, err)
+        if err > tol and float((out - raw).abs().max()) <= tol:
+            temp_ignored = True
+    if temp_ignored and temp_check:
+        causes.append(
+            f"temperature ignored: processed mode with temperature {temperature:g} returns the "
+            "temperature-1 log-probs (divide the logits by the sampling temperature)"
+        )
+    elif temp_err > tol and temp_check:
+        causes.append(
+            f"processed log-probs at temperature {temperature:g} differ from "
+            f"log_softmax(logits / T) by up to {temp_err:.3g}"
+        )
 
     pad_err = batch_err = 0.0
+    pos_err = 0.0
     pad_nonzero = 0
     orders = [list(range(len(seqs))), list(reversed(range(len(seqs))))]
     orders += [[i, (i + 1) % len(seqs)] for i in range(0, len(seqs), 2)]
@@ -84,11 +174,22 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
             ids = torch.cat([torch.full((len(batch), extra), pad_value), ids], dim=1)
             mask = torch.cat([torch.zeros((len(batch), extra), dtype=torch.long), mask], dim=1)
         out = fn(model, ids, mask, mode="raw").detach().float()  # (B, T-1)
+        unpositioned = None
         width = ids.shape[1]
         for row, i in enumerate(order):
             p = width - len(seqs[i])
             got = out[row, p : width - 1]
             err = float((got - singles[i]).abs().max()) if got.numel() else 0.0
+            if err > DEFAULTS["padding_max_abs"] / 10 and not logits_level:
+                # Does the function match a forward without position ids (RoPE shifted)?
+                if unpositioned is None:
+                    with torch.inference_mode():
+                        lg = model(input_ids=ids, attention_mask=mask).logits.float()
+                    unpositioned = helpers.logprobs_from_logits(lg, ids, mask)
+                alt = float((got - unpositioned[row, p : width - 1]).abs().max())
+                if alt < err / 10:
+                    pos_err = max(pos_err, err)
+                    err = alt
             if order == orders[0]:
                 pad_err = max(pad_err, err)
             else:
@@ -102,13 +203,38 @@ def _suite(fn: Callable[..., Any], model: Any, seqs: list[list[int]], pad: int) 
     if pad_err > DEFAULTS["padding_max_abs"]:
         causes.append(
             f"left padding changes the log-probs of real tokens (max {pad_err:.3g}): "
-            "the attention mask or position ids are not applied"
+            "the attention mask is not applied"
+        )
+
+    # The RL batch layout: left-padded prompts, completions right-padded after EOS.
+    ids, mask, lens = _rl_batch(seqs, pad, eos)
+    out = fn(model, ids, mask, mode="raw").detach().float()
+    after_eos = 0
+    rl_err = 0.0
+    pw = max(p for p, _ in lens)
+    for row, (p_len, c_len) in enumerate(lens):
+        end = pw + c_len  # first right pad
+        after_eos += int((out[row, end - 1 :] != 0).sum())
+        full = seqs[row] + [eos]
+        ref = _single(fn, model, full)
+        got = out[row, pw - p_len : end - 1]
+        if got.shape == ref.shape:
+            rl_err = max(rl_err, float((got - ref).abs().max()))
+    if after_eos:
+        causes.append(
+            f"pads after EOS scored: {after_eos} positions whose target is a right pad after "
+            "the completion's EOS have nonzero log-probs (a mask built from the prompt only? "
+            "use the prompt and completion attention mask)"
         )
     return {
         "categorical_max_abs": cat_err,
         "padding_max_abs": pad_err,
         "batch_max_abs": batch_err,
         "pad_targets_nonzero": pad_nonzero,
+        "temperature_max_abs": temp_err,
+        "pads_after_eos_nonzero": after_eos,
+        "rl_layout_max_abs": rl_err,
+        "position_shift_max_abs": pos_err,
         "causes": causes,
     }
 
@@ -126,11 +252,35 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     subjects = [("", user_name, ctx.logprob_fn)]
     if user_name != REFERENCE_FN:
         ref = import_callable(REFERENCE_FN, ctx.config.path, "causal_lm.training.logprob_fn")
-        subjects.append(("reference_", REFERENCE_FN, ref))
+        subjects.insert(0, ("reference_", REFERENCE_FN, ref))
+    helpers = ctx.logprob_variants()
+    noise = 0.0
+    eos = ctx.training_tokenizer.eos_token_id
+    eos = pad if eos is None else eos
+    t_cfg = ctx.training_sampling.spec().temperature
+    temperature = t_cfg if t_cfg not in (0.0, 1.0) else TEST_TEMPERATURE
     for prefix, name, fn in subjects:
-        res = _suite(fn, model, seqs, pad)
+        res = _suite(
+            fn, model, seqs, pad, eos=eos, temperature=temperature, helpers=helpers,
+            logits_level=getattr(fn, "convention", "model") == "logits",
+        )
         for cause in res["causes"]:
             m.fail(f"{name}: {cause}")
+        if prefix:
+            noise = max(float(res.get("padding_max_abs", 0.0)), 1e-6)
+        else:
+            noise = noise if noise else max(float(res.get("padding_max_abs", 0.0)), 1e-06)
+            shift = float(res.get("position_shift_max_abs", 0.0))
+            limit = POSITION_SHIFT_FACTOR * noise
+            if shift > limit:
+                m.fail(
+                    f"{name}: position ids not passed: left padding shifts the RoPE positions, "
+                    f"moving real tokens' log-probs by up to {shift:.3g} > tolerance {limit:.3g} "
+                    f"({POSITION_SHIFT_FACTOR:g} x the reference's padding noise; pass "
+                    "position_ids = cumsum(attention_mask) - 1)"
+                )
+            if "position_shift_max_abs" in res:
+                m.metric("position_shift_max_abs", shift, threshold=limit, ratchet=False)
         for key in DEFAULTS:
             if key in res:
                 m.metric(
@@ -138,8 +288,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                     res[key],
                     threshold=thresholds[key],
                     key=(key == "categorical_max_abs" and not prefix),
+                    ratchet=key not in NEW_METRICS,
                 )
         m.details[f"{prefix or 'user_'}function"] = name
+    m.details["convention"] = getattr(ctx.logprob_fn, "convention", "model")
+    m.details["processed_temperature"] = temperature
     m.metric("sequences", len(seqs), bad="none", ratchet=False)
     return m
 

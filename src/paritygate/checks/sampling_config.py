@@ -28,13 +28,31 @@ class FieldDiff:
     allowed_reason: str | None
 
 
+def effective_stops(side: Any) -> tuple[list[str], list[int]]:
+    """Stop strings and stop token ids without the side's EOS, which stops generation on
+    every engine anyway (unless ``ignore_eos``): a stop string equal to EOS is the same stop."""
+    stop, ids = list(side.values.get("stop") or []), list(side.values.get("stop_token_ids") or [])
+    if side.values.get("ignore_eos"):
+        return stop, ids
+    return (
+        [x for x in stop if side.eos_text is None or x != side.eos_text],
+        [x for x in ids if side.eos_id is None or x != side.eos_id],
+    )
+
+
 def diff_sampling(
     training: Any, serving: Any, allow: dict[str, str]
 ) -> list[FieldDiff]:
-    """Fields whose values differ; ``use_cache`` only when both sides state it."""
+    """Fields whose values differ; ``use_cache`` only when both sides state it; stop strings
+    and stop token ids compared without EOS (see :func:`effective_stops`)."""
     diffs: list[FieldDiff] = []
+    t_stops, s_stops = effective_stops(training), effective_stops(serving)
     for name in training.compared_fields:
         t, s = training.values.get(name), serving.values.get(name)
+        if name == "stop":
+            t, s = t_stops[0], s_stops[0]
+        elif name == "stop_token_ids":
+            t, s = t_stops[1], s_stops[1]
         if t is None or s is None:
             continue
         if t != s:
@@ -50,6 +68,23 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     for name in allow:
         if name not in compared:
             m.fail(f"allow-list names unknown sampling field {name!r}")
+    for label, side in (("training", training), ("serving", serving)):
+        contradiction = side.contradiction()
+        if contradiction:
+            m.fail(f"{label} sampling config in the wrong format: {contradiction}")
+        m.note(f"{label} sampling config {side.path.name}: {side.format} ({side.detection})")
+    not_compared = {
+        name: {
+            "training": training.not_compared.get(name),
+            "serving": serving.not_compared.get(name),
+        }
+        for name in sorted(set(training.not_compared) | set(serving.not_compared))
+    }
+    if not_compared:
+        m.note(
+            "not compared: "
+            + ", ".join(f"{k} ({training.not_compared_reason(k)})" for k in not_compared)
+        )
     diffs = diff_sampling(training, serving, allow)
     unexplained = [d for d in diffs if d.allowed_reason is None]
     for d in unexplained:
@@ -80,6 +115,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         for name in compared
     ]
     m.details["formats"] = {"training": training.format, "serving": serving.format}
+    m.details["format_detection"] = {
+        "training": training.detection, "serving": serving.detection
+    }
+    m.details["not_compared"] = not_compared
     return m
 
 

@@ -190,24 +190,17 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if tied:
         m.note(f"tied weights not stored separately (fine): {tied}")
 
-    # Inference side: the engine's weights must be this checkpoint's.
+    # Inference side: the served weights must be this checkpoint's, tensor by tensor.
+    serving = _serving_side(m, ctx, state)
     engine_values: list[str] = []
-    engine_dir = ctx.engine_model_dir
-    if engine_dir != ctx.model_dir:
-        engine_sha = ctx.engine_weights_sha256()
-        if engine_sha != ctx.checkpoint_sha256:
-            m.fail(
-                f"inference engine loads {engine_dir} (weights sha256 {engine_sha[:12]}), not "
-                f"the checkpoint under test (sha256 {ctx.checkpoint_sha256[:12]}): stale or "
-                "different checkpoint"
-            )
     if "hf" in ctx.spec.engines:
         engine_model = ctx.engine("hf").model
-        engine_values = value_mismatches(engine_model, state)
+        served_state = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
+        engine_values = value_mismatches(engine_model, served_state)
         if engine_values:
             m.fail(
-                f"inference model: {len(engine_values)} tensors differ from the checkpoint "
-                f"under test: {engine_values[:5]}"
+                f"inference model: {len(engine_values)} tensors differ from the served "
+                f"directory's file after loading: {engine_values[:5]}"
             )
 
     m.metric("missing_keys", len(missing), key=True, ratchet=False)
@@ -217,9 +210,73 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("nonfinite_tensors", len(nonfinite), ratchet=False)
     m.metric("training_only_keys", len(head_keys), bad="none", ratchet=False)
     m.metric("checkpoint_tensors", len(state), bad="none", ratchet=False)
+    m.metric("serving_tensors_differing", len(serving.value_diffs), ratchet=False)
+    m.metric("serving_dtype_changes", len(serving.dtype_changes), bad="none", ratchet=False)
     m.details["declared_training_heads"] = heads
     m.details["training_only_keys"] = head_keys
+    m.details["served"] = {
+        "model_dir": str(ctx.engine_model_dir),
+        "from": ctx.served_from,
+        "tensors_compared": serving.compared,
+        "differing": dict(sorted(serving.value_diffs.items(), key=lambda kv: -kv[1])[:20]),
+        "dtype_changes": {k: list(v) for k, v in list(serving.dtype_changes.items())[:20]},
+    }
     return m
+
+
+def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
+    """Compare the served directory's tensors with the checkpoint's; name every cause."""
+    from paritygate.metrics.tiers import canonical_dtype, tier_for
+
+    served_dir = ctx.engine_model_dir
+    if served_dir == ctx.model_dir:
+        m.note(f"served model: the training directory {served_dir} (no serving model_dir set)")
+    else:
+        m.note(f"served model: {served_dir} (from {ctx.served_from})")
+    diff = ctx.serving_weights_diff(dict(state))
+    where = f"served copy {served_dir}"
+    if diff.missing:
+        m.fail(f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}")
+    if diff.extra:
+        m.fail(
+            f"{where} holds {len(diff.extra)} tensors the checkpoint does not have: "
+            f"{diff.extra[:5]}"
+        )
+    for key, (t_shape, s_shape) in list(diff.shape.items())[:5]:
+        m.fail(f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
+    for key in diff.nonfinite[:5]:
+        m.fail(f"{where}: tensor {key!r} has NaN/Inf values")
+    if diff.value_diffs:
+        worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
+        named = ", ".join(f"{k} (max diff {v:.3g})" for k, v in worst[:5])
+        cast = " after casting to the served dtype" if diff.dtype_changes else ""
+        m.fail(
+            f"serving weights differ from the checkpoint under test{cast} (stale or different "
+            f"checkpoint): {len(worst)} of {diff.compared} tensors: {named}"
+        )
+    if diff.dtype_changes:
+        train_dtype = canonical_dtype(ctx.spec.training.dtype)
+        stored = sorted(diff.served_dtypes())
+        try:
+            implied = tier_for(train_dtype, canonical_dtype(stored[0]))[0]
+        except ValueError:
+            implied = f"{train_dtype}/{stored[0]}"
+        engine_dtype = canonical_dtype(ctx.spec.engine.dtype)
+        declared = {canonical_dtype(d) for d in stored} == {engine_dtype}
+        text = (
+            f"precision change: the served copy stores {len(diff.dtype_changes)} tensors in "
+            f"{', '.join(stored)} (checkpoint {next(iter(diff.dtype_changes.values()))[0]}): "
+            f"precision tier {implied}"
+        )
+        if declared:
+            m.note(f"{text}, as the serving dtype {ctx.spec.engine.dtype} declares")
+        else:
+            m.fail(
+                f"{text}, but the serving dtype is {ctx.spec.engine.dtype}: set "
+                f"causal_lm.serving.dtype to {stored[0]} so the gate judges tier {implied}, or "
+                "serve the full-precision weights"
+            )
+    return diff
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:

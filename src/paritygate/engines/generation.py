@@ -35,6 +35,8 @@ class SamplingSpec:
     stop: list[str] = field(default_factory=list)
     seed: int | None = 0
     do_sample: bool = True
+    min_p: float = 0.0
+    """0 means no min-p filtering."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingSpec:
@@ -61,7 +63,7 @@ class SamplingSpec:
             kwargs["stop"] = [stop] if isinstance(stop, str) else list(stop or [])
         if kwargs.get("top_k") is not None and int(kwargs["top_k"]) < 0:
             kwargs["top_k"] = 0
-        for name in ("temperature", "top_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "repetition_penalty", "min_p"):
             if name in kwargs and kwargs[name] is not None:
                 kwargs[name] = float(kwargs[name])
         for name in ("top_k", "max_new_tokens", "min_new_tokens"):

@@ -101,6 +101,8 @@ class HFGenerateEngine:
             if sampling.do_sample
             else {}
         )
+        if sampling.do_sample and sampling.min_p > 0.0:
+            warpers["min_p"] = sampling.min_p
         config = GenerationConfig(
             do_sample=sampling.do_sample,
             **warpers,

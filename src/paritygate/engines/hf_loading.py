@@ -33,18 +33,39 @@ def torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def load_kwargs(device_map: str | None) -> dict[str, Any]:
+    """Extra ``from_pretrained`` keywords for ``device_map`` (``auto`` needs accelerate)."""
+    if device_map is None:
+        return {}
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise InputError(
+            None, "causal_lm.training.device_map",
+            "device_map: auto needs accelerate (pip install 'paritygate[multigpu]')",
+        )
+    return {"device_map": device_map}
+
+
 def load_causal_lm(
-    directory: Path, dtype: str = "float32", *, trust_remote_code: bool = False
+    directory: Path,
+    dtype: str = "float32",
+    *,
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """An HF causal LM in eval mode and its loading info (missing/unexpected/mismatched keys).
 
     Weights are read from safetensors only (``use_safetensors=True``), so loading runs
     no code from the checkpoint unless ``trust_remote_code`` is set by the config.
+    ``device_map="auto"`` lets accelerate spread the layers over every visible device
+    (and CPU memory), for models larger than one device.
     """
     from transformers import AutoModelForCausalLM
 
     if not (directory / "config.json").is_file():
         raise InputError(directory, "config.json", "model directory has no config.json")
+    extra = load_kwargs(device_map)
     try:
         with quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -53,6 +74,7 @@ def load_causal_lm(
                 trust_remote_code=trust_remote_code,
                 use_safetensors=True,
                 output_loading_info=True,
+                **extra,
             )
     except Exception as exc:
         raise InputError(directory, "model", f"cannot load model: {exc}") from None

@@ -197,6 +197,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self.model_dir = str(model_dir)
         self.tokenizer_dir = str(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
@@ -207,6 +208,7 @@ class VLLMEngine:
         self.top_logprobs = max(0, int(top_logprobs))
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
+        self.tensor_parallel_size = int(tensor_parallel_size)
         self.engine_kwargs = dict(engine_kwargs or {})
         self._llm: Any = None
 
@@ -225,6 +227,7 @@ class VLLMEngine:
             "enforce_eager": self.enforce_eager,
             "logprobs_mode": self.vllm_logprobs_mode,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "tensor_parallel_size": self.tensor_parallel_size,
             # A cached prefix runs a different kernel path than the trainer's full forward.
             "enable_prefix_caching": False,
         }

@@ -44,6 +44,126 @@ BIAS_SIGMAS = 3.0
 GAUSS_P99 = 2.5758
 """99th percentile of |N(0, 1)|: a zero-mean Gaussian with std s has p99 |delta| = 2.5758 s."""
 
+MISALIGNED_CORR = 0.9
+"""Pearson correlation of logp_train and logp_infer below which the two sides are scoring
+different tokens or contexts (misalignment). Both noise and a temperature mismatch keep it
+near 1: on the demo a T=0.8 vs 1.0 mismatch gives r > 0.99, stale weights r > 0.99; right
+padding (the engine continues from pad tokens) gives r well below 0.9."""
+
+TEMPERATURE_EXPLAINED = 0.8
+"""A temperature mismatch is named when rescaling the trainer's logits by one factor explains
+this share of the squared delta (:func:`fit_temperature_ratio`). On the demo LM a T = 0.8 vs
+1.0 mismatch is explained to > 99%, stale weights (2% noise on every matrix) to < 5%."""
+
+TEMPERATURE_MIN_CHANGE = 0.01
+"""Fitted ratios within 1% of 1 are not reported as a temperature mismatch."""
+
+
+def fit_temperature_ratio(
+    logits: np.ndarray, tokens: np.ndarray, logp_infer: np.ndarray, t_train: float
+) -> tuple[float, float]:
+    """The temperature ratio that best explains the engine's log-probs from the trainer's logits.
+
+    ``logits`` (N, V) are the trainer's raw next-token logits of the N compared tokens,
+    ``tokens`` (N,) the tokens and ``logp_infer`` (N,) the engine's log-probs. The engine is
+    modelled as sampling at ``T_engine = ratio * t_train``:
+    ``logp_infer ~ log_softmax(logits / T_engine)[token]``. Returns ``(ratio, explained)``
+    with ``explained = 1 - SSE(ratio) / SSE(1)`` (share of the squared delta the fit removes).
+    The ratio is found by golden-section search on log(ratio) in [1/4, 4].
+    """
+    z = np.asarray(logits, np.float64)
+    idx = np.asarray(tokens, np.int64)
+    target = np.asarray(logp_infer, np.float64)
+
+    def sse(log_ratio: float) -> float:
+        scaled = z / (t_train * math.exp(log_ratio))
+        top = scaled.max(-1, keepdims=True)
+        lse = top[:, 0] + np.log(np.exp(scaled - top).sum(-1))
+        pred = scaled[np.arange(len(idx)), idx] - lse
+        return float(np.square(target - pred).sum())
+
+    lo, hi = math.log(0.25), math.log(4.0)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
+    fc, fd = sse(c), sse(d)
+    for _ in range(60):
+        if fc < fd:
+            hi, d, fd = d, c, fc
+            c = hi - g * (hi - lo)
+            fc = sse(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + g * (hi - lo)
+            fd = sse(d)
+    best = (lo + hi) / 2
+    base = sse(0.0)
+    explained = 1.0 - sse(best) / base if base > 0 else 0.0
+    return math.exp(best), explained
+
+IS_CAP = 2.0
+"""Importance-ratio cap c of the rollout-correction metrics (truncated IS, C = 2 in Yao et al.)."""
+
+CATASTROPHIC_LOG_RATIO = math.log(100.0)
+"""A token is catastrophic when trainer and engine probabilities differ by more than 100x."""
+
+
+def rollout_correction(
+    delta: np.ndarray, seq_idx: np.ndarray, n_seqs: int, *, cap: float = IS_CAP
+) -> dict[str, float]:
+    """Train/rollout mismatch metrics of the rollout-correction family, over compared tokens.
+
+    With per-token ratio ``r = exp(delta) = pi_train / pi_rollout`` and per sequence ``s``
+    the token count ``n_s`` and summed delta ``D_s``:
+
+    - ``token_ratio_mean`` = mean r; ``token_outside_frac`` = share of tokens with r outside
+      ``[1/c, c]``;
+    - ``seq_ratio_mean`` = mean over sequences of ``exp(D_s)``; ``seq_outside_frac``;
+    - ``geo_ratio_mean`` = mean over sequences of ``exp(D_s / n_s)``; ``geo_outside_frac``;
+    - ``ess`` = ``(sum w)^2 / (S * sum w^2)`` with ``w = exp(D_s)``: 1 when every sequence
+      weighs the same, 1/S when one dominates;
+    - ``chi2`` = mean over tokens of ``(r - 1)^2`` (the chi-squared divergence estimate);
+    - ``ppl_ratio`` = ``PPL_train / PPL_rollout = exp(-mean delta)``;
+    - ``catastrophic_frac`` = share of tokens with ``|delta| > ln 100``.
+    """
+    nan = float("nan")
+    if delta.size == 0:
+        return dict.fromkeys(
+            ("token_ratio_mean", "token_outside_frac", "seq_ratio_mean", "seq_outside_frac",
+             "geo_ratio_mean", "geo_outside_frac", "ess", "chi2", "ppl_ratio",
+             "catastrophic_frac"), nan)
+    lo, hi = math.log(1.0 / cap), math.log(cap)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.exp(delta)
+        sums = np.bincount(seq_idx, weights=delta, minlength=n_seqs)
+        counts = np.bincount(seq_idx, minlength=n_seqs)
+        have = counts > 0
+        seq_log = sums[have]
+        geo_log = sums[have] / counts[have]
+        w = np.exp(seq_log)
+        ess = float(w.sum() ** 2 / (w.size * np.square(w).sum())) if w.size else nan
+        return {
+            "token_ratio_mean": float(r.mean()),
+            "token_outside_frac": float(np.mean((delta < lo) | (delta > hi))),
+            "seq_ratio_mean": float(w.mean()),
+            "seq_outside_frac": float(np.mean((seq_log < lo) | (seq_log > hi))),
+            "geo_ratio_mean": float(np.exp(geo_log).mean()),
+            "geo_outside_frac": float(np.mean((geo_log < lo) | (geo_log > hi))),
+            "ess": ess,
+            "chi2": float(np.mean(np.square(r - 1.0))),
+            "ppl_ratio": float(math.exp(-float(delta.mean()))),
+            "catastrophic_frac": float(np.mean(np.abs(delta) > CATASTROPHIC_LOG_RATIO)),
+        }
+
+
+def _noise_tier(std: float) -> str | None:
+    """The most precise tier whose noise allowance (p99 / 2.5758) covers ``std``."""
+    fits = [
+        (float(t["delta_p99_abs"]), key)
+        for key, t in PRECISION_TIERS.items()
+        if std <= float(t["delta_p99_abs"]) / GAUSS_P99
+    ]
+    return min(fits)[1] if fits else None
+
 
 @dataclass
 class DeltaStats:
@@ -67,6 +187,8 @@ class DeltaStats:
     per_bucket: list[dict[str, Any]]
     per_token: list[dict[str, Any]] = field(repr=False)
     tier: dict[str, float] = field(default_factory=dict)
+    correction: dict[str, float] = field(default_factory=dict)
+    """Rollout-correction metrics (:func:`rollout_correction`)."""
 
     def as_metrics(self) -> dict[str, float]:
         """The flat metric names the checks report."""
@@ -85,6 +207,7 @@ class DeltaStats:
                 "per_sequence": self.per_sequence,
                 "per_bucket": self.per_bucket,
                 "per_token": self.per_token,
+                "correction": self.correction,
             }
         )
 
@@ -126,7 +249,11 @@ def _bulk_level(abs_delta: np.ndarray) -> tuple[float, int]:
 
 
 def _diagnose(
-    delta: np.ndarray, tier: Mapping[str, float], nonfinite: int
+    delta: np.ndarray,
+    tier: Mapping[str, float],
+    nonfinite: int,
+    lt: np.ndarray | None = None,
+    li: np.ndarray | None = None,
 ) -> tuple[list[str], str, np.ndarray]:
     """Labels, one explanatory line, and the mask of outlier tokens.
 
@@ -142,6 +269,12 @@ def _diagnose(
       and ``|mean|`` above the tier's ``delta_mean_abs`` (material).
     - ``noise``: ``std > tier.delta_p99_abs / 2.5758``, i.e. a zero-mean Gaussian
       with that spread would put its 99th-percentile |delta| past the tier.
+    - ``misalignment``: Pearson r of logp_train and logp_infer below ``MISALIGNED_CORR``
+      (replaces bias and noise).
+    - (a temperature mismatch needs the trainer's logits: see :func:`fit_temperature_ratio`,
+      which ``logprob_delta`` runs when the delta breaches its tier.)
+    - the noise label says which precision tier a zero-mean spread of that size fits, or that
+      it is larger than any tier's (different weights, not precision).
     - ``consistent``: none of the above.
     """
     labels: list[str] = []
@@ -167,7 +300,21 @@ def _diagnose(
             f"(max {max_abs:.3g}, bulk level {bulk:.3g})"
         )
     rest = delta[~outliers]
-    if rest.size:
+    shaped = False
+    if lt is not None and li is not None and rest.size >= 10 and float(rest.std()) > float(
+        tier["delta_p99_abs"]
+    ) / GAUSS_P99:
+        a_t, a_i = lt[~outliers], li[~outliers]
+        corr = float(np.corrcoef(a_t, a_i)[0, 1]) if a_t.std() > 0 and a_i.std() > 0 else 1.0
+        if corr < MISALIGNED_CORR:
+            shaped = True
+            labels.append("misalignment")
+            parts.append(
+                f"misalignment: trainer and engine log-probs correlate at r = {corr:.3f} "
+                f"(< {MISALIGNED_CORR}): the two sides score different tokens or contexts "
+                "(padding side, shifted positions, another prompt)"
+            )
+    if rest.size and not shaped:
         mean = float(rest.mean())
         std = float(rest.std())
         stderr = std / math.sqrt(rest.size)
@@ -181,7 +328,17 @@ def _diagnose(
         noise_std = float(tier["delta_p99_abs"]) / GAUSS_P99
         if std > noise_std:
             labels.append("noise")
-            parts.append(f"noise: std {std:.3g} > {noise_std:.3g} allowed by the precision tier")
+            fits = _noise_tier(std)
+            where = (
+                f"the size of {fits} precision noise (is one side in lower precision?)"
+                if fits
+                else "larger than any precision tier's noise: not precision (different "
+                "weights or model? see weights_load)"
+            )
+            parts.append(
+                f"noise: std {std:.3g} > {noise_std:.3g} allowed by the precision tier; "
+                f"zero-mean spread {where}"
+            )
     if not labels:
         labels.append("consistent")
         parts.append("consistent: delta within the precision tier, no bias, no outliers")
@@ -331,7 +488,7 @@ def delta_stats(
     li = infer[seq_idx, pos_idx]
     n = int(delta.size)
 
-    labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite)
+    labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite, lt, li)
     nan = float("nan")
     if n:
         # A huge |delta| overflows exp to inf: the metric turns non-finite and fails by name.
@@ -382,4 +539,5 @@ def delta_stats(
         per_bucket=_per_bucket(delta, pos_idx, buckets),
         per_token=per_token,
         tier=tier_map,
+        correction=rollout_correction(delta, seq_idx, train.shape[0]),
     )

@@ -53,14 +53,36 @@ class TokenizerSpec(StrictModel):
     ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``."""
 
 
+SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm"]
+
+
 class SamplingFiles(StrictModel):
     """The trainer's sampling config and the serving one, plus accepted differences."""
 
     training: str
-    """YAML in ``configs/sampling/``."""
-    serving: str
-    """The model's ``generation_config.json`` or a vLLM sampling-parameters YAML."""
+    """YAML or JSON with the trainer's sampling fields."""
+    serving: str | None = None
+    """The serving ``generation_config.json`` or a vLLM sampling-parameters YAML; default:
+    ``serving.generation_config``, else ``generation_config.json`` of the served directory."""
+    training_format: SamplingFormat = "auto"
+    """``auto`` detects the format from the content (reported by ``sampling_config``)."""
+    serving_format: SamplingFormat = "auto"
     allow: list[AllowEntry] = Field(default_factory=list)
+
+
+class ServingSpec(StrictModel):
+    """What is served: every field falls back to the training side when absent."""
+
+    model_dir: str | None = None
+    """The served HF directory (default: ``causal_lm.model_dir``)."""
+    tokenizer: str | None = None
+    """The served tokenizer directory (default: the served ``model_dir``)."""
+    generation_config: str | None = None
+    """The served sampling config (default: ``<served model_dir>/generation_config.json``)."""
+    engine: Literal["hf", "vllm", "dump"] | None = None
+    """The serving engine; sets ``engines`` when that key is absent."""
+    dtype: Dtype | None = None
+    """The dtype the engine computes in (same as ``engine.dtype``; default float32)."""
 
 
 class TrainingSide(StrictModel):
@@ -69,23 +91,34 @@ class TrainingSide(StrictModel):
     logprob_fn: str = "paritygate.families.causal_lm.logprobs:compute_logprobs"
     """``module:callable`` with the signature of
     :func:`paritygate.families.causal_lm.logprobs.compute_logprobs`."""
+    logprob_convention: Literal["auto", "model", "logits"] = "auto"
+    """``model``: ``fn(model, input_ids, attention_mask, *, temperature, top_k, top_p, mode)``;
+    ``logits``: ``fn(logits, input_ids, attention_mask, temperature)``; ``auto``: ``logits``
+    when the first parameter is named ``logits``."""
     logprobs_mode: Literal["raw", "processed"] = "processed"
     """``processed``: the trainer scores tokens under the sampling distribution (temperature,
     top-k/top-p applied); ``raw``: under the model's plain softmax."""
     dtype: Dtype = "float32"
+    device_map: Literal["auto"] | None = None
+    """``auto``: the recompute model is dispatched over every visible device by accelerate
+    (``pip install accelerate``), for models larger than one device."""
 
 
 class EngineSpec(StrictModel):
     """The inference engine's settings (for every engine in ``engines``)."""
 
     model_dir: str | None = None
-    """The directory the engine loads; defaults to ``model_dir``."""
+    """The directory the engine loads (same as ``serving.model_dir``); defaults to ``model_dir``."""
     dtype: Dtype = "float32"
     logprobs_mode: Literal["raw", "processed"] = "processed"
     top_logprobs: int = Field(5, ge=0)
     batch_size: int = Field(8, ge=1)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM only."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM only: GPUs the served model is sharded over (vLLM ``tensor_parallel_size``)."""
+    dump: str | None = None
+    """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
 
 
 class CausalLMSpec(StrictModel):
@@ -94,12 +127,13 @@ class CausalLMSpec(StrictModel):
     model_dir: str
     training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
+    serving: ServingSpec = ServingSpec()
     tokenizer: TokenizerSpec = TokenizerSpec()
     sampling: SamplingFiles
     probes: str
     """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
     max_prompt_tokens: int = Field(128, ge=1)
-    engines: list[Literal["hf", "vllm"]] = Field(default_factory=lambda: ["hf"])
+    engines: list[Literal["hf", "vllm", "dump"]] = Field(default_factory=lambda: ["hf"])
     """Engines ``logprob_delta`` and ``generation_parity`` compare; vLLM is ``vllm_delta``'s."""
     training: TrainingSide = TrainingSide()
     engine: EngineSpec = EngineSpec()

@@ -44,6 +44,9 @@ class LMContext:
     training_sampling: SamplingFile
     serving_sampling: SamplingFile
     logprob_fn: Any
+    served_from: str = "causal_lm.model_dir"
+    """The config key the served directory came from (``causal_lm.model_dir`` when no serving
+    directory is configured: the training directory is served)."""
     family: str = "causal_lm"
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -66,6 +69,21 @@ class LMContext:
         """Digest of the weights the inference engine loads (same scheme as the checkpoint's)."""
         return sha256_files(safetensors_files(self.engine_model_dir))
 
+    def serving_state(self) -> dict[str, Any]:
+        """Every tensor of the served directory's safetensors files."""
+        from paritygate.families.causal_lm.weights import read_state
+
+        return read_state(self.engine_model_dir)
+
+    def serving_weights_diff(self, training_state: dict[str, Any] | None = None) -> Any:
+        """Tensor-by-tensor comparison of the training and the served weights
+        (:class:`paritygate.families.causal_lm.weights.WeightsDiff`)."""
+        from paritygate.families.causal_lm.weights import compare_states
+
+        train = self.checkpoint_state() if training_state is None else training_state
+        serve = train if self.engine_model_dir == self.model_dir else self.serving_state()
+        return compare_states(train, serve, list(self.spec.training_only_heads))
+
     # -- models ------------------------------------------------------------------
     def _load_reference(self) -> tuple[Any, dict[str, Any]]:
         if "reference" not in self._cache:
@@ -73,6 +91,7 @@ class LMContext:
                 self.model_dir,
                 self.spec.training.dtype,
                 trust_remote_code=self.config.trust_remote_code,
+                device_map=self.spec.training.device_map,
             )
         return self._cache["reference"]
 
@@ -118,6 +137,7 @@ class LMContext:
                     logprobs_mode=eng.logprobs_mode,
                     top_logprobs=eng.top_logprobs,
                     gpu_memory_utilization=eng.gpu_memory_utilization,
+                    tensor_parallel_size=eng.tensor_parallel_size,
                     max_model_len=self.spec.max_prompt_tokens
                     + self.serving_sampling.spec().max_new_tokens,
                     engine_kwargs={"trust_remote_code": self.config.trust_remote_code},
@@ -144,9 +164,38 @@ class LMContext:
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
         return render_probe(tok, probe)
 
+    def dump_records(self) -> list[dict[str, Any]]:
+        """The validated records of ``engine.dump`` (``engines: [dump]``)."""
+        if "dump" not in self._cache:
+            from paritygate.engines.rollout_dump import read_dump
+
+            if not self.spec.engine.dump:
+                raise InputError(
+                    self.config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file"
+                )
+            self._cache["dump"] = read_dump(self.config.resolve(self.spec.engine.dump))
+        return self._cache["dump"]
+
+    def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
+        from paritygate.engines.rollout_dump import as_generation, is_greedy
+
+        records = [r for r in self.dump_records() if is_greedy(r["sampling"]) == greedy]
+        if not records:
+            return None, None
+        return as_generation(records), records[0]["sampling"]
+
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
-        """Sampled continuations (``generation_samples`` per probe) under the serving config."""
+        """Sampled continuations (``generation_samples`` per probe) under the serving config;
+        for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
         key = f"sampled:{engine}"
+        if key not in self._cache and engine == "dump":
+            generation, sampling = self._dump_generation(greedy=False)
+            if generation is None:
+                raise InputError(
+                    self.config.resolve(self.spec.engine.dump or ""), None,
+                    "the dump holds no sampled record (all are greedy)",
+                )
+            self._cache[key] = (generation, sampling)
         if key not in self._cache:
             sampling = self.serving_sampling.spec()
             if sampling.seed is None:
@@ -155,13 +204,22 @@ class LMContext:
             self._cache[key] = (self.engine(engine).generate(prompts, sampling), sampling)
         return self._cache[key]
 
-    def greedy(self, engine: str = "hf") -> Generation:
-        """Greedy continuations of every probe under the serving config's length and stops."""
+    def greedy(self, engine: str = "hf") -> Generation | None:
+        """Greedy continuations of every probe under the serving config's length and stops
+        (``dump``: the dump's greedy records, ``None`` when it has none)."""
         key = f"greedy:{engine}"
+        if key not in self._cache and engine == "dump":
+            self._cache[key] = self._dump_generation(greedy=True)[0]
         if key not in self._cache:
             sampling = self.serving_sampling.spec().greedy()
             self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
         return self._cache[key]
+
+    def logprob_variants(self) -> Any:
+        """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
+        import paritygate.families.causal_lm.logprobs as helpers
+
+        return helpers
 
     def recompute(self, generation: Generation) -> tuple[Any, Any, Any]:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
@@ -202,12 +260,85 @@ class LMContext:
         )
 
 
+def _pick(
+    cfg: Path, pairs: list[tuple[str, str | None]], what: str
+) -> tuple[str | None, str | None]:
+    """The one value set among ``(key, value)`` pairs; two different values are an error."""
+    chosen = [(k, v) for k, v in pairs if v is not None]
+    for key, value in chosen[1:]:
+        if value != chosen[0][1]:
+            raise InputError(
+                cfg, key, f"{what} {value!r} contradicts {chosen[0][0]} = {chosen[0][1]!r}"
+            )
+    return chosen[0] if chosen else (None, None)
+
+
+def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpec, str]:
+    """Fold the ``serving`` section into the engine/tokenizer/sampling keys it shares.
+
+    Returns the effective spec and the key the served directory came from.
+    """
+    cfg = config.path
+    srv = spec.serving
+    dir_key, served = _pick(
+        cfg,
+        [("causal_lm.serving.model_dir", srv.model_dir),
+         ("causal_lm.engine.model_dir", spec.engine.model_dir)],
+        "serving model_dir",
+    )
+    served_from = dir_key or "causal_lm.model_dir"
+    _, dtype = _pick(
+        cfg,
+        [("causal_lm.serving.dtype", srv.dtype),
+         ("causal_lm.engine.dtype",
+          spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)],
+        "serving dtype",
+    )
+    _, tok = _pick(
+        cfg,
+        [("causal_lm.serving.tokenizer", srv.tokenizer),
+         ("causal_lm.tokenizer.serving", spec.tokenizer.serving)],
+        "serving tokenizer",
+    )
+    _, gen = _pick(
+        cfg,
+        [("causal_lm.serving.generation_config", srv.generation_config),
+         ("causal_lm.sampling.serving", spec.sampling.serving)],
+        "serving sampling config",
+    )
+    served_dir = config.resolve(served) if served else config.resolve(spec.model_dir)
+    if gen is None:
+        candidate = served_dir / "generation_config.json"
+        if not candidate.is_file():
+            raise InputError(
+                cfg,
+                "causal_lm.sampling.serving",
+                f"no serving sampling config: set it (or serving.generation_config); "
+                f"{candidate} does not exist",
+            )
+        gen = str(candidate)
+    if tok is None and served:
+        tok = served
+    engine = spec.engine.model_copy(
+        update={"model_dir": served, "dtype": dtype or spec.engine.dtype}
+    )
+    update: dict[str, Any] = {
+        "engine": engine,
+        "tokenizer": spec.tokenizer.model_copy(update={"serving": tok}),
+        "sampling": spec.sampling.model_copy(update={"serving": gen}),
+    }
+    if srv.engine is not None and "engines" not in spec.model_fields_set:
+        update["engines"] = [srv.engine]
+    return spec.model_copy(update=update), served_from
+
+
 def build_lm_context(config: GateConfig) -> LMContext:
     """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
     spec = config.causal_lm
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     cfg = config.path
+    spec, served_from = resolve_serving(config, spec)
     model_dir = config.resolve(spec.model_dir)
     if not model_dir.is_dir():
         raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
@@ -216,9 +347,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     files = safetensors_files(model_dir)
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
     if not (engine_dir / "config.json").is_file():
-        raise InputError(
-            cfg, "causal_lm.engine.model_dir", f"no HF model directory at {engine_dir}"
-        )
+        raise InputError(cfg, served_from, f"no HF model directory at {engine_dir}")
 
     def tokenizer(side: str) -> Any:
         tspec = spec.tokenizer
@@ -244,6 +373,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     training_sampling = load_sampling_file(
         config.resolve(spec.sampling.training),
         trainer=True,
+        fmt=spec.sampling.training_format,
+        eos_text=training_tok.eos_token,
+        eos_id=training_tok.eos_token_id,
         side_defaults={
             "padding_side": training_tok.padding_side,
             "truncation_side": training_tok.truncation_side,
@@ -253,13 +385,21 @@ def build_lm_context(config: GateConfig) -> LMContext:
     serving_sampling = load_sampling_file(
         config.resolve(spec.sampling.serving),
         trainer=False,
+        fmt=spec.sampling.serving_format,
+        eos_text=serving_tok.eos_token,
+        eos_id=serving_tok.eos_token_id,
         side_defaults={
             "padding_side": serving_tok.padding_side,
             "truncation_side": serving_tok.truncation_side,
             "dtype": spec.engine.dtype,
         },
     )
-    logprob_fn = import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn")
+    from paritygate.families.causal_lm.logprobs import as_model_level
+
+    logprob_fn = as_model_level(
+        import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn"),
+        spec.training.logprob_convention,
+    )
     return LMContext(
         config=config,
         spec=spec,
@@ -273,4 +413,5 @@ def build_lm_context(config: GateConfig) -> LMContext:
         training_sampling=training_sampling,
         serving_sampling=serving_sampling,
         logprob_fn=logprob_fn,
+        served_from=served_from,
     )

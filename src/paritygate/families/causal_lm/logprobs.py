@@ -202,3 +202,63 @@ def compute_logprobs(
     finally:
         if was_training and hasattr(model, "train"):
             model.train(True)
+
+
+Convention = Literal["auto", "model", "logits"]
+
+
+def detect_convention(fn: Any) -> str:
+    """``logits`` when the function's first parameter is named ``logits``, else ``model``."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return "model"
+    return "logits" if params and params[0] == "logits" else "model"
+
+
+def model_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+    """The forward the gate runs for a logits-level function: eval mode, no grad, position ids
+    ``cumsum(mask) - 1`` clamped at 0, logits as float32 ``(B, T, V)``."""
+    import torch
+
+    with torch.inference_mode():
+        output = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+        )
+    return _logits_of(output).float()
+
+
+def as_model_level(fn: Any, convention: str = "auto") -> Any:
+    """A model-level view of a trainer log-prob function.
+
+    ``model`` convention: ``fn(model, input_ids, attention_mask, *, temperature, top_k, top_p,
+    mode)`` is returned unchanged. ``logits`` convention (TRL's ``selective_log_softmax`` and
+    verl's ``logprobs_from_logits`` style): the gate runs :func:`model_logits` and calls
+    ``fn(logits, input_ids, attention_mask, temperature)`` with ``temperature`` the sampling
+    temperature in processed mode and ``1.0`` in raw mode; top-k/top-p are not passed.
+    Either way the result must be ``(B, T - 1)`` with ``out[:, t]`` scoring token ``t + 1``.
+    """
+    kind = detect_convention(fn) if convention == "auto" else convention
+    if kind == "model":
+        return fn
+
+    def call(
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        mode: Mode = "raw",
+        **_: Any,
+    ) -> Any:
+        logits = model_logits(model, input_ids, attention_mask)
+        t = float(temperature) if mode == "processed" else 1.0
+        return fn(logits, input_ids, attention_mask, t)
+
+    call.convention = "logits"  # type: ignore[attr-defined]
+    call.wrapped = fn  # type: ignore[attr-defined]
+    return call

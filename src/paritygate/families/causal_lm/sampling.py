@@ -22,10 +22,15 @@ COMPARED_FIELDS: tuple[str, ...] = (
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
     "max_new_tokens",
     "min_new_tokens",
     "stop",
+    "stop_token_ids",
+    "ignore_eos",
     "do_sample",
     "padding_side",
     "truncation_side",
@@ -45,10 +50,83 @@ IGNORED = {
     "logprobs",
     "prompt_logprobs",
     "num_return_sequences",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict_in_generate",
 }
 """Token ids (tokenizer_parity compares them), bookkeeping, and per-request settings."""
 
+NOT_COMPARED: dict[str, str] = {
+    # HF GenerationConfig fields that change decoding but have no counterpart here.
+    **{
+        name: "HF decoding option outside the RL sampling protocol"
+        for name in (
+            "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h", "num_beams",
+            "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping",
+            "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+            "encoder_repetition_penalty", "bad_words_ids", "force_words_ids", "constraints",
+            "renormalize_logits", "suppress_tokens", "begin_suppress_tokens",
+            "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty",
+            "sequence_bias", "guidance_scale", "penalty_alpha", "dola_layers",
+            "watermarking_config", "token_healing", "remove_invalid_values", "max_length",
+            "min_length", "max_time", "low_memory",
+        )
+    },
+    **{
+        name: "HF execution option: does not change the sampled distribution"
+        for name in (
+            "cache_implementation", "cache_config", "max_cache_len", "compile_config",
+            "disable_compile", "prefill_chunk_size", "continuous_batching_config",
+            "assistant_confidence_threshold", "assistant_early_exit",
+            "assistant_ensemble_weight", "assistant_lookbehind", "is_assistant",
+            "max_matching_ngram_size", "num_assistant_tokens",
+            "num_assistant_tokens_schedule", "prompt_lookup_num_tokens", "speculation_type",
+            "target_lookbehind", "use_mtp",
+        )
+    },
+    # vLLM SamplingParams fields that change the output but are not modelled here.
+    **{
+        name: "vLLM sampling option outside the RL sampling protocol"
+        for name in (
+            "best_of", "logit_bias", "allowed_token_ids", "bad_words", "guided_decoding",
+            "structured_outputs", "logits_processors", "truncate_prompt_tokens",
+            "include_stop_str_in_output",
+        )
+    },
+    **{
+        name: "vLLM output option: does not change the sampled tokens"
+        for name in (
+            "skip_special_tokens", "spaces_between_special_tokens", "detokenize",
+            "output_kind", "extra_args",
+        )
+    },
+}
+"""Known fields that ``sampling_config`` lists in its report as not compared."""
+
+FORMATS = ("trainer", "hf_generation_config", "vllm")
+HF_MARKERS = {
+    "transformers_version", "_from_model_config", "max_length", "num_beams", "stop_strings",
+    "do_sample", "min_length", "typical_p", "no_repeat_ngram_size", "bos_token_id",
+    "eos_token_id", "decoder_start_token_id", "max_new_tokens", "min_new_tokens",
+}
+VLLM_MARKERS = {
+    "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "n", "best_of",
+    "presence_penalty", "frequency_penalty", "ignore_eos", "stop_token_ids",
+    "skip_special_tokens", "include_stop_str_in_output", "logit_bias",
+}
+TRAINER_MARKERS = {"padding_side", "truncation_side", "dtype"}
+
+_NEUTRAL: dict[str, Any] = {
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "stop_token_ids": [],
+    "ignore_eos": False,
+}
 HF_DEFAULTS: dict[str, Any] = {
+    **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": 50,
@@ -60,6 +138,7 @@ HF_DEFAULTS: dict[str, Any] = {
     "use_cache": True,
 }
 VLLM_DEFAULTS: dict[str, Any] = {
+    **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": 0,
@@ -82,6 +161,24 @@ class SamplingFile:
     values: dict[str, Any]
     explicit: set[str] = field(default_factory=set)
     seed: int | None = 0
+    detection: str = ""
+    """How the format was chosen (configured, or which fields of the content decided it)."""
+    not_compared: dict[str, Any] = field(default_factory=dict)
+    """Known fields present in the file that are not compared (value per field)."""
+    eos_text: str | None = None
+    """The side's EOS token as text: a stop string equal to it is the EOS stop."""
+    eos_id: int | None = None
+    raw_keys: set[str] = field(default_factory=set)
+    """Every field name as written in the file."""
+
+    def contradiction(self) -> str | None:
+        """A configured format that the file's fields contradict (see format_contradiction)."""
+        return format_contradiction(self)
+
+    @staticmethod
+    def not_compared_reason(name: str) -> str:
+        """Why a known field is not compared."""
+        return NOT_COMPARED.get(name, "not modelled")
 
     @property
     def compared_fields(self) -> tuple[str, ...]:
@@ -100,13 +197,23 @@ class SamplingFile:
             stop=list(v["stop"]),
             seed=self.seed,
             do_sample=bool(v["do_sample"]),
+            min_p=float(v["min_p"]),
         )
 
 
 def _normalise(key: str, value: Any, path: Path) -> Any:
     try:
-        if key in ("temperature", "top_p", "repetition_penalty"):
+        if key in ("min_p", "presence_penalty", "frequency_penalty") and value is None:
+            return 0.0
+        if key in (
+            "temperature", "top_p", "repetition_penalty", "min_p", "presence_penalty",
+            "frequency_penalty",
+        ):
             return float(value)
+        if key == "stop_token_ids":
+            if value is None:
+                return []
+            return sorted(int(v) for v in ([value] if isinstance(value, int) else value))
         if key in ("top_k", "max_new_tokens", "min_new_tokens"):
             n = int(value)
             return 0 if key == "top_k" and n < 0 else n
@@ -114,7 +221,7 @@ def _normalise(key: str, value: Any, path: Path) -> Any:
             if value is None:
                 return []
             return [value] if isinstance(value, str) else sorted(str(s) for s in value)
-        if key in ("do_sample", "use_cache"):
+        if key in ("do_sample", "use_cache", "ignore_eos"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
             return value
@@ -130,9 +237,63 @@ def _normalise(key: str, value: Any, path: Path) -> Any:
     return value
 
 
-def load_sampling_file(path: Path, *, trainer: bool, side_defaults: dict[str, Any]) -> SamplingFile:
+def detect_format(data: dict[str, Any], *, trainer: bool, suffix: str) -> tuple[str, str]:
+    """``(format, how it was detected)`` from the file's fields.
+
+    A file with HF-only fields (``transformers_version``, ``do_sample``, ``max_new_tokens``...)
+    is a ``generation_config``; one with vLLM-only fields (``max_tokens``, ``logprobs``...) is
+    vLLM's; the trainer's side is the trainer format otherwise (neutral defaults). The file
+    suffix decides only for a serving file whose fields name neither.
+    """
+    keys = set(data)
+    hf, vllm = sorted(keys & HF_MARKERS), sorted(keys & VLLM_MARKERS)
+    strong_hf = keys & {"transformers_version", "_from_model_config"}
+    if trainer and not strong_hf:
+        return "trainer", "trainer side (no transformers_version/_from_model_config field)"
+    if hf and not vllm:
+        return "hf_generation_config", f"detected from HF fields {hf[:3]}"
+    if vllm and not hf:
+        return "vllm", f"detected from vLLM fields {vllm[:3]}"
+    if hf and vllm:
+        fmt = "hf_generation_config" if strong_hf else "vllm"
+        return fmt, f"fields of both formats ({hf[:2]} and {vllm[:2]}); read as {fmt}"
+    fmt = "hf_generation_config" if suffix == ".json" else "vllm"
+    return fmt, f"no format-specific field; read as {fmt} from the file suffix {suffix!r}"
+
+
+def _known_hf_fields() -> set[str]:
+    try:
+        from transformers import GenerationConfig
+
+        return set(GenerationConfig().__dict__)
+    except ImportError:  # pragma: no cover - the lm extra brings transformers
+        return set()
+
+
+def _unknown(path: Path, raw_key: str, known: set[str]) -> InputError:
+    import difflib
+
+    close = difflib.get_close_matches(raw_key, sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return InputError(path, raw_key, f"unknown sampling field{hint}")
+
+
+def load_sampling_file(
+    path: Path,
+    *,
+    trainer: bool,
+    side_defaults: dict[str, Any],
+    fmt: str = "auto",
+    eos_text: str | None = None,
+    eos_id: int | None = None,
+) -> SamplingFile:
     """Read one sampling config. ``side_defaults`` fills padding/truncation side and dtype
-    from that side's tokenizer and model settings when the file does not state them."""
+    from that side's tokenizer and model settings when the file does not state them.
+
+    ``fmt`` is ``auto`` (detected from the content, see :func:`detect_format`) or one of
+    ``trainer``, ``hf_generation_config``, ``vllm``. An unknown field is an
+    :class:`InputError` naming it, in every format.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -146,30 +307,56 @@ def load_sampling_file(path: Path, *, trainer: bool, side_defaults: dict[str, An
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")
-    if path.suffix == ".json":
-        fmt, defaults = "hf_generation_config", HF_DEFAULTS
-    elif trainer:
-        fmt, defaults = "trainer", TRAINER_DEFAULTS
+    if fmt == "auto":
+        fmt, detection = detect_format(data, trainer=trainer, suffix=path.suffix)
     else:
-        fmt, defaults = "vllm", VLLM_DEFAULTS
+        detection = "configured"
+    defaults = {
+        "hf_generation_config": HF_DEFAULTS, "trainer": TRAINER_DEFAULTS, "vllm": VLLM_DEFAULTS
+    }[fmt]
+    known = set(COMPARED_FIELDS) | IGNORED | set(NOT_COMPARED) | set(ALIASES)
+    if fmt == "hf_generation_config":
+        known |= _known_hf_fields()
     values: dict[str, Any] = {**defaults, **side_defaults}
     explicit: set[str] = set()
+    not_compared: dict[str, Any] = {}
     seed: int | None = 0
     for raw_key, raw_value in data.items():
         key = ALIASES.get(raw_key, raw_key)
         if key == "seed":
             seed = None if raw_value is None else int(raw_value)
             continue
-        if key in IGNORED or (fmt == "hf_generation_config" and key not in COMPARED_FIELDS):
+        if key in IGNORED:
             continue
         if key not in COMPARED_FIELDS:
-            raise InputError(
-                path, raw_key, f"unknown sampling field; known: {', '.join(COMPARED_FIELDS)}"
-            )
+            if key not in known:
+                raise _unknown(path, raw_key, known)
+            not_compared[raw_key] = raw_value
+            continue
         values[key] = _normalise(key, raw_value, path)
         explicit.add(key)
     if fmt == "hf_generation_config" and values["temperature"] == 0.0:
         values["do_sample"] = False
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
-    return SamplingFile(path, fmt, values, explicit, seed)
+    return SamplingFile(
+        path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data)
+    )
+
+
+def format_contradiction(side: SamplingFile) -> str | None:
+    """A configured format that the file's own fields contradict, or ``None``."""
+    if side.detection != "configured":
+        return None
+    keys = set(side.raw_keys)
+    strong = {
+        "hf_generation_config": keys & {"transformers_version", "_from_model_config"},
+        "vllm": keys & (VLLM_MARKERS - HF_MARKERS),
+    }
+    for fmt, found in strong.items():
+        if found and fmt != side.format:
+            return (
+                f"{side.path.name} is read as {side.format} (configured) but its fields "
+                f"{sorted(found)[:3]} are {fmt}'s: absent fields take {side.format}'s defaults"
+            )
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,3 +17,69 @@ def read_state(directory: Path) -> dict[str, Any]:
     for path in safetensors_files(directory):
         state.update(load_file(str(path)))
     return state
+
+
+@dataclass
+class WeightsDiff:
+    """Training vs served weights, tensor by tensor (training-only keys removed first).
+
+    ``dtype_changes`` maps a key to ``(training dtype, served dtype)`` where the served copy
+    stores another dtype; ``cast_exact`` lists those whose served values are exactly the
+    training values cast to the served dtype (a pure precision change). ``value_diffs`` maps
+    every differing key to its max abs diff (computed in float32 after that cast).
+    """
+
+    compared: int = 0
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    shape: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    dtype_changes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    cast_exact: list[str] = field(default_factory=list)
+    value_diffs: dict[str, float] = field(default_factory=dict)
+    nonfinite: list[str] = field(default_factory=list)
+
+    def served_dtypes(self) -> set[str]:
+        """The lower dtypes the served copy stores (empty when none changed)."""
+        return {served for _, served in self.dtype_changes.values()}
+
+
+def _dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).replace("torch.", "")
+
+
+def compare_states(
+    training: dict[str, Any], served: dict[str, Any], training_only: list[str]
+) -> WeightsDiff:
+    """Compare every tensor the served copy should hold with the training checkpoint's."""
+    import torch
+
+    def keep(key: str) -> bool:
+        return not any(key.startswith(h) for h in training_only)
+
+    train = {k: v for k, v in training.items() if keep(k)}
+    serve = {k: v for k, v in served.items() if keep(k)}
+    diff = WeightsDiff()
+    diff.missing = sorted(set(train) - set(serve))
+    diff.extra = sorted(set(serve) - set(train))
+    for key in sorted(set(train) & set(serve)):
+        t, s = train[key], serve[key]
+        diff.compared += 1
+        if tuple(t.shape) != tuple(s.shape):
+            diff.shape[key] = (list(t.shape), list(s.shape))
+            continue
+        if s.is_floating_point() and not bool(torch.isfinite(s).all()):
+            diff.nonfinite.append(key)
+        expected = t
+        if t.dtype != s.dtype:
+            diff.dtype_changes[key] = (_dtype_name(t), _dtype_name(s))
+            expected = t.to(s.dtype)
+        if torch.equal(expected, s):
+            if t.dtype != s.dtype:
+                diff.cast_exact.append(key)
+            continue
+        if s.is_floating_point() or t.is_floating_point():
+            delta = (expected.float() - s.float()).abs()
+            diff.value_diffs[key] = float(torch.nan_to_num(delta, nan=float("inf")).max())
+        else:
+            diff.value_diffs[key] = float((expected.long() - s.long()).abs().max())
+    return diff

@@ -1,0 +1,230 @@
+"""Rollout dumps: any engine's sampled rollouts as a file the gate audits on CPU.
+
+One record per sequence, in JSONL (one JSON object per line) or Parquet (one row per
+sequence, same column names; needs pyarrow). Fields:
+
+- ``prompt_ids`` (list of int, required, non-empty): the prompt token ids.
+- ``completion_ids`` (list of int, required): the generated token ids.
+- ``logprobs`` (list of float, required, same length as ``completion_ids``): the engine's
+  log-prob of each generated token.
+- ``sampling`` (object, optional): the sampling params of the request (``temperature``,
+  ``top_p``, ``top_k``, ``min_p``, ``max_tokens``/``max_new_tokens``, ``stop``, ``seed``...).
+  A record with ``temperature: 0`` (or ``do_sample: false``) is a greedy rollout.
+- ``top_logprobs`` (list, optional, same length as ``completion_ids``): per token a mapping
+  token id -> log-prob (JSON object keys are strings of ints).
+- ``logprobs_mode`` (``raw`` | ``processed``, optional, default ``processed``).
+- ``engine`` (string, optional): who wrote the dump (``vllm``, ``sglang``, ``hf``...).
+
+A bad dump raises :class:`~paritygate.errors.InputError` naming the line (1-based; the row
+for Parquet) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from paritygate.engines.generation import Generation, SamplingSpec
+from paritygate.errors import InputError, MissingExtra
+
+FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
+          "logprobs_mode", "engine")
+REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool) -> list[int]:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise InputError(path, f"{where}: {name}", "must be a list of non-negative token ids")
+    if non_empty and not value:
+        raise InputError(path, f"{where}: {name}", "must not be empty")
+    return [int(v) for v in value]
+
+
+def validate_record(path: Path, where: str, rec: Any) -> dict[str, Any]:
+    """One validated, normalised record; ``where`` is ``line N`` or ``row N``."""
+    if not isinstance(rec, dict):
+        raise InputError(path, where, "a record must be an object")
+    for key in rec:
+        if key not in FIELDS:
+            raise InputError(path, f"{where}: {key}", f"unknown field; known: {', '.join(FIELDS)}")
+    for key in REQUIRED:
+        if rec.get(key) is None:
+            raise InputError(path, f"{where}: {key}", "required field missing")
+    prompt = _int_list(path, where, "prompt_ids", rec["prompt_ids"], non_empty=True)
+    completion = _int_list(path, where, "completion_ids", rec["completion_ids"], non_empty=False)
+    lps = rec["logprobs"]
+    if not isinstance(lps, (list, tuple)) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in lps
+    ):
+        raise InputError(path, f"{where}: logprobs", "must be a list of numbers")
+    if len(lps) != len(completion):
+        raise InputError(
+            path, f"{where}: logprobs",
+            f"{len(lps)} log-probs for {len(completion)} completion tokens",
+        )
+    lps = [float(v) for v in lps]
+    if any(v > 1e-6 for v in lps if math.isfinite(v)):
+        raise InputError(path, f"{where}: logprobs", "a log-prob must be <= 0")
+    top = rec.get("top_logprobs")
+    if top is not None:
+        if not isinstance(top, (list, tuple)) or len(top) != len(completion):
+            raise InputError(
+                path, f"{where}: top_logprobs", "must be one mapping per completion token"
+            )
+        try:
+            top = [
+                {int(d["key"]): float(d["value"]) for d in step}
+                if isinstance(step, (list, tuple))
+                else {int(k): float(v) for k, v in dict(step).items()}
+                for step in top
+            ]
+        except (TypeError, ValueError):
+            raise InputError(
+                path, f"{where}: top_logprobs", "each step must map token id -> log-prob"
+            ) from None
+    sampling = rec.get("sampling") or {}
+    if not isinstance(sampling, dict):
+        raise InputError(path, f"{where}: sampling", "must be an object")
+    try:
+        spec = sampling_spec(sampling)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(path, f"{where}: sampling", f"invalid sampling params: {exc}") from None
+    mode = rec.get("logprobs_mode") or "processed"
+    if mode not in ("raw", "processed"):
+        raise InputError(path, f"{where}: logprobs_mode", "must be 'raw' or 'processed'")
+    return {
+        "prompt_ids": prompt, "completion_ids": completion, "logprobs": lps,
+        "top_logprobs": top, "sampling": spec, "logprobs_mode": mode,
+        "engine": str(rec.get("engine") or "dump"),
+    }
+
+
+def sampling_spec(params: dict[str, Any]) -> SamplingSpec:
+    """A dump record's sampling params as a :class:`SamplingSpec` (vLLM or HF names)."""
+    known = {
+        "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
+        "max_new_tokens", "min_tokens", "min_new_tokens", "stop", "stop_strings", "seed",
+        "do_sample",
+    }
+    ignored = {
+        "n", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+        "stop_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+        "include_stop_str_in_output", "best_of", "logit_bias", "detokenize", "output_kind",
+    }
+    for key in params:
+        if key not in known | ignored:
+            raise KeyError(f"unknown sampling param {key!r}")
+    return SamplingSpec.from_dict({k: v for k, v in params.items() if k in known})
+
+
+def _rows(path: Path) -> list[tuple[str, Any]]:
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise MissingExtra("pyarrow", "lm") from None
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # pyarrow raises many types for a bad file
+            raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
+        return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
+    rows = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read rollout dump: {exc.strerror}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((f"line {n}", json.loads(line)))
+        except ValueError as exc:
+            raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
+    return rows
+
+
+def read_dump(path: Path) -> list[dict[str, Any]]:
+    """Every validated record of a JSONL or Parquet dump."""
+    if not path.is_file():
+        raise InputError(path, None, "rollout dump not found")
+    records = []
+    for where, row in _rows(path):
+        if isinstance(row, dict):
+            row = {k: v for k, v in row.items() if v is not None}
+            if isinstance(row.get("sampling"), dict):
+                row["sampling"] = {k: v for k, v in row["sampling"].items() if v is not None}
+        records.append(validate_record(path, where, row))
+    if not records:
+        raise InputError(path, None, "rollout dump holds no record")
+    return records
+
+
+def as_generation(records: list[dict[str, Any]], engine: str = "dump") -> Generation:
+    """Records as a :class:`Generation` (all must share one logprobs mode)."""
+    modes = {r["logprobs_mode"] for r in records}
+    if len(modes) > 1:
+        raise ValueError(f"records mix log-prob modes {sorted(modes)}")
+    tops = [r["top_logprobs"] for r in records]
+    return Generation(
+        prompt_ids=[r["prompt_ids"] for r in records],
+        output_ids=[r["completion_ids"] for r in records],
+        logprobs=[r["logprobs"] for r in records],
+        top_logprobs=tops if all(t is not None for t in tops) else None,
+        logprobs_mode=modes.pop(),
+        engine=records[0]["engine"] if engine == "dump" else engine,
+    )
+
+
+def is_greedy(spec: SamplingSpec) -> bool:
+    return not spec.do_sample or spec.temperature == 0.0
+
+
+def dump_records(generation: Generation, sampling: SamplingSpec) -> list[dict[str, Any]]:
+    """A generation as dump records (the schema above)."""
+    params = {
+        "temperature": 0.0 if not sampling.do_sample else sampling.temperature,
+        "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p,
+        "repetition_penalty": sampling.repetition_penalty,
+        "max_tokens": sampling.max_new_tokens, "min_tokens": sampling.min_new_tokens,
+        "stop": list(sampling.stop), "seed": sampling.seed,
+    }
+    out = []
+    for i, (prompt, ids, lps) in enumerate(
+        zip(generation.prompt_ids, generation.output_ids, generation.logprobs, strict=True)
+    ):
+        rec: dict[str, Any] = {
+            "prompt_ids": list(prompt), "completion_ids": list(ids),
+            "logprobs": [float(v) for v in lps], "sampling": params,
+            "logprobs_mode": generation.logprobs_mode, "engine": generation.engine,
+        }
+        if generation.top_logprobs is not None:
+            rec["top_logprobs"] = [
+                {str(k): float(v) for k, v in step.items()} for step in generation.top_logprobs[i]
+            ]
+        out.append(rec)
+    return out
+
+
+def write_dump(path: Path, records: list[dict[str, Any]]) -> Path:
+    """Write records as JSONL, or Parquet when ``path`` ends in ``.parquet``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise MissingExtra("pyarrow", "lm") from None
+        rows = [dict(r) for r in records]
+        for r in rows:  # Parquet needs one schema: top-k as a list of {id, logprob} lists
+            if "top_logprobs" in r:
+                r["top_logprobs"] = [
+                    [{"key": k, "value": v} for k, v in step.items()] for step in r["top_logprobs"]
+                ]
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path

@@ -1,0 +1,31 @@
+"""Write a serving engine's rollouts of the probe prompts as a rollout dump.
+
+``paritygate dump CONFIG --out FILE`` (a GPU job with ``--engine vllm``) writes what
+``engines: [dump]`` audits elsewhere (a CPU job): the sampled rollouts
+(``generation_samples`` per probe, serving sampling config) and the greedy ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+
+
+def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
+    """Generate with ``engine`` and write the dump to ``out`` (JSONL, or Parquet by suffix)."""
+    from paritygate.engines.rollout_dump import dump_records, write_dump
+    from paritygate.errors import InputError
+    from paritygate.families.causal_lm.context import build_lm_context
+
+    if config.family != "causal_lm":
+        raise InputError(config.path, "family", "paritygate dump needs a causal_lm gate")
+    ctx = build_lm_context(config)
+    generation, sampling = ctx.sampled(engine)
+    greedy = ctx.greedy(engine)
+    records = dump_records(generation, sampling)
+    if greedy is not None:
+        records += dump_records(greedy, ctx.serving_sampling.spec().greedy())
+    return write_dump(out, records)
