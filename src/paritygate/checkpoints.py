@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,8 +35,14 @@ def _torch() -> Any:
 def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) -> Any:
     torch = _torch()
     try:
-        return torch.load(source, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on old pickle protocols: not ours
+            return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        if "weights only" not in str(exc).lower():  # not a pickle torch could even start on
+            raise InputError(
+                path, key, "not a torch checkpoint (truncated or corrupt?): cannot unpickle it"
+            ) from None
         if not allow_pickle:
             raise InputError(path, key, PICKLE_REFUSED) from None
         if hasattr(source, "seek"):

@@ -30,8 +30,25 @@ class WrittenReport:
     files: list[str] = field(default_factory=list)
 
 
-def overall_status(results: list[CheckResult]) -> str:
-    return "fail" if any(r.status in ("fail", "error") for r in results) else "pass"
+NOTHING_VERIFIED = "nothing_verified"
+
+
+def overall_status(results: list[CheckResult], *, allow_skips: bool = False) -> str:
+    """``fail`` on any failure; ``nothing_verified`` when no check passed (every selected
+    check skipped, or none selected) unless the caller opted in with ``allow_skips``."""
+    if any(r.status in ("fail", "error") for r in results):
+        return "fail"
+    if not any(r.status == "pass" for r in results) and not allow_skips:
+        return NOTHING_VERIFIED
+    return "pass"
+
+
+def nothing_verified_reason(results: list[CheckResult]) -> str:
+    """Why a run verified nothing, for the one line the CLI prints."""
+    if not results:
+        return "nothing was verified: no check was selected"
+    skipped = "; ".join(f"{r.id}: {r.message}" for r in results)
+    return f"nothing was verified: every selected check skipped: {skipped}"
 
 
 def _fmt(value: Any) -> str:
@@ -79,7 +96,7 @@ def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
     ctx = gate.context
     return {
         "name": gate.config.name,
-        "status": overall_status(results),
+        "status": overall_status(results, allow_skips=getattr(gate, "allow_skips", False)),
         "family": gate.config.family,
         "config": str(gate.config.path),
         "checkpoint": {"path": str(ctx.checkpoint_path), "sha256": ctx.checkpoint_sha256},
