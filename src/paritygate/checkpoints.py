@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,11 +32,29 @@ def _torch() -> Any:
     return torch
 
 
+def _looks_like_torch(source: Any) -> bool:
+    """A torch file is a zip archive (torch >= 1.6) or starts with a pickle PROTO opcode."""
+    if hasattr(source, "seek"):
+        source.seek(0)
+        head = source.read(4)
+        source.seek(0)
+    else:
+        with open(source, "rb") as fh:
+            head = fh.read(4)
+    return head.startswith(b"PK") or head[:1] == b"\x80"
+
+
 def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) -> Any:
     torch = _torch()
     try:
-        return torch.load(source, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on old pickle protocols: not ours
+            return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        if "weights only" not in str(exc).lower() or not _looks_like_torch(source):
+            raise InputError(
+                path, key, "not a torch checkpoint (truncated or corrupt?): cannot unpickle it"
+            ) from None
         if not allow_pickle:
             raise InputError(path, key, PICKLE_REFUSED) from None
         if hasattr(source, "seek"):

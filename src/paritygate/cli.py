@@ -1,7 +1,8 @@
 """Command line: ``paritygate run | export | demo | precision``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad input (one line naming
-the file and key, no traceback).
+the file and key, no traceback), 3 nothing was verified (every selected check
+skipped, or none selected; ``--allow-skips`` makes that a pass).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from paritygate.errors import InputError
 
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial",
     )
+    run.add_argument(
+        "--allow-skips",
+        action="store_true",
+        help="pass a run in which every selected check skipped (default: exit 3)",
+    )
 
     export = sub.add_parser("export", help="build the inference artifact and manifest.json")
     export.add_argument("config", type=Path)
@@ -73,17 +79,20 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
+    from paritygate import plugin
     from paritygate.gate import Gate
     from paritygate.plugin import register_gate
 
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
+    gate.check_writable(args.report_dir)
     print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
     gate.context  # noqa: B018 - validate every input before any check runs
     import paritygate_gates
 
     register_gate(gate)
+    plugin.CLI_OWNS_STDERR["on"] = True
     pytest_args = [
         str(Path(paritygate_gates.__file__).parent),
         "--gate-config",
@@ -109,10 +118,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pytest_args += ["-m", args.markexpr]
     if args.workers:
         pytest_args += ["-n", str(args.workers)]
+    if args.allow_skips:
+        pytest_args.append("--allow-skips")
     code = int(pytest.main(pytest_args))
+    last = dict(plugin.LAST_RUN)
+    if "input_error" in last:
+        raise InputError(None, None, last["input_error"])
+    if code == EXIT_NOTHING_VERIFIED or "nothing_verified" in last:
+        why = last.get("nothing_verified", "nothing was verified")
+        print(f"paritygate: {why}", file=sys.stderr)
+        return EXIT_NOTHING_VERIFIED
     if code == 5:
-        print("paritygate: no check matched the selection", file=sys.stderr)
-        return EXIT_PASS
+        return EXIT_PASS if args.allow_skips else EXIT_NOTHING_VERIFIED
     if code in (EXIT_PASS, EXIT_FAIL, EXIT_INPUT):
         return code
     return EXIT_INPUT
@@ -169,7 +186,10 @@ def _cmd_precision(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     args = _parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
     handlers = {
         "run": _cmd_run,
         "export": _cmd_export,

@@ -7,6 +7,7 @@ Relative paths resolve against the folder of the config file.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +42,8 @@ class GateConfig(StrictModel):
     family: Literal["policy", "causal_lm"]
     checks: list[str] | None = None
     skip_checks: list[str] = []
-    thresholds: dict[str, dict[str, float]] = {}
+    thresholds: dict[str, dict[str, float | None]] = {}
+    """Per check and metric; ``null`` makes the metric informational (reported, never judged)."""
     golden: GoldenSettings = GoldenSettings()
     report_dir: str | None = None
     seed: int = 0
@@ -113,6 +115,21 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _describe_error(err: Any) -> tuple[str | None, str]:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    if loc and loc[-1] in ("float", "none") and len(loc) >= 3 and loc[0] == "thresholds":
+        loc = loc[:-1]  # the union branch (float | None) is not a key
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        cause = "unknown key"
+    elif kind == "missing":
+        cause = "required key is missing"
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        cause = f"{msg} (got {err.get('input')!r})" if kind != "value_error" else msg
+    return _format_loc(loc) or None, cause
+
+
 def config_from_dict(data: Any, path: Path) -> GateConfig:
     """Validate a parsed config; raises :class:`InputError` naming the first bad key."""
     if not isinstance(data, dict):
@@ -120,17 +137,11 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
     try:
         config = GateConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            cause = "unknown key"
-        elif kind == "missing":
-            cause = "required key is missing"
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            cause = f"{msg} (got {err.get('input')!r})" if kind != "value_error" else msg
-        raise InputError(path, _format_loc(loc) or None, cause) from None
+        problems = [_describe_error(err) for err in exc.errors()]
+        key, cause = problems[0]
+        # Every problem at once, still on one line: the first names the key, the rest follow.
+        rest = [f"{k}: {c}" if k else c for k, c in problems[1:]]
+        raise InputError(path, key, "; ".join([cause, *rest])) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
     from paritygate.imports import register_python_path
@@ -148,11 +159,18 @@ def _validate_thresholds(config: GateConfig, path: Path) -> None:
                 path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}"
             )
         known = get_check(cid).defaults
-        for metric in values:
+        for metric, value in values.items():
             if metric not in known:
                 choices = ", ".join(sorted(known)) or "none"
                 raise InputError(
                     path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}"
+                )
+            if value is not None and not math.isfinite(value):
+                raise InputError(
+                    path,
+                    f"thresholds.{cid}.{metric}",
+                    f"threshold must be a finite number, or null to make the metric "
+                    f"informational (got {value})",
                 )
 
 
@@ -163,6 +181,12 @@ def load_config(path: str | Path) -> GateConfig:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(p, None, "config file not found") from None
+    except IsADirectoryError:
+        raise InputError(p, None, "config is a directory, expected a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            p, f"byte {exc.start}", "config is not UTF-8 text (a YAML file is UTF-8)"
+        ) from None
     except OSError as exc:
         raise InputError(p, None, f"cannot read config: {exc.strerror}") from None
     try:

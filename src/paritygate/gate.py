@@ -9,9 +9,11 @@ judges it against thresholds and golden and runs the baseline's life cycle.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ class Gate:
         if report_dir is not None:  # where reports and an on-the-fly export go
             config.set_report_dir(report_dir)
         self.update_golden = update_golden
+        self.allow_skips = False
+        """A run whose every check skipped passes only with this opt-in (``--allow-skips``)."""
         self.golden = GoldenStore(config.golden_dir())
         self.margin = Margin(config.golden.rel_margin, config.golden.threshold_fraction)
 
@@ -60,6 +64,23 @@ class Gate:
 
         return build_context(self.config)
 
+    def check_writable(self, report_dir: Path | None = None) -> None:
+        """The report and golden folders must be creatable and writable: checked before any
+        check runs, so a run never measures everything and then fails to write."""
+        targets = [
+            (report_dir or self.config.default_report_dir(), "report_dir"),
+            (self.golden.directory, "golden.dir"),
+        ]
+        for target, key in targets:
+            probe = Path(target)
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            if not probe.is_dir():
+                where = "is a file" if probe == Path(target) else f"is under a regular file {probe}"
+                raise InputError(target, key, f"cannot write here: the folder {where}")
+            if not os.access(probe, os.W_OK | os.X_OK):
+                raise InputError(target, key, f"cannot write here: {probe} is not writable")
+
     def checks(self) -> list[CheckSpec]:
         """Checks this gate runs, in checklist order."""
         selected = checks_for(self.config.family)
@@ -69,9 +90,17 @@ class Gate:
         return [c for c in selected if c.id not in self.config.skip_checks]
 
     def thresholds(self, spec: CheckSpec) -> dict[str, float]:
+        """Effective thresholds; a ``null`` override keeps the default for the check's own
+        diagnostics and makes the metric informational (see :meth:`measure`)."""
         merged = dict(spec.defaults)
-        merged.update(self.config.thresholds.get(spec.id, {}))
+        merged.update(
+            {k: v for k, v in self.config.thresholds.get(spec.id, {}).items() if v is not None}
+        )
         return merged
+
+    def informational(self, check_id: str) -> set[str]:
+        """Metrics the config set to ``null``: reported, never judged against a threshold."""
+        return {k for k, v in self.config.thresholds.get(check_id, {}).items() if v is None}
 
     def measure(self, check_id: str) -> Measurement:
         """Run one check's measurement (no verdict)."""
@@ -80,7 +109,10 @@ class Gate:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
-        return spec.measure(self.context, self.thresholds(spec))
+        measurement = spec.measure(self.context, self.thresholds(spec))
+        for name in self.informational(check_id) & set(measurement.metrics):
+            measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
+        return measurement
 
     def provenance(self) -> dict[str, Any]:
         ctx = self.context

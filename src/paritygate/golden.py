@@ -27,12 +27,35 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+STALE_TMP_S = 60.0
+"""A temp file older than this is a leftover of a killed writer: a live write takes
+milliseconds, so a concurrent writer (pytest-xdist) is never raced."""
+
+
+def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove ``.<name>.*.tmp`` leftovers of ``path`` that a killed writer left behind."""
+    import time
+
+    removed = []
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            continue  # another writer finished or removed it
+    return removed
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temp file and ``os.replace``.
 
     Safe under pytest-xdist: concurrent writers never leave a half-written file.
+    Stale temp files of killed writers are removed first (:func:`clean_stale_temps`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -47,6 +70,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Binary counterpart of :func:`atomic_write_text`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -90,15 +114,19 @@ class GoldenStore:
         p = self.path(check_id)
         if not p.exists():
             return None
+        from paritygate.errors import InputError
+
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            from paritygate.errors import InputError
-
-            raise InputError(p, None, f"golden file unreadable: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                p, f"line {exc.lineno}", f"golden file is not valid JSON: {exc.msg}"
+            ) from None
+        except UnicodeDecodeError:
+            raise InputError(p, "metrics", "golden file is not UTF-8 JSON") from None
+        except OSError as exc:
+            raise InputError(p, "metrics", f"golden file unreadable: {exc.strerror}") from None
         if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-            from paritygate.errors import InputError
-
             raise InputError(p, "metrics", "golden file has no 'metrics' mapping")
         return data
 

@@ -21,6 +21,12 @@ INPUT_ERROR_KEY = "paritygate_input_error"
 _GATES: dict[str, Any] = {}
 """Gates already built in this process (the CLI pre-builds one to validate inputs)."""
 _INPUT_ERRORS: dict[str, Any] = {}
+EXIT_NOTHING_VERIFIED = 3
+"""A run that verified nothing (every selected check skipped, or none selected) never passes."""
+LAST_RUN: dict[str, Any] = {}
+"""Outcome of the last session in this process: the CLI prints its one stderr line from it."""
+CLI_OWNS_STDERR: dict[str, bool] = {"on": False}
+"""Set by the CLI, which prints bad input and nothing-verified lines on stderr itself."""
 
 
 def register_gate(gate: Any) -> None:
@@ -45,6 +51,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="bless the obtained metrics as the new golden baselines",
+    )
+    group.addoption(
+        "--allow-skips",
+        action="store_true",
+        default=False,
+        help="let a run in which every selected check skipped pass (exit 0 instead of 3)",
     )
 
 
@@ -101,11 +113,13 @@ def _get_gate(config: pytest.Config) -> Any:
         raise _INPUT_ERRORS[key]
     if key not in _GATES:
         try:
+            report_dir = config.getoption("--report-dir")
             gate = Gate.from_path(
                 path,
                 update_golden=config.getoption("--update-golden"),
-                report_dir=config.getoption("--report-dir"),
+                report_dir=report_dir,
             )
+            gate.check_writable(Path(report_dir) if report_dir else None)
             gate.context  # noqa: B018 - build and validate every input once
         except InputError as exc:
             _INPUT_ERRORS[key] = exc
@@ -113,6 +127,7 @@ def _get_gate(config: pytest.Config) -> Any:
         _GATES[key] = gate
     gate = _GATES[key]
     gate.update_golden = config.getoption("--update-golden")
+    gate.allow_skips = config.getoption("--allow-skips")
     return gate
 
 
@@ -188,30 +203,49 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return  # xdist worker: the controller writes the report
     errors: list[str] = getattr(config, "_paritygate_input_errors", [])
     results = getattr(config, "_paritygate_results", [])
+    LAST_RUN.clear()
     if errors:
+        LAST_RUN["input_error"] = errors[0]
         session.exitstatus = 2
         return
-    if not results:
-        return
+    if not config.getoption("--gate-config"):
+        return  # not a gate session (the project's own tests)
     from paritygate.errors import InputError
-    from paritygate.report import write_reports
+    from paritygate.report import NOTHING_VERIFIED, nothing_verified_reason, write_reports
 
     try:
         gate = _get_gate(config)
-    except InputError:
+    except InputError as exc:
+        LAST_RUN["input_error"] = exc.line()
+        session.exitstatus = 2
         return
     report_dir = config.getoption("--report-dir")
     out = Path(report_dir) if report_dir else gate.config.default_report_dir()
     order = {c.id: i for i, c in enumerate(gate.checks())}
     results = sorted(results, key=lambda r: order.get(r.id, 99))
-    written = write_reports(gate, results, out)
+    try:
+        written = write_reports(gate, results, out)
+    except OSError as exc:
+        LAST_RUN["input_error"] = f"{out}: report_dir: cannot write the report: {exc.strerror}"
+        session.exitstatus = 2
+        return
     config._paritygate_written = written  # type: ignore[attr-defined]
+    LAST_RUN["status"] = written.status
+    if written.status == NOTHING_VERIFIED:
+        LAST_RUN["nothing_verified"] = nothing_verified_reason(results)
+        session.exitstatus = EXIT_NOTHING_VERIFIED
+    elif written.status == "pass" and session.exitstatus == 5:
+        session.exitstatus = 0  # --allow-skips with nothing selected
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     errors: list[str] = getattr(config, "_paritygate_input_errors", [])
-    if errors:
-        terminalreporter.write_line(f"paritygate: bad input: {errors[0]}", red=True, bold=True)
+    error = LAST_RUN.get("input_error") or (errors[0] if errors else None)
+    if error:
+        if not CLI_OWNS_STDERR["on"]:
+            import sys
+
+            print(f"paritygate: error: {error}", file=sys.stderr)
         return
     written = getattr(config, "_paritygate_written", None)
     if written is None:
@@ -222,3 +256,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for line in summary_table(written.results):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"status: {written.status}   reports: {written.directory}")
+    if "nothing_verified" in LAST_RUN:
+        terminalreporter.write_line(f"paritygate: {LAST_RUN['nothing_verified']}")

@@ -16,7 +16,12 @@ from typing import Any
 from paritygate.check import Rendered
 from paritygate.checks import get_check
 from paritygate.golden import atomic_write_text, dump_json
-from paritygate.report.json_report import overall_status, report_json
+from paritygate.report.json_report import (
+    NOTHING_VERIFIED,
+    nothing_verified_reason,
+    overall_status,
+    report_json,
+)
 from paritygate.report.junit import junit_xml
 from paritygate.report.model import SCHEMA_VERSION, validate_report
 from paritygate.report.render import report_html, report_markdown
@@ -25,10 +30,12 @@ from paritygate.result import CheckResult
 
 __all__ = [
     "ICON",
+    "NOTHING_VERIFIED",
     "SCHEMA_VERSION",
     "WrittenReport",
     "junit_xml",
     "key_row",
+    "nothing_verified_reason",
     "overall_status",
     "report_html",
     "report_json",

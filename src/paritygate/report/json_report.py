@@ -13,10 +13,25 @@ from paritygate.report.model import SCHEMA_VERSION
 from paritygate.result import CheckResult
 from paritygate.rootcause import RootCause, explain
 
+NOTHING_VERIFIED = "nothing_verified"
 
-def overall_status(results: list[CheckResult]) -> str:
-    """``fail`` when any check failed or errored."""
-    return "fail" if any(r.status in ("fail", "error") for r in results) else "pass"
+
+def overall_status(results: list[CheckResult], *, allow_skips: bool = False) -> str:
+    """``fail`` on any failure; ``nothing_verified`` when no check passed (every selected
+    check skipped, or none selected) unless the caller opted in with ``allow_skips``."""
+    if any(r.status in ("fail", "error") for r in results):
+        return "fail"
+    if not any(r.status == "pass" for r in results) and not allow_skips:
+        return NOTHING_VERIFIED
+    return "pass"
+
+
+def nothing_verified_reason(results: list[CheckResult]) -> str:
+    """Why a run verified nothing, for the one line the CLI prints."""
+    if not results:
+        return "nothing was verified: no check was selected"
+    skipped = "; ".join(f"{r.id}: {r.message}" for r in results)
+    return f"nothing was verified: every selected check skipped: {skipped}"
 
 
 def counts(results: list[CheckResult]) -> dict[str, int]:
@@ -104,7 +119,7 @@ def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "name": gate.config.name,
-        "status": overall_status(results),
+        "status": overall_status(results, allow_skips=getattr(gate, "allow_skips", False)),
         "family": gate.config.family,
         "counts": counts(results),
         "root_cause": cause.to_json() if cause is not None else None,

@@ -85,7 +85,7 @@ class Report(_Strict):
     generated_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$",
                               description="ISO-8601 UTC time the report was written")
     name: str
-    status: Literal["pass", "fail"]
+    status: Literal["pass", "fail", "nothing_verified"]
     family: Literal["policy", "causal_lm"]
     counts: Counts
     root_cause: RootCauseRecord | None

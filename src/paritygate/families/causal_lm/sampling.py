@@ -324,7 +324,16 @@ def load_sampling_file(
     for raw_key, raw_value in data.items():
         key = ALIASES.get(raw_key, raw_key)
         if key == "seed":
-            seed = None if raw_value is None else int(raw_value)
+            if raw_value is not None and (
+                isinstance(raw_value, bool) or not isinstance(raw_value, (int, str))
+            ):
+                raise InputError(path, raw_key, f"seed must be an integer (got {raw_value!r})")
+            try:
+                seed = None if raw_value is None else int(raw_value)
+            except ValueError:
+                raise InputError(
+                    path, raw_key, f"seed must be an integer (got {raw_value!r})"
+                ) from None
             continue
         if key in IGNORED:
             continue

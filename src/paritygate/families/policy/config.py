@@ -90,11 +90,18 @@ class PolicySpec(StrictModel):
     policy_output: str | int = 0
     """Which element of the training forward's output is the policy: dict key or tuple index."""
     input_name: str = "obs"
-    output_names: list[str] = ["logits"]
+    output_names: list[str] = Field(["logits"], min_length=1)
     """Outputs the artifact must declare, in order; the first is the policy output."""
     action_space: Literal["discrete", "continuous"] = "discrete"
     preprocessing: PreprocessingSpec | None = None
     probes: ProbeSpec
     opset: int = Field(18, ge=13)
-    batch_sizes: list[int] = [1, 2, 7]
+    batch_sizes: list[int] = Field([1, 2, 7], min_length=1)
     dropout_repeats: int = Field(5, ge=2)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive_sizes(cls, value: list[int]) -> list[int]:
+        if any(size < 1 for size in value):
+            raise ValueError(f"batch sizes must be positive integers (got {value})")
+        return value
