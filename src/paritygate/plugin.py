@@ -143,6 +143,19 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
     return run
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing check's cause is printed once, in the paritygate summary; pytest's failure
+    section points there and its short summary keeps the plain ``FAILED <test>`` line."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for name, value in report.user_properties:
+            if name == RESULT_KEY:
+                check_id = json.loads(value).get("id", item.name.removeprefix("test_"))
+                report.longrepr = f"{check_id}: the cause is in the paritygate summary below"
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None or report.when != "call":
