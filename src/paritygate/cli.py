@@ -156,14 +156,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from paritygate.plugin import register_gate
 
     gate = Gate.from_path(args.config, update_golden=args.update_golden)
+    selected = _select_checks(gate, args.check_ids) if args.check_ids else None
     print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
     gate.context  # noqa: B018 - validate every input before any check runs
     import paritygate_gates
 
     register_gate(gate)
-    targets = [str(Path(paritygate_gates.__file__).parent)]
-    if args.check_ids:
-        targets = _select_checks(gate, args.check_ids)
+    targets = selected or [str(Path(paritygate_gates.__file__).parent)]
     pytest_args = [
         *targets,
         "--gate-config",
