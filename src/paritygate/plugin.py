@@ -83,9 +83,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
-    """Gate checks print their own progress line; keep pytest's status letters out of it."""
+    """Gate checks print their own progress line; keep pytest's status letters out of it
+    (the word stays, so the short summary still reads ``FAILED <test>``)."""
     if report.when == "call" and any(k == RESULT_KEY for k, _ in report.user_properties):
-        return report.outcome, "", ""
+        return report.outcome, "", report.outcome.upper()
     return None
 
 
