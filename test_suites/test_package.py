@@ -198,6 +198,9 @@ def test_init_on_an_sb3_zip_fill_bless_run(tmp_path: Path,
     assert data["policy"]["training_heads"] == ["mlp_extractor.value_net", "value_net"]
     text = written.path.read_text(encoding="utf-8")
     text = re.sub(r'generator: "TODO[^"]*"', "file: ../probes.npy", text)
+    # The checks test_sb3.py proves on SB3 zips (precision_per_layer is gated there separately).
+    text += ("checks: [weights_load, batchnorm_export, head_removal, dropout_off, "
+             "logits_agreement, export_integrity]\n")
     written.path.write_text(text, encoding="utf-8")
     for bless in (True, False):
         gate = Gate.from_path(written.path, update_golden=bless)
