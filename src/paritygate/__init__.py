@@ -1,7 +1,15 @@
 """paritygate: a release gate proving an RL policy's inference path matches its training path.
 
 ``import paritygate`` stays light (no torch, onnxruntime, transformers or vllm);
-the heavy pieces load when a gate actually runs.
+the heavy pieces load when a gate actually runs. The Python API::
+
+    from pathlib import Path
+    from paritygate import Gate, write_reports
+
+    gate = Gate.from_path("demo/configs/demo-policy.yaml")
+    results = gate.run()                      # one CheckResult per check, judged with golden
+    written = write_reports(gate, results, Path("reports/demo-policy"))
+    print(written.status)                     # "pass" or "fail"
 """
 
 from __future__ import annotations
@@ -9,12 +17,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["CheckResult", "Gate", "GateConfig", "InputError", "Measurement", "load_config"]
+__all__ = [
+    "CHECK_IDS",
+    "CheckResult",
+    "Gate",
+    "GateConfig",
+    "InputError",
+    "Measurement",
+    "WrittenReport",
+    "export",
+    "load_config",
+    "summary_table",
+    "write_config",
+    "write_reports",
+]
 
 if TYPE_CHECKING:
+    from paritygate.checks import CHECK_IDS
     from paritygate.config import GateConfig, load_config
     from paritygate.errors import InputError
+    from paritygate.families import export
     from paritygate.gate import Gate
+    from paritygate.init import write_config
+    from paritygate.report import WrittenReport, summary_table, write_reports
     from paritygate.result import CheckResult, Measurement
 
 _LAZY = {
@@ -24,6 +49,12 @@ _LAZY = {
     "InputError": "paritygate.errors",
     "CheckResult": "paritygate.result",
     "Measurement": "paritygate.result",
+    "CHECK_IDS": "paritygate.checks",
+    "export": "paritygate.families",
+    "write_config": "paritygate.init",
+    "WrittenReport": "paritygate.report",
+    "summary_table": "paritygate.report",
+    "write_reports": "paritygate.report",
 }
 
 

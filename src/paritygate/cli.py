@@ -1,4 +1,4 @@
-"""Command line: ``paritygate run | export | demo | precision``.
+"""Command line: ``paritygate run | export | demo | precision | init | checks``.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad input (one line naming
 the file and key, no traceback), 3 nothing was verified (every selected check
@@ -23,11 +23,23 @@ def _parser() -> argparse.ArgumentParser:
         description="Release gate for RL policy checkpoints: proves the inference path "
         "computes the policy the trainer optimised.",
     )
+    from paritygate import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"paritygate {__version__}",
+        help="print the version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the gate on a config (exit 0 pass, 1 fail, 2 bad input)")
-    run.add_argument("config", type=Path)
-    run.add_argument("--report-dir", type=Path, default=None)
+    run.add_argument("config", type=Path, help="gate config YAML")
+    run.add_argument(
+        "--report-dir",
+        type=Path,
+        default=None,
+        help="where report.json/.md/.html and junit.xml go (default: report_dir of the config, "
+        "else ./reports/<name>)",
+    )
     run.add_argument(
         "--update-golden",
         action="store_true",
@@ -43,7 +55,16 @@ def _parser() -> argparse.ArgumentParser:
         "-n",
         dest="workers",
         default=None,
-        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial",
+        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial, but each worker "
+        "loads every input again, so serial is faster on small models",
+    )
+    run.add_argument(
+        "--check",
+        dest="check_ids",
+        action="append",
+        default=None,
+        metavar="ID",
+        help="run only this check (repeatable); ids: paritygate checks",
     )
     run.add_argument(
         "--allow-skips",
@@ -52,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     export = sub.add_parser("export", help="build the inference artifact and manifest.json")
-    export.add_argument("config", type=Path)
+    export.add_argument("config", type=Path, help="gate config YAML")
     export.add_argument(
         "--out",
         type=Path,
@@ -61,19 +82,85 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     demo = sub.add_parser("demo", help="build the bundled demo checkpoints (no network needed)")
-    demo.add_argument("--out", type=Path, default=Path("demo"))
-    demo.add_argument("--only", choices=("policy", "lm"), default=None)
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=Path("demo"),
+        help="folder for the checkpoints, configs/ and golden/ (default: ./demo)",
+    )
+    demo.add_argument(
+        "--only", choices=("policy", "lm"), default=None, help="build one demo only"
+    )
 
     dump = sub.add_parser(
         "dump", help="causal LM: write the serving engine's rollouts as a dump to audit"
     )
-    dump.add_argument("config", type=Path)
+    dump.add_argument("config", type=Path, help="gate config YAML (causal-LM family)")
     dump.add_argument("--out", type=Path, required=True, help="FILE.jsonl or FILE.parquet")
-    dump.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    dump.add_argument(
+        "--engine", default="hf", choices=["hf", "vllm"], help="engine that generates"
+    )
     prec = sub.add_parser("precision", help="per-layer fp16/bf16 precision report only")
-    prec.add_argument("config", type=Path)
-    prec.add_argument("--report-dir", type=Path, default=None)
+    prec.add_argument("config", type=Path, help="gate config YAML")
+    prec.add_argument(
+        "--report-dir", type=Path, default=None, help="report folder (default as for run)"
+    )
+
+    init = sub.add_parser(
+        "init",
+        help="write a commented gate config for a checkpoint or HF model directory",
+        description="Inspect a checkpoint (tensor keys, training-only heads), an ONNX artifact "
+        "beside it and an HF directory's tokenizer and generation config, and write a gate config "
+        "to edit. Every value it cannot infer is a TODO; paritygate run refuses the config "
+        "(exit 2, naming the key) until each is filled.",
+    )
+    init.add_argument(
+        "source",
+        type=Path,
+        help="checkpoint file (.safetensors, .pt/.pth, SB3 .zip) or HF model directory",
+    )
+    init.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="config file to write (default: ./configs/<name>.yaml); never overwritten",
+    )
+    init.add_argument(
+        "--artifact",
+        type=Path,
+        default=None,
+        help="ONNX artifact to inspect (default: the only .onnx file beside the checkpoint)",
+    )
+    init.add_argument(
+        "--name", default=None, help="gate name (default: from the checkpoint's file name)"
+    )
+
+    checks = sub.add_parser("checks", help="list the check ids, their families and marks")
+    checks.add_argument(
+        "--family", choices=("policy", "causal_lm"), default=None, help="one family only"
+    )
     return parser
+
+
+def _select_checks(gate: object, check_ids: list[str]) -> list[str]:
+    """pytest node ids of the ``--check`` selection; bad ids are input errors (exit 2)."""
+    import paritygate_gates
+
+    from paritygate.checks import CHECK_IDS
+
+    config = gate.config  # type: ignore[attr-defined]
+    applicable = [c.id for c in gate.checks()]  # type: ignore[attr-defined]
+    folder = Path(paritygate_gates.__file__).parent
+    nodes = []
+    for cid in dict.fromkeys(check_ids):
+        if cid not in CHECK_IDS:
+            raise InputError(None, "--check", f"unknown check id {cid!r}; see: paritygate checks")
+        if cid not in applicable:
+            raise InputError(
+                config.path, "--check", f"{cid} is not a check this {config.family} gate runs"
+            )
+        nodes.append(f"{folder / f'test_{cid}.py'}::test_{cid}")
+    return nodes
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -87,14 +174,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
     gate.check_writable(args.report_dir)
+    selected = _select_checks(gate, args.check_ids) if args.check_ids else None
     print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
     gate.context  # noqa: B018 - validate every input before any check runs
     import paritygate_gates
 
     register_gate(gate)
     plugin.CLI_OWNS_STDERR["on"] = True
+    targets = selected or [str(Path(paritygate_gates.__file__).parent)]
     pytest_args = [
-        str(Path(paritygate_gates.__file__).parent),
+        *targets,
         "--gate-config",
         str(gate.config.path),
         "-p",
@@ -138,10 +227,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from paritygate.config import load_config
     from paritygate.families import export
+    from paritygate.progress import stage
 
     config = load_config(args.config)
     out = args.out or Path("export") / config.name
-    manifest = export(config, out)
+    with stage(f"paritygate export: {config.name} into {out}"):
+        manifest = export(config, out)
     artifact = json.loads(manifest.read_text(encoding="utf-8"))["artifact"]
     print(f"paritygate: wrote {manifest.parent / artifact} and {manifest}")
     return EXIT_PASS
@@ -157,6 +248,8 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from paritygate.demo import write_bundle
+
     out: Path = args.out
     if args.only in (None, "policy"):
         from paritygate.demo import policy
@@ -168,7 +261,36 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
         print(f"paritygate demo: building the demo causal LM in {out / 'lm'}", flush=True)
         causal_lm.build(out / "lm")
-    print("paritygate demo: done. Next: paritygate run configs/demo-policy.yaml")
+    parts = [p for p in ("policy", "lm") if args.only in (None, p)]
+    configs = write_bundle(out, parts)
+    print(f"paritygate demo: wrote {', '.join(str(p) for p in configs.values())} and golden "
+          f"baselines in {out / 'golden'}")
+    first = next(iter(configs.values())).resolve()
+    print(f"paritygate demo: done. Next: paritygate run {first}")
+    return EXIT_PASS
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from paritygate.init import write_config
+
+    written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name)
+    print(f"paritygate init: wrote {written.path}")
+    if written.todos:
+        print(f"paritygate init: fill in {len(written.todos)} TODO(s) before running: "
+              + ", ".join(written.todos))
+    print(f"paritygate init: then bless with: paritygate run {written.path} --update-golden")
+    return EXIT_PASS
+
+
+def _cmd_checks(args: argparse.Namespace) -> int:
+    from paritygate.checks import CHECK_IDS, get_check
+
+    for cid in CHECK_IDS:
+        spec = get_check(cid)
+        if args.family and args.family not in spec.families:
+            continue
+        print(f"{cid:<22} {','.join(spec.families):<17} {','.join(spec.marks):<10} "
+              f"{spec.summary}")
     return EXIT_PASS
 
 
@@ -196,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         "demo": _cmd_demo,
         "precision": _cmd_precision,
         "dump": _cmd_dump,
+        "init": _cmd_init,
+        "checks": _cmd_checks,
     }
     try:
         return handlers[args.command](args)

@@ -195,4 +195,15 @@ def load_config(path: str | Path) -> GateConfig:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
         raise InputError(p, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    _refuse_todos(data, p)
     return config_from_dict(data, p)
+
+
+def _refuse_todos(data: Any, path: Path) -> None:
+    """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
+    from paritygate.init import find_todos
+
+    todos = find_todos(data)
+    if todos:
+        more = f" (and {len(todos) - 1} more: {', '.join(todos[1:])})" if len(todos) > 1 else ""
+        raise InputError(path, todos[0], f"still TODO: replace the placeholder{more}")

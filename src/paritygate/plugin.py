@@ -95,9 +95,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
-    """Gate checks print their own progress line; keep pytest's status letters out of it."""
+    """Gate checks print their own progress line; keep pytest's status letters out of it
+    (the word stays, so the short summary still reads ``FAILED <test>``)."""
     if report.when == "call" and any(k == RESULT_KEY for k, _ in report.user_properties):
-        return report.outcome, "", ""
+        return report.outcome, "", report.outcome.upper()
     return None
 
 
@@ -160,6 +161,19 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
         return result
 
     return run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing check's cause is printed once, in the paritygate summary; pytest's failure
+    section points there and its short summary keeps the plain ``FAILED <test>`` line."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for name, value in report.user_properties:
+            if name == RESULT_KEY:
+                check_id = json.loads(value).get("id", item.name.removeprefix("test_"))
+                report.longrepr = f"{check_id}: the cause is in the paritygate summary below"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -83,6 +83,8 @@ def build(out_dir: Path, seed: int = 0) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    from paritygate.progress import Progress
+
     out_dir = Path(out_dir)
     model_dir = out_dir / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -111,6 +113,7 @@ def build(out_dir: Path, seed: int = 0) -> None:
     )
     gen = torch.Generator().manual_seed(seed)
     model.train()
+    bar = Progress("demo LM: training", TRAIN_STEPS)
     for _ in range(TRAIN_STEPS):
         starts = torch.randint(0, len(stream) - SEQ_LEN - 1, (BATCH,), generator=gen)
         batch = torch.stack([stream[s : s + SEQ_LEN + 1] for s in starts.tolist()])  # (B, T+1)
@@ -122,6 +125,8 @@ def build(out_dir: Path, seed: int = 0) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        bar.advance()
+    bar.close()
     model.eval()
 
     entropy = mean_entropy(model, stream[: 32 * SEQ_LEN].view(32, SEQ_LEN))
@@ -138,6 +143,12 @@ def build(out_dir: Path, seed: int = 0) -> None:
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     state["v_head.summary.weight"] = value_head.weight.detach().clone()
     state["v_head.summary.bias"] = value_head.bias.detach().clone()
+    from paritygate.progress import use_bar
+
+    if not use_bar():  # transformers draws its own shard bar: keep CI logs free of escape codes
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model.save_pretrained(model_dir, state_dict=state)
     tokenizer.save_pretrained(model_dir)
     print(

@@ -148,10 +148,13 @@ def _task(raw: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.nda
 
 
 def train(model: TrainingPolicy, stats_path: Path, *, steps: int = 300, seed: int = 0) -> None:
+    from paritygate.progress import Progress
+
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     model.train()
+    bar = Progress("demo policy: training", steps)
     for step in range(steps):
         raw = probe_observations(128, seed=seed * 100_000 + step)
         action, value = _task(raw, rng)
@@ -165,6 +168,8 @@ def train(model: TrainingPolicy, stats_path: Path, *, steps: int = 300, seed: in
         opt.zero_grad()
         loss.backward()
         opt.step()
+        bar.advance()
+    bar.close()
     model.eval()
 
 
@@ -196,6 +201,7 @@ def build(out_dir: Path, *, seed: int = 0, steps: int = 300) -> dict[str, Path]:
     from safetensors.torch import save_file
 
     from paritygate.families.policy.export import export_onnx, write_manifest
+    from paritygate.progress import stage
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -209,8 +215,9 @@ def build(out_dir: Path, *, seed: int = 0, steps: int = 300) -> dict[str, Path]:
     inference.load_state_dict(inference_state(state), strict=True)
     inference.eval()
     example = torch.zeros(2, OBS_DIM)
-    artifact = export_onnx(
-        inference, example, out_dir / "policy.onnx", input_name="obs", output_names=["logits"]
-    )
+    with stage("demo policy: exporting ONNX"):
+        artifact = export_onnx(
+            inference, example, out_dir / "policy.onnx", input_name="obs", output_names=["logits"]
+        )
     manifest = write_manifest(artifact, ckpt, opset=18)
     return {"checkpoint": ckpt, "stats": stats, "artifact": artifact, "manifest": manifest}

@@ -1,0 +1,72 @@
+"""Serial vs ``-n N`` for ``paritygate run`` as whole processes, and where the time goes.
+
+Usage::
+
+    python benchmarks/bench_xdist.py demo/configs/demo-policy.yaml [--workers 2] [--repeats 2]
+
+Runs ``paritygate run CONFIG`` serially and with ``-n N`` alternately (``--repeats``
+times each), and prints each wall time, the medians and their ratio. Beside that,
+the minimal work: one process importing the stack and building the gate's context
+(what every xdist worker repeats before its first check), and the checks alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROBE = """
+import time, sys
+t0 = time.perf_counter()
+from paritygate.gate import Gate
+gate = Gate.from_path(sys.argv[1])
+t1 = time.perf_counter()
+gate.context
+t2 = time.perf_counter()
+for c in gate.checks():
+    gate.evaluate(c.id, golden=False)
+t3 = time.perf_counter()
+print(f"{t1 - t0:.2f} {t2 - t1:.2f} {t3 - t2:.2f}")
+"""
+
+
+def _wall(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--workers", default="2")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    base = [sys.executable, "-m", "paritygate", "run", str(args.config)]
+    serial: list[float] = []
+    parallel: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeats):
+            serial.append(_wall([*base, "--report-dir", f"{tmp}/s{i}"]))
+            parallel.append(_wall([*base, "--report-dir", f"{tmp}/p{i}", "-n", args.workers]))
+            print(f"run {i}: serial {serial[-1]:.1f}s, -n {args.workers} {parallel[-1]:.1f}s",
+                  flush=True)
+    probe = subprocess.run([sys.executable, "-c", PROBE, str(args.config)],
+                           capture_output=True, text=True, check=True).stdout.split()
+    load, context, checks = (float(x) for x in probe)
+    s, p = statistics.median(serial), statistics.median(parallel)
+    print(f"median: serial {s:.1f}s, -n {args.workers} {p:.1f}s, ratio {p / s:.2f}x")
+    print(f"one process: config load {load:.1f}s, imports + context build {context:.1f}s, "
+          f"all checks {checks:.1f}s (each xdist worker repeats the first two)")
+
+
+if __name__ == "__main__":
+    main()
