@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into a reader that stopped early (e.g. head)
+        sys.stderr.close()
+        return EXIT_PASS
 
 
 if __name__ == "__main__":

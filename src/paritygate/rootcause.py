@@ -58,6 +58,19 @@ GRAPH: tuple[Explanation, ...] = (
                 ("weights_load",),
                 "the inference model's structure differs, so its keys do not match the "
                 "checkpoint"),
+    Explanation("weights_load", "served_precision_change",
+                r"precision change: the served copy stores",
+                _DOWNSTREAM_LM,
+                "the served copy stores its weights in a lower precision than the gate judges",
+                fix="declare the served dtype (causal_lm.serving.dtype) or serve the "
+                    "full-precision weights"),
+    Explanation("weights_load", "served_copy_incomplete",
+                r"served copy .* (lacks \d+ checkpoint tensors|holds \d+ tensors the checkpoint|"
+                r"shape of .* differs)",
+                _DOWNSTREAM_LM,
+                "the served copy is not this checkpoint's tensors",
+                fix="re-export the serving copy from the checkpoint under test "
+                    "(paritygate export CONFIG)"),
     Explanation("weights_load", "stale_engine_weights",
                 r"stale or different checkpoint|inference model: \d+ tensors differ from the "
                 r"checkpoint under test",
