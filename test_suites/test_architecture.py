@@ -134,12 +134,13 @@ def test_checks_reach_family_helpers_through_the_context() -> None:
     wrong = sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
                    if src.startswith("paritygate.checks.")
                    and dst.startswith(("paritygate.families.policy.",
-                                       "paritygate.families.causal_lm.")))
+                                       "paritygate.families.causal_lm.",
+                                       "paritygate.families.hf_model.")))
     assert wrong == []
 
 
 def test_every_family_package_has_the_same_parts() -> None:
-    for family in ("policy", "causal_lm"):
+    for family in ("policy", "causal_lm", "hf_model"):
         folder = SRC / "families" / family
         for part in ("__init__", "config", "context", "probes", "export"):
             assert (folder / f"{part}.py").is_file(), f"families/{family} has no {part}.py"

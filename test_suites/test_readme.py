@@ -30,7 +30,7 @@ def test_readme_yaml_examples_validate(tmp_path: Path) -> None:
             data = {"name": "readme", "family": "policy", **data}
             data.setdefault("policy", STUB_POLICY)
         config = config_from_dict(data, tmp_path / "gate.yaml")
-        assert config.family in ("policy", "causal_lm")
+        assert config.family in ("policy", "causal_lm", "hf_model")
 
 
 def test_readme_starts_with_the_two_commands() -> None:

@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from paritygate.config_base import StrictModel
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.config import CausalLMSpec
+from paritygate.families.hf_model.config import HFModelSpec
 from paritygate.families.policy.config import PolicySpec
 from paritygate.precision.config import PrecisionSpec
 
@@ -39,7 +40,7 @@ class GateConfig(StrictModel):
     """The whole gate config."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    family: Literal["policy", "causal_lm"]
+    family: Literal["policy", "causal_lm", "hf_model"]
     checks: list[str] | None = None
     skip_checks: list[str] = []
     thresholds: dict[str, dict[str, float | None]] = {}
@@ -55,6 +56,7 @@ class GateConfig(StrictModel):
     searched before ``sys.path``."""
     policy: PolicySpec | None = None
     causal_lm: CausalLMSpec | None = None
+    hf_model: HFModelSpec | None = None
     precision: PrecisionSpec = PrecisionSpec()
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
@@ -72,7 +74,9 @@ class GateConfig(StrictModel):
 
     @model_validator(mode="after")
     def _family_section(self) -> GateConfig:
-        section = {"policy": self.policy, "causal_lm": self.causal_lm}[self.family]
+        section = {"policy": self.policy, "causal_lm": self.causal_lm, "hf_model": self.hf_model}[
+            self.family
+        ]
         if section is None:
             raise ValueError(f"family {self.family!r} needs a '{self.family}' section")
         return self

@@ -41,11 +41,7 @@ def test_hf_directory_is_measured_per_layer(kind: str, tmp_path: Path) -> None:
             num_attention_heads=4,
             max_position_embeddings=64,
         )
-        model, block, output = (
-            BertModel(config, add_pooling_layer=False),
-            "encoder.layer.1",
-            "encoder",
-        )
+        model, block, output = BertModel(config), "encoder.layer.1", "encoder"
     directory = _save(model, tmp_path / kind)
     ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
     m = measure(FakeContext(hf_subject(directory, ids, pad_token_id=0)))
@@ -53,6 +49,28 @@ def test_hf_directory_is_measured_per_layer(kind: str, tmp_path: Path) -> None:
     assert result.status == "pass", result.message
     assert f"fp16/{block}/local_rel_l2" in m.metrics
     assert f"bf16/{output}/local_rel_l2" in m.metrics
+
+
+def test_hf_directory_with_tensors_left_at_random_init_is_refused(tmp_path: Path) -> None:
+    """AutoModel builds a pooler the saved encoder lacks: refused by name, nothing measured."""
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    directory = _save(BertModel(config, add_pooling_layer=False), tmp_path / "encoder")
+    m = measure(FakeContext(hf_subject(directory, [[5, 6, 7]], pad_token_id=0)))
+    result = judge(m, None, use_golden=False)
+    assert result.status == "fail"
+    assert "2 tensors left at random init: pooler.dense.bias, pooler.dense.weight" in (
+        result.message
+    )
+    assert "precision is never measured on random weights" in result.message
+    assert not m.metrics and "precision" not in m.details
 
 
 def test_demo_policy_passes(tmp_path_factory: pytest.TempPathFactory) -> None:

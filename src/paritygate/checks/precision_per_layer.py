@@ -126,6 +126,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     subject = ctx.precision_subject()
     if subject is None:
         return m.skip("this model family provides no per-layer precision subject")
+    if subject.refusal is not None:
+        m.fail(subject.refusal)
+        return m
     spec = _spec(ctx)
     report = run_precision(
         subject,
@@ -137,16 +140,21 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.details["precision"] = report
     if report["reference_output_nonfinite"]:
         m.fail(f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
-    for position, (dtype, summary) in enumerate(report["summary"].items()):
+    skipped = {d: s["error"] for d, s in report["summary"].items() if s["error"]}
+    for dtype, reason in skipped.items():
+        m.note(f"{dtype} skipped: the model does not run in {dtype}: {reason}")
+    if skipped and len(skipped) == len(report["summary"]) and not m.findings:
+        return m.skip("; ".join(f"the model does not run in {d}: {r}" for d, r in skipped.items()))
+    measured = [d for d in report["summary"] if d not in skipped]
+    for dtype, summary in report["summary"].items():
         prefix = short_name(dtype)
-        if summary["error"]:
-            m.fail(f"the model does not run in {dtype}: {summary['error']}")
+        if dtype in skipped:
             continue
         m.metric(
             f"{prefix}/output_rel_l2",
             _number(summary["output_rel_l2"]),
             threshold=summary["output_budget"],
-            key=position == 0,
+            key=dtype == measured[0],
         )
         m.metric(
             f"{prefix}/layers_over_budget",
@@ -164,6 +172,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             if row["dtype"] == dtype:
                 value = None if row["local_error"] else _number(row["local_rel_l2"])
                 m.metric(f"{prefix}/{row['layer']}/local_rel_l2", value, threshold=row["budget"])
+        if summary["local_unmeasured"]:
+            names = ", ".join(summary["local_unmeasured"][:5])
+            m.note(
+                f"{dtype}: local error not measured for {len(summary['local_unmeasured'])} "
+                f"layer(s) that do not rerun alone ({names}); reasons in the per-layer rows"
+            )
         _dtype_findings(m, dtype, summary)
     if report["onnx"] is not None:
         _onnx_metrics(m, report["onnx"])
@@ -181,7 +195,7 @@ def _render(result: Any, report_dir: Any) -> Any:
 CHECK = CheckSpec(
     id=CHECK_ID,
     summary="fp16/bf16 error per layer is within budget and no worse than golden",
-    families=("policy", "causal_lm"),
+    families=("policy", "causal_lm", "hf_model"),
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),

@@ -279,7 +279,36 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     return diff
 
 
+def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    """Every model tensor comes from the checkpoint and every checkpoint key is used."""
+    m = Measurement("weights_load")
+    coverage = ctx.coverage()
+    for name in coverage.nonfinite[:5]:
+        m.fail(f"checkpoint tensor {name!r} has NaN/Inf values")
+    refusal = coverage.refusal()
+    if refusal is not None:
+        m.fail(f"{ctx.class_reason}: {refusal}")
+    if coverage.differ:
+        m.fail(
+            f"{len(coverage.differ)} tensors differ from the file after loading: "
+            f"{coverage.differ[:5]}"
+        )
+    if coverage.tied:
+        m.note(f"tied weights not stored separately (fine): {coverage.tied[:5]}")
+    m.metric("random_init_tensors", len(coverage.random_init), key=True, ratchet=False)
+    m.metric("unused_keys", len(coverage.unused), ratchet=False)
+    m.metric("value_mismatches", len(coverage.differ), ratchet=False)
+    m.metric("nonfinite_tensors", len(coverage.nonfinite), ratchet=False)
+    m.metric("checkpoint_tensors", coverage.checkpoint_tensors, bad="none", ratchet=False)
+    m.details["model_class"] = ctx.class_reason
+    m.details["random_init"] = coverage.random_init
+    m.details["unused_keys"] = coverage.unused
+    return m
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+    if ctx.family == "hf_model":
+        return measure_hf_model(ctx, thresholds)
     if ctx.family == "causal_lm":
         return measure_causal_lm(ctx, thresholds)
     return measure_policy(ctx, thresholds)
@@ -288,6 +317,6 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="weights_load",
     summary="every checkpoint tensor lands in the model, nothing is left at random init",
-    families=("policy", "causal_lm"),
+    families=("policy", "causal_lm", "hf_model"),
     measure=measure,
 )

@@ -1,6 +1,6 @@
 """Model families: one package each, with the same parts.
 
-Each family package (``policy``, ``causal_lm``) has ``config`` (its section of the
+Each family package (``policy``, ``causal_lm``, ``hf_model``) has ``config`` (its section of the
 gate config), ``context`` (loading and validation of every input, the object the
 checks receive), ``probes`` (the inputs the checks feed) and ``export`` (the
 serving artifact and its manifest). The package exposes ``build_context(config)``
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
 
-FAMILIES: tuple[str, ...] = ("policy", "causal_lm")
+FAMILIES: tuple[str, ...] = ("policy", "causal_lm", "hf_model")
 
 
 def family_package(family: str) -> ModuleType:

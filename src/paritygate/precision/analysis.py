@@ -36,7 +36,9 @@ def _layer_row(
     amplification = cum_err / in_err if in_err > 0 and math.isfinite(in_err) else None
     error = record.errors.get(dtype)
     nonfinite = local.nan + local.inf
-    over = error is not None or nonfinite > 0 or not local.rel_l2 <= budget
+    # A layer whose rerun alone fails (a call that cannot be replayed outside its model)
+    # ran in the whole-model pass; its row says why and it is not judged on local error.
+    over = error is None and (nonfinite > 0 or not local.rel_l2 <= budget)
     row: dict[str, Any] = {
         "dtype": dtype,
         "index": record.index,
@@ -102,6 +104,7 @@ def analyse(run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float
                 "budget": first["budget"],
                 "reason": _divergence_reason(first),
             },
+            "local_unmeasured": [r["layer"] for r in dtype_rows if r["local_error"]],
             "max_headroom": worst["headroom"] if worst else 0.0,
             "max_headroom_layer": worst["layer"] if worst else None,
             "mixed": None,

@@ -1,13 +1,19 @@
-"""A precision subject for any Hugging Face model directory (causal LM or encoder).
+"""Hugging Face models for the precision measurement: loading, checkpoint coverage, subjects.
 
-``AutoModelForCausalLM`` when the config names a ``*ForCausalLM`` architecture,
-``AutoModel`` otherwise; weights from safetensors; never remote code unless
-the gate config allows it. The compared output is ``logits`` when the model
-has them, else ``last_hidden_state``.
+:func:`checkpoint_coverage` compares a loaded model with the safetensors it was
+loaded from, so a tensor left at random init (a head the checkpoint lacks) or a
+checkpoint key the model never used is named before anything is measured:
+precision is never measured on random weights. :func:`hf_subject` builds a
+subject for any model directory (``AutoModelForCausalLM`` for a ``*ForCausalLM``
+architecture, ``AutoModel`` otherwise; safetensors only; never remote code
+unless the gate config allows it). The compared output is ``logits`` when the
+model has them, else ``last_hidden_state``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +21,132 @@ from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.subject import PrecisionSubject
 
 
-def _select(out: Any) -> Any:
+@dataclass
+class Coverage:
+    """How a loaded model's tensors relate to the checkpoint's.
+
+    ``random_init``: model tensors with no checkpoint tensor (by name, by name
+    with or without the base-model prefix, or by equal values under another
+    name), tied aliases excluded; ``unused``: checkpoint keys no model tensor
+    took; ``differ``: tensors found by name whose loaded values differ from the
+    file's; ``tied``: aliases of another model tensor.
+    """
+
+    random_init: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    differ: list[str] = field(default_factory=list)
+    tied: list[str] = field(default_factory=list)
+    nonfinite: list[str] = field(default_factory=list)
+    """Checkpoint keys whose stored values hold NaN/Inf."""
+    checkpoint_tensors: int = 0
+
+    def refusal(self) -> str | None:
+        """The named refusal to measure, or None when every tensor came from the file."""
+        if not self.random_init and not self.unused:
+            return None
+        parts = []
+        if self.random_init:
+            parts.append(
+                f"{len(self.random_init)} tensors left at random init: {_listing(self.random_init)}"
+            )
+        if self.unused:
+            parts.append(
+                f"{len(self.unused)} checkpoint keys unused by the model: {_listing(self.unused)}"
+            )
+        return (
+            "; ".join(parts) + " — precision is never measured on random weights (load the "
+            "model class the checkpoint was saved from: hf_model.auto_class)"
+        )
+
+
+def _listing(names: list[str], limit: int = 6) -> str:
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f", +{more} more" if more > 0 else "")
+
+
+def checkpoint_coverage(
+    model: Any, files: Iterable[Path], loading_info: dict[str, Any] | None = None
+) -> Coverage:
+    """Compare ``model``'s parameters and buffers with the safetensors ``files``.
+
+    Transformers' own loading info (missing / unexpected / mismatched keys), when
+    given, is merged in, so nothing either side noticed is dropped.
+    """
+    import torch
+    from safetensors import safe_open
+
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    where = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 (safe_open has no iter)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    persistent = model.state_dict(keep_vars=True).keys()
+
+    def candidates(name: str) -> list[str]:
+        found = [name, f"{prefix}.{name}"] if prefix else [name]
+        if prefix and name.startswith(prefix + "."):
+            found.append(name[len(prefix) + 1 :])
+        return found
+
+    for name, buf in model.named_buffers(remove_duplicate=False):
+        if name in persistent or any(c in where for c in candidates(name)):
+            tensors[name] = buf
+    coverage = Coverage(checkpoint_tensors=len(where))
+    used: set[str] = set()
+    owner: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    unmatched: list[str] = []
+    for name, tensor in tensors.items():
+        ident = (tensor.data_ptr(), tensor.numel(), tuple(tensor.shape))
+        if tensor.numel() and ident in owner:
+            coverage.tied.append(name)
+            continue
+        owner[ident] = name
+        key = next((c for c in candidates(name) if c in where), None)
+        if key is None:
+            unmatched.append(name)
+            continue
+        used.add(key)
+        stored = where[key].get_tensor(key)
+        if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
+            coverage.nonfinite.append(key)
+        if stored.shape != tensor.shape or not torch.equal(
+            tensor.detach().cpu(), stored.to(tensor.dtype)
+        ):
+            coverage.differ.append(name)
+    spare = [k for k in where if k not in used]
+    for name in unmatched:  # renamed on load (old checkpoint names): find it by value
+        tensor = tensors[name].detach().cpu()
+        match = next(
+            (
+                k
+                for k in spare
+                if tuple(where[k].get_slice(k).get_shape()) == tuple(tensor.shape)
+                and torch.equal(tensor, where[k].get_tensor(k).to(tensor.dtype))
+            ),
+            None,
+        )
+        if match is None:
+            coverage.random_init.append(name)
+        else:
+            spare.remove(match)
+    coverage.unused = spare
+    info = loading_info or {}
+    for key in info.get("missing_keys", []):
+        if key not in coverage.random_init and key not in coverage.tied:
+            coverage.random_init.append(key)
+    for key in info.get("unexpected_keys", []):
+        if key not in coverage.unused and key in where and key not in used:
+            coverage.unused.append(key)
+    for entry in info.get("mismatched_keys", []):
+        key = entry[0] if isinstance(entry, (tuple, list)) else str(entry)
+        if key not in coverage.random_init:
+            coverage.random_init.append(key)
+    coverage.random_init.sort()
+    coverage.unused.sort()
+    return coverage
+
+
+def select_hf_output(out: Any) -> Any:
+    """``logits`` when the model returns them, else ``last_hidden_state``, else the first output."""
     for name in ("logits", "last_hidden_state"):
         value = getattr(out, name, None)
         if value is not None:
@@ -34,7 +165,11 @@ def hf_subject(
     trust_remote_code: bool = False,
     name: str = "hf",
 ) -> PrecisionSubject:
-    """Subject of ``model_dir`` on the given token sequences, left-padded into batches."""
+    """Subject of ``model_dir`` on the given token sequences, left-padded into batches.
+
+    The model is loaded here and compared with its checkpoint, so a model with
+    tensors left at random init comes back with a ``refusal``.
+    """
     try:
         import torch
         import transformers
@@ -66,16 +201,23 @@ def hf_subject(
             mask[row, width - len(seq) :] = 1
         batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
-    def build() -> Any:
-        try:
-            model = loader.from_pretrained(
-                model_dir,
-                dtype=torch.float32,
-                use_safetensors=True,
-                trust_remote_code=trust_remote_code,
-            )
-        except Exception as exc:
-            raise InputError(model_dir, None, f"cannot load the model: {exc}") from None
-        return model.eval()
+    try:
+        model, info = loader.from_pretrained(
+            model_dir,
+            dtype=torch.float32,
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+        )
+    except Exception as exc:
+        raise InputError(model_dir, None, f"cannot load the model: {exc}") from None
+    from paritygate.engines.hf_loading import safetensors_files
 
-    return PrecisionSubject(name=name, build_model=build, batches=batches, select_output=_select)
+    coverage = checkpoint_coverage(model, safetensors_files(model_dir), info)
+    return PrecisionSubject(
+        name=name,
+        build_model=lambda: model.eval(),
+        batches=batches,
+        select_output=select_hf_output,
+        refusal=coverage.refusal(),
+    )

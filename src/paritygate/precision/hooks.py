@@ -210,3 +210,76 @@ class Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def _input_caster(dtype: torch.dtype) -> Callable[..., Any]:
+    """Forward pre-hook casting a module's floating inputs to ``dtype`` (integers untouched).
+
+    A plain cast, as a graph converted to ``dtype`` computes: a value an fp32
+    forward produced out of the format's range overflows here as it would there.
+    """
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == dtype else t.to(dtype)
+
+    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+        return map_tensors(args, cast), map_tensors(kwargs, cast)
+
+    return pre_hook
+
+
+def _output_caster(dtype: torch.dtype) -> Callable[..., Any]:
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == dtype else t.to(dtype)
+
+    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+        return map_tensors(output, cast)
+
+    return hook
+
+
+class LowPrecision:
+    """Run ``module`` as a graph converted to ``dtype`` would run, restoring it on exit.
+
+    Parameters and floating buffers are cast in place (:func:`cast_params`), and
+    every module gets a forward pre-hook casting its floating inputs to its own
+    dtype, so a forward that upcasts (``obs.float()``, an fp32 mask) still feeds
+    each low-precision module its dtype; integer inputs (token ids, discrete
+    observations) are never cast. Modules in ``keep`` (and below) compute in
+    fp32 on fp32 copies of their inputs and hand their floating outputs on in
+    ``dtype``, as a runtime that pins a node in fp32 casts around it.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        dtype: torch.dtype,
+        keep: Iterable[nn.Module] = (),
+        cache: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        self.module = module
+        self.dtype = dtype
+        self.keep = list(keep)
+        self.cache = cache
+        self._restore: Callable[[], None] | None = None
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> LowPrecision:
+        kept = {id(m) for k in self.keep for m in k.modules()}
+        self._restore = cast_params(self.module, self.dtype, keep=self.keep, cache=self.cache)
+        for mod in self.module.modules():
+            target = torch.float32 if id(mod) in kept else self.dtype
+            self._handles.append(
+                mod.register_forward_pre_hook(_input_caster(target), with_kwargs=True)
+            )
+        for mod in self.keep:
+            self._handles.append(mod.register_forward_hook(_output_caster(self.dtype)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._restore is not None:
+            self._restore()
+            self._restore = None

@@ -2,8 +2,9 @@
 
 For each probe batch:
 
-1. For each dtype, the model's parameters are cast in place and the batch runs
-   once with hooks that keep every measured layer's output (and main input) in
+1. For each dtype, the model's parameters are cast in place, every module's
+   floating inputs are cast to its dtype (integer inputs never are), and the
+   batch runs once with hooks that keep every measured layer's output (and main input) in
    that dtype: the *cumulative* run (every layer inherits the error of the
    layers before it). Only this batch's tensors are kept, in low precision.
 2. The model runs once in fp32. Each layer's hook folds, into streamed
@@ -33,7 +34,7 @@ from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.hooks import (
     Hooks,
     LayerInfo,
-    cast_params,
+    LowPrecision,
     first_floating,
     floating_tensors,
     map_tensors,
@@ -150,13 +151,9 @@ class _Pass:
             store[key] = ([keep(t) for t in floating_tensors(out)], keep(inp))
 
         cast = saturating_cast(tdtype)
-        restore = cast_params(self.model, tdtype)
-        try:
-            with Hooks(self.layers, on_call), torch.no_grad():
-                out = self.model(*map_tensors(args, cast), **map_tensors(kwargs, cast))
-            return store, out
-        finally:
-            restore()
+        with LowPrecision(self.model, tdtype), Hooks(self.layers, on_call), torch.no_grad():
+            out = self.model(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+        return store, out
 
     def reference(
         self,
@@ -282,14 +279,12 @@ class _Pass:
             return
         tdtype = getattr(torch, dtype)
         cast = saturating_cast(tdtype)
-        restore = cast_params(module, tdtype)
         try:
-            out = module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+            with LowPrecision(module, tdtype):
+                out = module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
         except Exception as exc:  # an op without a kernel for this dtype, a dtype clash
             record.errors[dtype] = f"{type(exc).__name__}: {exc}"
             return
-        finally:
-            restore()
         candidates = floating_tensors(out)
         if [t.shape for t in candidates] != [t.shape for t in outputs]:
             record.errors[dtype] = "output shapes differ from the fp32 run"

@@ -6,9 +6,12 @@ in fp32, then pruned: every chosen layer whose removal still passes is
 dropped. Every reported set has been run and measured; it is the smallest set
 found within ``max_runs`` verification runs, not a proven minimum.
 
-In a mixed run a kept layer computes in fp32 on fp32 copies of its inputs and
-hands fp32 on; every other leaf casts its floating inputs to the low dtype
-(without saturation, as a real mixed model would).
+A mixed run is verified the way a low-precision runtime runs a graph with some
+nodes pinned to fp32: a kept layer computes in fp32 on fp32 copies of its
+inputs and hands its output on in the low dtype (low-precision hand-offs, also
+between two kept layers); every other module casts its floating inputs to the
+low dtype without saturation (:class:`~paritygate.precision.hooks.LowPrecision`).
+The assumption: the runtime keeps the tensors between nodes in the low dtype.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paritygate.precision.hooks import cast_params, map_tensors
+from paritygate.precision.hooks import LowPrecision, map_tensors, saturating_cast
 from paritygate.precision.stats import ErrorStats
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
@@ -74,39 +77,13 @@ class MixedRunner:
         references = self.reference()
         tdtype = getattr(torch, dtype)
         kept = [self.modules[name] for name in keep]
-        kept_ids = {id(m) for k in kept for m in k.modules()}
-        handles = [
-            m.register_forward_pre_hook(_caster(torch.float32), with_kwargs=True) for m in kept
-        ]
-        for m in self.model.modules():
-            if id(m) not in kept_ids and not any(True for _ in m.children()):
-                handles.append(m.register_forward_pre_hook(_caster(tdtype), with_kwargs=True))
         stats = ErrorStats()
-        restore = cast_params(self.model, tdtype, keep=kept)
-        try:
-            with torch.no_grad():
-                for (args, kwargs), ref in zip(self.batches, references, strict=True):
-                    to_low = _cast_fn(tdtype)
-                    out = self.model(*map_tensors(args, to_low), **map_tensors(kwargs, to_low))
-                    stats.update(ref, self.select_output(out).detach())
-        finally:
-            restore()
-            for handle in handles:
-                handle.remove()
+        to_low = saturating_cast(tdtype)
+        with LowPrecision(self.model, tdtype, keep=kept), torch.no_grad():
+            for (args, kwargs), ref in zip(self.batches, references, strict=True):
+                out = self.model(*map_tensors(args, to_low), **map_tensors(kwargs, to_low))
+                stats.update(ref, self.select_output(out).detach())
         return stats
-
-
-def _cast_fn(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda t: t.to(dtype)
-
-
-def _caster(dtype: torch.dtype) -> Callable[..., Any]:
-    cast = _cast_fn(dtype)
-
-    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
-        return map_tensors(args, cast), map_tensors(kwargs, cast)
-
-    return pre_hook
 
 
 def _passes(stats: ErrorStats, budget: float) -> bool:

@@ -28,3 +28,6 @@ class PrecisionSubject:
     onnx_feeds: list[dict[str, Any]] | None = None
     onnx_output_name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    refusal: str | None = None
+    """Why the model must not be measured (tensors left at random init); the check fails
+    with it before any measurement."""

@@ -228,7 +228,8 @@ class LMContext:
         return recompute(self, generation)
 
     def precision_subject(self) -> PrecisionSubject:
-        """The HF model in fp32 eval, probe prompts as left-padded batches of input ids."""
+        """The HF model in fp32 eval, probe prompts as left-padded batches of input ids; refuses
+        (``refusal``) when a model tensor is left at random init or a checkpoint key unused."""
         import torch
 
         from paritygate.precision.subject import PrecisionSubject
@@ -246,17 +247,24 @@ class LMContext:
                 mask[i, width - len(p) :] = 1
             batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
-        def build_model() -> Any:
-            model, _ = load_causal_lm(
-                self.model_dir, "float32", trust_remote_code=self.config.trust_remote_code
-            )
-            return model
+        import dataclasses
 
+        from paritygate.precision.hf import checkpoint_coverage
+
+        model, info = load_causal_lm(
+            self.model_dir, "float32", trust_remote_code=self.config.trust_remote_code
+        )
+        coverage = checkpoint_coverage(model, safetensors_files(self.model_dir), info)
+        heads = tuple(self.spec.training_only_heads)
+        coverage = dataclasses.replace(
+            coverage, unused=[k for k in coverage.unused if not k.startswith(heads)]
+        )
         return PrecisionSubject(
             name=self.config.name,
-            build_model=build_model,
+            build_model=lambda: model,
             batches=batches,
             select_output=lambda out: out.logits,
+            refusal=coverage.refusal(),
         )
 
 

@@ -40,7 +40,8 @@ def load_probes(config: GateConfig, spec: PolicySpec) -> np.ndarray:
             "policy.probes",
             f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}",
         )
-    return arr.astype(np.float32)
+    # Integer and boolean observations (discrete states, token ids) keep their dtype.
+    return arr.astype(np.float32) if np.issubdtype(arr.dtype, np.floating) else arr
 
 
 def preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
