@@ -86,7 +86,7 @@ class Report(_Strict):
                               description="ISO-8601 UTC time the report was written")
     name: str
     status: Literal["pass", "fail", "nothing_verified"]
-    family: Literal["policy", "causal_lm"]
+    family: Literal["policy", "causal_lm", "hf_model"]
     counts: Counts
     root_cause: RootCauseRecord | None
     config: str = Field(description="the config, relative to the repository holding it when "
