@@ -86,7 +86,8 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="save the state_dict under the model's key names (strip wrapper "
                     "prefixes) and load it strictly"),
     Explanation("export_integrity", "stale_artifact",
-                r"stale artifact|modified after export|differs from the manifest",
+                r"stale artifact|modified after export|differs from the manifest|"
+                r"artifact was not built from this checkpoint",
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
                 "the artifact was not exported from the checkpoint under test",
                 fix="re-export the artifact from the gated checkpoint "
