@@ -378,30 +378,22 @@ def build_lm_context(config: GateConfig) -> LMContext:
                     f"causal_lm.tokenizer.{side}",
                     f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
                 )
-    training_sampling = load_sampling_file(
-        config.resolve(spec.sampling.training),
-        trainer=True,
-        fmt=spec.sampling.training_format,
-        eos_text=training_tok.eos_token,
-        eos_id=training_tok.eos_token_id,
-        side_defaults={
-            "padding_side": training_tok.padding_side,
-            "truncation_side": training_tok.truncation_side,
-            "dtype": spec.training.dtype,
-        },
-    )
-    serving_sampling = load_sampling_file(
-        config.resolve(spec.sampling.serving),
-        trainer=False,
-        fmt=spec.sampling.serving_format,
-        eos_text=serving_tok.eos_token,
-        eos_id=serving_tok.eos_token_id,
-        side_defaults={
-            "padding_side": serving_tok.padding_side,
-            "truncation_side": serving_tok.truncation_side,
-            "dtype": spec.engine.dtype,
-        },
-    )
+    def sampling(side: str, tok: Any, dtype: str) -> SamplingFile:
+        return load_sampling_file(
+            config.resolve(getattr(spec.sampling, side)),
+            trainer=side == "training",
+            fmt=getattr(spec.sampling, f"{side}_format"),
+            eos_text=tok.eos_token,
+            eos_id=tok.eos_token_id,
+            side_defaults={
+                "padding_side": tok.padding_side,
+                "truncation_side": tok.truncation_side,
+                "dtype": dtype,
+            },
+        )
+
+    training_sampling = sampling("training", training_tok, spec.training.dtype)
+    serving_sampling = sampling("serving", serving_tok, spec.engine.dtype)
     from paritygate.families.causal_lm.logprobs import as_model_level
 
     logprob_fn = as_model_level(
