@@ -116,7 +116,9 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("dropout_off", "nondeterministic",
                 r"still in training mode|not deterministic|random operators|Dropout in training",
                 ("head_removal", "batchnorm_export", "logits_agreement"),
-                "randomness in the forward changes every output it feeds"),
+                "randomness in the forward changes every output it feeds",
+                fix="put the model in eval mode before exporting or serving (no dropout or "
+                    "sampling on the inference path)"),
     Explanation("logits_agreement", "artifact_outputs_differ", r"artifact logits differ",
                 ("batchnorm_export",),
                 "the artifact's outputs differ from torch eval (the cause is named by "

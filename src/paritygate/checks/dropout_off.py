@@ -65,7 +65,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                f"{artifact_spread:.3g}")
     random_ops = random_nodes(ctx.onnx_model)
     if random_ops:
-        m.fail(f"artifact contains random operators: {random_ops[:5]}")
+        m.fail(f"artifact contains random operators: {random_ops[:5]} (dropout exported in "
+               "training mode: call model.eval() before exporting)")
     m.metric("torch_repeat_max_abs_diff", torch_spread,
              threshold=thresholds["repeat_max_abs_diff"], key=True)
     m.metric("artifact_repeat_max_abs_diff", artifact_spread,
