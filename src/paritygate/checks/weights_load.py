@@ -124,10 +124,6 @@ def value_mismatches(model: Any, state: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def is_training_only(key: str, heads: list[str]) -> bool:
-    return any(key.startswith(h) for h in heads)
-
-
 def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
@@ -147,8 +143,8 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     info = ctx.reference_loading_info()
     missing = sorted(info.get("missing_keys", []))
     unexpected_all = sorted(info.get("unexpected_keys", []))
-    head_keys = [k for k in unexpected_all if is_training_only(k, heads)]
-    unexpected = [k for k in unexpected_all if not is_training_only(k, heads)]
+    head_keys = [k for k in unexpected_all if ctx.is_training_only(k)]
+    unexpected = [k for k in unexpected_all if not ctx.is_training_only(k)]
     mismatched = sorted(info.get("mismatched_keys", []))
     tied = [
         k

@@ -65,9 +65,11 @@ class LMContext:
 
         return read_state(self.model_dir)
 
-    def engine_weights_sha256(self) -> str:
-        """Digest of the weights the inference engine loads (same scheme as the checkpoint's)."""
-        return sha256_files(safetensors_files(self.engine_model_dir))
+    def is_training_only(self, key: str) -> bool:
+        """``key`` belongs to one of ``causal_lm.training_only_heads``."""
+        from paritygate.families.causal_lm.weights import is_training_only
+
+        return is_training_only(key, list(self.spec.training_only_heads))
 
     def serving_state(self) -> dict[str, Any]:
         """Every tensor of the served directory's safetensors files."""

@@ -15,14 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.engines.hf_loading import safetensors_files
 from paritygate.errors import InputError
+from paritygate.families.causal_lm.weights import is_training_only
 from paritygate.golden import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-
-
-def _is_head(key: str, heads: list[str]) -> bool:
-    return any(key.startswith(h) for h in heads)
 
 
 def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
@@ -48,7 +45,7 @@ def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
         with safe_open(str(shard), framework="pt") as fh:
             metadata = fh.metadata()
             for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if _is_head(key, heads):
+                if is_training_only(key, heads):
                     removed.append(key)
                 else:
                     kept[key] = fh.get_tensor(key)

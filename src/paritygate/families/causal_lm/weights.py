@@ -47,6 +47,11 @@ def _dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).replace("torch.", "")
 
 
+def is_training_only(key: str, heads: list[str]) -> bool:
+    """``key`` belongs to a declared training-only head (prefix match, e.g. TRL's ``v_head.``)."""
+    return any(key.startswith(h) for h in heads)
+
+
 def compare_states(
     training: dict[str, Any], served: dict[str, Any], training_only: list[str]
 ) -> WeightsDiff:
@@ -54,7 +59,7 @@ def compare_states(
     import torch
 
     def keep(key: str) -> bool:
-        return not any(key.startswith(h) for h in training_only)
+        return not is_training_only(key, training_only)
 
     train = {k: v for k, v in training.items() if keep(k)}
     serve = {k: v for k, v in served.items() if keep(k)}
