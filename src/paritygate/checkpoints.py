@@ -63,9 +63,9 @@ def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) ->
             return torch.load(source, map_location="cpu", weights_only=False)
         except Exception as exc2:
             raise InputError(path, key, f"unreadable torch file: {exc2}") from exc
-    except (EOFError, RuntimeError, OSError, ValueError, zipfile.BadZipFile) as exc:
+    except Exception as exc:  # any failure to parse the bytes (struct, EOF, zip, ...) is bad input
         raise InputError(
-            path, key, f"unreadable torch file (truncated or corrupt?): {exc}"
+            path, key, f"unreadable torch file (truncated or corrupt?): {type(exc).__name__}: {exc}"
         ) from None
 
 

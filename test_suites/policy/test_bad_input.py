@@ -270,3 +270,29 @@ def test_missing_checkpoint_through_the_cli(clean_demo: Path, tmp_path: Path) ->
     cfg = write_config(tmp_path, clean_demo, {"policy": {"checkpoint": str(missing)}})
     code, out, err = run_subprocess(cfg, tmp_path)
     assert_input_error(code, out, err, file=missing, key=None, cause="checkpoint not found")
+
+
+def test_few_random_bytes_named_pt_are_bad_input(clean_demo: Path, tmp_path: Path,
+                                                   capsys) -> None:
+    ckpt = tmp_path / "junk.pt"
+    ckpt.write_bytes(b"junk")  # too short for any torch header: struct.error inside torch.load
+    cfg = write_config(tmp_path, clean_demo, {"policy": {"checkpoint": str(ckpt)}})
+    code, out, err = run_in_process(capsys, cfg)
+    assert_input_error(code, out, err, file=ckpt, key="policy.checkpoint",
+                       cause="truncated or corrupt?")
+
+
+def test_no_check_selected_exits_3_and_writes_a_report(clean_demo: Path, tmp_path: Path,
+                                                        capsys) -> None:
+    import json
+
+    cfg = write_config(tmp_path, clean_demo, {"checks": []})
+    capsys.readouterr()
+    code = cli.main(["run", str(cfg), "--report-dir", str(tmp_path / "report")])
+    out, err = capsys.readouterr()
+    assert code == 3, f"exit {code}\nstdout: {out}\nstderr: {err}"
+    assert "Traceback" not in out + err
+    assert "nothing was verified" in err
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["status"] == (
+        "nothing_verified")
+    assert "NOTHING_VERIFIED" in (tmp_path / "report" / "report.md").read_text()

@@ -7,7 +7,7 @@ from typing import Any
 from paritygate.result import CheckResult
 from paritygate.rootcause import RootCause, explain, ordered
 
-ICON = {"pass": "✅", "fail": "❌", "skip": "⏭️", "error": "💥"}
+ICON = {"pass": "✅", "fail": "❌", "skip": "⏭️", "error": "💥", "nothing_verified": "⚠️"}
 
 
 def fmt(value: Any) -> str:
