@@ -7,16 +7,42 @@ it so a stale artifact built from another checkpoint cannot ship.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
 from paritygate.golden import atomic_write_bytes, atomic_write_text
+
+EXPORTER_NOISE_LOGGERS: tuple[str, ...] = (
+    # one warning per optional torchvision op the exporter cannot register
+    "torch.onnx._internal.exporter._registration",
+    # "Evaluation failed: cannot reshape array ...": constant folding tried an op on a
+    # symbolic (dynamic batch) shape, gave up and kept the node; the export is unaffected
+    "onnxscript.optimizer._constant_folding",
+)
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's known-harmless log lines and warnings for one export only."""
+    loggers = [logging.getLogger(name) for name in EXPORTER_NOISE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def export_onnx(
@@ -35,11 +61,8 @@ def export_onnx(
     import torch
 
     model.eval()
-    # The exporter logs one warning per optional torchvision op it cannot register.
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as tmp, quiet_exporter():
         tmp_path = Path(tmp) / "model.onnx"
         program = torch.onnx.export(
             model,
