@@ -1,9 +1,10 @@
 """The torch-policy family: load both models, the probes and the ONNX artifact once.
 
 Building the context validates every input (exit code 2 on failure): the
-factories import and build, the checkpoint reads, the probes load, the artifact
-opens and its input matches the probes. Checks then share the loaded pieces and
-the cached forward passes.
+factories import and build, the checkpoint reads, the probes load, a configured
+artifact opens and its input matches the probes. Without a configured artifact
+the first check that reads one exports it (so a run that reads none never
+exports). Checks then share the loaded pieces and the cached forward passes.
 """
 
 from __future__ import annotations
@@ -59,8 +60,16 @@ class PolicyContext:
         """
         if self.given_artifact is not None:
             return open_artifact(self.given_artifact, self.spec, self.probes)
-        artifact = export_policy(self.config, self.inference_model, self.inference_load,
-                                 self.checkpoint_path, self.probes, self.export_dir)
+        from paritygate.families.policy.export import export_policy
+
+        artifact = export_policy(
+            self.config,
+            self.inference_model,
+            self.inference_load,
+            self.checkpoint_path,
+            self.probes,
+            self.export_dir,
+        )
         self.exported_on_the_fly = True
         return open_artifact(artifact, self.spec, self.probes)
 
@@ -353,42 +362,6 @@ def build_policy_context(
     return ctx
 
 
-def export_policy(
-    config: GateConfig,
-    model: Any,
-    report: LoadReport,
-    ckpt: Path,
-    probes: np.ndarray,
-    out: Path,
-) -> Path:
-    """Export the inference model the checks inspect to ``out/policy.onnx``, with its manifest."""
-    import torch
-
-    from paritygate.families.policy.export import export_onnx, write_manifest
-
-    spec = config.policy
-    assert spec is not None
-    if report.missing or report.shape_mismatch:
-        raise InputError(
-            ckpt,
-            "state_dict",
-            "cannot export: the inference model does not load "
-            f"from the checkpoint (missing {report.missing[:3]}, shape "
-            f"{[m[0] for m in report.shape_mismatch[:3]]})",
-        )
-    example = torch.from_numpy(probes[: min(2, len(probes))])
-    artifact = export_onnx(
-        model.eval(),
-        example,
-        out / "policy.onnx",
-        input_name=spec.input_name,
-        output_names=list(spec.output_names),
-        opset=spec.opset,
-    )
-    write_manifest(artifact, ckpt, opset=spec.opset)
-    return artifact
-
-
 def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
     """An ONNX Runtime engine over ``artifact``, its input and policy output validated."""
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
@@ -398,5 +371,3 @@ def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
         candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
     )
     return candidate
-
-

@@ -80,6 +80,41 @@ def export_onnx(
     return path
 
 
+def export_policy(
+    config: Any,
+    model: Any,
+    report: Any,
+    ckpt: Path,
+    probes: Any,
+    out: Path,
+) -> Path:
+    """Export the inference model the checks inspect (loaded, ``report`` its load) to
+    ``out/policy.onnx`` with its manifest; the artifact path."""
+    import torch
+
+    spec = config.policy
+    assert spec is not None
+    if report.missing or report.shape_mismatch:
+        raise InputError(
+            ckpt,
+            "state_dict",
+            "cannot export: the inference model does not load "
+            f"from the checkpoint (missing {report.missing[:3]}, shape "
+            f"{[m[0] for m in report.shape_mismatch[:3]]})",
+        )
+    example = torch.from_numpy(probes[: min(2, len(probes))])
+    artifact = export_onnx(
+        model.eval(),
+        example,
+        out / "policy.onnx",
+        input_name=spec.input_name,
+        output_names=list(spec.output_names),
+        opset=spec.opset,
+    )
+    write_manifest(artifact, ckpt, opset=spec.opset)
+    return artifact
+
+
 def write_manifest(
     artifact: Path, checkpoint: Path, *, opset: int, extra: dict[str, Any] | None = None
 ) -> Path:
