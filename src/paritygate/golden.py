@@ -1,6 +1,8 @@
 """Golden baselines: the whole life cycle of a check's baseline, in one place.
 
-``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "provenance": {...}}``.
+``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "provenance": {...}}``;
+per-item metrics (one per layer, :attr:`~paritygate.result.Metric.detail`) sit beside it in
+``<check_id>.detail.json`` as ``{"metrics": {...}}``.
 :func:`regression_check` owns the cycle: load the baseline, judge the measurement
 against thresholds and golden (:func:`paritygate.verdict.judge`), fail when the probe
 set changed since blessing, then either bless (``--update-golden``, atomic, passing
@@ -109,6 +111,10 @@ class GoldenStore:
     def obtained_path(self, check_id: str) -> Path:
         return self.directory / f"{check_id}.obtained.json"
 
+    def detail_path(self, check_id: str) -> Path:
+        """Per-item baselines (a layer's error): kept apart from the headline metrics."""
+        return self.directory / f"{check_id}.detail.json"
+
     def load(self, check_id: str) -> dict[str, Any] | None:
         """The blessed record, or ``None`` when there is no baseline yet."""
         p = self.path(check_id)
@@ -128,20 +134,47 @@ class GoldenStore:
             raise InputError(p, "metrics", f"golden file unreadable: {exc.strerror}") from None
         if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
             raise InputError(p, "metrics", "golden file has no 'metrics' mapping")
+        detail = self.detail_path(check_id)
+        if detail.exists():
+            try:
+                extra = json.loads(detail.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+                raise InputError(detail, "metrics", f"golden file unreadable: {exc}") from None
+            if not isinstance(extra, dict) or not isinstance(extra.get("metrics"), dict):
+                raise InputError(detail, "metrics", "golden file has no 'metrics' mapping")
+            data["detail_metrics"] = extra["metrics"]
         return data
 
-    def write(self, check_id: str, metrics: dict[str, Any], provenance: dict[str, Any]) -> Path:
-        """Bless ``metrics`` as the new baseline and drop any stale obtained file."""
+    def write(
+        self,
+        check_id: str,
+        metrics: dict[str, Any],
+        provenance: dict[str, Any],
+        detail: dict[str, Any] | None = None,
+    ) -> Path:
+        """Bless ``metrics`` (and the per-item ``detail`` metrics, in their own file) as the
+        new baseline and drop any stale obtained file."""
         p = self.path(check_id)
+        if detail:
+            atomic_write_text(self.detail_path(check_id), dump_json({"metrics": detail}))
+        else:
+            self.detail_path(check_id).unlink(missing_ok=True)
         atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
         self.obtained_path(check_id).unlink(missing_ok=True)
         return p
 
     def write_obtained(
-        self, check_id: str, metrics: dict[str, Any], provenance: dict[str, Any]
+        self,
+        check_id: str,
+        metrics: dict[str, Any],
+        provenance: dict[str, Any],
+        detail: dict[str, Any] | None = None,
     ) -> Path:
         p = self.obtained_path(check_id)
-        atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        record: dict[str, Any] = {"metrics": metrics, "provenance": provenance}
+        if detail:
+            record["detail_metrics"] = detail
+        atomic_write_text(p, dump_json(record))
         return p
 
 
@@ -180,10 +213,11 @@ def regression_check(
         return result
     if expected is not None and not blessing:
         _probe_set_changed(result, expected, probes_sha256())
-    ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet}
+    ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and not m.detail}
+    detail = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and m.detail}
     if blessing:
         if result.status == "pass":
-            path = store.write(check_id, ratcheted, provenance())
+            path = store.write(check_id, ratcheted, provenance(), detail)
             result.message += f" (golden blessed: {path.name})"
         else:
             result.message += " (not blessed: the check fails its thresholds)"
@@ -191,7 +225,7 @@ def regression_check(
     if result.status == "fail" and (
         result.golden is None or any("golden" in r for r in result.reasons)
     ):
-        path = store.write_obtained(check_id, ratcheted, provenance())
+        path = store.write_obtained(check_id, ratcheted, provenance(), detail)
         result.details["obtained_path"] = str(path)
         result.message += f" Obtained metrics written to {path.name} beside the golden."
         # Only a missing baseline is a reason to bless; a run that fails against an existing

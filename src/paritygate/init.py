@@ -168,6 +168,8 @@ def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> s
             f"  training_factory: {_q(f'{TODO}: module:callable building the training model, with heads')}",  # noqa: E501
             f"  inference_factory: {_q(f'{TODO}: module:callable building the serving model, heads removed')}",  # noqa: E501
             "  factory_kwargs: {}   # keyword arguments passed to both factories",
+            "  # factory_path_kwargs: [name]   # factory_kwargs holding paths, resolved relative "
+            "to this file",
         ]
     lines += [
         f"  checkpoint: {_rel(source, base)}   # {len(keys)} tensors, {n_params:,} values",

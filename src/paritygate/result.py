@@ -37,6 +37,10 @@ class Metric:
     key: bool = False
     ratchet: bool = True
     """Compare with golden (False for metrics that legitimately vary between checkpoints)."""
+    detail: bool = False
+    """One of many per-item numbers (a layer's error): judged and ratcheted like any metric,
+    but kept out of the report's metric tables, report.json ``metrics`` and JUnit; the check's
+    own table and files list them, and golden stores them in ``<check_id>.detail.json``."""
 
     def is_finite(self) -> bool:
         """False for NaN/Inf values; ``None`` means not measured and counts as finite."""
@@ -82,13 +86,14 @@ class Measurement:
         unit: str = "",
         key: bool = False,
         ratchet: bool = True,
+        detail: bool = False,
     ) -> Metric:
         """Record a metric; ``value`` is converted to a plain Python number."""
         if value is not None and not isinstance(value, (bool, int)):
             value = float(value)
         elif isinstance(value, int) and not isinstance(value, bool):
             value = int(value)
-        m = Metric(name, value, bad, threshold, unit, key, ratchet)
+        m = Metric(name, value, bad, threshold, unit, key, ratchet, detail)
         self.metrics[name] = m
         return m
 

@@ -79,15 +79,17 @@ def judge(
     blessing: bool = False,
 ) -> CheckResult:
     """Apply the rules above; ``golden`` is the blessed record or ``None``."""
-    metrics = {name: m.value for name, m in measurement.metrics.items()}
-    thresholds = {
-        name: m.threshold for name, m in measurement.metrics.items() if m.threshold is not None
-    }
-    key = next((m.name for m in measurement.metrics.values() if m.key), None)
+    shown = {name: m for name, m in measurement.metrics.items() if not m.detail}
+    metrics = {name: m.value for name, m in shown.items()}
+    thresholds = {name: m.threshold for name, m in shown.items() if m.threshold is not None}
+    key = next((m.name for m in shown.values() if m.key), None)
     details = dict(measurement.details)
     if measurement.notes:
         details["notes"] = list(measurement.notes)
-    expected = (golden or {}).get("metrics") if use_golden else None
+    expected = None
+    if use_golden and golden is not None:
+        # per-item (detail) baselines live beside the headline ones; both are judged
+        expected = {**golden.get("metrics", {}), **golden.get("detail_metrics", {})}
 
     if measurement.skipped is not None:
         return CheckResult(
@@ -95,7 +97,7 @@ def judge(
             "skip",
             measurement.skipped,
             metrics,
-            expected,
+            _headline(expected, measurement, golden),
             thresholds,
             key,
             details,
@@ -130,7 +132,7 @@ def judge(
 
     status = "fail" if reasons else "pass"
     if status == "fail":
-        key = _failing_key(measurement, offending, key)
+        key = _failing_key(measurement, [n for n in offending if n in shown], key)
     sentences, fix = _sentences(
         measurement, offending, breached, regressed, expected, no_golden
     )
@@ -148,7 +150,7 @@ def judge(
         status,
         message,
         metrics,
-        expected,
+        _headline(expected, measurement, golden),
         thresholds,
         key,
         details,
@@ -159,6 +161,18 @@ def judge(
         result.fix = fix
         result.failed_metrics = list(offending)
     return result
+
+
+def _headline(
+    expected: dict[str, Any] | None, measurement: Measurement, golden: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The golden values shown beside the report's metrics: per-item (detail) ones left out
+    (a baseline blessed before a metric became a detail one still holds it among ``metrics``)."""
+    if expected is None:
+        return None
+    return {k: v for k, v in expected.items()
+            if not (k in measurement.metrics and measurement.metrics[k].detail)
+            and k not in (golden or {}).get("detail_metrics", {})}
 
 
 def sentence(text: str) -> str:

@@ -8,8 +8,8 @@ import onnx
 import pytest
 from precision_zoo import FakeContext, clean_policy, measure, rescaled_policy, subject
 
-from paritygate.golden import GoldenStore
-from paritygate.verdict import judge
+from paritygate.golden import GoldenStore, regression_check
+from paritygate.verdict import Margin, judge
 
 
 def test_clean_policy_passes(clean_measurement) -> None:
@@ -41,9 +41,17 @@ def test_layer_error_jump_against_golden_fails_inside_its_budget(
     tmp_path: Path, clean_measurement
 ) -> None:
     store = GoldenStore(tmp_path / "golden")
-    blessed = judge(clean_measurement, None, blessing=True)
-    store.write("precision_per_layer", blessed.metrics, {"checkpoint": "clean"})
+    blessed = regression_check(
+        clean_measurement, store, margin=Margin(), blessing=True,
+        probes_sha256=lambda: "p", provenance=lambda: {"checkpoint": "clean"},
+        bless_command="bless",
+    )  # fmt: skip
+    assert blessed.status == "pass", blessed.message
     golden = store.load("precision_per_layer")
+    # per-layer baselines live in their own file, the headline golden stays short
+    assert "fp16/blocks.1.up/local_rel_l2" in golden["detail_metrics"]
+    assert not any("/blocks." in name for name in golden["metrics"])
+    assert store.detail_path("precision_per_layer").is_file()
 
     assert judge(clean_measurement, golden).status == "pass"
     faulty = measure(FakeContext(subject(lambda: rescaled_policy(-14))))
@@ -54,6 +62,9 @@ def test_layer_error_jump_against_golden_fails_inside_its_budget(
     result = judge(faulty, golden)
     assert result.status == "fail"
     assert "fp16/blocks.1.up/local_rel_l2 regressed vs golden" in result.message
+    assert "fp16/blocks.1.up/local_rel_l2" in result.failed_metrics
+    assert "fp16/blocks.1.up/local_rel_l2" not in result.metrics  # a detail metric
+    assert result.key_metric in result.metrics
 
 
 def _altered(clean: Path, out: Path) -> Path:

@@ -3,7 +3,9 @@
 One low-precision pass per dtype with hooks (cumulative error of every layer),
 one fp32 pass (local error: each layer rerun alone in low precision on its
 fp32 inputs), streamed statistics. Each layer's local relative L2 error is a
-metric with its budget as threshold, so the golden step ratchets every layer.
+per-layer (detail) metric with its budget as threshold, so the golden step
+ratchets every layer; the report's metric table holds the headline numbers and
+the per-layer rows live in precision.json/CSV, the plot and ``<check>.detail.json``.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
         fix = (
             f"; keeping {mixed['keep_fp32']} in fp32 brings the output rel L2 error to "
             f"{float(mixed['output_rel_l2']):.3g} (budget {summary['output_budget']:.3g}), "
-            "verified by a run"
+            f"verified by a run with {dtype} hand-offs between modules (kept layers compute in "
+            f"fp32 on upcast inputs and hand their outputs on in {dtype}, as a runtime that pins "
+            "nodes in fp32 runs them)"
         )
     elif mixed:
         fix = f"; no set of layers kept in fp32 passed within {mixed['runs']} verification runs"
@@ -94,7 +98,10 @@ def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
             _number(row["onnx_rel_l2"]),
             threshold=row["budget"],
             ratchet=False,
+            detail=True,
         )
+    if onnx.get("marking_note"):
+        m.note(onnx["marking_note"])
     first = onnx["first_divergent"]
     if first is not None:
         row = next(r for r in onnx["rows"] if r["layer"] == first["layer"])
@@ -137,6 +144,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         float(thresholds["output_budget_ulps"]),
         float(thresholds["onnx_fp32_rel_l2"]),
     )
+    report["headroom_max"] = float(thresholds["headroom_max"])  # its plot marks the threshold
     m.details["precision"] = report
     if report["reference_output_nonfinite"]:
         m.fail(f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
@@ -171,7 +179,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         for row in report["rows"]:
             if row["dtype"] == dtype:
                 value = None if row["local_error"] else _number(row["local_rel_l2"])
-                m.metric(f"{prefix}/{row['layer']}/local_rel_l2", value, threshold=row["budget"])
+                m.metric(
+                    f"{prefix}/{row['layer']}/local_rel_l2",
+                    value,
+                    threshold=row["budget"],
+                    detail=True,
+                )
         if summary["local_unmeasured"]:
             names = ", ".join(summary["local_unmeasured"][:5])
             m.note(

@@ -1,4 +1,14 @@
-"""Error per layer in execution order per dtype, log scale, budgets and divergence marked."""
+"""precision.png: every per-layer series that can decide the verdict, leaves and blocks apart.
+
+Panels share the x axis (execution order): leaf modules, blocks (modules with
+children), and overflow headroom. Leaves and blocks are separate series so a
+line never zigzags between a Linear and the block around it. Per dtype: local
+error (solid), cumulative error (dotted), the local budget (dashed steps); the
+ONNX artifact's tensors against torch fp32 (black) with their own budget. A
+non-finite value is a red triangle at the top of its panel, never a line point.
+The worst layers (largest error over budget, non-finite first) are named on the
+x axis.
+"""
 
 from __future__ import annotations
 
@@ -7,87 +17,206 @@ from pathlib import Path
 from typing import Any
 
 COLOURS = {"float16": "tab:blue", "bfloat16": "tab:orange"}
+ONNX_COLOUR = "black"
+NONFINITE_COLOUR = "red"
+NAMED = 10
+"""How many of the worst layers are named on the x axis."""
 
 
-def _value(v: Any, ceiling: float) -> float:
-    """Plot value: non-finite errors drawn at the top of the axis, zero at the bottom."""
-    if isinstance(v, str) or v is None:
-        return ceiling
-    return max(float(v), 1e-12) if math.isfinite(v) else ceiling
+def _number(v: Any) -> float | None:
+    """A finite float, ``None`` for missing, ``math.inf`` for NaN/Inf (strings in the JSON)."""
+    if v is None:
+        return None
+    try:
+        value = float(v)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else math.inf
+
+
+def _ratio(value: Any, budget: Any) -> float:
+    v, b = _number(value), _number(budget)
+    if v is None:
+        return 0.0
+    if math.isinf(v):
+        return math.inf
+    return v / b if b else 0.0
+
+
+def _series(rows: list[dict[str, Any]], key: str, floor: float) -> tuple[list, list, list]:
+    """(x, y with gaps at non-finite values, x of the non-finite values)."""
+    xs, ys, bad = [], [], []
+    for r in rows:
+        v = _number(r.get(key))
+        if v is None:
+            continue
+        xs.append(r["index"])
+        if math.isinf(v):
+            ys.append(math.nan)  # a gap in the line; drawn as a marker instead
+            bad.append(r["index"])
+        else:
+            ys.append(max(v, floor))
+    return xs, ys, bad
+
+
+def _worst(report: dict[str, Any]) -> list[tuple[int, str]]:
+    """(index, layer) of the layers furthest over their budget in any series."""
+    score: dict[tuple[int, str], float] = {}
+    for r in report["rows"]:
+        k = (r["index"], r["layer"])
+        score[k] = max(score.get(k, 0.0), _ratio(r["local_rel_l2"], r["budget"]))
+    for r in (report.get("onnx") or {}).get("rows", []):
+        k = (r["index"], r["layer"])
+        score[k] = max(score.get(k, 0.0), _ratio(r["onnx_rel_l2"], r["budget"]))
+    ranked = sorted(score, key=lambda k: (-score[k], k[0]))
+    return sorted(ranked[:NAMED])
 
 
 def plot_precision(report: dict[str, Any], path: Path) -> Path:
-    """Write ``precision.png``: local (solid) and cumulative (dotted) rel L2 error per layer."""
+    """Write ``precision.png`` from a precision report (see :mod:`~.analysis`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = report["rows"]
-    finite = [
-        float(r[k])
-        for r in rows
-        for k in ("local_rel_l2", "cum_rel_l2", "budget")
-        if isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] > 0
-    ]
-    ceiling = max(finite, default=1.0) * 10
-    width = min(max(8.0, 0.12 * (len(rows) / max(len(report["dtypes"]), 1)) + 6), 32.0)
-    fig, ax = plt.subplots(figsize=(width, 4.5), dpi=100)
-    labels: list[str] = []
-    for dtype in report["dtypes"]:
-        colour = COLOURS.get(dtype)
-        mine = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["index"])
-        if not mine:
-            continue
-        labels = [r["layer"] for r in mine]
-        x = [r["index"] for r in mine]
-        ax.plot(
-            x,
-            [_value(r["local_rel_l2"], ceiling) for r in mine],
-            "-o",
-            ms=3,
-            color=colour,
-            label=f"{dtype} local",
-        )
-        ax.plot(
-            x,
-            [_value(r["cum_rel_l2"], ceiling) for r in mine],
-            ":",
-            color=colour,
-            label=f"{dtype} cumulative",
-        )
-        ax.step(
-            x,
-            [r["budget"] for r in mine],
-            where="mid",
-            color=colour,
-            alpha=0.5,
-            lw=1,
-            linestyle="--",
-            label=f"{dtype} budget",
-        )
-        first = report["summary"][dtype]["first_divergent"]
-        if first is not None:
-            ax.axvline(first["index"], color=colour, alpha=0.6, lw=1.5)
-            ax.annotate(
-                f"first divergent ({dtype}): {first['layer']}",
-                (first["index"], ceiling),
-                xytext=(4, -12),
-                textcoords="offset points",
-                fontsize=8,
-                color=colour,
+    onnx = report.get("onnx") or {}
+    kind = {r["layer"]: r["kind"] for r in rows}
+    floor = 1e-12
+    kinds = [k for k in ("leaf", "block") if any(r["kind"] == k for r in rows)]
+    fig, axes = plt.subplots(
+        len(kinds) + 1, 1, figsize=(12, 3.2 * len(kinds) + 2.6), dpi=100, sharex=True,
+        gridspec_kw={"height_ratios": [3] * len(kinds) + [1.6]},
+    )  # fmt: skip
+    axes = list(axes)
+    for ax, k in zip(axes, kinds, strict=False):
+        bad_x: list[int] = []
+        for dtype in report["dtypes"]:
+            if report["summary"][dtype].get("error"):
+                continue
+            colour = COLOURS.get(dtype)
+            mine = sorted(
+                (r for r in rows if r["dtype"] == dtype and r["kind"] == k),
+                key=lambda r: r["index"],
             )
-    ax.set_yscale("log")
-    ax.set_ylabel("relative L2 error vs fp32")
-    ax.set_xlabel("layer (execution order)")
-    if len(labels) <= 60:
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=90, fontsize=6)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("per-layer precision error")
+            x, y, bad = _series(mine, "local_rel_l2", floor)
+            ax.plot(x, y, "-o", ms=3, lw=1.2, color=colour, label=f"{dtype} local")
+            bad_x += bad
+            x, y, bad = _series(mine, "cum_rel_l2", floor)
+            ax.plot(x, y, ":", lw=1.2, color=colour, label=f"{dtype} cumulative")
+            bad_x += bad
+            ax.step(
+                [r["index"] for r in mine],
+                [r["budget"] for r in mine],
+                where="mid",
+                marker="_",
+                ms=10,
+                color=colour,
+                alpha=0.5,
+                lw=1,
+                ls="--",
+                label=f"{dtype} local budget",
+            )
+            first = report["summary"][dtype]["first_divergent"]
+            if first is not None and kind.get(first["layer"]) == k:
+                ax.axvline(
+                    first["index"],
+                    color=colour,
+                    alpha=0.5,
+                    lw=2,
+                    ls="-.",
+                    label=f"{dtype} first divergent: {first['layer']}",
+                )
+        mine = sorted(
+            (r for r in onnx.get("rows", []) if kind.get(r["layer"]) == k), key=lambda r: r["index"]
+        )
+        if mine:
+            x, y, bad = _series(mine, "onnx_rel_l2", floor)
+            ax.plot(
+                x,
+                y,
+                "-s",
+                ms=3,
+                lw=1.2,
+                color=ONNX_COLOUR,
+                label=f"ONNX artifact ({onnx['dtype']}) vs torch fp32",
+            )
+            bad_x += bad
+            ax.step(
+                x,
+                [r["budget"] for r in mine],
+                where="mid",
+                color=ONNX_COLOUR,
+                alpha=0.4,
+                lw=1,
+                ls="--",
+                label="ONNX budget",
+            )
+        ax.set_yscale("log")
+        if bad_x:
+            top = ax.get_ylim()[1]
+            ax.plot(
+                sorted(set(bad_x)),
+                [top] * len(set(bad_x)),
+                "^",
+                ms=8,
+                clip_on=False,
+                color=NONFINITE_COLOUR,
+                label="NaN/Inf (non-finite)",
+            )
+            ax.set_ylim(top=top)
+        ax.set_ylabel(f"rel L2 vs fp32\n({'leaf modules' if k == 'leaf' else 'blocks'})")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    head = axes[-1]
+    for dtype in report["dtypes"]:
+        if report["summary"][dtype].get("error"):
+            continue
+        mine = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["index"])
+        x, y, _ = _series(mine, "headroom", 1e-8)  # far below the limit: drawn at 1e-8
+        head.plot(x, y, ".", ms=4, color=COLOURS.get(dtype), label=f"{dtype} headroom")
+    if report.get("headroom_max") is not None:
+        head.axhline(
+            report["headroom_max"], color=NONFINITE_COLOUR, ls="--", lw=1, label="headroom limit"
+        )
+    head.set_yscale("log")
+    head.set_ylabel("max |activation| /\nformat max")
+    head.grid(True, which="major", alpha=0.3)
+    head.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    named = _worst(report)
+    head.set_xticks([i for i, _ in named])
+    head.set_xticklabels([name for _, name in named], rotation=35, ha="right", fontsize=7)
+    head.set_xlabel(f"layer (execution order; the {len(named)} highest error / budget named)")
+    axes[0].set_title(_title(report), fontsize=9, loc="left")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _title(report: dict[str, Any]) -> str:
+    """The output errors (what the verdict judges first), one line per source."""
+    parts = []
+    for dtype, s in report["summary"].items():
+        if s.get("error"):
+            parts.append(f"{dtype}: skipped")
+            continue
+        first = s["first_divergent"]
+        parts.append(
+            f"{dtype} output rel L2 {_fmt(s['output_rel_l2'])} (budget {_fmt(s['output_budget'])})"
+            + (f", first divergent {first['layer']}" if first else "")
+        )
+    onnx = report.get("onnx")
+    if onnx:
+        parts.append(
+            f"ONNX output {_fmt(onnx['output_rel_l2'])} as served, "
+            f"{_fmt(onnx.get('marked_output_rel_l2'))} with intermediates marked "
+            f"(budget {_fmt(onnx['output_budget'])})"
+        )
+    return "per-layer precision error\n" + "\n".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    v = _number(value)
+    return "-" if v is None else ("nan/inf" if math.isinf(v) else f"{v:.3g}")

@@ -77,6 +77,10 @@ class PolicySpec(StrictModel):
     inference_factory: str
     """``module:callable(**factory_kwargs) -> nn.Module``: the serving model, heads removed."""
     factory_kwargs: dict[str, Any] = {}
+    factory_path_kwargs: list[str] = []
+    """Names of ``factory_kwargs`` whose values are file paths: resolved relative to the
+    config's folder, like ``checkpoint`` (absolute paths stay as they are). Other values
+    are passed as written."""
     checkpoint: str
     artifact: str | None = None
     """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
@@ -98,6 +102,16 @@ class PolicySpec(StrictModel):
     opset: int = Field(18, ge=13)
     batch_sizes: list[int] = Field([1, 2, 7], min_length=1)
     dropout_repeats: int = Field(5, ge=2)
+
+    @model_validator(mode="after")
+    def _path_kwargs_named(self) -> PolicySpec:
+        for name in self.factory_path_kwargs:
+            if not isinstance(self.factory_kwargs.get(name), str):
+                raise ValueError(
+                    f"factory_path_kwargs names {name!r}, which is not a string value of "
+                    f"factory_kwargs (its keys: {sorted(self.factory_kwargs)})"
+                )
+        return self
 
     @field_validator("batch_sizes")
     @classmethod

@@ -1,9 +1,10 @@
 """The torch-policy family: load both models, the probes and the ONNX artifact once.
 
 Building the context validates every input (exit code 2 on failure): the
-factories import and build, the checkpoint reads, the probes load, the artifact
-opens and its input matches the probes. Checks then share the loaded pieces and
-the cached forward passes.
+factories import and build, the checkpoint reads, the probes load, a configured
+artifact opens and its input matches the probes. Without a configured artifact
+the first check that reads one exports it (so a run that reads none never
+exports). Checks then share the loaded pieces and the cached forward passes.
 """
 
 from __future__ import annotations
@@ -40,14 +41,48 @@ class PolicyContext:
     inference_load: LoadReport
     raw_probes: np.ndarray
     probes: np.ndarray
-    artifact_path: Path
-    manifest_path: Path
+    given_artifact: Path | None
+    """The configured artifact (opened and validated while building), or ``None``: then
+    the first check that needs an artifact exports one into ``export_dir``."""
+    export_dir: Path
     training_preprocess: Any = None
     serving_preprocess: Any = None
-    exported_on_the_fly: bool = False
-    candidate: Any = None
-    """The ONNX Runtime engine over the artifact (one session, opened while validating)."""
     family: str = "policy"
+    exported_on_the_fly: bool = False
+
+    @cached_property
+    def candidate(self) -> Any:
+        """The ONNX Runtime engine over the artifact (one session).
+
+        Without a configured artifact this exports one first, so a run whose
+        selected checks never touch the artifact (e.g. only ``precision_per_layer``
+        with ``precision.onnx_compare: false``) never exports.
+        """
+        if self.given_artifact is not None:
+            return open_artifact(self.given_artifact, self.spec, self.probes)
+        from paritygate.families.policy.export import export_policy
+
+        artifact = export_policy(
+            self.config,
+            self.inference_model,
+            self.inference_load,
+            self.checkpoint_path,
+            self.probes,
+            self.export_dir,
+        )
+        self.exported_on_the_fly = True
+        return open_artifact(artifact, self.spec, self.probes)
+
+    @property
+    def artifact_path(self) -> Path:
+        """The artifact file (exported on first use when none is configured)."""
+        return Path(self.candidate.path)
+
+    @property
+    def manifest_path(self) -> Path:
+        if self.spec.manifest:
+            return self.config.resolve(self.spec.manifest)
+        return self.artifact_path.parent / "manifest.json"
 
     @cached_property
     def probes_sha256(self) -> str:
@@ -71,13 +106,13 @@ class PolicyContext:
         factory = import_callable(
             self.spec.training_factory, self.config.path, "policy.training_factory"
         )
-        return factory(**self.spec.factory_kwargs)
+        return factory(**factory_kwargs(self.config, self.spec))
 
     def new_inference_model(self) -> Any:
         factory = import_callable(
             self.spec.inference_factory, self.config.path, "policy.inference_factory"
         )
-        return factory(**self.spec.factory_kwargs)
+        return factory(**factory_kwargs(self.config, self.spec))
 
     @cached_property
     def reference(self) -> Any:
@@ -149,21 +184,31 @@ class PolicyContext:
             return model.eval()
 
         x = torch.from_numpy(self.probes)
+        compare = self.config.precision.onnx_compare
         return PrecisionSubject(
             name=self.config.name,
             build_model=build,
             batches=[((x,), {})],
             select_output=lambda out: select_output(out, 0),
-            onnx_path=self.artifact_path,
+            # touching artifact_path exports one when none is configured: only when asked
+            onnx_path=self.artifact_path if compare else None,
             onnx_feeds=[{self.input_name: self.probes}],
             onnx_output_name=self.output_name,
         )
 
 
+def factory_kwargs(config: GateConfig, spec: PolicySpec) -> dict[str, Any]:
+    """``factory_kwargs`` with the ``factory_path_kwargs`` resolved relative to the config."""
+    kwargs = dict(spec.factory_kwargs)
+    for name in spec.factory_path_kwargs:
+        kwargs[name] = str(config.resolve(kwargs[name]))
+    return kwargs
+
+
 def _build_model(factory_spec: str, key: str, config: GateConfig, spec: PolicySpec) -> Any:
     factory = import_callable(factory_spec, config.path, key)
     try:
-        model = factory(**spec.factory_kwargs)
+        model = factory(**factory_kwargs(config, spec))
     except Exception as exc:
         raise InputError(config.path, key, f"factory failed: {type(exc).__name__}: {exc}") from None
     if not hasattr(model, "state_dict"):
@@ -287,46 +332,15 @@ def build_policy_context(
 
     check_policy_output(config, spec, training, probes)
 
-    exported = False
+    given = None
     if spec.artifact is not None and not force_export:
-        artifact = config.resolve(spec.artifact)
-        if not artifact.exists():
-            raise InputError(artifact, "policy.artifact", "artifact not found")
-    else:
-        from paritygate.families.policy.export import export_onnx, write_manifest
-
-        out = export_dir or (config.default_report_dir() / "export")
-        model, report = inference, inference_load  # export the very model the checks inspect
-        if report.missing or report.shape_mismatch:
-            raise InputError(
-                ckpt,
-                "state_dict",
-                "cannot export: the inference model does not load "
-                f"from the checkpoint (missing {report.missing[:3]}, shape "
-                f"{[m[0] for m in report.shape_mismatch[:3]]})",
-            )
-        example = torch.from_numpy(probes[: min(2, len(probes))])
-        artifact = export_onnx(
-            model.eval(),
-            example,
-            out / "policy.onnx",
-            input_name=spec.input_name,
-            output_names=list(spec.output_names),
-            opset=spec.opset,
-        )
-        write_manifest(artifact, ckpt, opset=spec.opset)
-        exported = True
-    from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
-
-    candidate = OnnxRuntimeEngine(artifact)
-    check_artifact_inputs(
-        candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
-    )
-    manifest = config.resolve(spec.manifest) if spec.manifest else artifact.parent / "manifest.json"
+        given = config.resolve(spec.artifact)
+        if not given.exists():
+            raise InputError(given, "policy.artifact", "artifact not found")
     sha_after = sha256_file(ckpt)
     if sha_before != sha_after:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
-    return PolicyContext(
+    ctx = PolicyContext(
         config=config,
         spec=spec,
         checkpoint_path=ckpt,
@@ -338,12 +352,22 @@ def build_policy_context(
         inference_load=inference_load,
         raw_probes=raw,
         probes=probes,
-        artifact_path=artifact,
-        manifest_path=manifest,
+        given_artifact=given,
+        export_dir=export_dir or (config.default_report_dir() / "export"),
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
-        exported_on_the_fly=exported,
-        candidate=candidate,
     )
+    if given is not None or force_export:
+        ctx.candidate  # noqa: B018 - a configured artifact is validated before any check runs
+    return ctx
 
 
+def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
+    """An ONNX Runtime engine over ``artifact``, its input and policy output validated."""
+    from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
+
+    candidate = OnnxRuntimeEngine(artifact)
+    check_artifact_inputs(
+        candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
+    )
+    return candidate

@@ -7,16 +7,42 @@ it so a stale artifact built from another checkpoint cannot ship.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
 from paritygate.golden import atomic_write_bytes, atomic_write_text
+
+EXPORTER_NOISE_LOGGERS: tuple[str, ...] = (
+    # one warning per optional torchvision op the exporter cannot register
+    "torch.onnx._internal.exporter._registration",
+    # "Evaluation failed: cannot reshape array ...": constant folding tried an op on a
+    # symbolic (dynamic batch) shape, gave up and kept the node; the export is unaffected
+    "onnxscript.optimizer._constant_folding",
+)
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's known-harmless log lines and warnings for one export only."""
+    loggers = [logging.getLogger(name) for name in EXPORTER_NOISE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def export_onnx(
@@ -35,11 +61,8 @@ def export_onnx(
     import torch
 
     model.eval()
-    # The exporter logs one warning per optional torchvision op it cannot register.
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as tmp, quiet_exporter():
         tmp_path = Path(tmp) / "model.onnx"
         program = torch.onnx.export(
             model,
@@ -55,6 +78,41 @@ def export_onnx(
         program.save(str(tmp_path))
         atomic_write_bytes(path, tmp_path.read_bytes())
     return path
+
+
+def export_policy(
+    config: Any,
+    model: Any,
+    report: Any,
+    ckpt: Path,
+    probes: Any,
+    out: Path,
+) -> Path:
+    """Export the inference model the checks inspect (loaded, ``report`` its load) to
+    ``out/policy.onnx`` with its manifest; the artifact path."""
+    import torch
+
+    spec = config.policy
+    assert spec is not None
+    if report.missing or report.shape_mismatch:
+        raise InputError(
+            ckpt,
+            "state_dict",
+            "cannot export: the inference model does not load "
+            f"from the checkpoint (missing {report.missing[:3]}, shape "
+            f"{[m[0] for m in report.shape_mismatch[:3]]})",
+        )
+    example = torch.from_numpy(probes[: min(2, len(probes))])
+    artifact = export_onnx(
+        model.eval(),
+        example,
+        out / "policy.onnx",
+        input_name=spec.input_name,
+        output_names=list(spec.output_names),
+        opset=spec.opset,
+    )
+    write_manifest(artifact, ckpt, opset=spec.opset)
+    return artifact
 
 
 def write_manifest(
