@@ -5,10 +5,10 @@ Usage::
     python benchmarks/bench_xdist.py CONFIG [--workers 2] [--repeats 3] [--force]
 
 Runs ``paritygate run CONFIG`` serially and with ``-n N`` alternately (``--repeats``
-times each), and prints each wall time, the medians and their ratio. Each run writes
-into a fresh report folder, so ``-n N`` has no earlier report and paritygate runs the
-checks serially (saying so); ``--force`` adds a third side, ``-n N --force-workers``,
-which starts the workers regardless. Beside that,
+times each, the order reversed on every other repeat), and prints each wall time, the
+medians and their ratio. Each run writes into a fresh report folder, so ``-n N`` has no
+earlier report and paritygate runs the checks serially (saying so); ``--force`` adds a
+third side, ``-n N --force-workers``, which starts the workers regardless. Beside that,
 the minimal work: one process importing the stack and building the gate's context
 (what every xdist worker repeats before its first check), and the checks alone.
 """
@@ -62,12 +62,17 @@ def main() -> None:
     workers = ["-n", args.workers]
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            serial.append(_wall([*base, "--report-dir", f"{tmp}/s{i}"]))
-            parallel.append(_wall([*base, "--report-dir", f"{tmp}/p{i}", *workers]))
+            sides = [(serial, [*base, "--report-dir", f"{tmp}/s{i}"]),
+                     (parallel, [*base, "--report-dir", f"{tmp}/p{i}", *workers])]
+            if args.force:
+                sides.append((forced, [*base, "--report-dir", f"{tmp}/f{i}", *workers,
+                                       "--force-workers"]))
+            # Reverse the order on odd repeats, so a machine load that rises or falls over
+            # the benchmark hits every side alike.
+            for times, cmd in sides[::-1] if i % 2 else sides:
+                times.append(_wall(cmd))
             line = f"run {i}: serial {serial[-1]:.1f}s, -n {args.workers} {parallel[-1]:.1f}s"
             if args.force:
-                forced.append(_wall([*base, "--report-dir", f"{tmp}/f{i}", *workers,
-                                     "--force-workers"]))
                 line += f", -n {args.workers} --force-workers {forced[-1]:.1f}s"
             print(line, flush=True)
     probe = subprocess.run([sys.executable, "-c", PROBE, str(args.config)],
