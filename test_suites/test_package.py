@@ -140,6 +140,7 @@ def test_init_on_the_demo_policy_fill_bless_run(
     assert policy["training_heads"] == ["aux_head", "value_head"]
     assert policy["input_name"] == "obs" and policy["output_names"] == ["logits"]
     assert policy["artifact"].endswith("policy/policy.onnx")
+    assert data["python_path"] == [".."]  # the folder init ran in, relative to the config
     # A half-edited config never runs: exit 2 naming the first TODO key.
     refused = paritygate("run", "configs/policy.yaml", cwd=tmp_path)
     assert refused.returncode == 2
@@ -159,6 +160,35 @@ def test_init_on_the_demo_policy_fill_bless_run(
     assert (tmp_path / "golden" / "policy" / "logits_agreement.json").is_file()
     gated = paritygate("run", "configs/policy.yaml", cwd=tmp_path)
     assert gated.returncode == 0, gated.stdout + gated.stderr
+
+
+def test_init_config_imports_the_users_own_package(
+    demo_out: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """A package in the folder init ran in imports without PYTHONPATH or installing it."""
+    out, _ = demo_out
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "mypkg" / "models.py").write_text(
+        "from paritygate.demo.policy import build_training_model as build\n", encoding="utf-8")
+    proc = paritygate("init", str(out / "policy" / "policy.safetensors"), "--out",
+                      "configs/policy.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fill_todos(tmp_path / "configs" / "policy.yaml", {
+        "training_factory": "mypkg.models:build",
+        "inference_factory": "paritygate.demo.policy:build_inference_model",
+        "policy_output": "logits",
+        "generator": "paritygate.demo.policy:probe_observations",
+    })
+    check = ("from paritygate.config import load_config\n"
+             "from paritygate.imports import import_callable\n"
+             "c = load_config('configs/policy.yaml')\n"
+             "print(import_callable('mypkg.models:build', c.path, 'k').__name__)\n"
+             "import_callable('notmypkg.models:build', c.path, 'k')\n")
+    proc = run([sys.executable, "-c", check], tmp_path / "configs")
+    assert proc.stdout.strip() == "build_training_model", proc.stdout + proc.stderr
+    assert ("No module named 'notmypkg' (install it, or add the folder that holds it to "
+            "python_path, relative to the config)") in proc.stderr
 
 
 def test_readme_python_api_example_runs(

@@ -14,8 +14,11 @@ the heavy pieces load when a gate actually runs. The Python API::
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+IMPORTED_AT = time.perf_counter()
+"""When this process imported paritygate: the gate's start-up is measured from here."""
 __version__ = "0.1.0"
 __all__ = [
     "CHECK_IDS",

@@ -55,8 +55,14 @@ def _parser() -> argparse.ArgumentParser:
         "-n",
         dest="workers",
         default=None,
-        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial, but each worker "
-        "loads every input again, so serial is faster on small models",
+        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial. Each worker "
+        "loads every input again, so the checks run serially (saying so) unless the last "
+        "report's durations and idle cores show the workers finish sooner",
+    )
+    run.add_argument(
+        "--force-workers",
+        action="store_true",
+        help="start the -n workers even where they are estimated not to shorten the run",
     )
     run.add_argument(
         "--check",
@@ -207,6 +213,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pytest_args += ["-m", args.markexpr]
     if args.workers:
         pytest_args += ["-n", str(args.workers)]
+    if args.force_workers:
+        pytest_args.append("--force-workers")
     if args.allow_skips:
         pytest_args.append("--allow-skips")
     code = int(pytest.main(pytest_args))

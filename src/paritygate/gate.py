@@ -45,6 +45,8 @@ class Gate:
         self.allow_skips = False
         """A run whose every check skipped passes only with this opt-in (``--allow-skips``)."""
         self.golden = GoldenStore(config.golden_dir())
+        self.startup_s: float | None = None
+        """Seconds from importing paritygate to the built context: what a new process repeats."""
         self.margin = Margin(config.golden.rel_margin, config.golden.threshold_fraction)
 
     @classmethod
@@ -60,9 +62,12 @@ class Gate:
     @cached_property
     def context(self) -> Any:
         """The family context, built once; raises :class:`InputError` on bad input."""
+        from paritygate import IMPORTED_AT
         from paritygate.families import build_context
 
-        return build_context(self.config)
+        context = build_context(self.config)
+        self.startup_s = time.perf_counter() - IMPORTED_AT
+        return context
 
     def check_writable(self, report_dir: Path | None = None) -> None:
         """The report and golden folders must be creatable and writable: checked before any

@@ -41,8 +41,12 @@ def import_callable(spec: str, file: Path, key: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            hint = (" (install it, or add the folder that holds it to python_path, "
+                    "relative to the config)")
         raise InputError(
-            file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+            file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{hint}"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -145,8 +145,13 @@ def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> s
         f"name: {name}",
         "family: policy",
         "seed: 0",
-        "policy:",
     ]
+    if sb3 is None:
+        lines.append(
+            f"python_path: [{_q(_rel(Path.cwd(), base))}]   # folders (relative to this file) "
+            "the module:callable names below import from: here the folder init ran in"
+        )
+    lines.append("policy:")
     if sb3 is not None:
         kwargs = {k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")}
         lines += [
@@ -199,8 +204,9 @@ def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> s
             lines.append(f"  # {TODO}: the artifact has {len(onnx_inputs)} inputs "
                          f"({', '.join(n for n, _ in onnx_inputs)}); the gate feeds one")
     else:
-        lines.append("  # artifact: ../export/policy.onnx   # omitted: exported on the fly "
-                     "(paritygate export writes one + manifest)")
+        shipped = _rel(Path.cwd() / "export" / name / "policy.onnx", base)
+        lines.append(f"  # artifact: {shipped}   # omitted: exported on the fly on every run; "
+                     f"`paritygate export {out.as_posix()}` writes this one + manifest.json")
     if sb3 is not None:
         lines.append("  policy_output: logits      # the adapter's training forward returns a dict")
     else:

@@ -1,9 +1,11 @@
 """pytest plugin: the gate files call ``gate_check(check_id)``; results become report artifacts.
 
-Registered through the ``pytest11`` entry point. Under pytest-xdist each worker
-builds its own :class:`~paritygate.gate.Gate`; results travel to the controller
-in ``user_properties`` and the controller alone writes the report, so the verdict
-is the same with or without ``-n``.
+Registered through the ``pytest11`` entry point. With ``-n N`` the controller first
+decides whether workers can shorten the run (:mod:`paritygate.workers`) and runs
+serially when they cannot. Under pytest-xdist each worker builds its own
+:class:`~paritygate.gate.Gate`; results travel to the controller in
+``user_properties`` and the controller alone writes the report, so the verdict is
+the same with or without ``-n``.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="let a run in which every selected check skipped pass (exit 0 instead of 3)",
     )
+    group.addoption(
+        "--force-workers",
+        action="store_true",
+        default=False,
+        help="start the -n workers even where paritygate estimates they cannot shorten the run",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,6 +77,51 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     config._paritygate_results = []  # type: ignore[attr-defined]
     config._paritygate_input_errors = []  # type: ignore[attr-defined]
+    if _xdist_requested(config):
+        _plan_workers(config)
+
+
+def _xdist_requested(config: pytest.Config) -> bool:
+    """A gate session on the xdist controller with workers asked for (``-n N``)."""
+    return (
+        not hasattr(config, "workerinput")
+        and bool(config.getoption("--gate-config"))
+        and config.getoption("dist", "no") != "no"
+        and bool(config.getoption("tx", None))
+        and not config.getoption("collectonly", False)
+        and not config.getoption("--force-workers")
+    )
+
+
+def _plan_workers(config: pytest.Config) -> None:
+    """Run serially when workers cannot shorten the run (see :mod:`paritygate.workers`).
+
+    Runs before pytest-xdist's own ``pytest_configure`` (``trylast``) starts any worker.
+    The controller builds the gate here, as it would for the report anyway, and the
+    serial checks then reuse it.
+    """
+    from paritygate.errors import InputError
+    from paritygate.workers import WorkerPlan, idle_cores, plan_workers, previous_durations
+
+    try:
+        gate = _get_gate(config)
+    except InputError:
+        plan = WorkerPlan(0)  # the first check reports the bad input, once
+    else:
+        report_dir = config.getoption("--report-dir")
+        out = Path(report_dir) if report_dir else gate.config.default_report_dir()
+        plan = plan_workers(
+            len(config.getoption("tx")),
+            gate.startup_s or 0.0,
+            previous_durations(out / "report.json", gate.config.name),
+            out,
+            idle_cores(),
+        )
+    if plan.workers == 0:
+        config.option.dist = "no"
+        config.option.tx = []
+        config.option.numprocesses = 0
+        config._paritygate_notice = plan.notice  # type: ignore[attr-defined]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -197,6 +250,10 @@ _CONFIG: dict[str, pytest.Config] = {}
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     _CONFIG["config"] = session.config
+    notice = getattr(session.config, "_paritygate_notice", None)
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if notice and tr is not None:
+        tr.write_line(f"paritygate: {notice}")
 
 
 def _progress(config: pytest.Config, result: Any) -> None:

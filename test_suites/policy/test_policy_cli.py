@@ -86,18 +86,36 @@ def test_clean_run_passes_with_every_report(gate_dir: Path, clean_demo: Path,
         checks["logits_agreement"]["metrics"]["max_abs_diff"])
 
 
-def test_xdist_gives_the_same_verdict_and_metrics(gate_dir: Path,
-                                                  serial_report: dict[str, Any]) -> None:
-    proc = paritygate_run(gate_dir / "clean.yaml", "-n", "2", "--report-dir",
-                          str(gate_dir / "xdist"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    parallel = json.loads((gate_dir / "xdist" / "report.json").read_text(encoding="utf-8"))
+def assert_same_verdict(serial_report: dict[str, Any], report_json: Path) -> None:
+    parallel = json.loads(report_json.read_text(encoding="utf-8"))
     assert parallel["status"] == serial_report["status"]
     serial, xdist = checks_by_id(serial_report), checks_by_id(parallel)
     assert sorted(xdist) == sorted(serial)
     for cid, check in serial.items():
         assert xdist[cid]["status"] == check["status"], cid
         assert xdist[cid]["metrics"] == check["metrics"], cid
+
+
+def test_xdist_gives_the_same_verdict_and_metrics(gate_dir: Path,
+                                                  serial_report: dict[str, Any]) -> None:
+    proc = paritygate_run(gate_dir / "clean.yaml", "-n", "2", "--force-workers",
+                          "--report-dir", str(gate_dir / "xdist"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "serially" not in proc.stdout
+    assert_same_verdict(serial_report, gate_dir / "xdist" / "report.json")
+
+
+def test_workers_that_cannot_help_fall_back_to_serial(gate_dir: Path,
+                                                      serial_report: dict[str, Any]) -> None:
+    """No earlier report in the folder: -n 2 runs serially, says so in one line, same verdict."""
+    proc = paritygate_run(gate_dir / "clean.yaml", "-n", "2", "--report-dir",
+                          str(gate_dir / "fallback"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if "serially" in line]
+    assert len(notes) == 1 and notes[0].startswith("paritygate: -n 2: "), proc.stdout
+    assert "no earlier report in" in notes[0]
+    assert proc.stderr == ""
+    assert_same_verdict(serial_report, gate_dir / "fallback" / "report.json")
 
 
 def test_faulty_config_exits_1(gate_dir: Path, clean_demo: Path) -> None:
