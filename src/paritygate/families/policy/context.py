@@ -17,7 +17,12 @@ import numpy as np
 
 from paritygate.errors import InputError
 from paritygate.families.policy.loading import LoadReport, load_into
-from paritygate.families.policy.probes import load_probes, preprocessors
+from paritygate.families.policy.probes import (
+    finite_rows,
+    load_probes,
+    preprocess,
+    preprocessors,
+)
 from paritygate.imports import import_callable
 
 if TYPE_CHECKING:
@@ -40,6 +45,7 @@ class PolicyContext:
     inference_load: LoadReport
     raw_probes: np.ndarray
     probes: np.ndarray
+    """Model-input probes: the raw rows without NaN/Inf, preprocessed for training."""
     artifact_path: Path
     manifest_path: Path
     training_preprocess: Any = None
@@ -48,6 +54,18 @@ class PolicyContext:
     candidate: Any = None
     """The ONNX Runtime engine over the artifact (one session, opened while validating)."""
     family: str = "policy"
+    probe_rows_dropped: int = 0
+    """Raw probe rows holding NaN/Inf, left out of the model checks (preprocessing sees them)."""
+
+    def note_probes(self, m: Any) -> None:
+        """Tell a check's measurement how many probe rows the model checks left out, and why."""
+        if self.probe_rows_dropped:
+            n, total = self.probe_rows_dropped, len(self.raw_probes)
+            m.metric("probe_rows_dropped", n, bad="none", ratchet=False)
+            m.note(
+                f"{n} of {total} probe rows hold NaN/Inf and were left out of the model "
+                f"inputs ({total - n} rows used); preprocessing_parity compares them"
+            )
 
     @cached_property
     def probes_sha256(self) -> str:
@@ -269,21 +287,15 @@ def build_policy_context(
     inference.eval()
 
     raw = load_probes(config, spec)
+    finite_raw, dropped = finite_rows(config, spec, raw)
     train_pre, serve_pre = preprocessors(config, spec)
-    if train_pre is not None:
-        try:
-            finite_raw = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
-            probes = np.asarray(train_pre(finite_raw), dtype=np.float32)
-        except Exception as exc:
-            raise InputError(
-                config.path,
-                "policy.preprocessing.training",
-                f"training preprocessing failed on the probes: {exc}",
-            ) from None
-    else:
-        probes = raw
+    probes = finite_raw if train_pre is None else preprocess(config, spec, train_pre, finite_raw)
     if not np.all(np.isfinite(probes)):
-        raise InputError(config.path, "policy.probes", "model-input probes contain NaN/Inf")
+        raise InputError(
+            config.path,
+            "policy.preprocessing.training",
+            "training preprocessing turns finite probes into NaN/Inf",
+        )
 
     check_policy_output(config, spec, training, probes)
 
@@ -318,11 +330,17 @@ def build_policy_context(
         exported = True
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    candidate = OnnxRuntimeEngine(artifact)
+    try:
+        candidate = OnnxRuntimeEngine(artifact)
+    except InputError as exc:
+        raise InputError(exc.file, exc.key or "policy.artifact", exc.cause) from None
     check_artifact_inputs(
         candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
     )
     manifest = config.resolve(spec.manifest) if spec.manifest else artifact.parent / "manifest.json"
+    from paritygate.families.policy.export import read_manifest
+
+    read_manifest(manifest)  # unreadable or not a mapping: bad input, before any check
     sha_after = sha256_file(ckpt)
     if sha_before != sha_after:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
@@ -338,6 +356,7 @@ def build_policy_context(
         inference_load=inference_load,
         raw_probes=raw,
         probes=probes,
+        probe_rows_dropped=dropped,
         artifact_path=artifact,
         manifest_path=manifest,
         training_preprocess=train_pre,
