@@ -128,6 +128,13 @@ class GoldenStore:
             raise InputError(p, "metrics", f"golden file unreadable: {exc.strerror}") from None
         if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
             raise InputError(p, "metrics", "golden file has no 'metrics' mapping")
+        for name, value in data["metrics"].items():
+            # Metric values are numbers, booleans or null; anything else would silently
+            # switch the metric's regression check off.
+            if value is not None and not isinstance(value, (int, float, bool)):
+                raise InputError(
+                    p, f"metrics.{name}", f"golden value {value!r} is not a number"
+                )
         return data
 
     def write(self, check_id: str, metrics: dict[str, Any], provenance: dict[str, Any]) -> Path:

@@ -172,6 +172,8 @@ CASES: dict[str, Builder] = {
     "golden-corrupt-json": lambda c, f: (_golden(f, "{\"metrics\": {"), "weights_load.json",
                                          "line 1"),
     "golden-not-mapping": lambda c, f: (_golden(f, "[1, 2, 3]"), "weights_load.json", "metrics"),
+    "golden-metric-not-number": lambda c, f: (_golden(f, '{"metrics": {"missing_keys": "abc"}}'),
+                                              "weights_load.json", "metrics.missing_keys"),
     "golden-dir-is-file": lambda c, f: ({"golden": {"dir": str(_write(f / "g", b"x"))}}, "g",
                                         "golden.dir"),
     "report-dir-is-file": lambda c, f: ({"report_dir": str(_write(f / "r", b"x"))}, "r",
@@ -182,6 +184,7 @@ CASES: dict[str, Builder] = {
 ARGS: dict[str, tuple[str, ...]] = {
     "golden-corrupt-json": ("--check", "weights_load"),
     "golden-not-mapping": ("--check", "weights_load"),
+    "golden-metric-not-number": ("--check", "weights_load"),
 }
 PARALLEL = ("ckpt-truncated-safetensors", "golden-corrupt-json", "probes-wrong-width")
 """Cases also run with ``-n 2`` (pytest-xdist workers report the same one line)."""
