@@ -37,3 +37,6 @@ class CheckSpec:
     marks: tuple[str, ...] = ("fast",)
     render: Callable[[CheckResult, Path], Rendered] | None = None
     """Optional: write extra artifacts (CSV, PNG) into the report dir and return fragments."""
+    feeds_probes: bool = False
+    """The check runs the models on the family's model-input probes: its record says how
+    many probe rows the context left out of them (NaN/Inf observations) and why."""

@@ -110,5 +110,9 @@ def load_state_dict(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]
         with zipfile.ZipFile(path) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
                 data = io.BytesIO(zf.read("policy.pth"))
-                return _as_state_dict(_torch_load(data, path, "policy.pth", allow_pickle), path)
+                try:
+                    loaded = _torch_load(data, path, None, allow_pickle)
+                except InputError as exc:  # the member is named in the cause, the key stays free
+                    raise InputError(path, None, f"member policy.pth: {exc.cause}") from None
+                return _as_state_dict(loaded, path)
     return _as_state_dict(_torch_load(str(path), path, None, allow_pickle), path)

@@ -31,3 +31,9 @@ class MissingExtra(InputError):
             None,
             f"{module} is not installed; install it with: pip install 'paritygate[{extra}]'",
         )
+
+
+class NonFiniteOutput(Exception):
+    """A model produced NaN/Inf where a measurement needs finite numbers (sampling from its
+    distribution, scoring a token). Not bad input: the check that hit it fails by this cause
+    (:meth:`paritygate.gate.Gate.measure` turns it into a named finding), never ``error``."""

@@ -21,7 +21,7 @@ from typing import Any
 from paritygate.check import CheckSpec
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
-from paritygate.errors import InputError
+from paritygate.errors import InputError, NonFiniteOutput
 from paritygate.golden import GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
@@ -114,7 +114,14 @@ class Gate:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
-        measurement = spec.measure(self.context, self.thresholds(spec))
+        try:
+            measurement = spec.measure(self.context, self.thresholds(spec))
+        except NonFiniteOutput as exc:  # a model's NaN/Inf output fails the check by name
+            measurement = Measurement(check_id)
+            measurement.fail(str(exc))
+        note = getattr(self.context, "note_probes", None)
+        if spec.feeds_probes and note is not None and measurement.skipped is None:
+            note(measurement)  # probe rows left out of the model inputs, and why
         for name in self.informational(check_id) & set(measurement.metrics):
             measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
         return measurement

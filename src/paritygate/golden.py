@@ -99,6 +99,31 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 
 
+def _read_record(path: Path) -> dict[str, Any]:
+    """A golden JSON file with a ``metrics`` mapping of numbers, booleans or null; anything
+    else is bad input naming the file and key (a string value would silently switch the
+    metric's regression check off)."""
+    from paritygate.errors import InputError
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            path, f"line {exc.lineno}", f"golden file is not valid JSON: {exc.msg}"
+        ) from None
+    except UnicodeDecodeError:
+        raise InputError(path, "metrics", "golden file is not UTF-8 JSON") from None
+    except OSError as exc:
+        raise InputError(path, "metrics", f"golden file unreadable: {exc.strerror}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise InputError(path, "metrics", "golden file has no 'metrics' mapping")
+    for name, value in data["metrics"].items():
+        if value is not None and not isinstance(value, (int, float, bool)):
+            raise InputError(path, f"metrics.{name}", f"golden value {value!r} is not a number")
+    return data
+
+
+
 class GoldenStore:
     """Baselines of one gate (one config ``name``)."""
 
@@ -120,29 +145,10 @@ class GoldenStore:
         p = self.path(check_id)
         if not p.exists():
             return None
-        from paritygate.errors import InputError
-
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                p, f"line {exc.lineno}", f"golden file is not valid JSON: {exc.msg}"
-            ) from None
-        except UnicodeDecodeError:
-            raise InputError(p, "metrics", "golden file is not UTF-8 JSON") from None
-        except OSError as exc:
-            raise InputError(p, "metrics", f"golden file unreadable: {exc.strerror}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-            raise InputError(p, "metrics", "golden file has no 'metrics' mapping")
+        data = _read_record(p)
         detail = self.detail_path(check_id)
         if detail.exists():
-            try:
-                extra = json.loads(detail.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-                raise InputError(detail, "metrics", f"golden file unreadable: {exc}") from None
-            if not isinstance(extra, dict) or not isinstance(extra.get("metrics"), dict):
-                raise InputError(detail, "metrics", "golden file has no 'metrics' mapping")
-            data["detail_metrics"] = extra["metrics"]
+            data["detail_metrics"] = _read_record(detail)["metrics"]
         return data
 
     def write(

@@ -55,3 +55,26 @@ def import_callable(spec: str, file: Path, key: str) -> Any:
     if not callable(obj):
         raise InputError(file, key, f"{spec!r} is not callable")
     return obj
+
+
+def guard_user_code(fn: Any, file: Path, key: str) -> Any:
+    """``fn`` whose exceptions are bad input naming the config ``key`` that named it.
+
+    User code the gate calls mid-check (a trainer's log-prob function) failing is an input
+    the gate cannot verify, not a gate error; a model's NaN/Inf output and bad input raised
+    inside pass through unchanged. Attributes of ``fn`` (e.g. ``convention``) are kept.
+    """
+    import functools
+
+    from paritygate.errors import NonFiniteOutput
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, NonFiniteOutput):
+            raise
+        except Exception as exc:
+            raise InputError(file, key, f"raised {type(exc).__name__}: {exc}") from None
+
+    return call

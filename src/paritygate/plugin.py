@@ -310,6 +310,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return  # xdist worker: its errors travel to the controller, which prints the one line
     errors: list[str] = getattr(config, "_paritygate_input_errors", [])
     error = LAST_RUN.get("input_error") or (errors[0] if errors else None)
     if error:

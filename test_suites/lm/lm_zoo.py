@@ -148,6 +148,19 @@ def stale_checkpoint(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["engine"]["model_dir"] = str(stale)
 
 
+def nan_weight(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """One weight of the model under test is NaN (a diverged optimiser step): every logit is."""
+    from safetensors.torch import load_file, save_file
+
+    broken = out / "nan-model"
+    shutil.copytree(model, broken)
+    state = load_file(str(broken / "model.safetensors"))
+    name = next(k for k in sorted(state) if k.endswith("mlp.down_proj.weight"))
+    state[name][0, 0] = float("nan")
+    save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    cfg["causal_lm"]["model_dir"] = str(broken)
+
+
 def _serving_copy(model: Path, out: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
     """A serving export of the demo: value head stripped, then ``edit`` applied to the state."""
     from safetensors.torch import load_file, save_file
@@ -314,6 +327,19 @@ FAULTS: tuple[Fault, ...] = (
 
 
 FAULTS += (
+    Fault(
+        "nan_weight",
+        nan_weight,
+        {
+            "weights_load": "has 1 NaN/Inf values",
+            "logprob_impl": "non-finite logits from the training model",
+            "logprob_delta": "non-finite logits from the served model (engine hf) during sampling",
+            "generation_parity": "non-finite logits from the served model (engine hf) during "
+            "greedy decoding",
+        },
+        # Every logit is NaN: the logits comparison is non-finite on both sides.
+        ("logits_agreement",),
+    ),
     Fault(
         "stale_serving",
         stale_serving,

@@ -18,6 +18,8 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
 - bf16_vs_fp32_tier (logprob_delta): sampling_config (dtype is a protocol field) and
   logits_agreement (bf16 logits are far outside its fp32 bound).
 - value_head_undeclared (weights_load): nothing else; only loading sees the extra keys.
+- nan_weight (weights_load, logprob_impl, logprob_delta, generation_parity: each names the
+  non-finite logits instead of erroring): logits_agreement, NaN logits on both sides.
 - stale_checkpoint (weights_load): logits_agreement and logprob_delta; generation_parity
   passes, the peaked greedy argmax does not flip under the perturbed weights.
 """

@@ -159,4 +159,5 @@ CHECK = CheckSpec(
     families=("policy",),
     measure=measure,
     defaults=DEFAULTS,
+    feeds_probes=True,
 )

@@ -171,4 +171,5 @@ CHECK = CheckSpec(
     families=("policy", "causal_lm"),
     measure=measure,
     defaults=DEFAULTS,
+    feeds_probes=True,
 )

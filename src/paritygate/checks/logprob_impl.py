@@ -100,6 +100,11 @@ def _suite(
     causes: list[str] = []
     with torch.inference_mode():
         logits = [model(input_ids=torch.tensor([s])).logits[0].float() for s in seqs]  # (T, V)
+    if not all(bool(torch.isfinite(lg).all()) for lg in logits):
+        return {"causes": causes, "nonfinite_logits": (
+            "non-finite logits from the training model: NaN/Inf weights? (see weights_load); "
+            "no log-prob function can be checked against them"
+        )}
     singles = []
     cat_err = shift_b = shift_a = 0.0
     for seq, lg in zip(seqs, logits, strict=True):
@@ -264,6 +269,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             fn, model, seqs, pad, eos=eos, temperature=temperature, helpers=helpers,
             logits_level=getattr(fn, "convention", "model") == "logits",
         )
+        if "nonfinite_logits" in res:  # the model, not a function: one cause, no metrics
+            m.fail(res["nonfinite_logits"])
+            break
         for cause in res["causes"]:
             m.fail(f"{name}: {cause}")
         if prefix:

@@ -13,6 +13,7 @@ from typing import Any
 
 from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
 from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
+from paritygate.errors import NonFiniteOutput
 
 
 class HFGenerateEngine:
@@ -78,6 +79,12 @@ class HFGenerateEngine:
                 mask[i, : len(p)] = 1
         return ids, mask  # (B, T), (B, T)
 
+    def _nonfinite(self, during: str) -> str:
+        return (
+            f"non-finite logits from the served model (engine {self.name}) during {during}: "
+            "NaN/Inf weights? (see weights_load)"
+        )
+
     def _cut(self, tokens: list[int], stop: list[str]) -> int:
         """Length of a generated row: through the first EOS or completed stop string."""
         for j, tok in enumerate(tokens):
@@ -127,9 +134,16 @@ class HFGenerateEngine:
                 torch.manual_seed(sampling.seed + start)
             extra = {"tokenizer": self.tokenizer} if sampling.stop else {}
             with torch.inference_mode(), quiet_transformers():
-                res = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=config, **extra
-                )
+                try:
+                    res = self.model.generate(
+                        input_ids=ids, attention_mask=mask, generation_config=config, **extra
+                    )
+                except RuntimeError as exc:  # torch.multinomial on NaN/Inf probabilities
+                    if "probability tensor contains" not in str(exc):
+                        raise
+                    raise NonFiniteOutput(self._nonfinite("sampling")) from None
+            if not all(bool(torch.isfinite(step).all()) for step in res.logits):
+                raise NonFiniteOutput(self._nonfinite("greedy decoding"))
             steps = res.logits if self.logprobs_mode == "raw" else res.scores
             logp = torch.log_softmax(torch.stack(steps, dim=1).float(), dim=-1)  # (B, N, V)
             new = res.sequences[:, ids.shape[1] :]  # (B, N)

@@ -82,6 +82,47 @@ def load_causal_lm(
     return model, info
 
 
+PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None:
+    """Refuse a model directory HF would fail on, or could only load by running its code:
+    ``config.json`` unreadable, not a mapping or of an unknown ``model_type`` (custom code
+    through ``auto_map`` needs ``trust_remote_code``), safetensors headers unreadable."""
+    import json
+
+    path = directory / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(path, None, f"unreadable config.json: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, None, "config.json is not a JSON object")
+    model_type = data.get("model_type")
+    from transformers import CONFIG_MAPPING
+
+    if not trust_remote_code and model_type not in CONFIG_MAPPING:
+        custom = " and names custom code (auto_map)" if "auto_map" in data else ""
+        raise InputError(
+            path,
+            None,
+            f"model_type {model_type!r} is not a transformers architecture{custom}; loading it "
+            "would run code from the model directory: refused (set trust_remote_code: true to "
+            "opt in)" if custom else f"model_type {model_type!r} is not a transformers "
+            "architecture (missing, misspelled, or newer than this transformers)",
+        )
+    for file in safetensors_files(directory):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as fh:
+                fh.keys()
+        except Exception as exc:
+            raise InputError(
+                file, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
+            ) from None
+
+
 def safetensors_files(directory: Path) -> list[Path]:
     """The checkpoint's safetensors files (one file or the shards of an index)."""
     import json
@@ -95,5 +136,13 @@ def safetensors_files(directory: Path) -> list[Path]:
         return [directory / name for name in sorted(set(weight_map.values()))]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
+        pickled = sorted(p for pattern in PICKLE_WEIGHTS for p in directory.glob(pattern))
+        if pickled:
+            raise InputError(
+                pickled[0],
+                None,
+                "weights only in a pickle format, which can run code from the file; refused "
+                "(save the model with safetensors: save_pretrained(..., safe_serialization=True))",
+            )
         raise InputError(directory, None, "no .safetensors weights in the model directory")
     return files

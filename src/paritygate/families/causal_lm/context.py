@@ -8,18 +8,20 @@ lazily and cached, so a gate that runs one check pays only for that check.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.engines.base import GenerationEngine
 from paritygate.engines.generation import Generation, SamplingSpec
-from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
+from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safetensors_files
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
-from paritygate.imports import import_callable
+from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
 
 if TYPE_CHECKING:
@@ -89,13 +91,17 @@ class LMContext:
     # -- models ------------------------------------------------------------------
     def _load_reference(self) -> tuple[Any, dict[str, Any]]:
         if "reference" not in self._cache:
-            self._cache["reference"] = load_causal_lm(
-                self.model_dir,
-                self.spec.training.dtype,
-                trust_remote_code=self.config.trust_remote_code,
-                device_map=self.spec.training.device_map,
-            )
+            with keyed("causal_lm.model_dir"):
+                self._cache["reference"] = self._load(self.model_dir)
         return self._cache["reference"]
+
+    def _load(self, model_dir: Path) -> tuple[Any, dict[str, Any]]:
+        return load_causal_lm(
+            model_dir,
+            self.spec.training.dtype,
+            trust_remote_code=self.config.trust_remote_code,
+            device_map=self.spec.training.device_map,
+        )
 
     def reference_model(self) -> Any:
         """The training-side model (training dtype, eval mode), value head not attached."""
@@ -118,15 +124,16 @@ class LMContext:
             if name == "hf":
                 from paritygate.engines.hf_generate import HFGenerateEngine
 
-                self._cache[key] = HFGenerateEngine.from_dir(
-                    self.engine_model_dir,
-                    self.serving_tokenizer,
-                    dtype=eng.dtype,
-                    trust_remote_code=self.config.trust_remote_code,
-                    logprobs_mode=eng.logprobs_mode,
-                    top_logprobs=eng.top_logprobs,
-                    batch_size=eng.batch_size,
-                )
+                with keyed(self.served_from):
+                    self._cache[key] = HFGenerateEngine.from_dir(
+                        self.engine_model_dir,
+                        self.serving_tokenizer,
+                        dtype=eng.dtype,
+                        trust_remote_code=self.config.trust_remote_code,
+                        logprobs_mode=eng.logprobs_mode,
+                        top_logprobs=eng.top_logprobs,
+                        batch_size=eng.batch_size,
+                    )
             elif name == "vllm":
                 from paritygate.engines.vllm_engine import VLLMEngine
 
@@ -342,6 +349,17 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
     return spec.model_copy(update=update), served_from
 
 
+@contextmanager
+def keyed(key: str) -> Iterator[None]:
+    """A loader's error that names no config key (a file-level failure) names ``key``."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.key not in (None, "model", "tokenizer", "config.json"):
+            raise
+        raise InputError(exc.file, key, exc.cause) from None
+
+
 def build_lm_context(config: GateConfig) -> LMContext:
     """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
     spec = config.causal_lm
@@ -353,25 +371,35 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if not model_dir.is_dir():
         raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
     if not (model_dir / "config.json").is_file():
-        raise InputError(model_dir / "config.json", None, "model directory has no config.json")
-    files = safetensors_files(model_dir)
+        raise InputError(
+            model_dir / "config.json", "causal_lm.model_dir", "model directory has no config.json"
+        )
+    trust = config.trust_remote_code
+    with keyed("causal_lm.model_dir"):
+        files = safetensors_files(model_dir)
+        check_model_dir(model_dir, trust_remote_code=trust)
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
     if not (engine_dir / "config.json").is_file():
         raise InputError(cfg, served_from, f"no HF model directory at {engine_dir}")
+    if engine_dir != model_dir:
+        with keyed(served_from):
+            check_model_dir(engine_dir, trust_remote_code=trust)
 
     def tokenizer(side: str) -> Any:
         tspec = spec.tokenizer
         directory = getattr(tspec, side)
         template = getattr(tspec, f"{side}_chat_template")
-        return load_tokenizer(
-            config.resolve(directory) if directory else model_dir,
-            config.resolve(template) if template else None,
-            trust_remote_code=config.trust_remote_code,
-        )
+        with keyed(f"causal_lm.tokenizer.{side}"):
+            return load_tokenizer(
+                config.resolve(directory) if directory else model_dir,
+                config.resolve(template) if template else None,
+                trust_remote_code=config.trust_remote_code,
+            )
 
     training_tok = tokenizer("training")
     serving_tok = tokenizer("serving")
-    probes = load_probes(config.resolve(spec.probes))
+    with keyed("causal_lm.probes"):
+        probes = load_probes(config.resolve(spec.probes))
     for probe in probes:
         for side, tok in (("training", training_tok), ("serving", serving_tok)):
             if probe.is_chat and not getattr(tok, "chat_template", None):
@@ -381,6 +409,10 @@ def build_lm_context(config: GateConfig) -> LMContext:
                     f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
                 )
     def sampling(side: str, tok: Any, dtype: str) -> SamplingFile:
+        with keyed(f"causal_lm.sampling.{side}"):
+            return _sampling_file(side, tok, dtype)
+
+    def _sampling_file(side: str, tok: Any, dtype: str) -> SamplingFile:
         return load_sampling_file(
             config.resolve(getattr(spec.sampling, side)),
             trainer=side == "training",
@@ -398,9 +430,14 @@ def build_lm_context(config: GateConfig) -> LMContext:
     serving_sampling = sampling("serving", serving_tok, spec.engine.dtype)
     from paritygate.families.causal_lm.logprobs import as_model_level
 
-    logprob_fn = as_model_level(
-        import_callable(spec.training.logprob_fn, cfg, "causal_lm.training.logprob_fn"),
-        spec.training.logprob_convention,
+    fn_key = "causal_lm.training.logprob_fn"
+    logprob_fn = guard_user_code(
+        as_model_level(
+            import_callable(spec.training.logprob_fn, cfg, fn_key),
+            spec.training.logprob_convention,
+        ),
+        cfg,
+        fn_key,
     )
     return LMContext(
         config=config,

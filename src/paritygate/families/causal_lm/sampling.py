@@ -9,6 +9,7 @@ trainer's YAML (HF or vLLM names, absent fields take the neutral defaults).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,15 @@ class SamplingFile:
         )
 
 
+_RANGES = {
+    "temperature": (0.0, math.inf),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (0.0, math.inf),
+}
+"""Valid ranges of the numeric sampling fields (outside them no engine samples)."""
+
+
 def _normalise(key: str, value: Any, path: Path) -> Any:
     try:
         if key in ("min_p", "presence_penalty", "frequency_penalty") and value is None:
@@ -209,13 +219,24 @@ def _normalise(key: str, value: Any, path: Path) -> Any:
             "temperature", "top_p", "repetition_penalty", "min_p", "presence_penalty",
             "frequency_penalty",
         ):
-            return float(value)
+            number = float(value)
+            if not math.isfinite(number):
+                raise ValueError("must be finite")
+            low, high = _RANGES.get(key, (-math.inf, math.inf))
+            if not low <= number <= high:
+                raise ValueError(f"must be in [{low:g}, {high:g}]")
+            return number
         if key == "stop_token_ids":
             if value is None:
                 return []
             return sorted(int(v) for v in ([value] if isinstance(value, int) else value))
         if key in ("top_k", "max_new_tokens", "min_new_tokens"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected an integer")
             n = int(value)
+            least = 1 if key == "max_new_tokens" else 0
+            if key != "top_k" and n < least:
+                raise ValueError(f"must be >= {least}")
             return 0 if key == "top_k" and n < 0 else n
         if key == "stop":
             if value is None:

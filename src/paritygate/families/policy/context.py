@@ -18,7 +18,12 @@ import numpy as np
 
 from paritygate.errors import InputError
 from paritygate.families.policy.loading import LoadReport, load_into
-from paritygate.families.policy.probes import load_probes, preprocessors
+from paritygate.families.policy.probes import (
+    finite_rows,
+    load_probes,
+    preprocess,
+    preprocessors,
+)
 from paritygate.imports import import_callable
 
 if TYPE_CHECKING:
@@ -41,6 +46,7 @@ class PolicyContext:
     inference_load: LoadReport
     raw_probes: np.ndarray
     probes: np.ndarray
+    """Model-input probes: the raw rows without NaN/Inf, preprocessed for training."""
     given_artifact: Path | None
     """The configured artifact (opened and validated while building), or ``None``: then
     the first check that needs an artifact exports one into ``export_dir``."""
@@ -49,6 +55,8 @@ class PolicyContext:
     serving_preprocess: Any = None
     family: str = "policy"
     exported_on_the_fly: bool = False
+    probe_rows_dropped: int = 0
+    """Raw probe rows holding NaN/Inf, left out of the model checks (preprocessing sees them)."""
 
     @cached_property
     def candidate(self) -> Any:
@@ -83,6 +91,16 @@ class PolicyContext:
         if self.spec.manifest:
             return self.config.resolve(self.spec.manifest)
         return self.artifact_path.parent / "manifest.json"
+
+    def note_probes(self, m: Any) -> None:
+        """Tell a check's measurement how many probe rows the model checks left out, and why."""
+        if self.probe_rows_dropped:
+            n, total = self.probe_rows_dropped, len(self.raw_probes)
+            m.metric("probe_rows_dropped", n, bad="none", ratchet=False)
+            m.note(
+                f"{n} of {total} probe rows hold NaN/Inf and were left out of the model "
+                f"inputs ({total - n} rows used); preprocessing_parity compares them"
+            )
 
     @cached_property
     def probes_sha256(self) -> str:
@@ -314,21 +332,15 @@ def build_policy_context(
     inference.eval()
 
     raw = load_probes(config, spec)
+    finite_raw, dropped = finite_rows(config, spec, raw)
     train_pre, serve_pre = preprocessors(config, spec)
-    if train_pre is not None:
-        try:
-            finite_raw = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
-            probes = np.asarray(train_pre(finite_raw), dtype=np.float32)
-        except Exception as exc:
-            raise InputError(
-                config.path,
-                "policy.preprocessing.training",
-                f"training preprocessing failed on the probes: {exc}",
-            ) from None
-    else:
-        probes = raw
+    probes = finite_raw if train_pre is None else preprocess(config, spec, train_pre, finite_raw)
     if not np.all(np.isfinite(probes)):
-        raise InputError(config.path, "policy.probes", "model-input probes contain NaN/Inf")
+        raise InputError(
+            config.path,
+            "policy.preprocessing.training",
+            "training preprocessing turns finite probes into NaN/Inf",
+        )
 
     check_policy_output(config, spec, training, probes)
 
@@ -354,11 +366,16 @@ def build_policy_context(
         probes=probes,
         given_artifact=given,
         export_dir=export_dir or (config.default_report_dir() / "export"),
+        probe_rows_dropped=dropped,
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
     )
     if given is not None or force_export:
         ctx.candidate  # noqa: B018 - a configured artifact is validated before any check runs
+    if given is not None:
+        from paritygate.families.policy.export import read_manifest
+
+        read_manifest(ctx.manifest_path)  # unreadable or not a mapping: bad input, up front
     return ctx
 
 
@@ -366,7 +383,10 @@ def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
     """An ONNX Runtime engine over ``artifact``, its input and policy output validated."""
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    candidate = OnnxRuntimeEngine(artifact)
+    try:
+        candidate = OnnxRuntimeEngine(artifact)
+    except InputError as exc:
+        raise InputError(exc.file, exc.key or "policy.artifact", exc.cause) from None
     check_artifact_inputs(
         candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
     )

@@ -141,9 +141,13 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(path, None, f"manifest unreadable: {exc}") from None
-    return data if isinstance(data, dict) else None
+    except (OSError, ValueError) as exc:  # ValueError: JSON syntax and non-UTF-8 bytes
+        raise InputError(path, "policy.manifest", f"manifest unreadable: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(
+            path, "policy.manifest", f"manifest is not a JSON object (got {type(data).__name__})"
+        )
+    return data
 
 
 def match_initializers(onnx_model: Any, state: dict[str, Any]) -> dict[str, Any]:
