@@ -182,9 +182,10 @@ def test_init_config_imports_the_users_own_package(
     })
     check = ("from paritygate.config import load_config\n"
              "from paritygate.imports import import_callable\n"
-             "c = load_config('configs/policy.yaml')\n"
+             "c = load_config('policy.yaml')\n"
              "print(import_callable('mypkg.models:build', c.path, 'k').__name__)\n"
              "import_callable('notmypkg.models:build', c.path, 'k')\n")
+    # run from configs/: the package's folder is not on sys.path unless python_path adds it
     proc = run([sys.executable, "-c", check], tmp_path / "configs")
     assert proc.stdout.strip() == "build_training_model", proc.stdout + proc.stderr
     assert ("No module named 'notmypkg' (install it, or add the folder that holds it to "
