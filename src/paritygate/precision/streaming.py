@@ -10,8 +10,9 @@ memory at a time. The precision pass runs unchanged on such a model: a
 low-precision pass casts the meta placeholders too, so every layer is read in
 the dtype its parameters hold at that moment, and the numbers equal those of
 the in-memory pass. The price is I/O: every forward reads the layers again.
-Each read opens its file and closes it afterwards, so no mapping of a whole
-file stays resident.
+Tensors are read with plain file reads at the offsets of the safetensors
+header, not through a memory map: a map held by any tensor would keep every
+page read through it resident.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ AUTO_FRACTION = 0.5
 """``streaming: auto`` streams when the model's fp32 size exceeds this fraction of the
 available memory (the in-memory pass peaks at up to twice the fp32 model)."""
 
-_ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
-                  "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class Entry:
     file: Path
     shape: tuple[int, ...]
     dtype: str
+    offset: int
+    """Byte offset of the data in the file."""
+    nbytes: int
 
 
 def checkpoint_index(files: Iterable[Path]) -> dict[str, Entry]:
@@ -59,22 +65,39 @@ def checkpoint_index(files: Iterable[Path]) -> dict[str, Entry]:
                 header = json.loads(handle.read(size))
         except (OSError, ValueError, struct.error) as exc:
             raise InputError(path, None, f"unreadable safetensors header: {exc}") from None
+        start = 8 + size
         for key, meta in header.items():
             if key != "__metadata__":
-                index[key] = Entry(path, tuple(meta["shape"]), meta["dtype"])
+                begin, end = meta["data_offsets"]
+                index[key] = Entry(
+                    path, tuple(meta["shape"]), meta["dtype"], start + begin, end - begin
+                )
     return index
+
+
+def read_tensor(entry: Entry, key: str) -> torch.Tensor:
+    """One tensor read from its file into fresh memory (little-endian, as safetensors stores)."""
+    dtype = _DTYPES.get(entry.dtype)
+    if dtype is None:
+        raise InputError(entry.file, key, f"unsupported safetensors dtype {entry.dtype}")
+    value = torch.empty(entry.shape, dtype=dtype)
+    raw = value.reshape(-1).view(torch.uint8).numpy()
+    if raw.nbytes != entry.nbytes:
+        raise InputError(entry.file, key, f"{entry.nbytes} bytes for shape {entry.shape}")
+    with open(entry.file, "rb", buffering=0) as handle:
+        handle.seek(entry.offset)
+        if handle.readinto(memoryview(raw)) != entry.nbytes:
+            raise InputError(entry.file, key, "file ends before the tensor's data")
+    return value
 
 
 def fp32_bytes(index: dict[str, Entry]) -> int:
     """Size of the checkpoint's tensors once loaded in fp32 (floating tensors at 4 bytes)."""
     total = 0
     for entry in index.values():
-        numel = 1
-        for dim in entry.shape:
-            numel *= dim
-        total += numel * (
-            4 if entry.dtype.startswith(("F", "BF")) else _ELEMENT_BYTES.get(entry.dtype, 8)
-        )
+        dtype = _DTYPES.get(entry.dtype)
+        floating = dtype is not None and dtype.is_floating_point
+        total += entry.nbytes * 4 // dtype.itemsize if floating else entry.nbytes
     return total
 
 
@@ -208,9 +231,7 @@ class LayerStreamer:
         """Read every parameter outside the streamed layers, and the persistent buffers."""
         self._read([p for p in self.resident if p.is_meta and id(p) in self.keys])
         for module, attr, key in self.buffers:
-            entry = self.index[key]
-            with _open(entry.file) as handle:
-                module._buffers[attr] = handle.get_tensor(key)
+            module._buffers[attr] = read_tensor(self.index[key], key)
 
     def attach(self) -> None:
         """Register the pre-hooks that stream each layer in when it is called."""
@@ -228,40 +249,25 @@ class LayerStreamer:
 
     def _read(self, params: list[nn.Parameter]) -> None:
         """Read ``params`` from their files in the dtype each placeholder holds."""
-        by_file: dict[Path, list[nn.Parameter]] = {}
         for p in params:
-            by_file.setdefault(self.index[self.keys[id(p)]].file, []).append(p)
-        for path, group in by_file.items():
-            with _open(path) as handle:
-                for p in group:
-                    value = handle.get_tensor(self.keys[id(p)])
-                    if value.is_floating_point():
-                        value = value.to(torch.float32).to(p.dtype)
-                    if tuple(value.shape) != tuple(p.shape):
-                        raise InputError(
-                            path, self.keys[id(p)],
-                            f"shape {tuple(value.shape)} does not fit the model's {tuple(p.shape)}",
-                        )  # fmt: skip
-                    assign(p, value)
+            key = self.keys[id(p)]
+            entry = self.index[key]
+            if entry.shape != tuple(p.shape):
+                shape = tuple(p.shape)
+                raise InputError(entry.file, key, f"shape {entry.shape} does not fit {shape}")
+            value = read_tensor(entry, key)
+            if value.is_floating_point():
+                value = value.to(torch.float32).to(p.dtype)
+            assign(p, value)
 
     def scan_nonfinite(self) -> list[str]:
         """Checkpoint keys holding NaN/Inf, read one tensor at a time."""
         bad = []
-        for path in sorted({e.file for e in self.index.values()}):
-            with _open(path) as handle:
-                for key in handle.keys():  # noqa: SIM118 (safe_open has no iter)
-                    value = handle.get_tensor(key)
-                    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                        bad.append(key)
+        for key, entry in self.index.items():
+            value = read_tensor(entry, key)
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                bad.append(key)
         return bad
-
-
-@contextlib.contextmanager
-def _open(path: Path) -> Iterator[Any]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        yield handle
 
 
 def build_streamed(
