@@ -184,3 +184,16 @@ def test_auto_streams_only_when_the_model_is_large_for_memory(
     monkeypatch.setattr(streaming, "available_memory", lambda: 1000)
     stream, reason = stream_decision("auto", files)
     assert stream and "exceed 0.5 x" in reason
+
+
+def test_read_tensor_matches_safetensors(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from paritygate.precision.streaming import checkpoint_index, read_tensor
+
+    tensors = {"a": torch.randn(3, 4), "b": torch.randn(5).bfloat16(), "c": torch.arange(7),
+               "d": torch.tensor(2.5), "e": torch.randn(2, 2).half()}  # fmt: skip
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    index = checkpoint_index([tmp_path / "t.safetensors"])
+    for key, value in tensors.items():
+        assert torch.equal(read_tensor(index[key], key), value), key

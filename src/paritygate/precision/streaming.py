@@ -5,7 +5,7 @@ The model is built from its config.json with every parameter on the meta device
 repeated layers (embeddings, final norm, head) are read from the safetensors
 once. Each repeated layer (an element of the model's outermost
 ``ModuleList``: a decoder or encoder layer) is read from the files when it is
-called and dropped when another one is, so the weights of one layer are in
+called and dropped when it returns, so the weights of one layer are in
 memory at a time. The precision pass runs unchanged on such a model: a
 low-precision pass casts the meta placeholders too, so every layer is read in
 the dtype its parameters hold at that moment, and the numbers equal those of
@@ -237,6 +237,7 @@ class LayerStreamer:
         """Register the pre-hooks that stream each layer in when it is called."""
         for layer in self.layers:
             layer.register_forward_pre_hook(self._enter)
+            layer.register_forward_hook(self._leave)
 
     def _enter(self, layer: nn.Module, args: Any) -> None:
         current = self.layer_of[id(layer)]
@@ -246,6 +247,14 @@ class LayerStreamer:
                     if not p.is_meta:
                         assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
         self._read([p for p in self.streamed[current] if p.is_meta])
+
+    def _leave(self, layer: nn.Module, args: Any, output: Any) -> None:
+        # Dropped as soon as it returns (this hook runs before the measurement's): its own
+        # local rerun reads it again directly in the low dtype, and a rerun of a block that
+        # spans layers holds no fp32 copy of it.
+        for p in self.streamed[self.layer_of[id(layer)]]:
+            if not p.is_meta:
+                assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
 
     def _read(self, params: list[nn.Parameter]) -> None:
         """Read ``params`` from their files in the dtype each placeholder holds."""
