@@ -279,6 +279,19 @@ class LayerStreamer:
         return bad
 
 
+def return_large_frees() -> None:
+    """Have glibc give every freed allocation over 1 MiB back to the OS (a fixed mmap threshold).
+
+    Streamed layers come and go between activations that stay alive; under glibc's default
+    dynamic threshold their freed memory stays in the heap, fragmented, and the resident set
+    grows by about a layer per layer read (measured: 9.9x the largest layer instead of 5.4x).
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator decides
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
 def build_streamed(
     model_class: Any, model_dir: Path, files: list[Path], trust_remote_code: bool = False
 ) -> tuple[nn.Module, LayerStreamer]:
@@ -303,6 +316,7 @@ def build_streamed(
             model_dir, "config.json", f"cannot build the model from its config: {exc}"
         ) from None
     model.eval()
+    return_large_frees()
     streamer = LayerStreamer(model, checkpoint_index(files))
     streamer.materialise_resident()
     streamer.attach()
