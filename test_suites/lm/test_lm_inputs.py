@@ -170,3 +170,23 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     assert m.skipped is None and not m.findings, m.findings
     assert m.details["engine"]["name"] == "vllm"
     assert m.metrics["n_tokens"].value > 0
+
+
+def test_precision_subject_streamed_gives_the_loaded_numbers(lm_variants, monkeypatch) -> None:
+    """precision.streaming: true on the causal-LM family (training-only v_head in the file)."""
+    from paritygate.precision.analysis import run_precision
+    from paritygate.precision.config import PrecisionSpec
+
+    ctx = lm_variants.gate("clean").context
+    spec = PrecisionSpec(suggest_mixed=False, max_batches=1, streaming=False)
+    monkeypatch.setattr(ctx.config, "precision", spec)
+    whole = run_precision(ctx.precision_subject(), spec, 16, 8)
+    monkeypatch.setattr(ctx.config, "precision", spec.model_copy(update={"streaming": True}))
+    subject = ctx.precision_subject()
+    assert subject.refusal is None
+    streamed = run_precision(subject, spec, 16, 8)
+    assert any("streamed layer by layer" in n for n in streamed["notes"])
+    assert [r["layer"] for r in whole["rows"]] == [r["layer"] for r in streamed["rows"]]
+    for a, b in zip(whole["rows"], streamed["rows"], strict=True):
+        assert a["local_rel_l2"] == pytest.approx(b["local_rel_l2"], rel=1e-5, abs=1e-12)
+        assert a["cum_rel_l2"] == pytest.approx(b["cum_rel_l2"], rel=1e-5, abs=1e-12)

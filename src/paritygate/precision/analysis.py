@@ -167,6 +167,7 @@ def run_precision(
             onnx = None
     run = measure_model(model, batches, subject.select_output, spec, onnx=onnx)
     report = analyse(run, spec, k_local, k_out)
+    report["notes"].extend(subject.extra.get("notes", []))
     if skipped is not None:
         report["notes"].append(skipped)
     if spec.local_max_batches is not None and spec.local_max_batches < len(batches):

@@ -42,6 +42,10 @@ class PrecisionSpec(StrictModel):
     """Search and verify a set of layers to keep in fp32 when the output is over budget."""
     max_suggest_runs: int = Field(default=12, ge=1)
     """Verification runs the mixed-precision search may spend (each one full low-precision pass)."""
+    streaming: bool | Literal["auto"] = "auto"
+    """Read an HF model's layers from its safetensors one at a time (models larger than
+    memory; hf_model and causal_lm families). ``auto``: when the model's fp32 size exceeds
+    half the available memory."""
 
     @field_validator("budgets")
     @classmethod

@@ -100,7 +100,7 @@ def cast_params(
 
     def restore() -> None:
         for p, original in params:
-            p.data = original
+            assign(p, original)
         for mod, name, original in buffers:
             mod._buffers[name] = original
 
@@ -238,6 +238,12 @@ def _output_caster(dtype: torch.dtype) -> Callable[..., Any]:
     return hook
 
 
+def lookups(module: nn.Module) -> list[nn.Module]:
+    """Embedding tables below ``module`` whose lookup is a plain gather (no ``max_norm``
+    renormalisation), so casting the gathered rows equals gathering cast rows."""
+    return [m for m in module.modules() if type(m) is nn.Embedding and m.max_norm is None]
+
+
 class LowPrecision:
     """Run ``module`` as a graph converted to ``dtype`` would run, restoring it on exit.
 
@@ -247,7 +253,10 @@ class LowPrecision:
     each low-precision module its dtype; integer inputs (token ids, discrete
     observations) are never cast. Modules in ``keep`` (and below) compute in
     fp32 on fp32 copies of their inputs and hand their floating outputs on in
-    ``dtype``, as a runtime that pins a node in fp32 casts around it.
+    ``dtype``, as a runtime that pins a node in fp32 casts around it. Embedding
+    lookups are kept that way too: rows cast after the gather equal rows
+    gathered from a cast table, and the table (often the largest tensor) gets
+    no low-precision copy.
     """
 
     def __init__(
@@ -260,6 +269,7 @@ class LowPrecision:
         self.module = module
         self.dtype = dtype
         self.keep = list(keep)
+        self.keep += [m for m in lookups(module) if m not in self.keep]
         self.cache = cache
         self._restore: Callable[[], None] | None = None
         self._handles: list[Any] = []
@@ -283,3 +293,13 @@ class LowPrecision:
         if self._restore is not None:
             self._restore()
             self._restore = None
+
+
+def assign(p: nn.Parameter, value: torch.Tensor) -> None:
+    """``p.data = value``, also across devices: a streamed layer's parameters move between the
+    meta device and memory (:mod:`paritygate.precision.streaming`), and ``p`` stays the same
+    object, so tied aliases and pending restores still refer to it."""
+    if p.device == value.device:
+        p.data = value
+    else:
+        torch.utils.swap_tensors(p, nn.Parameter(value, requires_grad=p.requires_grad))

@@ -237,44 +237,10 @@ class LMContext:
         return recompute(self, generation)
 
     def precision_subject(self) -> PrecisionSubject:
-        """The HF model in fp32 eval, probe prompts as left-padded batches of input ids; refuses
-        (``refusal``) when a model tensor is left at random init or a checkpoint key unused."""
-        import torch
+        """The HF model in fp32 eval on the probe prompts (see :mod:`.precision`)."""
+        from paritygate.families.causal_lm.precision import precision_subject
 
-        from paritygate.precision.subject import PrecisionSubject
-
-        prompts = self.prompts("training")
-        pad = self.training_tokenizer.pad_token_id
-        batches = []
-        for start in range(0, len(prompts), 4):
-            chunk = prompts[start : start + 4]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p) :] = torch.tensor(p)
-                mask[i, width - len(p) :] = 1
-            batches.append(((), {"input_ids": ids, "attention_mask": mask}))
-
-        import dataclasses
-
-        from paritygate.precision.hf import checkpoint_coverage
-
-        model, info = load_causal_lm(
-            self.model_dir, "float32", trust_remote_code=self.config.trust_remote_code
-        )
-        coverage = checkpoint_coverage(model, safetensors_files(self.model_dir), info)
-        heads = tuple(self.spec.training_only_heads)
-        coverage = dataclasses.replace(
-            coverage, unused=[k for k in coverage.unused if not k.startswith(heads)]
-        )
-        return PrecisionSubject(
-            name=self.config.name,
-            build_model=lambda: model,
-            batches=batches,
-            select_output=lambda out: out.logits,
-            refusal=coverage.refusal(),
-        )
+        return precision_subject(self)
 
 
 def _pick(

@@ -72,13 +72,41 @@ class HFModelContext:
         """The model in fp32, eval mode."""
         return self._load()[0]
 
-    def coverage(self) -> Coverage:
-        """Model tensors vs the checkpoint: random-init tensors, unused keys, altered values."""
-        if "coverage" not in self._cache:
-            from paritygate.precision.hf import checkpoint_coverage
+    def streaming(self) -> tuple[bool, str]:
+        """Whether the model's layers are read one at a time (``precision.streaming``), and why."""
+        if "streaming" not in self._cache:
+            from paritygate.precision.streaming import stream_decision
 
-            model, info = self._load()
-            self._cache["coverage"] = checkpoint_coverage(model, self.files, info)
+            self._cache["streaming"] = stream_decision(self.config.precision.streaming, self.files)
+        return self._cache["streaming"]
+
+    def _streamed(self) -> Any:
+        if "streamed" not in self._cache:
+            from paritygate.precision.streaming import build_streamed
+
+            self._cache["streamed"] = build_streamed(
+                self.model_class, self.model_dir, self.files, self.config.trust_remote_code
+            )
+        return self._cache["streamed"]
+
+    def coverage(self) -> Coverage:
+        """Model tensors vs the checkpoint: random-init tensors, unused keys, altered values.
+
+        A streamed model is compared by names and shapes, and its file read one tensor at a
+        time for NaN/Inf; its values are the file's by construction."""
+        if "coverage" not in self._cache:
+            if self.streaming()[0]:
+                import dataclasses
+
+                streamer = self._streamed()[1]
+                self._cache["coverage"] = dataclasses.replace(
+                    streamer.coverage, nonfinite=streamer.scan_nonfinite()
+                )
+            else:
+                from paritygate.precision.hf import checkpoint_coverage
+
+                model, info = self._load()
+                self._cache["coverage"] = checkpoint_coverage(model, self.files, info)
         return self._cache["coverage"]
 
     def precision_subject(self) -> PrecisionSubject:
@@ -86,13 +114,23 @@ class HFModelContext:
         from paritygate.precision.hf import select_hf_output
         from paritygate.precision.subject import PrecisionSubject
 
-        refusal = self.coverage().refusal()
+        stream, reason = self.streaming()
+        if stream:
+            from paritygate.precision.streaming import streaming_note
+
+            model, streamer = self._streamed()
+            refusal = streamer.coverage.refusal()
+            build, notes = (lambda: model), [streaming_note(streamer, reason)]
+        else:
+            refusal = self.coverage().refusal()
+            build, notes = self.reference_model, []
         return PrecisionSubject(
             name=self.config.name,
-            build_model=self.reference_model,
+            build_model=build,
             batches=self.batches,
             select_output=select_hf_output,
             refusal=None if refusal is None else f"{self.class_reason}: {refusal}",
+            extra={"notes": notes},
         )
 
 

@@ -1,0 +1,68 @@
+"""The causal-LM family's per-layer precision subject: its model, prompts and coverage.
+
+The model is loaded whole, or built with its layers streamed from the safetensors
+(``precision.streaming``, :mod:`paritygate.precision.streaming`); either way it is
+compared with the checkpoint first, so a tensor left at random init or a checkpoint key
+unused (training-only heads excepted) refuses the measurement by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.precision.subject import PrecisionSubject
+
+
+def precision_subject(ctx: LMContext) -> PrecisionSubject:
+    """Probe prompts as left-padded batches of input ids; ``refusal`` set on random init."""
+    import torch
+
+    from paritygate.precision.hf import checkpoint_coverage
+    from paritygate.precision.streaming import build_streamed, stream_decision, streaming_note
+    from paritygate.precision.subject import PrecisionSubject
+
+    prompts = ctx.prompts("training")
+    pad = ctx.training_tokenizer.pad_token_id
+    batches = []
+    for start in range(0, len(prompts), 4):
+        chunk = prompts[start : start + 4]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # (B, T)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (B, T)
+        for i, p in enumerate(chunk):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        batches.append(((), {"input_ids": ids, "attention_mask": mask}))
+
+    files = safetensors_files(ctx.model_dir)
+    stream, reason = stream_decision(ctx.config.precision.streaming, files)
+    notes = []
+    if stream:  # layers read one at a time (models larger than memory)
+        from transformers import AutoModelForCausalLM
+
+        model, streamer = build_streamed(
+            AutoModelForCausalLM, ctx.model_dir, files, ctx.config.trust_remote_code
+        )
+        coverage, notes = streamer.coverage, [streaming_note(streamer, reason)]
+    else:
+        model, info = load_causal_lm(
+            ctx.model_dir, "float32", trust_remote_code=ctx.config.trust_remote_code
+        )
+        coverage = checkpoint_coverage(model, files, info)
+    heads = tuple(ctx.spec.training_only_heads)
+    coverage = dataclasses.replace(
+        coverage, unused=[k for k in coverage.unused if not k.startswith(heads)]
+    )
+    return PrecisionSubject(
+        name=ctx.config.name,
+        build_model=lambda: model,
+        batches=batches,
+        select_output=lambda out: out.logits,
+        refusal=coverage.refusal(),
+        extra={"notes": notes},
+    )
