@@ -17,7 +17,7 @@ from paritygate.report import junit_xml, report_json, summary_table, validate_re
 from paritygate.report.model import schema_texts
 from paritygate.result import CheckResult, Measurement
 from paritygate.rootcause import explain
-from paritygate.verdict import judge
+from paritygate.verdict import Margin, judge
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,6 +165,16 @@ def test_tightened_threshold_drops_the_generic_hint() -> None:
     assert r.fix is not None and "thresholds.logits_agreement.max_abs_diff" in r.fix
     without_golden = judge(m, None, use_golden=False)  # no baseline: the hint stays
     assert "stale artifact" in without_golden.message
+
+
+def test_golden_inside_the_threshold_is_not_called_a_tightened_threshold() -> None:
+    # golden 1 meets a threshold of 1; today's 0.8 moved within the regression margin
+    m = Measurement("logits_agreement")
+    m.metric("topk_overlap_min", 0.8, bad="lower", threshold=1.0, key=True)
+    r = judge(m, {"metrics": {"topk_overlap_min": 1.0}}, margin=Margin(rel_margin=0.5))
+    assert r.status == "fail"
+    assert "tightened" not in r.message
+    assert "topk_overlap_min 0.8 is below the threshold 1" in r.message
 
 
 def test_junit_has_threshold_and_golden_at_full_precision(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ No golden baseline fails too, unless the run is blessing baselines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from paritygate.result import CheckResult, Measurement, Metric
@@ -205,6 +205,14 @@ def _failing_key(measurement: Measurement, offending: list[str], key: str | None
     return key
 
 
+def _golden_breaches(m: Metric, gold: Any) -> bool:
+    """The blessed value breaches today's threshold too: the model did not change, the
+    threshold did (a golden inside the threshold means the model moved within the margin)."""
+    if isinstance(gold, bool) or not isinstance(gold, (int, float)):
+        return False
+    return replace(m, value=gold).breaches()
+
+
 def _is_bad_count(m: Metric) -> bool:
     return (
         m.bad in ("higher", "change")
@@ -249,7 +257,7 @@ def _sentences(
         if not m.is_finite():
             nonfinite.append(f"{name} is {value}")
             continue
-        if name in breached and name not in regressed and gold is not None:
+        if name in breached and name not in regressed and _golden_breaches(m, gold):
             side = "above" if m.bad == "higher" else "below"
             out.append(sentence(
                 f"{name} {value} is {side} the threshold {_fmt(m.threshold)}, as is the blessed "
