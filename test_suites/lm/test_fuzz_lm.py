@@ -232,7 +232,7 @@ CASES: dict[str, Builder] = {
     "probes-invalid-json": _probes('{"id": "a", "text": \n', "line 1"),
     "probes-empty": _probes(""),
     "probes-no-text": _probes('{"id": "a"}\n', "line 1"),
-    "probes-empty-text": _probes('{"id": "a", "text": ""}\n', "line 1.text"),
+    "probes-text-not-a-string": _probes('{"id": "a", "text": 3}\n', "line 1.text"),
     "probes-not-utf8": _probes(b'{"id": "a", "text": "\xff"}\n'),
     # --- the log-prob function (factory) ---
     "logprob-fn-unimportable": _logprob_fn("no_such_module:fn"),

@@ -374,6 +374,17 @@ def build_lm_context(config: GateConfig) -> LMContext:
                     f"causal_lm.tokenizer.{side}",
                     f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
                 )
+        # An empty prompt is a fair edge case while a BOS token conditions it; with no token on
+        # either side nothing can be generated (one side empty is tokenizer_parity's finding).
+        sides = (training_tok, serving_tok)
+        if not any(encode_probe(t, probe, spec.max_prompt_tokens) for t in sides):
+            raise InputError(
+                config.resolve(spec.probes),
+                f"probe {probe.id!r}",
+                "encodes to no tokens with either tokenizer (empty text, no BOS): "
+                "nothing to condition on",
+            )
+
     def sampling(side: str, tok: Any, dtype: str) -> SamplingFile:
         with keyed(f"causal_lm.sampling.{side}"):
             return _sampling_file(side, tok, dtype)

@@ -35,8 +35,8 @@ def _parse(obj: Any, where: str, path: Path) -> Probe:
     if ("text" in obj) == ("messages" in obj):
         raise InputError(path, where, f"probe {pid!r} needs exactly one of 'text' or 'messages'")
     if "text" in obj:
-        if not isinstance(obj["text"], str) or not obj["text"]:
-            raise InputError(path, f"{where}.text", "must be a non-empty string")
+        if not isinstance(obj["text"], str):
+            raise InputError(path, f"{where}.text", "must be a string")
         return Probe(pid, text=obj["text"])
     messages = obj["messages"]
     if not isinstance(messages, list) or not messages:
