@@ -18,10 +18,7 @@ def _value(v: Any, ceiling: float) -> float:
 
 def plot_precision(report: dict[str, Any], path: Path) -> Path:
     """Write ``precision.png``: local (solid) and cumulative (dotted) rel L2 error per layer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     rows = report["rows"]
     finite = [
@@ -32,7 +29,8 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     ]
     ceiling = max(finite, default=1.0) * 10
     width = min(max(8.0, 0.12 * (len(rows) / max(len(report["dtypes"]), 1)) + 6), 32.0)
-    fig, ax = plt.subplots(figsize=(width, 4.5), dpi=100)
+    fig = Figure(figsize=(width, 4.5), dpi=100)
+    ax = fig.subplots()
     labels: list[str] = []
     for dtype in report["dtypes"]:
         colour = COLOURS.get(dtype)
@@ -89,5 +87,4 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
