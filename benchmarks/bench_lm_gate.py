@@ -113,12 +113,18 @@ def main() -> None:
         minimal_py = root / "minimal.py"
         minimal_py.write_text(MINIMAL)
         mins, gates = [], []
+        per_check: dict[str, list[float]] = {}
         for _ in range(args.repeats):
             mins.append(timed([sys.executable, str(minimal_py), str(root / "model"),
                                str(root / "probes.jsonl")]))
             gates.append(timed([sys.executable, "-m", "paritygate.cli", "run", str(gate),
                                 "--report-dir", str(root / "report")]))
+            report = json.loads((root / "report" / "report.json").read_text())
+            for check in report["checks"]:
+                per_check.setdefault(check["id"], []).append(float(check["duration_s"]))
         m, g = statistics.median(mins), statistics.median(gates)
+        for check_id, seconds in per_check.items():
+            print(f"  {check_id:22s} {statistics.median(seconds):6.2f} s (median)")
         print(f"minimal work: {m:.1f} s  (runs {', '.join(f'{x:.1f}' for x in mins)})")
         print(f"whole gate:   {g:.1f} s  (runs {', '.join(f'{x:.1f}' for x in gates)})")
         print(f"ratio: {g / m:.2f}x (target <= 1.5x)")

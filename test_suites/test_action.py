@@ -32,6 +32,7 @@ from step_runner import (
     StepRunner,
     condition,
     interpolate,
+    job_outputs,
     workflow_call_inputs,
 )
 
@@ -258,7 +259,15 @@ class Artifacts:
             raise StepFailed(f"an artifact with this name already exists on the run: {name}")
         path = runner.workspace / with_["path"]
         assert path.exists(), f"upload path {path} does not exist"
-        files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+        # Stored as upload-artifact@v4 lays it out: a single file at the artifact's root.
+        store = self.prepared / name
+        if path.is_file():
+            store.mkdir(parents=True)
+            shutil.copyfile(path, store / path.name)
+            files = [path.name]
+        else:
+            shutil.copytree(path, store)
+            files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
         self.uploaded[name] = files
         return {"artifact-id": str(len(self.uploaded))}
 
@@ -529,6 +538,70 @@ def test_reusable_workflow_inputs_reach_the_action() -> None:
     gpu = _gate_with("gpu", workflow_call_inputs(workflow, {"config": "c.yaml"}), called=True)
     assert gpu["config"] == "c.yaml" and gpu["gpu"] == "true" and gpu["markexpr"] == "gpu"
     assert _gate_with("gpu", {}, called=False)["config"] == "configs/demo-lm.yaml"
+
+
+@pytest.mark.parametrize("called", [False, True])
+def test_rollout_dump_handoff(tmp_path: Path, called: bool) -> None:
+    """The GPU job's dump steps (a stand-in `paritygate dump`) upload the dump; the audit job
+    downloads it where the dump config reads it, and gates it with that config."""
+    workflow = _gate_workflow()
+    fake_bin = tmp_path / "bin"
+    _write(fake_bin / "paritygate", '#!/bin/sh\n[ "$1" = dump ] && [ "$5" = --engine ] && '
+           '[ "$6" = vllm ] && echo "{}" > "$4"\n')
+    (fake_bin / "paritygate").chmod(0o755)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    artifacts = Artifacts(tmp_path / "artifacts")
+    inputs = workflow_call_inputs(workflow, {"config": "c.yaml", "dump-config": "d.yaml",
+                                             "dump-path": "out/r.jsonl"}) if called else {}
+    contexts = _workflow_contexts(inputs, called=called)
+    runner = _runner(workspace, tmp_path / "temp", _action_handlers(tmp_path, artifacts),
+                     job="gpu", contexts=contexts)
+    runner.add_path(fake_bin)
+    steps = workflow["jobs"]["gpu"]["steps"]
+    gate_ctx = {"gate": {"outputs": {"status": "fail", "artifact-name": "pg-gpu"},
+                         "outcome": "failure"}}
+    start = steps.index(next(s for s in steps if s.get("id") == "dump"))
+    _, results = runner.run_steps(steps[start:], {**runner.contexts, "steps": gate_ctx})
+    log = "\n".join(r.log for r in results)
+    assert [r.outcome for r in results] == ["success", "success"], log
+    outputs = job_outputs(workflow["jobs"]["gpu"], runner.contexts, results)
+    path = "out/r.jsonl" if called else "rollouts/demo-lm-vllm.jsonl"
+    assert outputs["dump-artifact"] == "pg-gpu-vllm-dump"
+    assert outputs["dump-dir"] == str(Path(path).parent)
+    assert "pg-gpu-vllm-dump" in artifacts.uploaded
+
+    audit = workflow["jobs"]["audit"]
+    needs = {"needs": {"gpu": {"outputs": outputs}}}
+    assert condition(audit["if"], {**contexts, **needs}, "success")
+    assert not condition(audit["if"], {**contexts, "needs": {"gpu": {"outputs": {}}}}, "success")
+    download = next(s for s in audit["steps"] if "download-artifact" in str(s.get("uses")))
+    with_ = {k: interpolate(v, {**contexts, **needs}) for k, v in download["with"].items()}
+    target = tmp_path / "audit-ws"
+    target.mkdir()
+    audit_runner = _runner(target, tmp_path / "temp2", {}, contexts=contexts)
+    artifacts.download(audit_runner, with_, {})
+    assert (target / path).is_file()
+    step = next(s for s in audit["steps"] if s.get("id") == "gate")
+    config = interpolate(step["with"]["config"], {**contexts, **needs})
+    assert config == ("d.yaml" if called else "configs/demo-lm-dump.yaml")
+
+
+def test_no_rollout_dump_without_a_dump_config(tmp_path: Path) -> None:
+    workflow = _gate_workflow()
+    inputs = workflow_call_inputs(workflow, {"config": "c.yaml"})
+    runner = _runner(tmp_path / "ws", tmp_path / "temp", {}, job="gpu",
+                     contexts=_workflow_contexts(inputs, called=True))
+    (tmp_path / "ws").mkdir()
+    steps = workflow["jobs"]["gpu"]["steps"]
+    dump = next(s for s in steps if s.get("id") == "dump")
+    gate_ctx = {"gate": {"outputs": {"status": "pass", "artifact-name": "pg"}}}
+    _, (result,) = runner.run_steps([dump], {**runner.contexts, "steps": gate_ctx})
+    assert result.outcome == "success" and result.outputs == {}, result.log
+    assert "no dump-config" in result.log
+    gate_ctx = {"gate": {"outputs": {"status": "error"}}}  # paritygate was not installed
+    _, (result,) = runner.run_steps([dump], {**runner.contexts, "steps": gate_ctx})
+    assert result.outcome == "skipped"
 
 
 @pytest.mark.parametrize(

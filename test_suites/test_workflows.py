@@ -312,7 +312,7 @@ def test_gate_permissions_and_concurrency(gate: dict[str, Any]) -> None:
         assert "timeout-minutes" in job, f"job {job_id} has no timeout"
 
 
-@pytest.mark.parametrize("job_id", ["cpu", "gpu"])
+@pytest.mark.parametrize("job_id", ["cpu", "gpu", "audit"])
 def test_gate_jobs_run_paritygate_at_the_workflow_ref(
     gate: dict[str, Any], action: dict[str, Any], job_id: str
 ) -> None:
@@ -345,6 +345,53 @@ def test_gate_gpu_job(gate: dict[str, Any]) -> None:
     (gate_step,) = [s for s in gpu["steps"] if s.get("id") == "gate"]
     assert gate_step["with"]["gpu"] == "true" and gate_step["with"]["markexpr"] == "gpu"
     assert "configs/demo-lm.yaml" in gate_step["with"]["config"]
+
+
+def test_gate_dump_handoff(gate: dict[str, Any]) -> None:
+    """The GPU job writes vLLM's rollout dump and uploads it; the audit job (CPU) downloads it
+    to the same path and gates it with a config whose only engine is that dump."""
+    from paritygate.config import load_config
+
+    gpu, audit = gate["jobs"]["gpu"], gate["jobs"]["audit"]
+    (dump,) = [s for s in gpu["steps"] if s.get("id") == "dump"]
+    steps = gpu["steps"]
+    assert steps.index(dump) > steps.index(next(s for s in steps if s.get("id") == "gate"))
+    assert 'paritygate dump "$CONFIG" --out "$DUMP_PATH" --engine vllm' in dump["run"]
+    assert "steps.gate.outputs.status" in dump["if"]  # only where the gate ran (vLLM installed)
+    assert "inputs.dump-config" in dump["env"]["DUMP_CONFIG"]
+    assert "inputs.dump-path" in dump["env"]["DUMP_PATH"]
+    (upload,) = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+    assert steps.index(upload) > steps.index(dump)
+    assert upload["with"]["name"] == "${{ steps.dump.outputs.artifact }}"
+    assert upload["with"]["path"] == "${{ steps.dump.outputs.path }}"
+    assert gpu["outputs"]["dump-artifact"] == "${{ steps.dump.outputs.artifact }}"
+    assert gpu["outputs"]["dump-dir"] == "${{ steps.dump.outputs.dir }}"
+
+    assert audit["needs"] == "gpu" and audit["runs-on"] == "ubuntu-latest"
+    assert "needs.gpu.outputs.dump-artifact != ''" in audit["if"]  # only when a dump exists
+    steps = audit["steps"]
+    (download,) = [s for s in steps
+                   if str(s.get("uses", "")).startswith("actions/download-artifact@")]
+    assert download["with"] == {"name": "${{ needs.gpu.outputs.dump-artifact }}",
+                                "path": "${{ needs.gpu.outputs.dump-dir }}"}
+    (audit_gate,) = [s for s in steps if s.get("id") == "gate"]
+    assert steps.index(audit_gate) > steps.index(download)
+    assert "gpu" not in audit_gate["with"]
+    assert "inputs.dump-config" in audit_gate["with"]["config"]
+    call = _triggers(gate)["workflow_call"]
+    assert call["inputs"]["dump-config"]["default"] == ""  # a caller's dump is opt-in
+    assert call["outputs"]["audit-status"]["value"] == "${{ jobs.audit.outputs.status }}"
+
+    # Run directly, the demo's dump config reads the file the GPU job writes.
+    dispatch = _triggers(gate)["workflow_dispatch"]["inputs"]
+    config = load_config(REPO_ROOT / dispatch["dump-config"]["default"])
+    assert config.causal_lm is not None and config.causal_lm.engines == ["dump"]
+    assert config.resolve(config.causal_lm.engine.dump or "") == (
+        REPO_ROOT / dispatch["dump-path"]["default"]
+    ).resolve()
+    assert "'configs/demo-lm-dump.yaml'" in dump["env"]["DUMP_CONFIG"]
+    assert "'configs/demo-lm-dump.yaml'" in audit_gate["with"]["config"]
+    assert "'rollouts/demo-lm-vllm.jsonl'" in dump["env"]["DUMP_PATH"]
 
 
 def test_gate_cpu_job(gate: dict[str, Any]) -> None:

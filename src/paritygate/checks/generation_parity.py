@@ -1,17 +1,22 @@
 """generation_parity: greedy decoding through the training path and the engine agree.
 
-The training path decodes step by step without a cache (a full teacher-forced
-forward per new token, argmax, the training sampling config's max_new_tokens,
-min_new_tokens and stop strings); the engine decodes greedily with its cache and
-the serving config. The first divergent position of each probe is reported; a
-divergence is excused only at a near-tie, where the training path's top-2 logit
-margin is below ``causal_lm.near_tie_margin``.
+The training path decodes greedily without a cache (argmax of the training model's
+full forward, the training sampling config's max_new_tokens, min_new_tokens and stop
+strings); the engine decodes greedily with its cache and the serving config. While the
+two agree, the training path's choice at each step is the argmax of one teacher-forced
+forward over the engine's output (the prefix is the same), so that one batched forward,
+shared with ``logits_agreement``, replaces the step-by-step decode; only after a
+divergence or past the engine's last token does the training path decode on alone. The
+first divergent position of each probe is reported; a divergence is excused only at a
+near-tie, where the training path's top-2 logit margin is below ``causal_lm.near_tie_margin``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
@@ -20,38 +25,66 @@ from paritygate.result import Measurement
 DEFAULTS: dict[str, float] = {"unexcused_divergences": 0.0}
 
 
+class GreedyRules:
+    """The training sampling config's stopping rules and EOS masking for greedy decoding."""
+
+    def __init__(self, tokenizer: Any, max_new_tokens: int, min_new_tokens: int,
+                 stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = tokenizer.eos_token_id
+        self.max_new_tokens = max_new_tokens
+        self.min_new_tokens = min_new_tokens
+        self.stop = stop
+
+    def choose(self, logits: Any, step: int) -> tuple[int, float]:
+        """Argmax and top-1 minus top-2 margin of one step's (V,) logits."""
+        row = np.array(logits, dtype=np.float32)
+        if step < self.min_new_tokens and self.eos is not None:
+            row[self.eos] = -np.inf
+        two = np.argpartition(-row, 1)[:2]
+        first, second = sorted(two.tolist(), key=lambda t: (-row[t], t))
+        return first, float(row[first] - row[second])
+
+    def stops(self, tokens: list[int]) -> bool:
+        """Decoding ends after ``tokens`` (EOS, a completed stop string or the length limit)."""
+        if len(tokens) >= self.max_new_tokens or tokens[-1] == self.eos:
+            return True
+        return bool(self.stop) and any(s in self.tokenizer.decode(tokens) for s in self.stop)
+
+
 def greedy_training_path(
     model: Any,
-    tokenizer: Any,
+    rules: GreedyRules,
     prompt: list[int],
-    *,
-    max_new_tokens: int,
-    min_new_tokens: int,
-    stop: list[str],
+    teacher: Any = None,
+    engine_tokens: list[int] | None = None,
 ) -> tuple[list[int], list[float]]:
-    """Argmax decoding with a full forward per step (no KV cache); returns tokens and the
-    top-1 minus top-2 logit margin at each step."""
+    """The training path's greedy tokens and top-2 logit margins. ``teacher`` holds the
+    training model's logits after ``prompt + engine_tokens[:j]`` for each ``j`` (one
+    teacher-forced forward): they give every step while the path follows the engine's
+    tokens; after that (or without ``teacher``) the path decodes alone, one full forward
+    per token (no cache)."""
     import torch
 
-    seq = list(prompt)
     tokens: list[int] = []
     margins: list[float] = []
-    eos = tokenizer.eos_token_id
-    with torch.inference_mode():
-        for step in range(max_new_tokens):
-            ids = torch.tensor([seq])
-            logits = model(input_ids=ids, use_cache=False).logits[0, -1].float()  # (V,)
-            if step < min_new_tokens and eos is not None:
-                logits[eos] = float("-inf")
-            top = torch.topk(logits, 2)
-            tokens.append(int(top.indices[0]))
-            margins.append(float(top.values[0] - top.values[1]))
-            seq.append(tokens[-1])
-            if tokens[-1] == eos:
-                break
-            if stop and any(s in tokenizer.decode(tokens) for s in stop):
-                break
-    return tokens, margins
+    if rules.max_new_tokens <= 0:
+        return tokens, margins
+    while True:
+        step = len(tokens)
+        if teacher is not None and engine_tokens is not None and (
+            step <= len(engine_tokens) and tokens == engine_tokens[:step]
+        ):
+            logits = teacher[step]
+        else:
+            with torch.inference_mode():
+                ids = torch.tensor([prompt + tokens])
+                logits = model(input_ids=ids, use_cache=False).logits[0, -1].float().cpu().numpy()
+        token, margin = rules.choose(logits, step)
+        tokens.append(token)
+        margins.append(margin)
+        if rules.stops(tokens):
+            return tokens, margins
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
@@ -72,19 +105,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     model = ctx.reference_model()
     tok = ctx.serving_tokenizer
     tol = ctx.spec.near_tie_margin
+    rules = GreedyRules(tok, training.max_new_tokens, training.min_new_tokens, list(training.stop))
+    teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
     unexcused = excused = agreeing = compared = 0
     rows: list[dict[str, Any]] = []
-    for probe, prompt, cand in zip(
-        probes, engine_out.prompt_ids, engine_out.output_ids, strict=True
+    for probe, prompt, cand, forced in zip(
+        probes, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True
     ):
-        ref, margins = greedy_training_path(
-            model,
-            tok,
-            prompt,
-            max_new_tokens=training.max_new_tokens,
-            min_new_tokens=training.min_new_tokens,
-            stop=list(training.stop),
-        )
+        ref, margins = greedy_training_path(model, rules, prompt, forced, cand)
         at = next((i for i, (r, c) in enumerate(zip(ref, cand, strict=False)) if r != c), None)
         row: dict[str, Any] = {
             "probe": probe.id,

@@ -128,16 +128,23 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if "hf" not in ctx.spec.engines:
         return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
     generation = ctx.greedy("hf")
+    kept = [i for i, output in enumerate(generation.output_ids) if output]
+    teacher = ctx.teacher_forced(generation)  # shared with generation_parity
     engine = ctx.engine("hf")
+    if generation.logits is not None and engine.padding_side == "left":
+        # The engine's own KV-cache logits from its greedy generation: left-padded rows decode
+        # at the positions of an unpadded decode, so they are the cached decode of these tokens.
+        cached = [generation.logits[i] for i in kept]
+    else:  # right-padded rows continue from pads: decode the same tokens left-padded
+        cached = engine.cached_logits(
+            [generation.prompt_ids[i] for i in kept], [generation.output_ids[i] for i in kept]
+        )
     refs, cands, owners = [], [], []
-    for probe, prompt, output in zip(
-        ctx.probes, generation.prompt_ids, generation.output_ids, strict=True
-    ):
-        if not output:
-            continue
-        refs.append(ctx.teacher_forced_logits(prompt, output))
-        cands.append(engine.cached_logits(prompt, output))
-        owners += [f"{probe.id}@{j}" for j in range(len(output))]
+    for i, cand in zip(kept, cached, strict=True):
+        output = generation.output_ids[i]
+        refs.append(teacher[i][: len(output)])
+        cands.append(cand)
+        owners += [f"{ctx.probes[i].id}@{j}" for j in range(len(output))]
     if not refs:
         return m.skip("the engine generated no tokens for any probe")
     reference = np.concatenate(refs)  # (N, V)

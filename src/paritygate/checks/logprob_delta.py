@@ -168,7 +168,7 @@ def _temperature_fit(
     m: Measurement, ctx: Any, generation: Any, logp_infer: Any, mask: Any, training: Any
 ) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
-    engine's log-probs (one teacher-forced forward per sequence, only on a breach)."""
+    engine's log-probs (the shared teacher-forced forward, only on a breach)."""
     from paritygate.metrics.logprob import (
         TEMPERATURE_EXPLAINED,
         TEMPERATURE_MIN_CHANGE,
@@ -180,12 +180,11 @@ def _temperature_fit(
     if training.top_k or training.top_p < 1.0:
         return  # a filtered distribution is not a rescaled softmax
     rows, toks, infer = [], [], []
-    for i, (prompt, output) in enumerate(
-        zip(generation.prompt_ids, generation.output_ids, strict=True)
-    ):
+    teacher = ctx.teacher_forced(generation)  # one batched forward over every sequence
+    for i, output in enumerate(generation.output_ids):
         if not output:
             continue
-        rows.append(ctx.teacher_forced_logits(prompt, output))
+        rows.append(teacher[i][: len(output)])
         toks.append(np.asarray(output))
         infer.append(logp_infer[i, : len(output)])
     if not rows:

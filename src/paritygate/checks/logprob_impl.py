@@ -60,6 +60,23 @@ def _single(fn: Callable[..., Any], model: Any, seq: list[int], **kw: Any) -> An
     return out[0].detach().float()
 
 
+def _unpadded_logits(model: Any, seqs: list[list[int]]) -> list[Any]:
+    """The model's float32 logits over each sequence, unpadded: sequences of one length share
+    a forward (no padding is needed to batch them)."""
+    import torch
+
+    by_length: dict[int, list[int]] = {}
+    for i, seq in enumerate(seqs):
+        by_length.setdefault(len(seq), []).append(i)
+    out: list[Any] = [None] * len(seqs)
+    with torch.inference_mode():
+        for rows in by_length.values():
+            batch = model(input_ids=torch.tensor([seqs[i] for i in rows])).logits.float()
+            for b, i in enumerate(rows):
+                out[i] = batch[b]  # (T, V)
+    return out
+
+
 def _rl_batch(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any, list[tuple[int, int]]]:
     """TRL's layout: prompts left-padded, completions (ending in EOS) right-padded after EOS.
 
@@ -98,8 +115,7 @@ def _suite(
     from paritygate.engines.generation import left_pad
 
     causes: list[str] = []
-    with torch.inference_mode():
-        logits = [model(input_ids=torch.tensor([s])).logits[0].float() for s in seqs]  # (T, V)
+    logits = _unpadded_logits(model, seqs)  # per sequence (T, V)
     if not all(bool(torch.isfinite(lg).all()) for lg in logits):
         return {"causes": causes, "nonfinite_logits": (
             "non-finite logits from the training model: NaN/Inf weights? (see weights_load); "

@@ -113,6 +113,9 @@ class Generation:
     top_logprobs: list[list[dict[int, float]]] | None
     logprobs_mode: str
     engine: str
+    logits: list[Any] | None = None
+    """Per row, the raw next-token logits ``(len(output_ids[i]), V)`` the engine computed for
+    each generated token, when it was asked to keep them (HF engine, ``keep_logits``)."""
 
 
 def is_processing_trivial(sampling: SamplingSpec) -> bool:

@@ -55,6 +55,11 @@ class HFGenerateEngine:
         """Load the serving model from ``model_dir``; pad/eos ids and padding side from
         the serving ``tokenizer``."""
         model, _ = load_causal_lm(model_dir, dtype, trust_remote_code=trust_remote_code)
+        return cls.for_tokenizer(model, tokenizer, **kwargs)
+
+    @classmethod
+    def for_tokenizer(cls, model: Any, tokenizer: Any, **kwargs: Any) -> HFGenerateEngine:
+        """Serve an already loaded ``model``; pad/eos ids and padding side from ``tokenizer``."""
         return cls(
             model,
             pad_token_id=tokenizer.pad_token_id,
@@ -96,8 +101,11 @@ class HFGenerateEngine:
                     return j + 1
         return len(tokens)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation:
-        """Generate for every prompt (batched), returning unpadded outputs and log-probs."""
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSpec, *, keep_logits: bool = False
+    ) -> Generation:
+        """Generate for every prompt (batched), returning unpadded outputs and log-probs;
+        ``keep_logits`` also keeps each row's raw logits at every generated token."""
         import torch
         from transformers import GenerationConfig
 
@@ -124,9 +132,11 @@ class HFGenerateEngine:
             output_scores=True,
             output_logits=True,
         )
+        self.model.eval()
         out_ids: list[list[int]] = []
         out_lp: list[list[float]] = []
         out_top: list[list[dict[int, float]]] = []
+        out_logits: list[Any] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             ids, mask = self._pad(chunk)
@@ -150,10 +160,13 @@ class HFGenerateEngine:
             chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (B, N)
             k = min(self.top_logprobs, logp.shape[-1])
             top_vals, top_idx = logp.topk(k, dim=-1) if k else (None, None)  # (B, N, k)
+            raw = torch.stack(res.logits, dim=1).float() if keep_logits else None  # (B, N, V)
             for i in range(len(chunk)):
                 row = new[i].tolist()
                 n = self._cut(row, list(sampling.stop))
                 out_ids.append(row[:n])
+                if raw is not None:
+                    out_logits.append(raw[i, :n].cpu().numpy().copy())
                 out_lp.append(chosen[i, :n].tolist())
                 if top_idx is not None:
                     out_top.append(
@@ -169,29 +182,59 @@ class HFGenerateEngine:
             top_logprobs=out_top if self.top_logprobs else None,
             logprobs_mode=self.logprobs_mode,
             engine=self.name,
+            logits=out_logits if keep_logits else None,
         )
 
-    def cached_logits(self, prompt: list[int], output: list[int]) -> Any:
+    def cached_logits(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[Any]:
         """Next-token logits at the last prompt position and each generated one, through the
-        KV cache as serving computes them: one prefill, then one token per step.
+        KV cache as serving computes them: one batched prefill of the left-padded prompts,
+        then one token per row and step (position ids from the attention mask, so the
+        amount of padding does not move them).
 
-        Returns a (len(output), V) float32 array.
+        Returns one ``(len(output_i), V)`` float32 array per row.
         """
         import inspect
 
         import torch
 
-        model = self.model
+        model = self.model.eval()
         # transformers 5 names the cache ``cache``; 4.x ``past_key_values``.
         params = inspect.signature(model.forward).parameters
         key = "cache" if "cache" in params else "past_key_values"
-        rows = []
-        with torch.inference_mode():
-            out = model(input_ids=torch.tensor([prompt]), use_cache=True)
-            rows.append(out.logits[0, -1].float())
-            for tok in output[:-1]:
+        rows: list[Any] = []
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = prompts[start : start + self.batch_size]
+            outs = outputs[start : start + self.batch_size]
+            steps = max((len(o) for o in outs), default=0)
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), self.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            collected = []  # per step (B, V)
+            with torch.inference_mode():
                 out = model(
-                    input_ids=torch.tensor([[tok]]), use_cache=True, **{key: getattr(out, key)}
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True,
                 )
-                rows.append(out.logits[0, -1].float())
-        return torch.stack(rows).numpy()  # (N, V)
+                collected.append(out.logits[:, -1].float())
+                for j in range(steps - 1):
+                    nxt = torch.tensor(
+                        [[o[j] if j < len(o) else self.pad_token_id] for o in outs]
+                    )  # (B, 1)
+                    mask = torch.cat([mask, torch.ones((len(chunk), 1), dtype=torch.long)], 1)
+                    out = model(
+                        input_ids=nxt,
+                        attention_mask=mask,
+                        position_ids=mask.sum(-1, keepdim=True) - 1,
+                        use_cache=True,
+                        **{key: getattr(out, key)},
+                    )
+                    collected.append(out.logits[:, -1].float())
+            stacked = torch.stack(collected, dim=1).cpu().numpy() if steps else None  # (B, S, V)
+            for i, o in enumerate(outs):
+                rows.append(stacked[i, : len(o)].copy() if stacked is not None else None)
+        return rows

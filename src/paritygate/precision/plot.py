@@ -74,20 +74,17 @@ def _worst(report: dict[str, Any]) -> list[tuple[int, str]]:
 
 def plot_precision(report: dict[str, Any], path: Path) -> Path:
     """Write ``precision.png`` from a precision report (see :mod:`~.analysis`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     rows = report["rows"]
     onnx = report.get("onnx") or {}
     kind = {r["layer"]: r["kind"] for r in rows}
     floor = 1e-12
     kinds = [k for k in ("leaf", "block") if any(r["kind"] == k for r in rows)]
-    fig, axes = plt.subplots(
-        len(kinds) + 1, 1, figsize=(12, 3.2 * len(kinds) + 2.6), dpi=100, sharex=True,
-        gridspec_kw={"height_ratios": [3] * len(kinds) + [1.6]},
-    )  # fmt: skip
+    fig = Figure(figsize=(12, 3.2 * len(kinds) + 2.6), dpi=100)
+    axes = fig.subplots(
+        len(kinds) + 1, 1, sharex=True, gridspec_kw={"height_ratios": [3] * len(kinds) + [1.6]}
+    )
     axes = list(axes)
     for ax, k in zip(axes, kinds, strict=False):
         bad_x: list[int] = []
@@ -191,7 +188,6 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -30,10 +30,7 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     if not tokens:
         return []
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
     except ImportError:
         return []
     import numpy as np
@@ -43,14 +40,15 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     delta = np.where(np.isfinite(delta), delta, np.nan)
     shown = delta[np.isfinite(delta)]
     out = []
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    fig = Figure(figsize=(5.5, 3.2))
+    ax = fig.subplots()
     ax.hist(shown, bins=min(60, max(10, shown.size // 4)) if shown.size else 10, color="#4063a0")
     ax.set_xlabel("log-prob delta (trainer - engine), nats")
     ax.set_ylabel("tokens")
     ax.set_title(f"{result.id}: delta histogram ({shown.size} tokens)")
     out.append({"title": "delta histogram", "png": _png(fig)})
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    fig = Figure(figsize=(5.5, 3.2))
+    ax = fig.subplots()
     ax.scatter(pos, delta, s=6, alpha=0.5, color="#4063a0", label="token")
     positions = np.unique(pos)
     worst = [np.nanmax(np.abs(delta[pos == p])) if np.isfinite(delta[pos == p]).any()
@@ -65,5 +63,4 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     ax.set_title(f"{result.id}: delta per position")
     ax.legend(fontsize=7)
     out.append({"title": "delta per position", "png": _png(fig)})
-    plt.close(fig)
     return out

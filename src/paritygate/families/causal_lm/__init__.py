@@ -1,10 +1,11 @@
 """The causal-LM family: a Hugging Face training directory against the model that is served.
 
-``config`` the ``causal_lm:`` section · ``weights`` checkpoint tensors into the models ·
-``probes`` the prompt set · ``tokenizer`` and ``sampling`` the two sides' text and sampling
-protocols · ``logprobs`` the reference per-token log-prob implementation · ``recompute``
-the trainer's teacher-forced recompute · ``context`` everything the checks share, loaded and
-validated once · ``export`` the serving copy (training-only heads removed) and its manifest.
+``config`` the ``causal_lm:`` section · ``serving`` the served model's keys folded in ·
+``weights`` checkpoint tensors into the models · ``probes`` the prompt set · ``tokenizer``
+and ``sampling`` the two sides' text and sampling protocols · ``logprobs`` the reference
+per-token log-prob implementation · ``recompute`` the trainer's teacher-forced recompute ·
+``context`` everything the checks share, loaded and validated once · ``export`` the serving
+copy (training-only heads removed) and its manifest.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safet
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
+from paritygate.families.causal_lm.serving import resolve_serving
 from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
@@ -105,16 +106,35 @@ class LMContext:
 
     def reference_model(self) -> Any:
         """The training-side model (training dtype, eval mode), value head not attached."""
-        return self._load_reference()[0]
+        return self._load_reference()[0].eval()
 
     def reference_loading_info(self) -> dict[str, Any]:
         return self._load_reference()[1]
 
-    def teacher_forced_logits(self, prompt: list[int], output: list[int]) -> Any:
-        """The training model's next-token logits over ``output`` after ``prompt``, (N, V)."""
-        from paritygate.families.causal_lm.recompute import teacher_forced_logits
+    def teacher_forced(self, generation: Generation) -> list[Any]:
+        """The training model's logits over each row of ``generation`` (one batched forward,
+        no cache, computed once per generation): row ``i`` is ``(len(output_i) + 1, V)``,
+        the next-token logits at the last prompt position, each generated token and after the
+        last one. ``logits_agreement``, ``generation_parity`` and ``logprob_delta`` share it."""
+        from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        return teacher_forced_logits(self.reference_model(), prompt, output)
+        done = self._cache.setdefault("teacher_forced", [])
+        for seen, rows in done:
+            if seen is generation:
+                return rows
+        pad = self.training_tokenizer.pad_token_id
+        rows = teacher_forced_rows(self.reference_model(), generation, 0 if pad is None else pad)
+        done.append((generation, rows))
+        return rows
+
+    def serves_reference(self) -> bool:
+        """The HF engine would load exactly the training model (same directory and dtype, one
+        device): it then runs on the loaded training model instead of a second copy."""
+        return (
+            self.engine_model_dir == self.model_dir
+            and self.spec.engine.dtype == self.spec.training.dtype
+            and self.spec.training.device_map is None
+        )
 
     def engine(self, name: str = "hf") -> GenerationEngine:
         """The inference engine ``name`` (``hf`` or ``vllm``), built once."""
@@ -124,16 +144,24 @@ class LMContext:
             if name == "hf":
                 from paritygate.engines.hf_generate import HFGenerateEngine
 
-                with keyed(self.served_from):
-                    self._cache[key] = HFGenerateEngine.from_dir(
-                        self.engine_model_dir,
-                        self.serving_tokenizer,
-                        dtype=eng.dtype,
-                        trust_remote_code=self.config.trust_remote_code,
-                        logprobs_mode=eng.logprobs_mode,
-                        top_logprobs=eng.top_logprobs,
-                        batch_size=eng.batch_size,
+                options = {
+                    "logprobs_mode": eng.logprobs_mode,
+                    "top_logprobs": eng.top_logprobs,
+                    "batch_size": eng.batch_size,
+                }
+                if self.serves_reference():
+                    self._cache[key] = HFGenerateEngine.for_tokenizer(
+                        self.reference_model(), self.serving_tokenizer, **options
                     )
+                else:
+                    with keyed(self.served_from):
+                        self._cache[key] = HFGenerateEngine.from_dir(
+                            self.engine_model_dir,
+                            self.serving_tokenizer,
+                            dtype=eng.dtype,
+                            trust_remote_code=self.config.trust_remote_code,
+                            **options,
+                        )
             elif name == "vllm":
                 from paritygate.engines.vllm_engine import VLLMEngine
 
@@ -221,7 +249,8 @@ class LMContext:
             self._cache[key] = self._dump_generation(greedy=True)[0]
         if key not in self._cache:
             sampling = self.serving_sampling.spec().greedy()
-            self._cache[key] = self.engine(engine).generate(self.prompts(), sampling)
+            extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
+            self._cache[key] = self.engine(engine).generate(self.prompts(), sampling, **extra)
         return self._cache[key]
 
     def logprob_variants(self) -> Any:
@@ -241,78 +270,6 @@ class LMContext:
         from paritygate.families.causal_lm.precision import precision_subject
 
         return precision_subject(self)
-
-
-def _pick(
-    cfg: Path, pairs: list[tuple[str, str | None]], what: str
-) -> tuple[str | None, str | None]:
-    """The one value set among ``(key, value)`` pairs; two different values are an error."""
-    chosen = [(k, v) for k, v in pairs if v is not None]
-    for key, value in chosen[1:]:
-        if value != chosen[0][1]:
-            raise InputError(
-                cfg, key, f"{what} {value!r} contradicts {chosen[0][0]} = {chosen[0][1]!r}"
-            )
-    return chosen[0] if chosen else (None, None)
-
-
-def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpec, str]:
-    """Fold the ``serving`` section into the engine/tokenizer/sampling keys it shares.
-
-    Returns the effective spec and the key the served directory came from.
-    """
-    cfg = config.path
-    srv = spec.serving
-    dir_key, served = _pick(
-        cfg,
-        [("causal_lm.serving.model_dir", srv.model_dir),
-         ("causal_lm.engine.model_dir", spec.engine.model_dir)],
-        "serving model_dir",
-    )
-    served_from = dir_key or "causal_lm.model_dir"
-    _, dtype = _pick(
-        cfg,
-        [("causal_lm.serving.dtype", srv.dtype),
-         ("causal_lm.engine.dtype",
-          spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)],
-        "serving dtype",
-    )
-    _, tok = _pick(
-        cfg,
-        [("causal_lm.serving.tokenizer", srv.tokenizer),
-         ("causal_lm.tokenizer.serving", spec.tokenizer.serving)],
-        "serving tokenizer",
-    )
-    _, gen = _pick(
-        cfg,
-        [("causal_lm.serving.generation_config", srv.generation_config),
-         ("causal_lm.sampling.serving", spec.sampling.serving)],
-        "serving sampling config",
-    )
-    served_dir = config.resolve(served) if served else config.resolve(spec.model_dir)
-    if gen is None:
-        candidate = served_dir / "generation_config.json"
-        if not candidate.is_file():
-            raise InputError(
-                cfg,
-                "causal_lm.sampling.serving",
-                f"no serving sampling config: set it (or serving.generation_config); "
-                f"{candidate} does not exist",
-            )
-        gen = str(candidate)
-    if tok is None and served:
-        tok = served
-    engine = spec.engine.model_copy(
-        update={"model_dir": served, "dtype": dtype or spec.engine.dtype}
-    )
-    update: dict[str, Any] = {
-        "engine": engine,
-        "tokenizer": spec.tokenizer.model_copy(update={"serving": tok}),
-        "sampling": spec.sampling.model_copy(update={"serving": gen}),
-    }
-    if srv.engine is not None and "engines" not in spec.model_fields_set:
-        update["engines"] = [srv.engine]
-    return spec.model_copy(update=update), served_from
 
 
 @contextmanager

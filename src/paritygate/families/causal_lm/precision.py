@@ -50,9 +50,13 @@ def precision_subject(ctx: LMContext) -> PrecisionSubject:
         )
         coverage, notes = streamer.coverage, [streaming_note(streamer, reason)]
     else:
-        model, info = load_causal_lm(
-            ctx.model_dir, "float32", trust_remote_code=ctx.config.trust_remote_code
-        )
+        if ctx.spec.training.dtype == "float32" and ctx.spec.training.device_map is None:
+            # the training model is already fp32 on one device; casts are undone after each pass
+            model, info = ctx.reference_model(), ctx.reference_loading_info()
+        else:
+            model, info = load_causal_lm(
+                ctx.model_dir, "float32", trust_remote_code=ctx.config.trust_remote_code
+            )
         coverage = checkpoint_coverage(model, files, info)
     heads = tuple(ctx.spec.training_only_heads)
     coverage = dataclasses.replace(
@@ -60,7 +64,7 @@ def precision_subject(ctx: LMContext) -> PrecisionSubject:
     )
     return PrecisionSubject(
         name=ctx.config.name,
-        build_model=lambda: model,
+        build_model=lambda: model.eval(),
         batches=batches,
         select_output=lambda out: out.logits,
         refusal=coverage.refusal(),

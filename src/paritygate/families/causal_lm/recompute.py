@@ -17,15 +17,35 @@ from paritygate.engines.generation import Generation, SamplingSpec, left_pad
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
 
-def teacher_forced_logits(model: Any, prompt: list[int], output: list[int]) -> np.ndarray:
-    """Next-token logits at the last prompt position and each generated one, from one full
-    forward without a cache (the trainer's view). Returns (len(output), V) float32."""
+def teacher_forced_rows(
+    model: Any, generation: Generation, pad_id: int, *, batch_size: int = 8
+) -> list[np.ndarray]:
+    """The training model's next-token logits over each generated row, from one batched
+    teacher-forced forward without a cache (the trainer's view): prompt + output left-padded,
+    position ids ``cumsum(mask) - 1``. Row ``i`` is ``(len(output_i) + 1, V)`` float32: the
+    logits at the last prompt position, at each generated token, and after the last one."""
     import torch
 
-    seq = prompt + output
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0].float()
-    return logits[len(prompt) - 1 : len(seq) - 1].numpy()  # (N, V)
+    from paritygate.families.causal_lm.logprobs import position_ids_from_mask
+
+    n = len(generation.output_ids)
+    rows: list[np.ndarray] = []
+    for start in range(0, n, batch_size):
+        idx = range(start, min(n, start + batch_size))
+        seqs = [generation.prompt_ids[i] + generation.output_ids[i] for i in idx]
+        ids, mask = left_pad(seqs, pad_id)  # (B, T)
+        with torch.inference_mode():
+            logits = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids_from_mask(mask),
+                use_cache=False,
+            ).logits  # (B, T, V)
+        width = ids.shape[1]
+        for b, i in enumerate(idx):
+            k = len(generation.output_ids[i])
+            rows.append(logits[b, width - k - 1 :].float().cpu().numpy().copy())  # (k + 1, V)
+    return rows
 
 
 def processing_args(sampling: SamplingSpec) -> dict[str, Any]:

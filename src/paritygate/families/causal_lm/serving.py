@@ -1,0 +1,89 @@
+"""The ``serving`` section folded into the engine, tokenizer and sampling keys it shares.
+
+The served model may be named in ``causal_lm.serving`` or in the older per-part keys
+(``engine.model_dir``, ``tokenizer.serving``, ``sampling.serving``); two different values
+for one part are bad input naming both keys. Absent, the training directory is served.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paritygate.errors import InputError
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.config import CausalLMSpec
+
+
+def _pick(
+    cfg: Path, pairs: list[tuple[str, str | None]], what: str
+) -> tuple[str | None, str | None]:
+    """The one value set among ``(key, value)`` pairs; two different values are an error."""
+    chosen = [(k, v) for k, v in pairs if v is not None]
+    for key, value in chosen[1:]:
+        if value != chosen[0][1]:
+            raise InputError(
+                cfg, key, f"{what} {value!r} contradicts {chosen[0][0]} = {chosen[0][1]!r}"
+            )
+    return chosen[0] if chosen else (None, None)
+
+
+def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpec, str]:
+    """Fold the ``serving`` section into the engine/tokenizer/sampling keys it shares.
+
+    Returns the effective spec and the key the served directory came from.
+    """
+    cfg = config.path
+    srv = spec.serving
+    dir_key, served = _pick(
+        cfg,
+        [("causal_lm.serving.model_dir", srv.model_dir),
+         ("causal_lm.engine.model_dir", spec.engine.model_dir)],
+        "serving model_dir",
+    )
+    served_from = dir_key or "causal_lm.model_dir"
+    _, dtype = _pick(
+        cfg,
+        [("causal_lm.serving.dtype", srv.dtype),
+         ("causal_lm.engine.dtype",
+          spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)],
+        "serving dtype",
+    )
+    _, tok = _pick(
+        cfg,
+        [("causal_lm.serving.tokenizer", srv.tokenizer),
+         ("causal_lm.tokenizer.serving", spec.tokenizer.serving)],
+        "serving tokenizer",
+    )
+    _, gen = _pick(
+        cfg,
+        [("causal_lm.serving.generation_config", srv.generation_config),
+         ("causal_lm.sampling.serving", spec.sampling.serving)],
+        "serving sampling config",
+    )
+    served_dir = config.resolve(served) if served else config.resolve(spec.model_dir)
+    if gen is None:
+        candidate = served_dir / "generation_config.json"
+        if not candidate.is_file():
+            raise InputError(
+                cfg,
+                "causal_lm.sampling.serving",
+                f"no serving sampling config: set it (or serving.generation_config); "
+                f"{candidate} does not exist",
+            )
+        gen = str(candidate)
+    if tok is None and served:
+        tok = served
+    engine = spec.engine.model_copy(
+        update={"model_dir": served, "dtype": dtype or spec.engine.dtype}
+    )
+    update: dict[str, Any] = {
+        "engine": engine,
+        "tokenizer": spec.tokenizer.model_copy(update={"serving": tok}),
+        "sampling": spec.sampling.model_copy(update={"serving": gen}),
+    }
+    if srv.engine is not None and "engines" not in spec.model_fields_set:
+        update["engines"] = [srv.engine]
+    return spec.model_copy(update=update), served_from
