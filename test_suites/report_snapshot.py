@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,35 @@ def normalised_report(config: dict[str, Any], config_path: Path, roots: dict[str
     return dump_json(_strip(json.loads(dump_json(data)), roots))
 
 
+def contract_view(data: dict[str, Any]) -> dict[str, Any]:
+    """What a report promises whatever the floating-point kernels: the gate's and each check's
+    status, key and failing metric names, the metric and golden names, and the messages'
+    wording (numbers masked)."""
+
+    def words(text: Any) -> Any:
+        return re.sub(r"[-+]?\d[\d.eE+-]*", "<n>", text) if isinstance(text, str) else text
+
+    return {
+        "name": data["name"],
+        "status": data["status"],
+        "counts": data["counts"],
+        "root_cause": (data.get("root_cause") or {}).get("check"),
+        "checks": [
+            {
+                "id": c["id"],
+                "status": c["status"],
+                "key_metric": c["key_metric"],
+                "failed_metrics": c["failed_metrics"],
+                "metrics": sorted(c["metrics"]),
+                "golden": sorted(c["golden"] or {}),
+                "message": words(c["message"]),
+                "consequence_of": c["consequence_of"],
+            }
+            for c in data["checks"]
+        ],
+    }
+
+
 def assert_matches_snapshot(name: str, text: str) -> None:
     path = SNAPSHOTS / f"{name}.report.json"
     if os.environ.get("PARITYGATE_REGEN_SNAPSHOTS") == "1" or not path.exists():
@@ -70,6 +100,15 @@ def assert_matches_snapshot(name: str, text: str) -> None:
             f"no snapshot {path.name}: written now, commit it")
         return
     expected = path.read_text(encoding="utf-8")
+    obtained_data, expected_data = json.loads(text), json.loads(expected)
+    if obtained_data["checkpoint"]["sha256"] != expected_data["checkpoint"]["sha256"]:
+        # The demo trained on a CPU whose float kernels differ from the snapshot's machine:
+        # its numbers differ by construction, so the report's contract is compared instead.
+        assert contract_view(obtained_data) == contract_view(expected_data), (
+            f"report.json of {name} (demo built with other float kernels) breaks the contract "
+            f"of {path.relative_to(REPO)}; if the change is deliberate: "
+            "PARITYGATE_REGEN_SNAPSHOTS=1 python -m pytest test_suites -k report_snapshot")
+        return
     assert text == expected, (
         f"report.json of {name} differs from {path.relative_to(REPO)}; if the change is "
         "deliberate: PARITYGATE_REGEN_SNAPSHOTS=1 python -m pytest test_suites -k report_snapshot")
