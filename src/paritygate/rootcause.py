@@ -126,6 +126,11 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("logprob_impl", "logprob_recompute", r".",
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
+    Explanation("logprob_delta", "pinned_tier_mismatch", r"precision mismatch: trainer",
+                ("logits_agreement",),
+                "the engine computes in another precision than the pinned tier judges",
+                fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
+                    "the pinned precision"),
     Explanation("tokenizer_parity", "tokenizer", r".",
                 ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
                 "the serving tokenizer encodes prompts differently from training"),

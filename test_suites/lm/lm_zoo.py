@@ -201,6 +201,28 @@ def bf16_serving_copy(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["serving"] = {"model_dir": str(_serving_copy(model, out, edit))}
 
 
+def bf16_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: a bfloat16 serving copy that the config declares (``serving.dtype``): judged by
+    the bf16/fp32 precision tier, not as staleness or a sampling difference."""
+    bf16_serving_copy(cfg, model, out)
+    cfg["causal_lm"]["serving"]["dtype"] = "bfloat16"
+    cfg["causal_lm"]["engine"].pop("dtype", None)
+
+
+def serving_eos_differs(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The served generation_config.json ends responses at '.' instead of the tokenizer's EOS:
+    HF generate stops on the generation config's eos_token_id."""
+    from transformers import AutoTokenizer
+
+    serving_export(cfg, model, out)
+    served = Path(cfg["causal_lm"]["serving"]["model_dir"])
+    period = AutoTokenizer.from_pretrained(served).convert_tokens_to_ids(".")
+    path = served / "generation_config.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["eos_token_id"] = period
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
 def serving_export(cfg: dict[str, Any], model: Path, out: Path) -> None:
     """Clean: a separate serving export (value head stripped, every tensor bit-identical) with
     its own tokenizer and generation_config.json, named only in the serving section."""
@@ -303,12 +325,19 @@ FAULTS: tuple[Fault, ...] = (
         "other_chat_template", other_chat_template, {"tokenizer_parity": "chat template differs"}
     ),
     Fault(
+        "serving_eos_differs",
+        serving_eos_differs,
+        {"sampling_config": "eos_token_id differs"},
+        # the engine stops at '.', the training path at the tokenizer's EOS
+        ("generation_parity",),
+    ),
+    Fault(
         "bf16_vs_fp32_tier",
         bf16_vs_fp32_tier,
         {"logprob_delta": "precision mismatch: trainer float32 vs engine bfloat16"},
-        # dtype is a sampling-protocol field; bf16 logits differ from the fp32 forward by
-        # far more than logits_agreement's fp32 bound.
-        ("sampling_config", "logits_agreement"),
+        # The declared engine dtype is a precision change, not a sampling difference; the
+        # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound.
+        ("logits_agreement",),
     ),
     Fault(
         "value_head_undeclared",
@@ -389,6 +418,7 @@ FAULTS += (
 
 CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("serving_export", serving_export, {}),
+    Fault("bf16_declared", bf16_declared, {}),
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
     Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
@@ -396,6 +426,7 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "serving_export": LM_CHECKS,
+    "bf16_declared": ("weights_load", "sampling_config", "logits_agreement", "logprob_delta"),
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
     "trl_logits_adapter": ("logprob_impl", "logprob_delta"),

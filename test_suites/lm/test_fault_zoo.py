@@ -15,8 +15,10 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
 - stop_strings_missing (sampling_config): generation_parity, the training path stops at '.'.
 - no_bos, other_chat_template (tokenizer_parity): nothing else; the engine and the
   recompute share the same (wrong) prompt ids.
-- bf16_vs_fp32_tier (logprob_delta): sampling_config (dtype is a protocol field) and
-  logits_agreement (bf16 logits are far outside its fp32 bound).
+- serving_eos_differs (sampling_config): generation_parity, the engine stops at the served
+  generation config's EOS ('.'), the training path at the tokenizer's.
+- bf16_vs_fp32_tier (logprob_delta): logits_agreement (the pinned fp32/fp32 tier holds bf16
+  logits to the fp32 bound); the declared engine dtype is not a sampling difference.
 - value_head_undeclared (weights_load): nothing else; only loading sees the extra keys.
 - nan_weight (weights_load, logprob_impl, logprob_delta, generation_parity: each names the
   non-finite logits instead of erroring): logits_agreement, NaN logits on both sides.

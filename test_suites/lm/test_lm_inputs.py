@@ -172,17 +172,21 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     assert m.metrics["n_tokens"].value > 0
 
 
-def test_precision_subject_streamed_gives_the_loaded_numbers(lm_variants, monkeypatch) -> None:
+def test_precision_subject_streamed_gives_the_loaded_numbers(lm_variants) -> None:
     """precision.streaming: true on the causal-LM family (training-only v_head in the file)."""
+    import dataclasses
+
     from paritygate.precision.analysis import run_precision
     from paritygate.precision.config import PrecisionSpec
 
-    ctx = lm_variants.gate("clean").context
+    clean = lm_variants.gate("clean").context
     spec = PrecisionSpec(suggest_mixed=False, max_batches=1, streaming=False)
-    monkeypatch.setattr(ctx.config, "precision", spec)
-    whole = run_precision(ctx.precision_subject(), spec, 16, 8)
-    monkeypatch.setattr(ctx.config, "precision", spec.model_copy(update={"streaming": True}))
-    subject = ctx.precision_subject()
+
+    def with_precision(p: PrecisionSpec) -> object:  # the config is frozen: a copy per setting
+        return dataclasses.replace(clean, config=clean.config.model_copy(update={"precision": p}))
+
+    whole = run_precision(with_precision(spec).precision_subject(), spec, 16, 8)
+    subject = with_precision(spec.model_copy(update={"streaming": True})).precision_subject()
     assert subject.refusal is None
     streamed = run_precision(subject, spec, 16, 8)
     assert any("streamed layer by layer" in n for n in streamed["notes"])

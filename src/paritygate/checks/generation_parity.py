@@ -29,9 +29,11 @@ class GreedyRules:
     """The training sampling config's stopping rules and EOS masking for greedy decoding."""
 
     def __init__(self, tokenizer: Any, max_new_tokens: int, min_new_tokens: int,
-                 stop: list[str]) -> None:
+                 stop: list[str], eos_ids: list[int] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.eos = tokenizer.eos_token_id
+        # the training config's EOS ids (a generation config's eos_token_id), else the tokenizer's
+        tok_eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self.eos = set(eos_ids or tok_eos)
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
         self.stop = stop
@@ -39,15 +41,15 @@ class GreedyRules:
     def choose(self, logits: Any, step: int) -> tuple[int, float]:
         """Argmax and top-1 minus top-2 margin of one step's (V,) logits."""
         row = np.array(logits, dtype=np.float32)
-        if step < self.min_new_tokens and self.eos is not None:
-            row[self.eos] = -np.inf
+        if step < self.min_new_tokens and self.eos:
+            row[sorted(self.eos)] = -np.inf
         two = np.argpartition(-row, 1)[:2]
         first, second = sorted(two.tolist(), key=lambda t: (-row[t], t))
         return first, float(row[first] - row[second])
 
     def stops(self, tokens: list[int]) -> bool:
         """Decoding ends after ``tokens`` (EOS, a completed stop string or the length limit)."""
-        if len(tokens) >= self.max_new_tokens or tokens[-1] == self.eos:
+        if len(tokens) >= self.max_new_tokens or tokens[-1] in self.eos:
             return True
         return bool(self.stop) and any(s in self.tokenizer.decode(tokens) for s in self.stop)
 
@@ -105,7 +107,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     model = ctx.reference_model()
     tok = ctx.serving_tokenizer
     tol = ctx.spec.near_tie_margin
-    rules = GreedyRules(tok, training.max_new_tokens, training.min_new_tokens, list(training.stop))
+    rules = GreedyRules(tok, training.max_new_tokens, training.min_new_tokens,
+                        list(training.stop), list(training.eos_token_ids))
     teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
     unexcused = excused = agreeing = compared = 0
     rows: list[dict[str, Any]] = []

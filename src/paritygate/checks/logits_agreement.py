@@ -30,7 +30,7 @@ DEFAULTS = {
 
 
 def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
-                   thresholds: Mapping[str, float], *, top_k: int = 5,
+                   thresholds: Mapping[str, float | None], *, top_k: int = 5,
                    continuous: bool = False) -> dict[str, Any]:
     """Fill ``m`` with diff and distribution metrics of two (N, A) arrays; return the stats."""
     for label, arr in (("reference output", reference), ("candidate output", candidate)):
@@ -53,9 +53,9 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     m.metric("kl_mean", dist["kl_mean"], bad="none", ratchet=False)
     m.metric("tv_max", dist["tv_max"], threshold=thresholds["tv_max"])
     m.metric("argmax_disagreement", 1.0 - dist["argmax_agreement"],
-             threshold=thresholds["argmax_disagreement"])
+             threshold=thresholds.get("argmax_disagreement"))
     m.metric("topk_overlap_min", dist["topk_overlap"], bad="lower",
-             threshold=thresholds["topk_overlap_min"])
+             threshold=thresholds.get("topk_overlap_min"))
     kl_rows = dist.get("kl_per_row", [])
     rows = np.abs(np.asarray(reference, np.float64) - candidate).reshape(len(reference), -1).max(1)
     order = np.argsort(-rows, kind="stable")[:5]
@@ -149,8 +149,10 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         return m.skip("the engine generated no tokens for any probe")
     reference = np.concatenate(refs)  # (N, V)
     candidate = np.concatenate(cands)  # (N, V)
+    thresholds = _tier_thresholds(ctx, m, thresholds)
     stats = compare_logits(m, reference, candidate, thresholds)
-    if stats and stats.get("max_abs", 0.0) > thresholds["max_abs_diff"]:
+    limit = thresholds["max_abs_diff"]
+    if stats and limit is not None and stats.get("max_abs", 0.0) > limit:
         m.fail(
             f"cached engine logits differ from the trainer's forward by up to "
             f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
@@ -164,6 +166,32 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.details["reference"] = f"training model ({ctx.spec.training.dtype}, teacher-forced, no cache)"
     m.details["candidate"] = f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"
     return m
+
+
+def _tier_thresholds(
+    ctx: Any, m: Measurement, thresholds: Mapping[str, float]
+) -> dict[str, float | None]:
+    """An engine in a lower precision than the trainer is judged by its precision tier (see
+    :func:`paritygate.metrics.tiers.logits_thresholds`); values the config sets win."""
+    from paritygate.metrics.tiers import PRECISION_TIERS, logits_thresholds, tier_for
+
+    merged: dict[str, float | None] = dict(thresholds)
+    key = ctx.spec.precision_tier
+    try:
+        tier = PRECISION_TIERS[key] if key else None
+        if tier is None:
+            key, tier = tier_for(ctx.spec.training.dtype, ctx.spec.engine.dtype)
+    except (KeyError, ValueError):
+        return merged  # no tier for this pair: the fp32 defaults (or the config's) apply
+    if key == "fp32/fp32":
+        return merged
+    overrides = ctx.config.thresholds.get("logits_agreement", {})
+    merged.update({k: v for k, v in logits_thresholds(tier).items() if k not in overrides})
+    m.note(
+        f"thresholds from the {key} precision tier (trainer {ctx.spec.training.dtype}, engine "
+        f"{ctx.spec.engine.dtype}); argmax and top-k agreement reported, not judged"
+    )
+    return merged
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:

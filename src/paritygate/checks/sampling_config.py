@@ -29,14 +29,16 @@ class FieldDiff:
 
 
 def effective_stops(side: Any) -> tuple[list[str], list[int]]:
-    """Stop strings and stop token ids without the side's EOS, which stops generation on
-    every engine anyway (unless ``ignore_eos``): a stop string equal to EOS is the same stop."""
+    """Stop strings and stop token ids without the side's EOS ids, which stop generation
+    anyway (unless ``ignore_eos``): a stop string equal to the EOS token is the same stop."""
     stop, ids = list(side.values.get("stop") or []), list(side.values.get("stop_token_ids") or [])
     if side.values.get("ignore_eos"):
         return stop, ids
+    eos_ids = set(side.values.get("eos_token_id") or [])
+    eos_text = side.eos_text if side.eos_id in eos_ids else None
     return (
-        [x for x in stop if side.eos_text is None or x != side.eos_text],
-        [x for x in ids if side.eos_id is None or x != side.eos_id],
+        [x for x in stop if eos_text is None or x != eos_text],
+        [x for x in ids if x not in eos_ids],
     )
 
 
@@ -44,15 +46,19 @@ def diff_sampling(
     training: Any, serving: Any, allow: dict[str, str]
 ) -> list[FieldDiff]:
     """Fields whose values differ; ``use_cache`` only when both sides state it; stop strings
-    and stop token ids compared without EOS (see :func:`effective_stops`)."""
+    and stop token ids compared without EOS (see :func:`effective_stops`); EOS ids not when
+    both sides ignore EOS."""
     diffs: list[FieldDiff] = []
     t_stops, s_stops = effective_stops(training), effective_stops(serving)
+    both_ignore_eos = bool(training.values.get("ignore_eos") and serving.values.get("ignore_eos"))
     for name in training.compared_fields:
         t, s = training.values.get(name), serving.values.get(name)
         if name == "stop":
             t, s = t_stops[0], s_stops[0]
         elif name == "stop_token_ids":
             t, s = t_stops[1], s_stops[1]
+        elif name == "eos_token_id" and both_ignore_eos:
+            continue
         if t is None or s is None:
             continue
         if t != s:
@@ -60,11 +66,33 @@ def diff_sampling(
     return diffs
 
 
+def declared_dtype_reason(spec: Any, key: str, dtype: str) -> str:
+    """Why a serving dtype that the config states is not a sampling difference: it is a
+    deliberate precision change, and its precision tier judges the numbers."""
+    from paritygate.metrics.tiers import tier_for
+
+    tier = spec.precision_tier
+    if not tier:
+        try:
+            tier = tier_for(spec.training.dtype, dtype)[0]
+        except ValueError:
+            return f"declared by {key}; set causal_lm.precision_tier to judge its numbers"
+    return f"declared by {key}; the {tier} precision tier judges logits_agreement and logprob_delta"
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
     compared = training.compared_fields
     allow = {entry.field: entry.reason for entry in ctx.spec.sampling.allow}
+    declared = getattr(ctx, "declared_dtype", None)
+    if (
+        declared
+        and "dtype" not in allow
+        and "dtype" not in serving.explicit
+        and training.values.get("dtype") != serving.values.get("dtype")
+    ):
+        allow["dtype"] = declared_dtype_reason(ctx.spec, *declared)
     for name in allow:
         if name not in compared:
             m.fail(f"allow-list names unknown sampling field {name!r}")
@@ -90,7 +118,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     for d in unexplained:
         m.fail(
             f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
-            f"({training.path.name} vs {serving.path.name})"
+            f"({training.source(d.field)} vs {serving.source(d.field)})"
         )
     for d in diffs:
         if d.allowed_reason is not None:

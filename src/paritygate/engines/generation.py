@@ -37,6 +37,9 @@ class SamplingSpec:
     do_sample: bool = True
     min_p: float = 0.0
     """0 means no min-p filtering."""
+    eos_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a response (a generation config's ``eos_token_id``); empty: the
+    serving tokenizer's EOS."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingSpec:

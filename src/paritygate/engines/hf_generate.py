@@ -90,10 +90,10 @@ class HFGenerateEngine:
             "NaN/Inf weights? (see weights_load)"
         )
 
-    def _cut(self, tokens: list[int], stop: list[str]) -> int:
+    def _cut(self, tokens: list[int], stop: list[str], eos: set[int]) -> int:
         """Length of a generated row: through the first EOS or completed stop string."""
         for j, tok in enumerate(tokens):
-            if tok == self.eos_token_id:
+            if tok in eos:
                 return j + 1
             if stop and self.tokenizer is not None:
                 text = self.tokenizer.decode(tokens[: j + 1])
@@ -118,6 +118,10 @@ class HFGenerateEngine:
         )
         if sampling.do_sample and sampling.min_p > 0.0:
             warpers["min_p"] = sampling.min_p
+        # The served generation config's EOS ids end a response, else the tokenizer's.
+        eos = list(sampling.eos_token_ids) or (
+            [] if self.eos_token_id is None else [self.eos_token_id]
+        )
         config = GenerationConfig(
             do_sample=sampling.do_sample,
             **warpers,
@@ -125,7 +129,7 @@ class HFGenerateEngine:
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.min_new_tokens,
             stop_strings=list(sampling.stop) or None,
-            eos_token_id=self.eos_token_id,
+            eos_token_id=eos or None,
             pad_token_id=self.pad_token_id,
             use_cache=True,
             return_dict_in_generate=True,
@@ -163,7 +167,7 @@ class HFGenerateEngine:
             raw = torch.stack(res.logits, dim=1).float() if keep_logits else None  # (B, N, V)
             for i in range(len(chunk)):
                 row = new[i].tolist()
-                n = self._cut(row, list(sampling.stop))
+                n = self._cut(row, list(sampling.stop), set(eos))
                 out_ids.append(row[:n])
                 if raw is not None:
                     out_logits.append(raw[i, :n].cpu().numpy().copy())

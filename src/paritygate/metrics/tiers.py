@@ -150,3 +150,24 @@ def tier_for(train_dtype: str, infer_dtype: str) -> tuple[str, dict[str, float]]
         f"no precision tier for training {train} vs inference {infer}; "
         f"known tiers: {', '.join(PRECISION_TIERS)}"
     )
+
+
+def logits_thresholds(tier: dict[str, float]) -> dict[str, float | None]:
+    """``logits_agreement``'s thresholds for an LM served in a lower precision, from its tier.
+
+    - ``max_abs_diff``: the tier's worst-token log-prob bound, on logits: a logit error moves
+      log-softmax by up to twice its size, and error common to a row cancels there.
+    - ``kl_max``: 10x the tier's mean per-token KL (``k3_kl``) for the worst position.
+    - ``tv_max``: Pinsker's bound ``sqrt(KL / 2)`` at that KL.
+    - ``argmax_disagreement`` and ``topk_overlap_min`` are reported, not judged: rounding at
+      this precision reorders near-ties, and KL and TV already bound the distribution's change
+      (generation_parity judges greedy flips, excusing near-ties by their margin).
+    """
+    kl = 10 * tier["k3_kl"]
+    return {
+        "max_abs_diff": tier["delta_max_abs"],
+        "kl_max": kl,
+        "tv_max": (kl / 2) ** 0.5,
+        "argmax_disagreement": None,
+        "topk_overlap_min": None,
+    }

@@ -20,7 +20,7 @@ from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safet
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
-from paritygate.families.causal_lm.serving import resolve_serving
+from paritygate.families.causal_lm.serving import declared_serving_dtype, resolve_serving
 from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
@@ -47,6 +47,9 @@ class LMContext:
     training_sampling: SamplingFile
     serving_sampling: SamplingFile
     logprob_fn: Any
+    declared_dtype: tuple[str, str] | None = None
+    """``(config key, dtype)`` when the config states the serving dtype: a deliberate
+    precision change, judged by its precision tier rather than as a sampling difference."""
     served_from: str = "causal_lm.model_dir"
     """The config key the served directory came from (``causal_lm.model_dir`` when no serving
     directory is configured: the training directory is served)."""
@@ -289,6 +292,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     cfg = config.path
+    declared = declared_serving_dtype(spec)
     spec, served_from = resolve_serving(config, spec)
     model_dir = config.resolve(spec.model_dir)
     if not model_dir.is_dir():
@@ -358,6 +362,13 @@ def build_lm_context(config: GateConfig) -> LMContext:
                 "truncation_side": tok.truncation_side,
                 "dtype": dtype,
             },
+            default_sources={
+                "padding_side": f"the {side} tokenizer",
+                "truncation_side": f"the {side} tokenizer",
+                "dtype": "causal_lm.training.dtype"
+                if side == "training"
+                else (declared[0] if declared else "causal_lm.engine.dtype (default)"),
+            },
         )
 
     training_sampling = sampling("training", training_tok, spec.training.dtype)
@@ -387,4 +398,5 @@ def build_lm_context(config: GateConfig) -> LMContext:
         serving_sampling=serving_sampling,
         logprob_fn=logprob_fn,
         served_from=served_from,
+        declared_dtype=declared,
     )

@@ -31,6 +31,7 @@ COMPARED_FIELDS: tuple[str, ...] = (
     "min_new_tokens",
     "stop",
     "stop_token_ids",
+    "eos_token_id",
     "ignore_eos",
     "do_sample",
     "padding_side",
@@ -41,7 +42,6 @@ COMPARED_FIELDS: tuple[str, ...] = (
 ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop_strings": "stop"}
 IGNORED = {
     "bos_token_id",
-    "eos_token_id",
     "pad_token_id",
     "decoder_start_token_id",
     "transformers_version",
@@ -57,7 +57,9 @@ IGNORED = {
     "output_hidden_states",
     "return_dict_in_generate",
 }
-"""Token ids (tokenizer_parity compares them), bookkeeping, and per-request settings."""
+"""Token ids (tokenizer_parity compares them), bookkeeping, and per-request settings.
+``eos_token_id`` is compared: HF ``generate`` stops on the generation config's EOS ids,
+whatever the tokenizer says."""
 
 NOT_COMPARED: dict[str, str] = {
     # HF GenerationConfig fields that change decoding but have no counterpart here.
@@ -171,6 +173,16 @@ class SamplingFile:
     eos_id: int | None = None
     raw_keys: set[str] = field(default_factory=set)
     """Every field name as written in the file."""
+    default_sources: dict[str, str] = field(default_factory=dict)
+    """Where a field the file does not state comes from (``dtype``: the config key)."""
+
+    def source(self, name: str) -> str:
+        """Where ``name``'s value comes from: this file, or the setting that filled it in."""
+        if name in self.explicit:
+            return self.path.name
+        if name == "eos_token_id":
+            return "the tokenizer's EOS"
+        return self.default_sources.get(name, f"{self.format} default")
 
     def contradiction(self) -> str | None:
         """A configured format that the file's fields contradict (see format_contradiction)."""
@@ -199,6 +211,7 @@ class SamplingFile:
             seed=self.seed,
             do_sample=bool(v["do_sample"]),
             min_p=float(v["min_p"]),
+            eos_token_ids=list(v["eos_token_id"]),
         )
 
 
@@ -226,7 +239,7 @@ def _normalise(key: str, value: Any, path: Path) -> Any:
             if not low <= number <= high:
                 raise ValueError(f"must be in [{low:g}, {high:g}]")
             return number
-        if key == "stop_token_ids":
+        if key in ("stop_token_ids", "eos_token_id"):
             if value is None:
                 return []
             return sorted(int(v) for v in ([value] if isinstance(value, int) else value))
@@ -307,6 +320,7 @@ def load_sampling_file(
     fmt: str = "auto",
     eos_text: str | None = None,
     eos_id: int | None = None,
+    default_sources: dict[str, str] | None = None,
 ) -> SamplingFile:
     """Read one sampling config. ``side_defaults`` fills padding/truncation side and dtype
     from that side's tokenizer and model settings when the file does not state them.
@@ -338,7 +352,9 @@ def load_sampling_file(
     known = set(COMPARED_FIELDS) | IGNORED | set(NOT_COMPARED) | set(ALIASES)
     if fmt == "hf_generation_config":
         known |= _known_hf_fields()
-    values: dict[str, Any] = {**defaults, **side_defaults}
+    values: dict[str, Any] = {
+        **defaults, **side_defaults, "eos_token_id": [] if eos_id is None else [eos_id]
+    }
     explicit: set[str] = set()
     not_compared: dict[str, Any] = {}
     seed: int | None = 0
@@ -370,7 +386,8 @@ def load_sampling_file(
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
     return SamplingFile(
-        path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data)
+        path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
+        dict(default_sources or {}),
     )
 
 

@@ -87,3 +87,13 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
     if srv.engine is not None and "engines" not in spec.model_fields_set:
         update["engines"] = [srv.engine]
     return spec.model_copy(update=update), served_from
+
+
+def declared_serving_dtype(spec: CausalLMSpec) -> tuple[str, str] | None:
+    """``(config key, dtype)`` where the config itself states the serving dtype, else ``None``
+    (the engine's default dtype)."""
+    if spec.serving.dtype is not None:
+        return "causal_lm.serving.dtype", spec.serving.dtype
+    if "dtype" in spec.engine.model_fields_set:
+        return "causal_lm.engine.dtype", spec.engine.dtype
+    return None
