@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,60 @@ class Explanation:
     """Why the explained checks fail too (one clause, written into their messages)."""
     fix: str | None = None
     """The likely fix of the root finding, shown with the root cause."""
+    only_if: tuple[tuple[str, Callable[[CheckResult, CheckResult], bool]], ...] = ()
+    """Explained checks linked only when ``test(root, consequence)`` holds: decided from
+    what the consequence measured (checks absent here are linked whenever they fail)."""
+
+    def links(self, root: CheckResult, consequence: CheckResult) -> bool:
+        test = dict(self.only_if).get(consequence.id)
+        return test is None or bool(test(root, consequence))
+
+
+# --- what a consequence measured: does the root's finding account for it? -----------------------
+
+
+def _failed_only(consequence: CheckResult, allowed: Callable[[str], bool]) -> bool:
+    """Every breached metric is one the root accounts for, and no own finding is extra."""
+    failed = consequence.failed_metrics
+    return bool(failed) and all(allowed(name) for name in failed)
+
+
+def _provenance_only(consequence: CheckResult) -> bool:
+    """export_integrity failed only because the artifact's outputs differ from torch's."""
+    return _failed_only(consequence, lambda n: n == "provenance_max_abs_diff")
+
+
+def _not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
+    """The artifact carries the checkpoint's tensors; the inference model does not."""
+    inits = c.details.get("initializers") or {}
+    return _provenance_only(c) and bool(inits.get("not_in_model"))
+
+
+def _bn_stats_explain_provenance(root: CheckResult, c: CheckResult) -> bool:
+    """Only BatchNorm statistics initializers differ from the checkpoint's."""
+    inits = c.details.get("initializers") or {}
+    unmatched = inits.get("unmatched") or []
+    return _provenance_only(c) and not inits.get("misplaced") and all(
+        n.endswith((".running_mean", ".running_var")) for n in unmatched)
+
+
+def _same_output_gap(root: CheckResult, c: CheckResult) -> bool:
+    """export_integrity measured the gap logits_agreement names (every initializer matches)."""
+    inits = c.details.get("initializers") or {}
+    gap, own = root.metrics.get("max_abs_diff"), c.metrics.get("provenance_max_abs_diff")
+    return (_provenance_only(c) and not inits.get("unmatched")
+            and isinstance(gap, float) and isinstance(own, float)
+            and abs(gap - own) <= 1e-6 + 1e-3 * abs(gap))
+
+
+def _artifact_tier_only(root: CheckResult, c: CheckResult) -> bool:
+    """precision_per_layer failed only its ONNX tier: artifact vs torch, the root's gap."""
+    return _failed_only(c, lambda n: n.startswith("onnx/"))
+
+
+def _no_layer_over_budget(root: CheckResult, c: CheckResult) -> bool:
+    """Output error without a layer over its budget: the forward differs run to run."""
+    return _failed_only(c, lambda n: n.endswith("output_rel_l2"))
 
 
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
@@ -80,11 +135,12 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("weights_load", "weights_not_loaded",
                 r"prefix|key renamed|missing from the checkpoint|unexpected checkpoint keys|"
                 r"shape mismatch|differ from the file after loading|load_state_dict raised",
-                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM,
+                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
                 "part of the model runs on tensors the checkpoint did not provide "
                 "(random init)",
                 fix="save the state_dict under the model's key names (strip wrapper "
-                    "prefixes) and load it strictly"),
+                    "prefixes) and load it strictly",
+                only_if=(("export_integrity", _not_loaded_explains_provenance),)),
     Explanation("export_integrity", "stale_artifact",
                 r"stale artifact|modified after export|differs from the manifest|"
                 r"artifact was not built from this checkpoint",
@@ -92,6 +148,12 @@ GRAPH: tuple[Explanation, ...] = (
                 "the artifact was not exported from the checkpoint under test",
                 fix="re-export the artifact from the gated checkpoint "
                     "(paritygate export CONFIG)"),
+    Explanation("export_integrity", "misplaced_tensor", r"sit in the wrong layer",
+                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                "the artifact carries a checkpoint tensor in another layer's place",
+                fix="load the state_dict into the export model by key name, strictly, "
+                    "and re-export",
+                only_if=(("precision_per_layer", _artifact_tier_only),)),
     Explanation("export_integrity", "batch_axis", r"batch axis .* is baked|does not run at "
                 r"every batch size", ("batchnorm_export", "logits_agreement"),
                 "the artifact only runs at its baked batch size",
@@ -105,24 +167,32 @@ GRAPH: tuple[Explanation, ...] = (
                 "the inference model lacks a step of the training forward"),
     Explanation("batchnorm_export", "training_mode_export",
                 r"BatchNormalization exported in training mode",
-                ("dropout_off", "logits_agreement", "head_removal"),
+                ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
+                 "precision_per_layer"),
                 "the artifact was exported in training mode",
-                fix="call model.eval() before exporting"),
+                fix="call model.eval() before exporting",
+                only_if=(("export_integrity", _bn_stats_explain_provenance),
+                         ("precision_per_layer", _artifact_tier_only))),
     Explanation("batchnorm_export", "stats_reset",
                 r"match no BatchNorm running|statistics reset before export|default running "
                 r"statistics|not in the checkpoint",
-                ("logits_agreement",),
-                "the artifact normalises with other BatchNorm statistics than the checkpoint's"),
+                ("logits_agreement", "export_integrity", "precision_per_layer"),
+                "the artifact normalises with other BatchNorm statistics than the checkpoint's",
+                only_if=(("export_integrity", _bn_stats_explain_provenance),
+                         ("precision_per_layer", _artifact_tier_only))),
     Explanation("dropout_off", "nondeterministic",
                 r"still in training mode|not deterministic|random operators|Dropout in training",
-                ("head_removal", "batchnorm_export", "logits_agreement"),
+                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer"),
                 "randomness in the forward changes every output it feeds",
                 fix="put the model in eval mode before exporting or serving (no dropout or "
-                    "sampling on the inference path)"),
+                    "sampling on the inference path)",
+                only_if=(("precision_per_layer", _no_layer_over_budget),)),
     Explanation("logits_agreement", "artifact_outputs_differ", r"artifact logits differ",
-                ("batchnorm_export",),
+                ("batchnorm_export", "export_integrity", "precision_per_layer"),
                 "the artifact's outputs differ from torch eval (the cause is named by "
-                "logits_agreement)"),
+                "logits_agreement)",
+                only_if=(("export_integrity", _same_output_gap),
+                         ("precision_per_layer", _artifact_tier_only))),
     Explanation("logprob_impl", "logprob_recompute", r".",
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
@@ -210,7 +280,8 @@ def explain(
             continue
         kinds.setdefault(root.id, edge.kind)
         for cid in edge.explains:
-            if cid in failing and cid not in by and cid not in roots and cid != root.id:
+            if (cid in failing and cid not in by and cid not in roots and cid != root.id
+                    and edge.links(root, failing[cid])):
                 by[cid] = (root.id, edge)
                 roots.add(root.id)
     out: list[CheckResult] = []

@@ -5,7 +5,8 @@ clean demo in ``clean_dir`` is only read) and returns the config overrides that
 point the demo gate at them. ``also_fails`` is measured, not guessed:
 ``test_policy_zoo.py`` evaluates all seven checks on every fault and compares.
 
-Run ``python test_suites/policy/policy_zoo.py`` to print the Markdown table kept in ZOO.md.
+Run ``python test_suites/policy/policy_zoo.py [FAULT_ID ...]`` to print the Markdown table kept in
+ZOO.md (every fault, or the named ones).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class Fault:
     """Other checks that fail on this fault (measured), each with a one-line why."""
     absent: tuple[str, ...] = ()
     """Substrings the failing check's message must not contain (a wrong or doubled cause)."""
+    linked: tuple[str, ...] = ()
+    """Checks of ``also_fails`` the report must mark as consequences of the root cause
+    (``consequence_of``): the root's finding, read from what they measured, explains them."""
 
 
 # --- config --------------------------------------------------------------------------------------
@@ -263,6 +267,42 @@ FAULTS: tuple[Fault, ...] = (
           zb.stale_no_manifest,
           ("artifact was not built from this checkpoint", "0/6 weight initializers match"),
           also_fails={"logits_agreement": "the artifact computes another checkpoint's policy"}),
+    Fault("misplaced_bias", "export_integrity",
+          "trunk.4.bias exported in trunk.0.bias's place (legacy exporter, names kept)",
+          zb.artifact_fault(zb.misplaced_bias),
+          ("sit in the wrong layer", "'trunk.0.bias' holds the checkpoint's 'trunk.4.bias'"),
+          {"logits_agreement": "the first layer adds another layer's bias"},
+          linked=("logits_agreement",)),
+    Fault("stale_unfolded_no_manifest", "export_integrity",
+          "legacy export of a checkpoint 1e-4 relative away, no manifest (names kept)",
+          zb.stale_unfolded_no_manifest,
+          ("artifact was not built from this checkpoint", "another checkpoint's"),
+          absent=("a changed graph",),
+          also_fails={"logits_agreement": "the artifact computes another checkpoint's policy",
+                      "batchnorm_export": "its BatchNorm statistics are the other checkpoint's"},
+          linked=("logits_agreement", "batchnorm_export")),
+    Fault("ddp_prefix_no_manifest", "weights_load",
+          "'module.' prefix on every key; the clean artifact without a manifest",
+          zb.without_manifest(zb.checkpoint_fault(zb.prefix("module."))), ("'module.' prefix",),
+          {"batchnorm_export": "running stats absent under the model's key names",
+           "head_removal": "training and inference models are both random init, differently",
+           "logits_agreement": "the training model is random init; the artifact is trained",
+           "export_integrity": "the inference model it compares with is random init"},
+          linked=("export_integrity", "logits_agreement")),
+    Fault("bn_stats_reset_no_manifest", "batchnorm_export",
+          "artifact exported after reset_running_stats(), legacy exporter, no manifest",
+          zb.without_manifest(zb.artifact_fault(zb.bn_reset_export)),
+          ("match no BatchNorm running statistics",),
+          {"logits_agreement": "mean 0 / var 1 normalisation changes the artifact's logits",
+           "export_integrity": "only the BatchNorm statistics initializers differ"},
+          linked=("export_integrity", "logits_agreement")),
+    Fault("temperature_baked_no_manifest", "logits_agreement",
+          "artifact divides logits by 0.9, no manifest",
+          zb.without_manifest(zb.artifact_fault(
+              lambda c, s, a: zb.edit_onnx(c, a, zb.temperature))),
+          ("temperature baked into the artifact",),
+          {"export_integrity": "every initializer matches; the graph's output differs"},
+          linked=("export_integrity",)),
     Fault("manifest_required_missing", "export_integrity",
           "clean artifact without manifest.json, policy.require_manifest: true",
           zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),
@@ -271,8 +311,8 @@ FAULTS: tuple[Fault, ...] = (
 FAULTS_BY_ID = {f.id: f for f in FAULTS}
 
 
-def main() -> int:
-    """Build the demo, run every fault, print the Markdown table for ZOO.md."""
+def main(ids: list[str]) -> int:
+    """Build the demo, run every fault (or those in ``ids``), print ZOO.md's Markdown table."""
     from paritygate.demo import policy
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -280,7 +320,7 @@ def main() -> int:
         policy.build(clean)
         print("| fault | check | message excerpt | also fails (why) |")
         print("|---|---|---|---|")
-        for fault in FAULTS:
+        for fault in (f for f in FAULTS if not ids or f.id in ids):
             out = Path(tmp) / fault.id
             results = evaluate_all(fault_config(clean, out, fault.build(clean, out)))
             msg = results[fault.check].message.replace("|", "\\|")
@@ -293,4 +333,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -419,3 +419,31 @@ def plain_torch_export(clean: Path, out: Path) -> Overrides:
     dynamic batch axis), the way a team's own script does it: no paritygate, no manifest."""
     artifact = _export_legacy(_inference_model(_state(clean)), out / "policy.onnx")
     return {"policy": {"artifact": str(artifact)}}
+
+
+# --- artifacts without a manifest: provenance is numeric, the root cause must still lead --------
+
+
+def without_manifest(build: Builder) -> Builder:
+    """``build``, then its ``manifest.json`` removed: provenance must be proven numerically."""
+
+    def wrapped(clean: Path, out: Path) -> Overrides:
+        overrides = build(clean, out)
+        (out / "manifest.json").unlink(missing_ok=True)
+        return overrides
+
+    return wrapped
+
+
+def misplaced_bias(clean: Path, state: dict[str, Any], artifact: Path) -> None:
+    """trunk.4's bias exported in trunk.0's place (a shifted key in the export script);
+    the legacy exporter keeps every tensor under its parameter name."""
+    shifted = dict(state)
+    shifted["trunk.0.bias"] = state["trunk.4.bias"]
+    _export_legacy(_inference_model(shifted), artifact)
+
+
+def stale_unfolded_no_manifest(clean: Path, out: Path) -> Overrides:
+    """Legacy export (tensors keep their names) of a checkpoint 1e-4 away, no manifest."""
+    artifact = _export_legacy(_inference_model(_perturbed(_state(clean))), out / "policy.onnx")
+    return {"policy": {"artifact": str(artifact)}}

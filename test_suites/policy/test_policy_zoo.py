@@ -36,6 +36,7 @@ def test_registry_is_well_formed() -> None:
         assert fault.check not in fault.also_fails
         assert set(fault.also_fails) <= set(POLICY_CHECKS)
         assert all(why.strip() for why in fault.also_fails.values())
+        assert set(fault.linked) <= set(fault.also_fails), fault.id
 
 
 def test_clean_demo_passes_every_check(zoo) -> None:

@@ -36,6 +36,8 @@ def test_zoo_report_leads_with_root_cause(zoo, fault, tmp_path: Path) -> None:
     expected = ROOT_OVERRIDES.get(fault.id, fault.check)
     assert written.root_cause == expected, data["root_cause"]
     checks = {c["id"]: c for c in data["checks"]}
+    for cid in fault.linked:  # pinned: the root's finding explains what these measured
+        assert checks[cid]["consequence_of"] == expected, (cid, checks[cid]["message"])
     for cid in set(fault.also_fails) - {expected}:
         if checks[cid]["consequence_of"] is None:
             continue  # an independent finding of the same fault keeps its own message

@@ -52,6 +52,22 @@ def _match_text(matches: Mapping[str, Any]) -> str:
     return text
 
 
+def _another_checkpoint(matches: Mapping[str, Any]) -> bool:
+    """Most initializers have their role tensor's shape and values a little off (relative
+    drift at most 5%): the same graph exported from another checkpoint of this model."""
+    drifted = matches["drifted"]
+    return (not matches["misplaced"] and len(drifted) * 2 > matches["comparable"]
+            and 0 < matches["max_rel_drift"] <= 0.05)
+
+
+def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
+    """What the initializers say about outputs that differ although most weights match."""
+    if matches["unmatched"]:
+        return (f"{match_text}; those that do not: {matches['unmatched'][:4]} (see the check "
+                "that names them, e.g. batchnorm_export for BatchNorm statistics)")
+    return f"{match_text} (the graph around them differs: see logits_agreement)"
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
 
@@ -110,6 +126,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if diff <= limit:
             m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
                    f"{against} ({match_text})")
+        elif _another_checkpoint(matches):
+            stale = 1
+            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
+                   f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
+                   f"{matches['comparable']} weight initializers have the shape of the "
+                   f"checkpoint tensor of their name but values up to "
+                   f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
+                   f"weights are another checkpoint's (an earlier or later step?) ({where})")
         elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
             stale = 1
             m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
@@ -118,10 +142,16 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             stale = 1
             m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
                    f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
-        else:
+        elif matches["not_in_model"]:
+            m.fail(f"{where} and provenance unproven: the inference model built from this "
+                   f"checkpoint does not hold the checkpoint's tensors "
+                   f"({len(matches['not_in_model'])} of its parameters differ from the "
+                   "artifact's initializers of the same name, which are checkpoint tensors: "
+                   "the checkpoint did not load, see weights_load), so its outputs (up to "
+                   f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
+        elif not matches["misplaced"]:
             m.fail(f"{where} and provenance unproven: the artifact's outputs differ by up to "
-                   f"{diff:.3g} from {against} although {match_text} (a changed graph or "
-                   "layer; see logits_agreement)")
+                   f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
     else:
         recorded = manifest.get("checkpoint_sha256")
         if recorded != ctx.checkpoint_sha256:
@@ -134,6 +164,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.fail(f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
                    f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
         m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    if matches["misplaced"]:
+        pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
+        m.fail(f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
+               "checkpoint tensor exported into another layer's place: a shifted key or "
+               "head index in the export script)")
     m.details["provenance"] = "manifest" if manifest is not None else "numeric"
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
@@ -142,6 +177,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         m.details["provenance_max_abs_diff"] = provenance[0]
     m.metric("initializers_matched", matches["matched"] + matches["folded"], bad="none",
              ratchet=False)
+    m.metric("misplaced_initializers", len(matches["misplaced"]), threshold=0)
     m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
     m.metric("stale_checkpoint", stale, threshold=0, key=True)
     m.metric("artifact_modified", modified, threshold=0)

@@ -185,10 +185,12 @@ class PolicyContext:
 
     @cached_property
     def initializer_match(self) -> dict[str, Any]:
-        """The artifact's weight initializers matched against the checkpoint's tensors."""
+        """The artifact's weight initializers matched against the checkpoint's tensors, by
+        value and by role (the inference model's parameter of the same name)."""
         from paritygate.families.policy.export import match_initializers
 
-        return match_initializers(self.onnx_model, self.state)
+        return match_initializers(self.onnx_model, self.state,
+                                  self.inference_model.state_dict())
 
     def precision_subject(self) -> Any:
         import torch

@@ -150,51 +150,101 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def match_initializers(onnx_model: Any, state: dict[str, Any]) -> dict[str, Any]:
-    """Which of the artifact's weight initializers are this checkpoint's tensors.
+def match_initializers(
+    onnx_model: Any, state: dict[str, Any], model_state: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Which of the artifact's weight initializers are this checkpoint's tensors, in their place.
 
-    An initializer (floating point, 2+ elements) *matches* when it equals a checkpoint
-    tensor exactly, as stored or transposed (2-D); it is *folded* when it equals the
-    same-named checkpoint tensor up to one scale per output channel (a BatchNorm folded
-    into the preceding Conv/Gemm by the exporter). Returns counts and the names of the
-    initializers that match nothing (``comparable`` counts those that have a checkpoint
-    tensor of the same shape to compare with).
+    An initializer's *role* is the parameter it stands for: its name when that names a
+    checkpoint tensor or a parameter of the inference model (``model_state``). With a
+    role in the checkpoint it *matches* only that tensor (as stored or transposed); it is
+    *folded* when it equals it up to one scale per output channel (a BatchNorm folded into
+    the preceding Conv/Gemm; that layer's bias then differs too and counts as folded),
+    *misplaced* when it equals another checkpoint tensor (a
+    tensor exported into the wrong layer) and *drifted* when it has the role tensor's shape
+    but other values (``max_rel_drift``: the largest |difference| / max |tensor|). Without
+    a role it matches any checkpoint tensor of its value. ``not_in_model`` names matched
+    initializers whose inference-model parameter of the same name holds other values (the
+    checkpoint did not load into it). ``comparable`` counts initializers (floating point,
+    2+ elements) with a checkpoint tensor of their shape.
     """
     import numpy as np
     from onnx import numpy_helper
 
-    tensors: dict[tuple[int, ...], list[np.ndarray]] = {}
-    named: dict[str, np.ndarray] = {}
-    for name, t in state.items():
-        if not getattr(t, "is_floating_point", lambda: False)() or t.numel() < 2:
-            continue
-        arr = t.detach().float().cpu().numpy()
-        named[name] = arr
-        tensors.setdefault(tuple(arr.shape), []).append(arr)
-    matched, folded, unmatched, comparable = [], [], [], 0
+    named = _float_arrays(state)
+    model = _float_arrays(model_state or {})
+    by_shape: dict[tuple[int, ...], list[tuple[str, np.ndarray]]] = {}
+    for name, arr in named.items():
+        by_shape.setdefault(tuple(arr.shape), []).append((name, arr))
+    matched, folded, unmatched, drifted, comparable = [], [], [], [], 0
+    misplaced: dict[str, str] = {}
+    not_in_model: list[str] = []
+    rel: dict[str, float] = {}
     for init in onnx_model.graph.initializer:
         arr = numpy_helper.to_array(init)
         if arr.dtype.kind != "f" or arr.size < 2:
             continue
         arr = arr.astype(np.float32)
-        pool = list(tensors.get(tuple(arr.shape), []))
+        pool = list(by_shape.get(tuple(arr.shape), []))
         if arr.ndim == 2:
-            pool += [t.T for t in tensors.get(tuple(arr.shape[::-1]), [])]
+            pool += [(n, t.T) for n, t in by_shape.get(tuple(arr.shape[::-1]), [])]
         if not pool:
             continue
         comparable += 1
-        if any(np.array_equal(arr, t) for t in pool):
+        equal = [n for n, t in pool if np.array_equal(arr, t)]
+        role = named.get(init.name)
+        if role is None:  # no checkpoint tensor of this name: any of its value matches
+            (matched if equal else unmatched).append(init.name)
+        elif _same(arr, role):
             matched.append(init.name)
-        elif init.name in named and _channel_scaled(arr, named[init.name]):
+        elif _channel_scaled(arr, role):
             folded.append(init.name)
+        elif equal and np.ptp(arr) > 0:  # a constant (all ones, zeros) places nothing
+            misplaced[init.name] = equal[0]
+            unmatched.append(init.name)
         else:
             unmatched.append(init.name)
+            ref = role if role.shape == arr.shape else role.T
+            if ref.shape == arr.shape:
+                drifted.append(init.name)
+                scale = float(np.abs(ref).max()) or 1.0
+                rel[init.name] = float(np.abs(arr - ref).max()) / scale
+        own = model.get(init.name)
+        if init.name in matched and own is not None and not _same(arr, own):
+            not_in_model.append(init.name)
+    # A folded layer's bias absorbs the BatchNorm shift: folded with its weight.
+    for name in [n for n in unmatched if n.endswith(".bias") and n not in misplaced]:
+        if name[: -len("bias")] + "weight" in folded:
+            unmatched.remove(name)
+            folded.append(name)
+    drifted = [n for n in drifted if n in unmatched]
     return {
         "comparable": comparable,
         "matched": len(matched),
         "folded": len(folded),
         "unmatched": unmatched,
+        "misplaced": misplaced,
+        "drifted": drifted,
+        "max_rel_drift": max((rel[n] for n in drifted), default=0.0),
+        "not_in_model": not_in_model,
     }
+
+
+def _float_arrays(state: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, t in state.items():
+        if getattr(t, "is_floating_point", lambda: False)() and t.numel() >= 2:
+            out[name] = t.detach().float().cpu().numpy()
+    return out
+
+
+def _same(arr: Any, ref: Any) -> bool:
+    """Equal as stored, or transposed (a 2-D weight stored for Gemm/MatMul)."""
+    import numpy as np
+
+    if arr.shape == ref.shape and np.array_equal(arr, ref):
+        return True
+    return arr.ndim == 2 and arr.shape == ref.shape[::-1] and np.array_equal(arr, ref.T)
 
 
 def _channel_scaled(arr: Any, ref: Any) -> bool:

@@ -1,0 +1,79 @@
+"""Links of the explanation graph decided from what the consequence measured.
+
+The records mirror reports of real faults: a root's finding explains a consequence only when
+the consequence's own metrics and details say the root accounts for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paritygate.result import CheckResult
+from paritygate.rootcause import explain
+
+
+def _failing(cid: str, message: str, failed: dict[str, float], **details: Any) -> CheckResult:
+    return CheckResult(cid, "fail", message, dict(failed), None, dict.fromkeys(failed, 1e-5),
+                       key_metric=next(iter(failed)), details=details, reasons=[message],
+                       failed_metrics=list(failed))
+
+
+def _inits(**over: Any) -> dict[str, Any]:
+    base = {"comparable": 12, "matched": 12, "folded": 0, "unmatched": [], "misplaced": {},
+            "drifted": [], "max_rel_drift": 0.0, "not_in_model": []}
+    return {**base, **over}
+
+
+def _provenance(diff: float, inits: dict[str, Any]) -> CheckResult:
+    return _failing("export_integrity", "no manifest and provenance unproven",
+                    {"provenance_max_abs_diff": diff}, initializers=inits)
+
+
+def _links(results: list[CheckResult]) -> dict[str, str | None]:
+    explained, _ = explain(results)
+    return {r.id: r.consequence_of for r in explained}
+
+
+NOT_LOADED = _failing("weights_load", "checkpoint keys carry the 'module.' prefix",
+                      {"missing_keys": 17.0})
+BN_TRAINING = _failing("batchnorm_export", "BatchNormalization exported in training mode",
+                       {"batch_dependence_max_abs": 6.7})
+LOGITS = _failing("logits_agreement", "artifact logits differ from the training model's by up "
+                  "to 0.73", {"max_abs_diff": 0.7301})
+DROPOUT = _failing("dropout_off", "torch eval forward is not deterministic",
+                   {"torch_repeat_max_abs_diff": 3.08})
+ONNX_TIER = _failing("precision_per_layer", "onnx/output_rel_l2 0.17", {"onnx/output_rel_l2": 0.17})
+LAYER_OVER = _failing("precision_per_layer", "float16: first divergent layer 'trunk.fc2'",
+                      {"fp16/layers_over_budget": 3.0, "onnx/output_rel_l2": 0.2})
+
+
+def test_not_loaded_explains_provenance_only_when_the_artifact_carries_the_checkpoint() -> None:
+    carried = _provenance(6.7, _inits(not_in_model=["trunk.fc1.weight"]))
+    assert _links([NOT_LOADED, carried])["export_integrity"] == "weights_load"
+    foreign = _provenance(6.7, _inits(matched=0, unmatched=["trunk.fc1.weight"]))
+    assert _links([NOT_LOADED, foreign])["export_integrity"] is None
+
+
+def test_batchnorm_explains_provenance_only_when_bn_statistics_differ() -> None:
+    stats = _provenance(2.9, _inits(matched=10, unmatched=["trunk.bn1.running_mean",
+                                                           "trunk.bn1.running_var"]))
+    links = _links([BN_TRAINING, stats, ONNX_TIER])
+    assert links["export_integrity"] == links["precision_per_layer"] == "batchnorm_export"
+    weights = _provenance(2.9, _inits(matched=10, unmatched=["trunk.fc1.weight",
+                                                             "trunk.bn1.running_var"]))
+    links = _links([BN_TRAINING, weights, LAYER_OVER])
+    assert links["export_integrity"] is None and links["precision_per_layer"] is None
+
+
+def test_logits_explains_provenance_when_it_is_the_same_gap() -> None:
+    links = _links([LOGITS, _provenance(0.7301, _inits()), ONNX_TIER])
+    assert links["export_integrity"] == links["precision_per_layer"] == "logits_agreement"
+    other = _links([LOGITS, _provenance(3.5, _inits()), LAYER_OVER])
+    assert other["export_integrity"] is None and other["precision_per_layer"] is None
+
+
+def test_dropout_explains_precision_only_without_a_layer_over_budget() -> None:
+    noisy = _failing("precision_per_layer", "fp16/output_rel_l2 0.19",
+                     {"fp16/output_rel_l2": 0.19, "bf16/output_rel_l2": 0.17})
+    assert _links([DROPOUT, noisy])["precision_per_layer"] == "dropout_off"
+    assert _links([DROPOUT, LAYER_OVER])["precision_per_layer"] is None
