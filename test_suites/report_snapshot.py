@@ -4,7 +4,8 @@ The demo gates are run through the library on the session's demo builds, and the
 report.json (durations, environment and machine paths left out) is compared with the
 file in ``test_suites/snapshots/``: byte for byte on the machine that wrote it; elsewhere
 the report's contract exactly and, for the same checkpoint, every number to 1e-4 relative
-(other CPU kernels move the last digits; another checkpoint moves every number). A deliberate change of the report regenerates it:
+(other CPU kernels move the last digits; another checkpoint moves every number). A
+deliberate change of the report regenerates it:
 ``PARITYGATE_REGEN_SNAPSHOTS=1 python -m pytest test_suites -k report_snapshot``.
 """
 
