@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paritygate.engines.generation import left_pad
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.subject import PrecisionSubject
 
@@ -192,13 +193,7 @@ def hf_subject(
 
     batches = []
     for start in range(0, len(input_ids), batch_size):
-        chunk = input_ids[start : start + batch_size]
-        width = max(len(ids) for ids in chunk)
-        ids = torch.full((len(chunk), width), pad_token_id, dtype=torch.long)  # (B, T)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (B, T)
-        for row, seq in enumerate(chunk):
-            ids[row, width - len(seq) :] = torch.tensor(seq)
-            mask[row, width - len(seq) :] = 1
+        ids, mask = left_pad(input_ids[start : start + batch_size], pad_token_id)  # (B, T)
         batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
     try:

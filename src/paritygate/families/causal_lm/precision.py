@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from paritygate.engines.generation import left_pad
 from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
 
 if TYPE_CHECKING:
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
 
 def precision_subject(ctx: LMContext) -> PrecisionSubject:
     """Probe prompts as left-padded batches of input ids; ``refusal`` set on random init."""
-    import torch
-
     from paritygate.precision.hf import checkpoint_coverage
     from paritygate.precision.streaming import build_streamed, stream_decision, streaming_note
     from paritygate.precision.subject import PrecisionSubject
@@ -30,13 +29,7 @@ def precision_subject(ctx: LMContext) -> PrecisionSubject:
     pad = ctx.training_tokenizer.pad_token_id
     batches = []
     for start in range(0, len(prompts), 4):
-        chunk = prompts[start : start + 4]
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # (B, T)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (B, T)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_pad(prompts[start : start + 4], pad)  # (B, T), (B, T)
         batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
     files = safetensors_files(ctx.model_dir)
