@@ -228,4 +228,4 @@ def test_templates_ship_as_package_data() -> None:
 
     files = resources.files("paritygate.report") / "templates"
     assert {"report.md.j2", "report.html.j2"} <= {p.name for p in files.iterdir()}
-    assert '"paritygate.report" = ["templates/*.j2"]' in (REPO / "pyproject.toml").read_text()
+    assert '"paritygate.report.templates" = ["*.j2"]' in (REPO / "pyproject.toml").read_text()
