@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paritygate.result import CheckResult
+from paritygate.result import NO_GOLDEN, CheckResult
 from paritygate.rootcause import explain
 
 
@@ -77,3 +77,26 @@ def test_dropout_explains_precision_only_without_a_layer_over_budget() -> None:
                      {"fp16/output_rel_l2": 0.19, "bf16/output_rel_l2": 0.17})
     assert _links([DROPOUT, noisy])["precision_per_layer"] == "dropout_off"
     assert _links([DROPOUT, LAYER_OVER])["precision_per_layer"] is None
+
+
+def _unblessed(cid: str, value: float) -> CheckResult:
+    return CheckResult(cid, "fail", "no golden baseline.", {"m": value}, None, {},
+                       key_metric="m", reasons=[NO_GOLDEN])
+
+
+def test_a_missing_baseline_neither_explains_nor_is_explained() -> None:
+    tokenizer = _unblessed("tokenizer_parity", 0.0)
+    sampling = _failing("sampling_config", "temperature differs: 1.0 vs 0.7",
+                        {"fields_differing": 1.0})
+    delta = _unblessed("logprob_delta", 1e-7)
+    explained, root = explain([tokenizer, sampling, delta])
+    links = {r.id: r.consequence_of for r in explained}
+    assert links == {"tokenizer_parity": None, "sampling_config": None, "logprob_delta": None}
+    assert root is not None and root.check == "sampling_config"  # the one real finding
+    assert "see " not in next(r for r in explained if r.id == "logprob_delta").message
+
+
+def test_only_missing_baselines_name_that_as_the_root() -> None:
+    explained, root = explain([_unblessed("weights_load", 0.0), _unblessed("sampling_config", 0.0)])
+    assert root is not None and root.kind == "no_golden" and root.explains == ()
+    assert all(r.consequence_of is None for r in explained)

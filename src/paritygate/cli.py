@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -190,6 +191,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     targets = selected or [str(Path(paritygate_gates.__file__).parent)]
     pytest_args = [
         *targets,
+        # Plugins are named, not discovered: installed pytest plugins (anyio's, say) would
+        # cost an import each and could change how the gate's tests run.
+        "-p",
+        "paritygate.plugin",
         "--gate-config",
         str(gate.config.path),
         "-p",
@@ -212,12 +217,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.markexpr:
         pytest_args += ["-m", args.markexpr]
     if args.workers:
-        pytest_args += ["-n", str(args.workers)]
+        import importlib.util
+
+        if importlib.util.find_spec("xdist") is None:
+            raise InputError(None, "-n", "workers need pytest-xdist: pip install 'paritygate[all]'")
+        pytest_args += ["-p", "xdist.plugin", "-n", str(args.workers)]
     if args.force_workers:
         pytest_args.append("--force-workers")
     if args.allow_skips:
         pytest_args.append("--allow-skips")
-    code = int(pytest.main(pytest_args))
+    autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
+    try:
+        code = int(pytest.main(pytest_args))
+    finally:
+        if autoload is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
     last = dict(plugin.LAST_RUN)
     if "input_error" in last:
         raise InputError(None, None, last["input_error"])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paritygate.result import CheckResult, Measurement
+from paritygate.result import NO_GOLDEN, CheckResult, Measurement
 from paritygate.verdict import Margin, judge
 
 
@@ -236,7 +236,7 @@ def regression_check(
         result.message += f" Obtained metrics written to {path.name} beside the golden."
         # Only a missing baseline is a reason to bless; a run that fails against an existing
         # baseline (or its thresholds) is never offered for blessing.
-        if expected is None and result.reasons == ["no golden baseline"]:
+        if expected is None and result.reasons == [NO_GOLDEN]:
             result.message += f" Bless with: {bless_command}"
             result.fix = f"bless with: {bless_command}"
     return result

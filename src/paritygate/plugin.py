@@ -10,6 +10,7 @@ the same with or without ``-n``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -301,6 +302,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 2
         return
     config._paritygate_written = written  # type: ignore[attr-defined]
+    # The session ends next; pytest's exit-time gc passes need not walk the loaded models
+    # and modules again (a second and more on a transformers process).
+    gc.freeze()
     LAST_RUN["status"] = written.status
     if written.status == NOTHING_VERIFIED:
         LAST_RUN["nothing_verified"] = nothing_verified_reason(results)

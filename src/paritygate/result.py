@@ -25,6 +25,10 @@ cosine similarity, SQNR. ``change``: any difference from golden is a regression
 Status = Literal["pass", "fail", "skip", "error"]
 
 
+NO_GOLDEN = "no golden baseline"
+"""The reason recorded when a check has no baseline yet: bookkeeping, not a finding."""
+
+
 @dataclass(frozen=True)
 class Metric:
     """One named number with the rule that judges it."""

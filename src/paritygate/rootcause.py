@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paritygate.result import CheckResult
+from paritygate.result import NO_GOLDEN, CheckResult
 
 FAILED = ("fail", "error")
 
@@ -230,8 +230,13 @@ class RootCause:
         }
 
 
+def _findings(result: CheckResult) -> list[str]:
+    """What the check found wrong: its reasons less a missing baseline (not a finding)."""
+    return [text for text in result.reasons if text != NO_GOLDEN]
+
+
 def _matches(result: CheckResult, pattern: str) -> bool:
-    texts = list(result.reasons) or [result.message]
+    texts = _findings(result) if result.reasons else [result.message]
     return any(re.search(pattern, text) for text in texts)
 
 
@@ -272,16 +277,18 @@ def explain(
     }
     kinds: dict[str, str] = {}  # check -> kind of its first matching finding
     roots: set[str] = set()  # checks that explain another: never a consequence themselves
+    # A failure with nothing found but a missing baseline neither explains nor is explained.
+    linkable = {cid: r for cid, r in failing.items() if not r.reasons or _findings(r)}
     for edge in graph:
-        root = failing.get(edge.check)
+        root = linkable.get(edge.check)
         if root is None or root.status != "fail" or root.id in by:
             continue
         if not _matches(root, edge.pattern):
             continue
         kinds.setdefault(root.id, edge.kind)
         for cid in edge.explains:
-            if (cid in failing and cid not in by and cid not in roots and cid != root.id
-                    and edge.links(root, failing[cid])):
+            if (cid in linkable and cid not in by and cid not in roots and cid != root.id
+                    and edge.links(root, linkable[cid])):
                 by[cid] = (root.id, edge)
                 roots.add(root.id)
     out: list[CheckResult] = []
@@ -294,11 +301,12 @@ def explain(
             r.cause = r.message
             r.fix = failing[root_id].fix
         out.append(r)
-    first = next((r for r in results if r.id in failing and r.id not in by), None)
-    if first is None:  # every failure explained by another: a cycle in stored results
-        first = next(r for r in results if r.id in failing)
+    unexplained = [r for r in results if r.id in failing and r.id not in by]
+    first = next((r for r in unexplained if r.id in linkable), None)
+    if first is None:  # only missing baselines, or a cycle in stored results
+        first = unexplained[0] if unexplained else next(r for r in results if r.id in failing)
     explained_ids = tuple(cid for cid, (root, _) in by.items() if root == first.id)
-    kind = kinds.get(first.id, "independent")
+    kind = kinds.get(first.id, "independent" if first.id in linkable else "no_golden")
     edge_fix = next((e.fix for e in graph if e.check == first.id and e.kind == kind), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),

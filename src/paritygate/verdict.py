@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from paritygate.result import CheckResult, Measurement, Metric
+from paritygate.result import NO_GOLDEN, CheckResult, Measurement, Metric
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def judge(
     no_golden = False
     if use_golden and not blessing:
         if expected is None:
-            reasons.append("no golden baseline")
+            reasons.append(NO_GOLDEN)
             no_golden = True
         else:
             for m in measurement.metrics.values():

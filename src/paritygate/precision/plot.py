@@ -81,7 +81,13 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     kind = {r["layer"]: r["kind"] for r in rows}
     floor = 1e-12
     kinds = [k for k in ("leaf", "block") if any(r["kind"] == k for r in rows)]
-    fig = Figure(figsize=(12, 3.2 * len(kinds) + 2.6), dpi=100)
+    title = _title(report)
+    height = 3.2 * len(kinds) + 2.6
+    top_in, bottom_in = 0.3 + 0.16 * title.count("\n"), 1.5  # title lines; slanted names
+    fig = Figure(figsize=(12, height), dpi=100)
+    # Fixed margins in inches, not tight_layout: it draws the figure once more to measure.
+    fig.subplots_adjust(left=0.08, right=0.8, top=1 - top_in / height, bottom=bottom_in / height,
+                        hspace=0.12)
     axes = fig.subplots(
         len(kinds) + 1, 1, sharex=True, gridspec_kw={"height_ratios": [3] * len(kinds) + [1.6]}
     )
@@ -149,7 +155,7 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
                 ls="--",
                 label="ONNX budget",
             )
-        ax.set_yscale("log")
+        _log_axis(ax)
         if bad_x:
             top = ax.get_ylim()[1]
             ax.plot(
@@ -176,7 +182,7 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
         head.axhline(
             report["headroom_max"], color=NONFINITE_COLOUR, ls="--", lw=1, label="headroom limit"
         )
-    head.set_yscale("log")
+    _log_axis(head)
     head.set_ylabel("max |activation| /\nformat max")
     head.grid(True, which="major", alpha=0.3)
     head.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -184,11 +190,19 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     head.set_xticks([i for i, _ in named])
     head.set_xticklabels([name for _, name in named], rotation=35, ha="right", fontsize=7)
     head.set_xlabel(f"layer (execution order; the {len(named)} highest error / budget named)")
-    axes[0].set_title(_title(report), fontsize=9, loc="left")
-    fig.tight_layout()
+    axes[0].set_title(title, fontsize=9, loc="left")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
+
+
+def _log_axis(ax: Any) -> None:
+    """Log y axis labelled ``1e-05`` in plain text (mathtext labels cost a parser per tick)."""
+    from matplotlib.ticker import LogFormatter, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _title(report: dict[str, Any]) -> str:
