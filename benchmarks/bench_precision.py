@@ -246,7 +246,8 @@ def memory_child(mode: str, which: str, layers: int, hidden: int, tiny: bool = F
     if mode == "fp32_forward":
         forwards(model, batches)
     else:
-        subj = PrecisionSubject("bench", lambda: model, batches, select_hf_output)
+        subj = PrecisionSubject("bench", lambda: model, batches, select_hf_output,
+                                streamed=mode == "streamed")
         run_precision(subj, spec, 16.0, 8.0)
     top = peak()
     result.update(extra=top - loaded, growth=top - before, loaded=loaded - before)

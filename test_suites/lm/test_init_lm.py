@@ -48,5 +48,5 @@ def test_init_on_the_demo_lm_fill_bless_run(
         gate = Gate.from_path(written.path, update_golden=bless)
         results = [gate.evaluate(c.id) for c in gate.checks() if "gpu" not in c.marks]
         assert results and all(r.status in ("pass", "skip") for r in results), [
-            (r.id, r.status, r.message) for r in results]
+            (r.id, r.status, r.message) for r in results if r.status not in ("pass", "skip")]
     assert (tmp_path / "golden" / "lm-init" / "logprob_delta.json").is_file()

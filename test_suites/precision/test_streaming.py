@@ -68,10 +68,11 @@ def _both(model_class: Any, directory: Path, batches: list[Any], spec: Precision
     streamed, streamer = build_streamed(model_class, directory, safetensors_files(directory))
     assert streamer.coverage.refusal() is None
     assert len(streamer.layers) >= 2
-    reports = [
-        run_precision(PrecisionSubject(n, lambda m=m: m, batches, select_hf_output), spec, 16, 8)
+    reports = [  # the streamed pass also keeps its per-layer tensors in a spill file
+        run_precision(PrecisionSubject(n, lambda m=m: m, batches, select_hf_output,
+                                       streamed=n == "streamed"), spec, 16, 8)
         for n, m in (("whole", whole), ("streamed", streamed))
-    ]
+    ]  # fmt: skip
     return (*reports, streamer)
 
 
@@ -96,7 +97,8 @@ def test_streamed_llama_equals_in_memory(llama_dir: Path) -> None:
         transformers.AutoModelForCausalLM, llama_dir, _batches(300), PrecisionSpec()
     )
     _assert_same(whole, streamed)
-    # only one layer's weights are in memory after the pass
+    # the embedding and the head are streamed too; one unit's weights in memory after the pass
+    assert [type(m).__name__ for m in streamer.outer] == ["Embedding", "Linear"]
     resident = [any(not p.is_meta for p in params) for params in streamer.streamed]
     assert sum(resident) <= 1
 
@@ -108,9 +110,11 @@ def test_streamed_tied_qwen2_with_mixed_search_equals_in_memory(qwen_dir: Path) 
     whole = model_class.from_pretrained(qwen_dir, dtype=torch.float32).eval()
     streamed, streamer = build_streamed(model_class, qwen_dir, safetensors_files(qwen_dir))
     assert streamer.coverage.tied  # lm_head.weight is embed_tokens.weight
+    tied = streamer.outer[0].weight
+    assert tied is streamer.outer[1].weight and tied.is_meta  # streamed with both modules
     batches = _batches(300)
-    subjects = [PrecisionSubject("q", lambda m=m: m, batches, select_hf_output)
-                for m in (whole, streamed)]  # fmt: skip
+    subjects = [PrecisionSubject("q", lambda m=m: m, batches, select_hf_output, streamed=s)
+                for m, s in ((whole, False), (streamed, True))]  # fmt: skip
     reports = [run_precision(s, spec, 16, 1e-2) for s in subjects]
     _assert_same(*reports)
     mixed = [r["summary"]["bfloat16"]["mixed"] for r in reports]

@@ -165,7 +165,9 @@ def run_precision(
                 f"batch ({problem}); export_integrity checks its batch axis"
             )
             onnx = None
-    run = measure_model(model, batches, subject.select_output, spec, onnx=onnx)
+    run = measure_model(
+        model, batches, subject.select_output, spec, onnx=onnx, spill=subject.streamed
+    )
     report = analyse(run, spec, k_local, k_out)
     report["notes"].extend(subject.extra.get("notes", []))
     if skipped is not None:

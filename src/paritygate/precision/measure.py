@@ -80,23 +80,78 @@ class PrecisionRun:
     """layer name -> module (for the mixed-precision search)."""
 
 
+class Spilled:
+    """A kept tensor written to the spill file: its place, shape and dtype, no data in memory."""
+
+    def __init__(
+        self, spill: SpillFile, offset: int, shape: torch.Size, dtype: torch.dtype
+    ) -> None:
+        self.spill, self.offset, self.shape, self.dtype = spill, offset, shape, dtype
+
+    def load(self) -> torch.Tensor:
+        return self.spill.read(self)
+
+
+class SpillFile:
+    """An unlinked temporary file holding a batch's kept tensors (``precision.streaming``).
+
+    A streamed model holds one layer's weights at a time, but the cumulative runs keep every
+    measured layer's output per dtype until the fp32 run compares them: memory that grows with
+    depth and probe size. Spilled, a kept tensor is read back only for its comparison.
+    """
+
+    def __init__(self) -> None:
+        import tempfile
+
+        # closed by close() once the batch is compared; unlinked from the start
+        self._file = tempfile.TemporaryFile(prefix="paritygate-spill-")  # noqa: SIM115
+        self._end = 0
+
+    def write(self, t: torch.Tensor) -> Spilled:
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        self._file.seek(self._end)
+        self._file.write(memoryview(raw))
+        entry = Spilled(self, self._end, t.shape, t.dtype)
+        self._end += raw.nbytes
+        return entry
+
+    def read(self, entry: Spilled) -> torch.Tensor:
+        value = torch.empty(entry.shape, dtype=entry.dtype)
+        raw = value.reshape(-1).view(torch.uint8).numpy()
+        self._file.seek(entry.offset)
+        self._file.readinto(memoryview(raw))
+        return value
+
+    def close(self) -> None:
+        self._file.close()
+
+
+Kept = torch.Tensor | Spilled
+
+
+def _load(kept: Kept) -> torch.Tensor:
+    return kept.load() if isinstance(kept, Spilled) else kept
+
+
 class _Keeper:
     """Copies low-precision tensors once; an output that is also an input shares one copy.
 
     A tensor is recognised by identity (a live weak reference) and its version
-    counter, so a tensor changed in place after it was kept is copied again.
+    counter, so a tensor changed in place after it was kept is copied again. With a
+    spill file the copy goes there instead of into memory.
     """
 
-    def __init__(self) -> None:
-        self._copies: dict[int, tuple[Any, int, torch.Tensor]] = {}
+    def __init__(self, spill: SpillFile | None = None) -> None:
+        self._copies: dict[int, tuple[Any, int, Kept]] = {}
+        self._spill = spill
 
-    def __call__(self, t: torch.Tensor | None) -> torch.Tensor | None:
+    def __call__(self, t: torch.Tensor | None) -> Kept | None:
         if t is None:
             return None
         entry = self._copies.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version:
             return entry[2]
-        copy = t.detach().clone()
+        copy: Kept = t.detach().clone() if self._spill is None else self._spill.write(t)
         self._copies[id(t)] = (weakref.ref(t), t._version, copy)
         return copy
 
@@ -122,9 +177,14 @@ class _Pass:
     """State shared by the hooks of one batch."""
 
     def __init__(
-        self, model: nn.Module, spec: PrecisionSpec, layers: dict[nn.Module, LayerInfo]
+        self,
+        model: nn.Module,
+        spec: PrecisionSpec,
+        layers: dict[nn.Module, LayerInfo],
+        spill: SpillFile | None = None,
     ) -> None:
         self.model = model
+        self.spill = spill
         self.spec = spec
         self.layers = layers
         self.dtypes = list(spec.dtypes)
@@ -141,8 +201,8 @@ class _Pass:
     def low_precision(self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str) -> Any:
         """Cumulative run in ``dtype``: returns (stored per-layer tensors, selected output)."""
         tdtype = getattr(torch, dtype)
-        keep = _Keeper()
-        store: dict[str, tuple[list[torch.Tensor], torch.Tensor | None]] = {}
+        keep = _Keeper(self.spill)
+        store: dict[str, tuple[list[Kept], Kept | None]] = {}
 
         def on_call(
             key: str, info: LayerInfo, module: nn.Module, a: Any, kw: Any, out: Any
@@ -234,7 +294,7 @@ class _Pass:
         self,
         record: LayerRecord,
         dtype: str,
-        entry: tuple[list[torch.Tensor], torch.Tensor | None] | None,
+        entry: tuple[list[Kept], Kept | None] | None,
         outputs: list[torch.Tensor],
         inp: torch.Tensor | None,
     ) -> None:
@@ -250,21 +310,21 @@ class _Pass:
             )
             return
         for ref, cand in zip(outputs, lp_outputs, strict=True):
-            record.cum[dtype].update(ref, cand)
+            record.cum[dtype].update(ref, _load(cand))
         if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
-            record.cum_in[dtype].update(inp, lp_inp)
+            record.cum_in[dtype].update(inp, _load(lp_inp))
 
     def _cumulative_as_local(
         self,
         record: LayerRecord,
         dtype: str,
-        entry: tuple[list[torch.Tensor], torch.Tensor | None] | None,
+        entry: tuple[list[Kept], Kept | None] | None,
         outputs: list[torch.Tensor],
     ) -> None:
         if entry is None or [t.shape for t in entry[0]] != [t.shape for t in outputs]:
             return
         for ref, cand in zip(outputs, entry[0], strict=True):
-            record.local[dtype].update(ref, cand)
+            record.local[dtype].update(ref, _load(cand))
 
     def _local(
         self,
@@ -303,8 +363,12 @@ def measure_model(
     select_output: Callable[[Any], Any],
     spec: PrecisionSpec,
     onnx: Any = None,
+    spill: bool = False,
 ) -> PrecisionRun:
-    """Run the precision pass over ``batches``; ``onnx`` is an optional ONNX comparison."""
+    """Run the precision pass over ``batches``; ``onnx`` is an optional ONNX comparison.
+
+    ``spill``: keep the cumulative runs' tensors in a temporary file, not memory (streamed
+    models, whose memory must not grow with depth)."""
     if spec.max_batches is not None:
         batches = batches[: spec.max_batches]
     state = _Pass(model, spec, select_layers(model, spec))
@@ -314,13 +378,16 @@ def measure_model(
     for b, (args, kwargs) in enumerate(batches):
         kwargs = _no_cache(model, dict(kwargs))
         stored: dict[str, dict[str, Any]] = {}
-        final: dict[str, torch.Tensor] = {}
+        final: dict[str, Kept] = {}
+        state.spill = SpillFile() if spill else None
         for dtype in state.dtypes:
             if dtype in state.errors:
                 continue
             try:
                 stored[dtype], out = state.low_precision(args, kwargs, dtype)
-                final[dtype] = _as_tensor(select_output(out))
+                selected = _as_tensor(select_output(out))
+                del out
+                final[dtype] = selected if state.spill is None else state.spill.write(selected)
             except Exception as exc:  # e.g. an op with no kernel for this dtype on this device
                 state.errors[dtype] = f"{type(exc).__name__}: {exc}"
                 stored.pop(dtype, None)
@@ -335,11 +402,14 @@ def measure_model(
                     f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
                 )
                 continue
-            output[dtype].update(out32, cand)
+            output[dtype].update(out32, _load(cand))
         if onnx is not None:
             onnx.compare_output(out32)
             onnx.finish_batch()
         del stored, final
+        if state.spill is not None:
+            state.spill.close()
+            state.spill = None
     return PrecisionRun(
         dtypes=state.dtypes,
         layers=sorted(state.records.values(), key=lambda r: r.index),

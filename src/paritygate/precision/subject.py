@@ -28,6 +28,9 @@ class PrecisionSubject:
     onnx_feeds: list[dict[str, Any]] | None = None
     onnx_output_name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
+    """The model reads its layers from disk as they run (``precision.streaming``): the pass
+    keeps its per-layer tensors in a temporary file too, so memory does not grow with depth."""
     refusal: str | None = None
     """Why the model must not be measured (tensors left at random init); the check fails
     with it before any measurement."""

@@ -61,5 +61,6 @@ def precision_subject(ctx: LMContext) -> PrecisionSubject:
         batches=batches,
         select_output=lambda out: out.logits,
         refusal=coverage.refusal(),
+        streamed=stream,
         extra={"notes": notes},
     )

@@ -130,6 +130,7 @@ class HFModelContext:
             batches=self.batches,
             select_output=select_hf_output,
             refusal=None if refusal is None else f"{self.class_reason}: {refusal}",
+            streamed=stream,
             extra={"notes": notes},
         )
 
