@@ -208,3 +208,26 @@ def test_gate_marks_match_check_specs() -> None:
         text = (REPO / "gates" / f"test_{cid}.py").read_text()
         for mark in get_check(cid).marks:
             assert f"@pytest.mark.{mark}" in text, (cid, mark)
+
+
+def test_regression_against_a_baseline_of_other_numerics_says_so(tmp_path: Path) -> None:
+    from paritygate.golden import regression_check
+
+    store = GoldenStore(tmp_path / "golden")
+    fp32 = {"serving dtype": "float32", "training dtype": "float32"}
+    bf16 = {**fp32, "serving dtype": "bfloat16"}
+
+    def check(value: float, numerics: dict[str, str], blessing: bool = False) -> CheckResult:
+        return regression_check(
+            _measurement(value), store, margin=Margin(), blessing=blessing,
+            probes_sha256=lambda: "p", provenance=lambda: {"numerics": fp32},
+            bless_command="bless", numerics=lambda: numerics,
+        )  # fmt: skip
+
+    assert check(0.1, fp32, blessing=True).status == "pass"
+    moved = check(0.9, bf16)
+    assert moved.status == "fail"
+    assert "blessed with other numerics (serving dtype float32 -> bfloat16)" in moved.message
+    assert moved.fix is not None and "golden.baseline" in moved.fix
+    same = check(0.9, fp32)  # the same regression under the blessed numerics: no excuse offered
+    assert same.status == "fail" and "numerics" not in same.message

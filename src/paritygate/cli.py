@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     prec.add_argument(
         "--report-dir", type=Path, default=None, help="report folder (default as for run)"
     )
+    prec.add_argument(
+        "--update-golden", action="store_true", help="bless its baseline (as run does)"
+    )
 
     init = sub.add_parser(
         "init",
@@ -323,11 +326,13 @@ def _cmd_precision(args: argparse.Namespace) -> int:
     from paritygate.gate import Gate
     from paritygate.report import summary_table, write_reports
 
-    gate = Gate.from_path(args.config)
+    gate = Gate.from_path(args.config, update_golden=args.update_golden)
     result = gate.evaluate("precision_per_layer")
     out = args.report_dir or gate.config.default_report_dir()
     written = write_reports(gate, [result], out)
     print("\n".join(summary_table([result])))
+    for note in result.details.get("notes") or []:
+        print(f"note: {note}")
     print(f"reports: {written.directory} ({', '.join(written.files)})")
     return EXIT_PASS if result.status in ("pass", "skip") else EXIT_FAIL
 

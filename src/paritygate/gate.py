@@ -134,6 +134,7 @@ class Gate:
             "checkpoint_sha256": ctx.checkpoint_sha256,
             "probes_sha256": ctx.probes_sha256,
             "config_sha256": config_hash,
+            "numerics": dict(getattr(ctx, "numerics", None) or {}),
             "bless_command": self.bless_command(),
             "environment": environment(),
         }
@@ -177,6 +178,7 @@ class Gate:
                 blessing=self.update_golden,
                 probes_sha256=lambda: self.context.probes_sha256,
                 provenance=self.provenance,
+                numerics=lambda: dict(getattr(self.context, "numerics", None) or {}),
                 bless_command=self.bless_command(),
             )
         else:

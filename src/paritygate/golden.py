@@ -198,6 +198,25 @@ def _probe_set_changed(result: CheckResult, expected: dict[str, Any], current: s
         result.message = f"{reason}." if was_passing else f"{result.message} {reason}."
 
 
+def _numerics_changed(
+    result: CheckResult, expected: dict[str, Any], current: dict[str, Any]
+) -> None:
+    """A regression against a baseline blessed under other numerics (a serving dtype, say)
+    is expected of that change: say so, and that the baseline is the thing to renew."""
+    blessed = (expected.get("provenance") or {}).get("numerics") or {}
+    changed = [f"{k} {blessed[k]} -> {current[k]}" for k in current
+               if k in blessed and blessed[k] != current[k]]  # fmt: skip
+    regressed = any("golden" in r for r in result.reasons)
+    if not changed or not regressed or result.status != "fail":
+        return
+    why = (f"the golden baseline was blessed with other numerics ({', '.join(changed)}); "
+           "its numbers are not this configuration's")  # fmt: skip
+    result.message = f"{result.message} {why[0].upper()}{why[1:]}."
+    result.fix = ("bless a baseline for this configuration under its own golden.baseline "
+                  "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
+    result.details["numerics_changed"] = changed
+
+
 def regression_check(
     measurement: Measurement,
     store: GoldenStore,
@@ -207,6 +226,7 @@ def regression_check(
     probes_sha256: Callable[[], str],
     provenance: Callable[[], dict[str, Any]],
     bless_command: str,
+    numerics: Callable[[], dict[str, Any]] | None = None,
 ) -> CheckResult:
     """Judge ``measurement`` against its baseline in ``store`` and run the golden life cycle.
 
@@ -219,6 +239,8 @@ def regression_check(
         return result
     if expected is not None and not blessing:
         _probe_set_changed(result, expected, probes_sha256())
+        if numerics is not None:
+            _numerics_changed(result, expected, numerics())
     ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and not m.detail}
     detail = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and m.detail}
     if blessing:

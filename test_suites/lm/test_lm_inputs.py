@@ -60,6 +60,17 @@ def test_missing_model_dir_names_key(tmp_path: Path, demo_lm: Path) -> None:
     assert err.value.key == "causal_lm.model_dir"
 
 
+def test_missing_serving_model_dir_names_its_key(tmp_path: Path, demo_lm: Path) -> None:
+    data = clean_config(demo_lm)  # the serving sampling config left to the serving dir
+    data["causal_lm"]["sampling"].pop("serving")
+    data["causal_lm"]["tokenizer"].pop("serving")
+    data["causal_lm"]["serving"] = {"model_dir": str(tmp_path / "nowhere")}
+    with pytest.raises(InputError) as err:
+        build_lm_context(config_from_dict(data, tmp_path / "gate.yaml"))
+    assert err.value.key == "causal_lm.serving.model_dir"
+    assert "serving model directory not found" in err.value.cause
+
+
 def test_bad_logprob_fn_names_key(tmp_path: Path, demo_lm: Path) -> None:
     data = clean_config(demo_lm)
     data["causal_lm"]["training"]["logprob_fn"] = "paritygate.families.causal_lm.logprobs:nope"

@@ -26,6 +26,17 @@ def test_fp16_overflow_fails_naming_the_layer_and_a_verified_fp32_fix() -> None:
     assert result.status == "fail"
     assert "float16: first divergent layer 'blocks.1.up'" in result.message
     assert "Inf" in result.message
+    # weights within range (|w| * 2^16 < 65504 here): only the activations are blamed
+    assert "weights themselves overflow" not in result.message
+
+
+def test_weights_beyond_the_format_range_are_named_as_the_cause() -> None:
+    m = measure(FakeContext(subject(lambda: rescaled_policy(20))))
+    result = judge(m, None, use_golden=False)
+    assert result.status == "fail"
+    assert "float16: first divergent layer 'blocks.1.up'" in result.message
+    assert "its weights themselves overflow" in result.message
+    assert "of blocks.1.up.weight exceed float16's largest finite value" in result.message
     mixed = m.details["precision"]["summary"]["float16"]["mixed"]
     assert mixed["verified"] and mixed["keep_fp32"]
     assert all(name.startswith("blocks.1") for name in mixed["keep_fp32"])

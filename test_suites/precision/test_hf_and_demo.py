@@ -66,9 +66,9 @@ def test_hf_directory_with_tensors_left_at_random_init_is_refused(tmp_path: Path
     m = measure(FakeContext(hf_subject(directory, [[5, 6, 7]], pad_token_id=0)))
     result = judge(m, None, use_golden=False)
     assert result.status == "fail"
-    assert "2 tensors left at random init: pooler.dense.bias, pooler.dense.weight" in (
-        result.message
-    )
+    assert ("2 model tensors with no checkpoint tensor, left at random init: pooler.dense.bias, "
+            "pooler.dense.weight") in result.message
+    assert "the checkpoint lacks tensors this model class needs" in result.message
     assert "precision is never measured on random weights" in result.message
     assert not m.metrics and "precision" not in m.details
 
@@ -90,3 +90,20 @@ def test_demo_policy_passes(tmp_path_factory: pytest.TempPathFactory) -> None:
     assert onnx["rows"] and onnx["output_rel_l2"] < onnx["output_budget"]
     # modules the exporter folds or drops (dropout, BatchNorm folded into Gemm) are listed
     assert all(u["reason"] for u in onnx["unmapped"])
+
+
+def test_refusal_names_the_side_that_lacks_tensors() -> None:
+    from paritygate.precision.hf import Coverage
+
+    incomplete = Coverage(random_init=["encoder.layer.3.attention.self.query.weight"]).refusal()
+    assert incomplete is not None and "1 model tensor with no checkpoint tensor" in incomplete
+    assert "the checkpoint lacks tensors this model class needs" in incomplete
+    extra = Coverage(unused=["bert.extra_adapter.weight"]).refusal()
+    assert extra is not None and "1 checkpoint tensor unused by the model" in extra
+    assert "random weights" not in extra and "part of a checkpoint" in extra
+    heads = Coverage(unused=["v_head.summary.weight"]).refusal(
+        "the architecture (config.json)", heads_key="causal_lm.training_only_heads")
+    assert heads is not None
+    assert "declare training-only heads in causal_lm.training_only_heads" in heads
+    both = Coverage(random_init=["cls.bias"], unused=["pooler.dense.bias"]).refusal()
+    assert both is not None and "set hf_model.auto_class to it" in both

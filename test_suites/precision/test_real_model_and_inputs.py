@@ -95,8 +95,11 @@ def test_wrong_model_class_is_refused_before_measuring(tmp_path: Path) -> None:
     weights = gate.evaluate("weights_load", golden=False)
     for result in (precision, weights):
         assert result.status == "fail"
-        assert "5 tensors left at random init: cls.predictions.bias" in result.message
-        assert "checkpoint keys unused by the model: pooler.dense.bias" in result.message
+        assert ("5 model tensors with no checkpoint tensor, left at random init: "
+                "cls.predictions.bias") in result.message
+        assert "checkpoint tensors unused by the model: pooler.dense.bias" in result.message
+        assert "not the one the checkpoint was saved from: set hf_model.auto_class" in (
+            result.message)
     assert "precision is never measured on random weights" in precision.message
     assert "precision" not in precision.details
 

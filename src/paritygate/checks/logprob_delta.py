@@ -124,9 +124,11 @@ def measure_delta(
         for name in ("temperature", "top_k", "top_p"):
             t_val, s_val = getattr(training, name), getattr(serving, name)
             if t_val != s_val:
+                source = ("as its dump records say" if "dump" in ctx.spec.engines
+                          else "see sampling_config")  # fmt: skip
                 m.fail(
                     f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
-                    f"{s_val:g} (see sampling_config)"
+                    f"{s_val:g} ({source})"
                 )
     if ctx.spec.precision_tier:
         actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"

@@ -123,6 +123,30 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
             ) from None
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+)  # fmt: skip
+"""Files a saved tokenizer holds (one at least)."""
+
+
+def require_tokenizer_files(directory: Path, key: str | None) -> None:
+    """Refuse a tokenizer directory that holds no tokenizer: it must exist and hold one of
+    :data:`TOKENIZER_FILES`. Without them transformers builds a stand-in from config.json
+    alone (a handful of special tokens; every word an unknown token), and probes encoded by
+    it would measure nothing of the model's real inputs."""
+    if not directory.is_dir():
+        raise InputError(directory, key, "tokenizer directory not found")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(
+            directory,
+            key,
+            "no tokenizer files here (tokenizer.json, tokenizer_config.json, vocab.*, *.model); "
+            "save the tokenizer with the model (tokenizer.save_pretrained) or name its "
+            "directory",
+        )
+
+
 def safetensors_files(directory: Path) -> list[Path]:
     """The checkpoint's safetensors files (one file or the shards of an index)."""
     import json

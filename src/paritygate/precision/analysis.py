@@ -27,7 +27,11 @@ BUDGET_FORMULA = (
 
 
 def _layer_row(
-    record: LayerRecord, dtype: str, spec: PrecisionSpec, k_local: float
+    record: LayerRecord,
+    dtype: str,
+    spec: PrecisionSpec,
+    k_local: float,
+    beyond: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     k = local_budget_ulps(record.key.split("#")[0], dtype, k_local, spec.budgets)
     budget = k * unit_roundoff(dtype)
@@ -56,18 +60,31 @@ def _layer_row(
         "numel": record.act.numel,
         "over_budget": over,
         "local_error": error,
+        "weights_beyond_range": _own_weights(record.key.split("#")[0], beyond or {}),
     }
     return {k: json_number(v) if isinstance(v, float) else v for k, v in row.items()}
+
+
+def _own_weights(layer: str, beyond: dict[str, int]) -> dict[str, int]:
+    """The layer's parameters (its own and its children's) among those beyond range."""
+    prefix = f"{layer}." if layer else ""
+    return {name: n for name, n in beyond.items() if name.startswith(prefix)}
 
 
 def _divergence_reason(row: dict[str, Any]) -> str:
     if row["local_error"]:
         return f"its {row['dtype']} run failed: {row['local_error']}"
     if row["local_nan"] or row["local_inf"]:
+        weights = row.get("weights_beyond_range") or {}
+        cast = ""
+        if weights:
+            name, n = max(weights.items(), key=lambda item: item[1])
+            cast = (f"; its weights themselves overflow: {n} values of {name} exceed "
+                    f"{row['dtype']}'s largest finite value and become Inf when cast")  # fmt: skip
         return (
             f"{row['local_inf']} Inf and {row['local_nan']} NaN values in its {row['dtype']} "
             "output "
-            f"(max |activation| {row['headroom']:.3g} x the format's largest finite value)"
+            f"(max |activation| {row['headroom']:.3g} x the format's largest finite value){cast}"
         )
     return f"local rel L2 error {row['local_rel_l2']:.3g} exceeds its budget {row['budget']:.3g}"
 
@@ -77,7 +94,8 @@ def analyse(run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for dtype in run.dtypes:
-        dtype_rows = [_layer_row(r, dtype, spec, k_local) for r in run.layers]
+        beyond = run.weights_beyond_range.get(dtype)
+        dtype_rows = [_layer_row(r, dtype, spec, k_local, beyond) for r in run.layers]
         rows.extend(dtype_rows)
         out = run.output[dtype]
         over = [r for r in dtype_rows if r["over_budget"]]

@@ -41,23 +41,48 @@ class Coverage:
     """Checkpoint keys whose stored values hold NaN/Inf."""
     checkpoint_tensors: int = 0
 
-    def refusal(self) -> str | None:
-        """The named refusal to measure, or None when every tensor came from the file."""
+    def refusal(
+        self, class_key: str = "hf_model.auto_class", heads_key: str | None = None
+    ) -> str | None:
+        """The named refusal to measure, or None when every tensor came from the file.
+
+        The likely cause follows from which side has tensors the other lacks: both (another
+        model class than the checkpoint's), the model only (an incomplete checkpoint), the
+        checkpoint only (weights of modules this class does not have). ``class_key`` and
+        ``heads_key`` are the config keys the fix names."""
         if not self.random_init and not self.unused:
             return None
         parts = []
         if self.random_init:
             parts.append(
-                f"{len(self.random_init)} tensors left at random init: {_listing(self.random_init)}"
+                f"{_count(len(self.random_init), 'model tensor')} with no checkpoint tensor, "
+                f"left at random init: {_listing(self.random_init)}"
             )
         if self.unused:
             parts.append(
-                f"{len(self.unused)} checkpoint keys unused by the model: {_listing(self.unused)}"
+                f"{_count(len(self.unused), 'checkpoint tensor')} unused by the model: "
+                f"{_listing(self.unused)}"
             )
-        return (
-            "; ".join(parts) + " — precision is never measured on random weights (load the "
-            "model class the checkpoint was saved from: hf_model.auto_class)"
-        )
+        if self.random_init and self.unused:
+            why = ("the model class is not the one the checkpoint was saved from: set "
+                   f"{class_key} to it")  # fmt: skip
+        elif self.random_init:
+            why = ("the checkpoint lacks tensors this model class needs: an incomplete or "
+                   "partial save, or a class with a head the checkpoint never had "
+                   f"({class_key})")  # fmt: skip
+        else:
+            instead = (f"declare training-only heads in {heads_key}" if heads_key
+                       else "drop those tensors from the file")  # fmt: skip
+            why = ("the checkpoint holds weights this model class has no place for, so its "
+                   f"output is not the checkpoint's: set {class_key} to the class it was saved "
+                   f"from, or {instead}")  # fmt: skip
+        never = (" — precision is never measured on random weights" if self.random_init
+                 else " — precision is never measured on part of a checkpoint")  # fmt: skip
+        return "; ".join(parts) + never + f" ({why})"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _listing(names: list[str], limit: int = 6) -> str:

@@ -78,6 +78,25 @@ class PrecisionRun:
     notes: list[str]
     modules: dict[str, nn.Module]
     """layer name -> module (for the mixed-precision search)."""
+    weights_beyond_range: dict[str, dict[str, int]] = field(default_factory=dict)
+    """dtype -> parameter name -> how many of its values exceed the dtype's largest finite
+    value (they become Inf when cast); parameters read from disk per layer are not counted."""
+
+
+def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[str, int]]:
+    """Parameters whose values a cast to each dtype turns into Inf, by name and count."""
+    out: dict[str, dict[str, int]] = {}
+    for dtype in dtypes:
+        limit = torch.finfo(getattr(torch, dtype)).max
+        found = {}
+        for name, p in model.named_parameters():
+            if p.is_meta or not p.is_floating_point():
+                continue
+            n = int((p.detach().abs() > limit).sum())
+            if n:
+                found[name] = n
+        out[dtype] = found
+    return out
 
 
 class Spilled:
@@ -419,4 +438,5 @@ def measure_model(
         errors=state.errors,
         notes=state.notes,
         modules=state.modules,
+        weights_beyond_range=weights_beyond_range(model, state.dtypes),
     )

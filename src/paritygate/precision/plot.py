@@ -59,8 +59,9 @@ def _series(rows: list[dict[str, Any]], key: str, floor: float) -> tuple[list, l
     return xs, ys, bad
 
 
-def _worst(report: dict[str, Any]) -> list[tuple[int, str]]:
-    """(index, layer) of the layers furthest over their budget in any series."""
+def _worst(report: dict[str, Any], min_gap: float = 0.0) -> list[tuple[int, str]]:
+    """(index, layer) of the layers furthest over their budget in any series, each at least
+    ``min_gap`` indices from a worse one (slanted names closer than that overlap)."""
     score: dict[tuple[int, str], float] = {}
     for r in report["rows"]:
         k = (r["index"], r["layer"])
@@ -68,8 +69,13 @@ def _worst(report: dict[str, Any]) -> list[tuple[int, str]]:
     for r in (report.get("onnx") or {}).get("rows", []):
         k = (r["index"], r["layer"])
         score[k] = max(score.get(k, 0.0), _ratio(r["onnx_rel_l2"], r["budget"]))
-    ranked = sorted(score, key=lambda k: (-score[k], k[0]))
-    return sorted(ranked[:NAMED])
+    named: list[tuple[int, str]] = []
+    for k in sorted(score, key=lambda k: (-score[k], k[0])):
+        if len(named) == NAMED:
+            break
+        if all(abs(k[0] - i) >= min_gap for i, _ in named):
+            named.append(k)
+    return sorted(named)
 
 
 def plot_precision(report: dict[str, Any], path: Path) -> Path:
@@ -82,8 +88,14 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     floor = 1e-12
     kinds = [k for k in ("leaf", "block") if any(r["kind"] == k for r in rows)]
     title = _title(report)
-    height = 3.2 * len(kinds) + 2.6
-    top_in, bottom_in = 0.3 + 0.16 * title.count("\n"), 1.5  # title lines; slanted names
+    indices = [r["index"] for r in rows] or [0]
+    span = max(indices) - min(indices) + 1
+    axis_in = 12 * (0.8 - 0.08)
+    named = _worst(report, min_gap=0.2 * span / axis_in)  # names 0.2 in apart at least
+    longest = max((len(name) for _, name in named), default=0)
+    # title lines; names slanted at 35 degrees (7 pt: about 0.053 in a character) + axis label
+    top_in, bottom_in = 0.3 + 0.16 * title.count("\n"), 0.55 + 0.031 * longest
+    height = 3.2 * len(kinds) + 1.1 + bottom_in
     fig = Figure(figsize=(12, height), dpi=100)
     # Fixed margins in inches, not tight_layout: it draws the figure once more to measure.
     fig.subplots_adjust(left=0.08, right=0.8, top=1 - top_in / height, bottom=bottom_in / height,
@@ -128,7 +140,7 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
                     alpha=0.5,
                     lw=2,
                     ls="-.",
-                    label=f"{dtype} first divergent: {first['layer']}",
+                    label=f"{dtype} first divergent (title)",
                 )
         mine = sorted(
             (r for r in onnx.get("rows", []) if kind.get(r["layer"]) == k), key=lambda r: r["index"]
@@ -186,7 +198,6 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     head.set_ylabel("max |activation| /\nformat max")
     head.grid(True, which="major", alpha=0.3)
     head.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    named = _worst(report)
     head.set_xticks([i for i, _ in named])
     head.set_xticklabels([name for _, name in named], rotation=35, ha="right", fontsize=7)
     head.set_xlabel(f"layer (execution order; the {len(named)} highest error / budget named)")

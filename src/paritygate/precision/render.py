@@ -197,13 +197,17 @@ def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
     json_path = write_json(report, report_dir / "precision.json")
     png_path = plot_precision(report, report_dir / "precision.png")
     table = markdown_table(report)
+    notes = [str(n) for n in report.get("notes") or []]
+    if notes:
+        table += "\n\n" + "\n".join(f"- {n}" for n in notes)
     encoded = base64.b64encode(png_path.read_bytes()).decode()
     names = ", ".join(Path(p).name for p in (csv_path, json_path, png_path))
     fragment = (
         '<section class="precision"><h3>Per-layer precision</h3>'
         f'<img alt="per-layer precision error" src="data:image/png;base64,{encoded}"/>'
         f"{html_tables(report)}"
-        f"<p>{html.escape(report['budget_formula'])}</p>"
+        + ("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else "")
+        + f"<p>{html.escape(report['budget_formula'])}</p>"
         f"<p>Every layer's numbers: {html.escape(names)} beside this report; the per-layer "
         "golden baseline: precision_per_layer.detail.json beside the golden file.</p></section>"
     )

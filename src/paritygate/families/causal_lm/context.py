@@ -57,6 +57,12 @@ class LMContext:
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
+    def numerics(self) -> dict[str, str]:
+        """Settings that move the numbers by design, recorded with a blessed baseline: a
+        regression against a baseline blessed under other settings says so."""
+        return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
+
+    @property
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
         if "probes_sha256" not in self._cache:

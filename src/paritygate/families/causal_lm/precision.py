@@ -60,7 +60,9 @@ def precision_subject(ctx: LMContext) -> PrecisionSubject:
         build_model=lambda: model.eval(),
         batches=batches,
         select_output=lambda out: out.logits,
-        refusal=coverage.refusal(),
+        refusal=coverage.refusal(
+            "the architecture (config.json)", heads_key="causal_lm.training_only_heads"
+        ),
         streamed=stream,
         extra={"notes": notes},
     )

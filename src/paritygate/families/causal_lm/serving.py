@@ -64,6 +64,8 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
         "serving sampling config",
     )
     served_dir = config.resolve(served) if served else config.resolve(spec.model_dir)
+    if served and not served_dir.is_dir():  # before anything is looked for inside it
+        raise InputError(cfg, dir_key, f"serving model directory not found: {served_dir}")
     if gen is None:
         candidate = served_dir / "generation_config.json"
         if not candidate.is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from paritygate.engines.hf_loading import quiet_transformers
+from paritygate.engines.hf_loading import quiet_transformers, require_tokenizer_files
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.probes import Probe
 
@@ -16,8 +16,7 @@ def load_tokenizer(
     """An HF tokenizer from ``directory``, its chat template optionally replaced by a file."""
     from transformers import AutoTokenizer
 
-    if not directory.is_dir():
-        raise InputError(directory, None, "tokenizer directory not found")
+    require_tokenizer_files(directory, None)
     try:
         with quiet_transformers():
             tok = AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.engines.hf_loading import quiet_transformers, safetensors_files
+from paritygate.engines.hf_loading import (
+    check_model_dir,
+    quiet_transformers,
+    require_tokenizer_files,
+    safetensors_files,
+)
 from paritygate.errors import InputError, MissingExtra
 from paritygate.families.hf_model.probes import Batch, npz_batches, read_texts, text_batches
 from paritygate.provenance import sha256_file, sha256_files
@@ -190,6 +195,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         )
     if not (model_dir / "config.json").is_file():
         raise InputError(model_dir / "config.json", None, "model directory has no config.json")
+    check_model_dir(model_dir, trust_remote_code=config.trust_remote_code)
     files = safetensors_files(model_dir)
     model_class, reason = _model_class(config, spec, model_dir)
     probes = config.resolve(spec.probes)
@@ -207,6 +213,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         batches = npz_batches(probes, getattr(hf_config, "vocab_size", None), spec.batch_size)
     else:
         tok_dir = config.resolve(spec.tokenizer) if spec.tokenizer else model_dir
+        require_tokenizer_files(tok_dir, "hf_model.tokenizer")
         try:
             with quiet_transformers():
                 tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -216,7 +223,9 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
             raise InputError(
                 tok_dir, "hf_model.tokenizer", f"cannot load the tokenizer for text probes: {exc}"
             ) from None
-        batches = text_batches(tokenizer, read_texts(probes), spec.max_tokens, spec.batch_size)
+        batches = text_batches(
+            tokenizer, read_texts(probes), spec.max_tokens, spec.batch_size, probes
+        )
     return HFModelContext(
         config=config,
         spec=spec,

@@ -46,17 +46,35 @@ def read_texts(path: Path) -> list[str]:
     return texts
 
 
-def text_batches(tokenizer: Any, texts: list[str], max_tokens: int, batch_size: int) -> list[Batch]:
-    """Tokenized, truncated batches, padded to the longest text of each batch."""
+def text_batches(
+    tokenizer: Any, texts: list[str], max_tokens: int, batch_size: int, path: Path | None = None
+) -> list[Batch]:
+    """Tokenized, truncated batches, padded to the longest text of each batch.
+
+    A tokenizer without a pad token (GPT-2's) pads with its EOS token, or UNK: padded
+    positions are masked, and the low-precision passes see the same ids as fp32."""
+    if tokenizer.pad_token is None:
+        fill = tokenizer.eos_token or tokenizer.unk_token
+        if fill is None and len(texts) > 1 and batch_size > 1:
+            raise InputError(
+                path, "hf_model.batch_size", "the tokenizer has no pad, EOS or UNK token to pad "
+                "texts of different lengths with: set batch_size: 1 or give .npz probes"
+            )
+        tokenizer.pad_token = fill
     batches: list[Batch] = []
     for start in range(0, len(texts), batch_size):
-        enc = tokenizer(
-            texts[start : start + batch_size],
-            padding=True,
-            truncation=True,
-            max_length=max_tokens,
-            return_tensors="pt",
-        )
+        try:
+            enc = tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=max_tokens,
+                return_tensors="pt",
+            )
+        except Exception as exc:  # transformers raises ValueError, TypeError, ...
+            raise InputError(
+                path, "hf_model.probes", f"the tokenizer cannot encode probe {start + 1}: {exc}"
+            ) from None
         batches.append(((), {k: v for k, v in enc.items() if k in NPZ_KEYS}))
     return batches
 
