@@ -22,6 +22,7 @@ weights during step 1 (or of one layer's weights during a local run).
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,17 +86,21 @@ class PrecisionRun:
 
 def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[str, int]]:
     """Parameters whose values a cast to each dtype turns into Inf, by name and count."""
-    out: dict[str, dict[str, int]] = {}
-    for dtype in dtypes:
-        limit = torch.finfo(getattr(torch, dtype)).max
-        found = {}
+    limits = {dtype: torch.finfo(getattr(torch, dtype)).max for dtype in dtypes}
+    out: dict[str, dict[str, int]] = {dtype: {} for dtype in dtypes}
+    smallest = min(limits.values(), default=math.inf)
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.is_meta or not p.is_floating_point():
+            if p.is_meta or not p.is_floating_point() or p.numel() == 0:
                 continue
-            n = int((p.detach().abs() > limit).sum())
-            if n:
-                found[name] = n
-        out[dtype] = found
+            low, high = torch.aminmax(p.detach())  # one pass; counted only past a limit
+            if max(-float(low), float(high)) <= smallest:
+                continue
+            magnitude = p.detach().abs()
+            for dtype, limit in limits.items():
+                n = int((magnitude > limit).sum())
+                if n:
+                    out[dtype][name] = n
     return out
 
 
@@ -438,5 +443,9 @@ def measure_model(
         errors=state.errors,
         notes=state.notes,
         modules=state.modules,
-        weights_beyond_range=weights_beyond_range(model, state.dtypes),
-    )
+        # only needed to explain a non-finite layer output: no scan on a clean model
+        weights_beyond_range=weights_beyond_range(model, [
+            d for d in state.dtypes
+            if any(r.local[d].nan + r.local[d].inf for r in state.records.values())
+        ]),
+    )  # fmt: skip

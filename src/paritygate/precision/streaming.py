@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from paritygate.errors import InputError
+from paritygate.precision.allocator import GLIBC
 from paritygate.precision.hf import Coverage
 from paritygate.precision.hooks import assign
 
@@ -308,37 +309,6 @@ class LayerStreamer:
         return bad
 
 
-class _Glibc:
-    """glibc's allocator controls; without glibc (another libc, another OS) calls do nothing."""
-
-    def __init__(self) -> None:
-        import ctypes
-
-        try:
-            self._libc: Any = ctypes.CDLL("libc.so.6")
-            self._libc.malloc_trim  # noqa: B018 - glibc only
-        except (OSError, AttributeError):
-            self._libc = None
-
-    def return_large_frees(self) -> None:
-        """Allocations over 1 MiB mapped on their own, the heap's free top trimmed past 1 MiB."""
-        if self._libc is not None:
-            self._libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
-            self._libc.mallopt(-1, 1 << 20)  # M_TRIM_THRESHOLD
-            self.release()
-
-    def release(self) -> None:
-        """Give the heap's free pages back to the OS, wherever they lie in it (malloc_trim)."""
-        if self._libc is not None:
-            self._libc.malloc_trim(0)
-
-
-GLIBC = _Glibc()
-"""Streamed layers come and go between activations that stay alive. A layer's tensors are
-served from free heap space left by earlier work (imports, loading, other checks), which
-glibc never returns by itself: measured, the resident set then grew by about a layer per layer
-read (5.6x the largest layer added by the pass, in most runs) against 1.7x with the heap's
-free pages released after each layer."""
 
 
 def build_streamed(
