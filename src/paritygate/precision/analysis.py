@@ -60,8 +60,10 @@ def _layer_row(
         "numel": record.act.numel,
         "over_budget": over,
         "local_error": error,
-        "weights_beyond_range": _own_weights(record.key.split("#")[0], beyond or {}),
     }
+    weights = _own_weights(record.key.split("#")[0], beyond or {})
+    if weights:  # only on a layer whose weights a cast turns into Inf
+        row["weights_beyond_range"] = weights
     return {k: json_number(v) if isinstance(v, float) else v for k, v in row.items()}
 
 
