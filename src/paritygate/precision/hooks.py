@@ -56,6 +56,33 @@ def parameterised_leaves(model: nn.Module) -> set[nn.Module]:
     }
 
 
+class ParamSource:
+    """Where streamed parameters' values are read from (:mod:`~.streaming`), in any dtype."""
+
+    def streams(self, p: nn.Parameter) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read(self, p: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+SOURCE_ATTR = "_paritygate_param_source"
+
+
+def read_from(source: ParamSource, modules: Iterable[nn.Module]) -> None:
+    """Mark ``modules``' streamed parameters as read from ``source``: a cast of a loaded one
+    frees it and reads the cast dtype from the source, and the undo reads the original dtype
+    again, so a module rerun in low precision never holds its weights twice. (Kept on the
+    modules: a parameter moved between devices is a new tensor object.)"""
+    for m in modules:
+        object.__setattr__(m, SOURCE_ATTR, source)
+
+
+def _source(mod: nn.Module, p: nn.Parameter) -> ParamSource | None:
+    source = getattr(mod, SOURCE_ATTR, None)
+    return source if source is not None and source.streams(p) else None
+
+
 def cast_params(
     module: nn.Module,
     dtype: torch.dtype,
@@ -81,6 +108,7 @@ def cast_params(
     for kept in keep:
         skip.update(id(m) for m in kept.modules())
     params: list[tuple[nn.Parameter, torch.Tensor]] = []
+    reread: list[tuple[nn.Parameter, ParamSource, torch.dtype]] = []
     buffers: list[tuple[nn.Module, str, torch.Tensor]] = []
     seen: set[int] = set()
     for mod in module.modules():
@@ -90,6 +118,12 @@ def cast_params(
             if p is None or id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
                 continue
             seen.add(id(p))
+            source = _source(mod, p)
+            if source is not None and not p.is_meta and cache is None:
+                reread.append((p, source, p.dtype))  # freed now, read again on undo
+                assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+                assign(p, source.read(p, dtype))
+                continue
             params.append((p, p.data))
             p.data = cast(p)
         for name, b in mod._buffers.items():
@@ -101,6 +135,8 @@ def cast_params(
     def restore() -> None:
         for p, original in params:
             assign(p, original)
+        for p, source, was in reread:
+            assign(p, source.read(p, was))
         for mod, name, original in buffers:
             mod._buffers[name] = original
 

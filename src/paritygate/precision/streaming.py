@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,7 @@ from torch import nn
 from paritygate.errors import InputError
 from paritygate.precision.allocator import GLIBC
 from paritygate.precision.hf import Coverage
-from paritygate.precision.hooks import assign
+from paritygate.precision.hooks import ParamSource, assign, read_from
 
 AUTO_FRACTION = 0.5
 """``streaming: auto`` streams when the model's fp32 size exceeds this fraction of the
@@ -78,19 +79,39 @@ def checkpoint_index(files: Iterable[Path]) -> dict[str, Entry]:
     return index
 
 
-def read_tensor(entry: Entry, key: str) -> torch.Tensor:
-    """One tensor read from its file into fresh memory (little-endian, as safetensors stores)."""
+CHUNK_BYTES = 4 << 20
+"""A tensor read into another dtype passes through a buffer of at most this size."""
+
+
+def read_tensor(entry: Entry, key: str, as_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One tensor read from its file into fresh memory (little-endian, as safetensors stores).
+
+    ``as_dtype``: a floating tensor converted while read, chunk by chunk (as a whole-tensor
+    ``.to`` would round), so the stored dtype's full copy never exists beside the result."""
     dtype = _DTYPES.get(entry.dtype)
     if dtype is None:
         raise InputError(entry.file, key, f"unsupported safetensors dtype {entry.dtype}")
-    value = torch.empty(entry.shape, dtype=dtype)
-    raw = value.reshape(-1).view(torch.uint8).numpy()
-    if raw.nbytes != entry.nbytes:
+    numel = math.prod(entry.shape)
+    if numel * dtype.itemsize != entry.nbytes:
         raise InputError(entry.file, key, f"{entry.nbytes} bytes for shape {entry.shape}")
+    convert = as_dtype is not None and as_dtype != dtype and dtype.is_floating_point
+    value = torch.empty(entry.shape, dtype=as_dtype if convert else dtype)
     with open(entry.file, "rb", buffering=0) as handle:
         handle.seek(entry.offset)
-        if handle.readinto(memoryview(raw)) != entry.nbytes:
-            raise InputError(entry.file, key, "file ends before the tensor's data")
+        if not convert:
+            raw = value.reshape(-1).view(torch.uint8).numpy()
+            if handle.readinto(memoryview(raw)) != entry.nbytes:
+                raise InputError(entry.file, key, "file ends before the tensor's data")
+            return value
+        flat = value.reshape(-1)
+        step = max(CHUNK_BYTES // dtype.itemsize, 1)
+        buffer = torch.empty(min(step, numel), dtype=dtype)
+        for start in range(0, numel, step):
+            n = min(step, numel - start)
+            raw = buffer[:n].view(torch.uint8).numpy()
+            if handle.readinto(memoryview(raw)) != raw.nbytes:
+                raise InputError(entry.file, key, "file ends before the tensor's data")
+            flat[start : start + n] = buffer[:n].to(torch.float32).to(as_dtype)
     return value
 
 
@@ -184,7 +205,7 @@ def _unique(params: Iterable[nn.Parameter]) -> list[nn.Parameter]:
     return list(seen.values())
 
 
-class LayerStreamer:
+class LayerStreamer(ParamSource):
     """Reads each repeated layer's parameters from the safetensors when the layer is called."""
 
     def __init__(self, model: nn.Module, index: dict[str, Entry]) -> None:
@@ -244,6 +265,10 @@ class LayerStreamer:
             for unit in self.units
         ]
         in_units = {id(q) for params in self.streamed for q in params}
+        # a module rerun in low precision inside a loaded unit reads its weights again in
+        # that dtype instead of holding a cast copy beside them
+        self._streamed_ids = in_units
+        read_from(self, (m for unit in self.units for m in unit.modules()))
         self.resident = [p for p in _unique(model.parameters()) if id(p) not in in_units]
         self.largest_layer_bytes = max(
             (sum(p.numel() * 4 for p in params) for params in self.streamed), default=0
@@ -289,15 +314,21 @@ class LayerStreamer:
     def _read(self, params: list[nn.Parameter]) -> None:
         """Read ``params`` from their files in the dtype each placeholder holds."""
         for p in params:
-            key = self.keys[id(p)]
-            entry = self.index[key]
-            if entry.shape != tuple(p.shape):
-                shape = tuple(p.shape)
-                raise InputError(entry.file, key, f"shape {entry.shape} does not fit {shape}")
-            value = read_tensor(entry, key)
-            if value.is_floating_point():
-                value = value.to(torch.float32).to(p.dtype)
-            assign(p, value)
+            assign(p, self.read(p, p.dtype))
+
+    def streams(self, p: nn.Parameter) -> bool:
+        """Whether ``p`` is read from the files per call (a ParamSource)."""
+        return id(p) in self._streamed_ids
+
+    def read(self, p: nn.Parameter, dtype: torch.dtype) -> torch.Tensor:
+        """``p``'s values from the file, in ``dtype`` (floating tensors) (a ParamSource)."""
+        key = self.keys[id(p)]
+        entry = self.index[key]
+        if entry.shape != tuple(p.shape):
+            shape = tuple(p.shape)
+            raise InputError(entry.file, key, f"shape {entry.shape} does not fit {shape}")
+        GLIBC.release()  # what the last read freed, before this one allocates
+        return read_tensor(entry, key, dtype if p.is_floating_point() else None)
 
     def scan_nonfinite(self) -> list[str]:
         """Checkpoint keys holding NaN/Inf, read one tensor at a time."""
