@@ -72,8 +72,9 @@ SOURCE_ATTR = "_paritygate_param_source"
 def read_from(source: ParamSource, modules: Iterable[nn.Module]) -> None:
     """Mark ``modules``' streamed parameters as read from ``source``: a cast of a loaded one
     frees it and reads the cast dtype from the source, and the undo reads the original dtype
-    again, so a module rerun in low precision never holds its weights twice. (Kept on the
-    modules: a parameter moved between devices is a new tensor object.)"""
+    again, so a module rerun in low precision never holds its weights twice. The mark sits on
+    the modules: a parameter moved between the meta device and memory is swapped in place
+    (:func:`assign`), which a weak reference to it would forbid."""
     for m in modules:
         object.__setattr__(m, SOURCE_ATTR, source)
 
@@ -93,7 +94,9 @@ def cast_params(
 
     Modules in ``keep`` (and everything below them) stay as they are. With a
     ``cache`` (tensor id -> its cast copy, filled on first use), each tensor is
-    cast once and later calls only swap the copies in.
+    cast once and later calls only swap the copies in. A loaded parameter of a
+    module marked by :func:`read_from` is freed and read in ``dtype`` from its
+    source instead, and read back in its own dtype on undo.
     """
 
     def cast(t: torch.Tensor) -> torch.Tensor:

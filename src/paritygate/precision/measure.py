@@ -43,6 +43,7 @@ from paritygate.precision.hooks import (
     saturating_cast,
     select_layers,
 )
+from paritygate.precision.spill import Kept, SpillFile, load_kept
 from paritygate.precision.stats import ActivationStats, ErrorStats, RelL2
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
@@ -102,59 +103,6 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
                 if n:
                     out[dtype][name] = n
     return out
-
-
-class Spilled:
-    """A kept tensor written to the spill file: its place, shape and dtype, no data in memory."""
-
-    def __init__(
-        self, spill: SpillFile, offset: int, shape: torch.Size, dtype: torch.dtype
-    ) -> None:
-        self.spill, self.offset, self.shape, self.dtype = spill, offset, shape, dtype
-
-    def load(self) -> torch.Tensor:
-        return self.spill.read(self)
-
-
-class SpillFile:
-    """An unlinked temporary file holding a batch's kept tensors (``precision.streaming``).
-
-    A streamed model holds one layer's weights at a time, but the cumulative runs keep every
-    measured layer's output per dtype until the fp32 run compares them: memory that grows with
-    depth and probe size. Spilled, a kept tensor is read back only for its comparison.
-    """
-
-    def __init__(self) -> None:
-        import tempfile
-
-        # closed by close() once the batch is compared; unlinked from the start
-        self._file = tempfile.TemporaryFile(prefix="paritygate-spill-")  # noqa: SIM115
-        self._end = 0
-
-    def write(self, t: torch.Tensor) -> Spilled:
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        self._file.seek(self._end)
-        self._file.write(memoryview(raw))
-        entry = Spilled(self, self._end, t.shape, t.dtype)
-        self._end += raw.nbytes
-        return entry
-
-    def read(self, entry: Spilled) -> torch.Tensor:
-        value = torch.empty(entry.shape, dtype=entry.dtype)
-        raw = value.reshape(-1).view(torch.uint8).numpy()
-        self._file.seek(entry.offset)
-        self._file.readinto(memoryview(raw))
-        return value
-
-    def close(self) -> None:
-        self._file.close()
-
-
-Kept = torch.Tensor | Spilled
-
-
-def _load(kept: Kept) -> torch.Tensor:
-    return kept.load() if isinstance(kept, Spilled) else kept
 
 
 class _Keeper:
@@ -334,9 +282,9 @@ class _Pass:
             )
             return
         for ref, cand in zip(outputs, lp_outputs, strict=True):
-            record.cum[dtype].update(ref, _load(cand))
+            record.cum[dtype].update(ref, load_kept(cand))
         if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
-            record.cum_in[dtype].update(inp, _load(lp_inp))
+            record.cum_in[dtype].update(inp, load_kept(lp_inp))
 
     def _cumulative_as_local(
         self,
@@ -348,7 +296,7 @@ class _Pass:
         if entry is None or [t.shape for t in entry[0]] != [t.shape for t in outputs]:
             return
         for ref, cand in zip(outputs, entry[0], strict=True):
-            record.local[dtype].update(ref, _load(cand))
+            record.local[dtype].update(ref, load_kept(cand))
 
     def _local(
         self,
@@ -426,7 +374,7 @@ def measure_model(
                     f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
                 )
                 continue
-            output[dtype].update(out32, _load(cand))
+            output[dtype].update(out32, load_kept(cand))
         if onnx is not None:
             onnx.compare_output(out32)
             onnx.finish_batch()

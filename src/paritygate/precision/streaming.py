@@ -250,11 +250,10 @@ class LayerStreamer(ParamSource):
         self.units = [*self.layers, *self.outer]
         """Streamed modules: the layers, then embeddings and heads outside them."""
         unit_of = {id(m): i for i, m in enumerate(self.units)}
-        prefixes = sorted(
-            ((f"{n}.", i) for n, m in model.named_modules() if id(m) in unit_of
-             for i in [unit_of[id(m)]]),
+        prefixes = sorted(  # longest first: a unit nested in another module's name
+            [(f"{name}.", unit_of[id(m)]) for name, m in model.named_modules() if id(m) in unit_of],
             key=lambda item: -len(item[0]),
-        )  # fmt: skip
+        )
         owners: dict[int, set[int | None]] = {}  # parameter -> units that use it (None: none)
         for name, p in model.named_parameters(remove_duplicate=False):
             unit = next((i for prefix, i in prefixes if name.startswith(prefix)), None)
@@ -264,12 +263,13 @@ class LayerStreamer(ParamSource):
             [p for p in _unique(unit.parameters()) if id(p) in streamable and id(p) in self.keys]
             for unit in self.units
         ]
-        in_units = {id(q) for params in self.streamed for q in params}
+        self._streamed_ids = {id(q) for params in self.streamed for q in params}
         # a module rerun in low precision inside a loaded unit reads its weights again in
         # that dtype instead of holding a cast copy beside them
-        self._streamed_ids = in_units
         read_from(self, (m for unit in self.units for m in unit.modules()))
-        self.resident = [p for p in _unique(model.parameters()) if id(p) not in in_units]
+        self.resident = [
+            p for p in _unique(model.parameters()) if id(p) not in self._streamed_ids
+        ]
         self.largest_layer_bytes = max(
             (sum(p.numel() * 4 for p in params) for params in self.streamed), default=0
         )
