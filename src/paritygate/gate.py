@@ -134,10 +134,14 @@ class Gate:
             "checkpoint_sha256": ctx.checkpoint_sha256,
             "probes_sha256": ctx.probes_sha256,
             "config_sha256": config_hash,
-            "numerics": dict(getattr(ctx, "numerics", None) or {}),
+            "numerics": self.numerics(),
             "bless_command": self.bless_command(),
             "environment": environment(),
         }
+
+    def numerics(self) -> dict[str, Any]:
+        """The context's settings that move numbers by design (empty for families without)."""
+        return dict(getattr(self.context, "numerics", None) or {})
 
     def bless_command(self) -> str:
         try:
@@ -178,7 +182,7 @@ class Gate:
                 blessing=self.update_golden,
                 probes_sha256=lambda: self.context.probes_sha256,
                 provenance=self.provenance,
-                numerics=lambda: dict(getattr(self.context, "numerics", None) or {}),
+                numerics=self.numerics,
                 bless_command=self.bless_command(),
             )
         else:

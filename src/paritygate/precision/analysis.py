@@ -33,7 +33,8 @@ def _layer_row(
     k_local: float,
     beyond: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    k = local_budget_ulps(record.key.split("#")[0], dtype, k_local, spec.budgets)
+    layer = record.key.split("#")[0]
+    k = local_budget_ulps(layer, dtype, k_local, spec.budgets)
     budget = k * unit_roundoff(dtype)
     local, cum, cum_in = record.local[dtype], record.cum[dtype], record.cum_in[dtype]
     cum_err, in_err = cum.rel_l2, cum_in.rel_l2
@@ -61,7 +62,7 @@ def _layer_row(
         "over_budget": over,
         "local_error": error,
     }
-    weights = _own_weights(record.key.split("#")[0], beyond or {})
+    weights = _own_weights(layer, beyond or {})
     if weights:  # only on a layer whose weights a cast turns into Inf
         row["weights_beyond_range"] = weights
     return {k: json_number(v) if isinstance(v, float) else v for k, v in row.items()}

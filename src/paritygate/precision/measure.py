@@ -153,10 +153,10 @@ class _Pass:
         model: nn.Module,
         spec: PrecisionSpec,
         layers: dict[nn.Module, LayerInfo],
-        spill: SpillFile | None = None,
     ) -> None:
         self.model = model
-        self.spill = spill
+        self.spill: SpillFile | None = None
+        """The current batch's spill file (streamed models), set per batch."""
         self.spec = spec
         self.layers = layers
         self.dtypes = list(spec.dtypes)

@@ -13,7 +13,7 @@ and the numbers equal those of the in-memory pass. The price is I/O: every
 forward reads the units again. Tensors are read with plain file reads at the
 offsets of the safetensors header, not through a memory map: a map held by
 any tensor would keep every page read through it resident. The pass keeps its
-per-layer tensors in a temporary file (:class:`~.measure.SpillFile`), so its
+per-layer tensors in a temporary file (:class:`~.spill.SpillFile`), so its
 memory does not grow with depth either.
 """
 
@@ -291,15 +291,11 @@ class LayerStreamer(ParamSource):
     def _enter(self, layer: nn.Module, args: Any) -> None:
         current = self.layer_of[id(layer)]
         mine = {id(p) for p in self.streamed[current]}  # a tied weight: read once, kept
-        dropped = False
         for i, params in enumerate(self.streamed):
             if i != current:
                 for p in params:
                     if not p.is_meta and id(p) not in mine:
                         assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
-                        dropped = True
-        if dropped:
-            GLIBC.release()
         self._read([p for p in self.streamed[current] if p.is_meta])
 
     def _leave(self, layer: nn.Module, args: Any, output: Any) -> None:
