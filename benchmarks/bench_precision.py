@@ -18,6 +18,11 @@ Peak memory: in a fresh subprocess per measurement, the growth of the peak
 resident set from just before the model is built to the end, against the fp32
 model size, for the precision pass and for a plain fp32 forward. Target <= 2x.
 
+Streaming: the same peak for layers read one at a time from safetensors, against the largest
+layer, on an 8-layer hidden-1024 Llama and on a 4-layer hidden-2048 one (a layer of 196 MiB,
+beside which the libraries' own memory is small). Target: 1x the largest layer plus
+activations.
+
 Scaling: precision-pass time per layer as the Llama layer count goes 4 -> 32
 (target: flat).
 
@@ -387,8 +392,10 @@ def main() -> None:
         print("\n[memory] LlamaForCausalLM 4 layers, hidden 1024")
         bench_memory("llama", 4, 1024)
     if "streaming" in parts:
-        print("\n[streaming] LlamaForCausalLM 8 layers, hidden 1024, 1 batch of 2x64 tokens")
-        bench_streaming(8, 1024)
+        for layers, hidden in ((8, 1024), (4, 2048)):
+            print(f"\n[streaming] LlamaForCausalLM {layers} layers, hidden {hidden}, "
+                  "1 batch of 2x64 tokens")  # fmt: skip
+            bench_streaming(layers, hidden)
     if "scaling" not in parts:
         return
     print("\n[scaling] precision pass, hidden 256, 1 batch of 2x32 tokens")

@@ -61,3 +61,27 @@ def test_local_max_batches_samples_local_error_and_says_so() -> None:
     full = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o),
                          PrecisionSpec(), 16, 8)
     assert not any("probe batches" in note for note in full["notes"])
+
+
+def test_a_pair_compared_once_serves_every_layer_that_sees_it() -> None:
+    """An identity layer's output is its input, and a layer's input the previous output: the
+    comparisons shared through one computation equal comparisons made directly."""
+    from paritygate.precision.stats import ErrorStats
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 4)
+    ).eval()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    run = measure_model(model, [((x,), {})], lambda out: out, PrecisionSpec(layers="leaves"))
+    first, dropout, last = (next(r for r in run.layers if r.key == k) for k in ("0", "1", "2"))
+    for dtype in ("float16", "bfloat16"):
+        assert dropout.cum[dtype].sum_err2 == first.cum[dtype].sum_err2 > 0
+        assert last.cum_in[dtype].rel_l2 == first.cum[dtype].rel_l2
+        # the first layer's cumulative error, computed directly
+        low = getattr(torch, dtype)
+        with torch.no_grad():
+            direct = ErrorStats()
+            direct.update(model[0](x), torch.nn.functional.linear(
+                x.to(low), model[0].weight.to(low), model[0].bias.to(low)))  # fmt: skip
+        assert first.cum[dtype].rel_l2 == direct.rel_l2

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from paritygate.precision.budgets import local_budget, output_budget, unit_roundoff
 from paritygate.precision.config import PrecisionSpec
-from paritygate.precision.stats import ActivationStats, ErrorStats
+from paritygate.precision.stats import ActivationStats, ErrorStats, RelL2, compare
 
 
 def test_error_stats_match_direct_computation_over_batches() -> None:
@@ -32,6 +32,41 @@ def test_error_stats_match_direct_computation_over_batches() -> None:
     p99 = np.quantile(err, 0.99)
     # histogram bins are 2^(1/8) wide: the reported upper edge lies within one bin of the truth
     assert p99 <= stats.quantile_abs(0.99) <= p99 * 2 ** (2 / 8)
+
+
+def test_histogram_keeps_only_the_span_reached_and_counts_exact_zeros_apart() -> None:
+    generator = torch.Generator().manual_seed(1)
+    ref = torch.randn(4096, generator=generator)
+    cand = ref + 1e-3 * torch.randn(4096, generator=generator)
+    cand[:2048] = ref[:2048]  # half the errors exactly zero: bin 0, not part of the span
+    stats = ErrorStats()
+    stats.update(ref, cand)
+    stats.update(ref * 2, cand * 2)  # a second span, one octave up: merged
+    assert stats.zeros == 2 * 2048
+    assert stats.hist is not None and len(stats.hist) < 200  # of 2048 possible bins
+    err = np.abs(np.concatenate([(cand - ref).numpy(), (2 * cand - 2 * ref).numpy()]))
+    for q in (0.4, 0.75, 0.99):  # below the zeros' share the quantile is zero
+        truth = np.quantile(err, q)
+        got = stats.quantile_abs(q)
+        assert (got == 0.0) if truth == 0.0 else truth <= got <= truth * 2 ** (2 / 8)
+
+
+def test_one_comparison_folds_into_several_accumulators_like_separate_updates() -> None:
+    generator = torch.Generator().manual_seed(2)
+    ref = torch.randn(300, generator=generator)
+    cand = (ref + 1e-2 * torch.randn(300, generator=generator)).half()
+    pair = compare(ref, cand)
+    folded, updated, light = ErrorStats(), ErrorStats(), RelL2()
+    folded.fold(pair)
+    folded.fold(pair)
+    updated.update(ref, cand)
+    updated.update(ref, cand)
+    light.fold(pair)
+    assert (folded.n, folded.sum_err2, folded.max_abs) == (updated.n, updated.sum_err2,
+                                                           updated.max_abs)  # fmt: skip
+    assert folded.quantile_abs(0.99) == updated.quantile_abs(0.99)
+    assert light.rel_l2 == pytest.approx(updated.rel_l2)
+    assert compare(ref, cand, full=False).counts is None  # sums only, no histogram
 
 
 def test_new_nonfinite_values_are_counted_and_make_the_error_infinite() -> None:

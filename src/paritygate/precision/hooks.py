@@ -138,7 +138,8 @@ def cast_params(
     def restore() -> None:
         for p, original in params:
             assign(p, original)
-        for p, source, was in reread:
+        for p, source, was in reread:  # the low-precision copy freed before the read
+            assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
             assign(p, source.read(p, was))
         for mod, name, original in buffers:
             mod._buffers[name] = original
@@ -201,7 +202,9 @@ def saturating_cast(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor
     def cast(t: torch.Tensor) -> torch.Tensor:
         if t.dtype == dtype:
             return t
-        return t.clamp(-limit, limit).to(dtype)
+        # cast, then clamp the copy in place: the same values as clamping first (a value
+        # past the largest finite one rounds to it or to Inf), without a full-size temporary
+        return t.to(dtype).clamp_(-limit, limit)
 
     return cast
 

@@ -44,7 +44,7 @@ from paritygate.precision.hooks import (
     select_layers,
 )
 from paritygate.precision.spill import Kept, SpillFile, load_kept
-from paritygate.precision.stats import ActivationStats, ErrorStats, RelL2
+from paritygate.precision.stats import ActivationStats, ErrorStats, Pair, RelL2, compare
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -89,6 +89,8 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
     """Parameters whose values a cast to each dtype turns into Inf, by name and count."""
     limits = {dtype: torch.finfo(getattr(torch, dtype)).max for dtype in dtypes}
     out: dict[str, dict[str, int]] = {dtype: {} for dtype in dtypes}
+    if not dtypes:
+        return out
     smallest = min(limits.values(), default=math.inf)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -128,6 +130,43 @@ class _Keeper:
         return copy
 
 
+class _Pairs:
+    """One batch's comparisons, by the identity of the fp32 tensor and of the kept candidate.
+
+    A layer's input is usually the previous layer's output, an identity layer (dropout in eval)
+    returns its input, and one fp32 output meets a candidate per dtype and per run: each pair is
+    compared once, and each fp32 tensor's sum of squares computed once.
+    """
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int], tuple[Any, int, object, bool, Pair]] = {}
+        self._ref2: dict[int, tuple[Any, int, float]] = {}
+
+    def _live(self, entry: tuple[Any, int, Any] | None, ref: torch.Tensor) -> bool:
+        return entry is not None and entry[0]() is ref and entry[1] == ref._version
+
+    def compare(
+        self, ref: torch.Tensor, candidate: Kept | torch.Tensor, full: bool = True
+    ) -> Pair:
+        """``ref`` against ``candidate`` (a kept tensor, loaded only when not yet compared)."""
+        key = (id(ref), id(candidate))
+        entry = self._pairs.get(key)
+        if self._live(entry, ref) and (entry[3] or not full):  # type: ignore[index]
+            return entry[4]  # type: ignore[index]
+        pair = compare(ref, load_kept(candidate), full, self.ref2(ref))
+        self._pairs[key] = (weakref.ref(ref), ref._version, candidate, full, pair)
+        return pair
+
+    def ref2(self, ref: torch.Tensor) -> float:
+        """Sum of squares of an fp32 tensor (float32 norm, as :func:`compare` computes it)."""
+        entry = self._ref2.get(id(ref))
+        if self._live(entry, ref):
+            return entry[2]  # type: ignore[index]
+        value = float(torch.linalg.vector_norm(ref.detach().reshape(-1).to(torch.float32))) ** 2
+        self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
+        return value
+
+
 def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Turn a generation cache off: a cached layer rerun for its local error would append twice."""
     try:
@@ -157,6 +196,8 @@ class _Pass:
         self.model = model
         self.spill: SpillFile | None = None
         """The current batch's spill file (streamed models), set per batch."""
+        self.pairs = _Pairs()
+        """The current batch's comparisons, set per batch."""
         self.spec = spec
         self.layers = layers
         self.dtypes = list(spec.dtypes)
@@ -282,9 +323,9 @@ class _Pass:
             )
             return
         for ref, cand in zip(outputs, lp_outputs, strict=True):
-            record.cum[dtype].update(ref, load_kept(cand))
+            record.cum[dtype].fold(self.pairs.compare(ref, cand))
         if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
-            record.cum_in[dtype].update(inp, load_kept(lp_inp))
+            record.cum_in[dtype].fold(self.pairs.compare(inp, lp_inp, full=False))
 
     def _cumulative_as_local(
         self,
@@ -296,7 +337,7 @@ class _Pass:
         if entry is None or [t.shape for t in entry[0]] != [t.shape for t in outputs]:
             return
         for ref, cand in zip(outputs, entry[0], strict=True):
-            record.local[dtype].update(ref, load_kept(cand))
+            record.local[dtype].fold(self.pairs.compare(ref, cand))
 
     def _local(
         self,
@@ -322,7 +363,7 @@ class _Pass:
             record.errors[dtype] = "output shapes differ from the fp32 run"
             return
         for ref, cand in zip(outputs, candidates, strict=True):
-            record.local[dtype].update(ref, cand)
+            record.local[dtype].fold(compare(ref, cand, ref2=self.pairs.ref2(ref)))
 
     def _note(self, text: str) -> None:
         if text not in self.notes and len(self.notes) < 50:
@@ -352,6 +393,7 @@ def measure_model(
         stored: dict[str, dict[str, Any]] = {}
         final: dict[str, Kept] = {}
         state.spill = SpillFile() if spill else None
+        state.pairs = _Pairs()
         for dtype in state.dtypes:
             if dtype in state.errors:
                 continue

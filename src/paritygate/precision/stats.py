@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 NBINS = 1 << 11  # float32 bits 30..20: 8 exponent bits and the top 3 mantissa bits
 SAMPLE = 1 << 16
 
@@ -38,6 +40,87 @@ def _finite(*values: float) -> bool:
 
 
 @dataclass
+class Pair:
+    """One (reference, candidate) comparison, ready to fold into :class:`ErrorStats` or
+    :class:`RelL2`; computed once when several accumulators compare the same pair."""
+
+    n: int = 0
+    sum_err2: float = 0.0
+    sum_ref2: float = 0.0
+    sum_cand2: float = 0.0
+    max_abs: float = 0.0
+    nan: int = 0
+    inf: int = 0
+    nonfinite: bool = False
+    """A sum of squares overflowed or the tensors hold NaN/Inf (the masked path ran)."""
+    zeros: int = 0
+    """Sampled errors in histogram bin 0 (exactly zero, or below float32's normal range)."""
+    counts: Any = None
+    """Counts of the histogram bins ``counts_lo`` on of the sampled |error|, up to the last
+    bin reached (None: only the sums were computed)."""
+    counts_lo: int = 0
+
+
+def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | None = None) -> Pair:
+    """Sums of squares of the error, reference and candidate of one pair of same-shape tensors;
+    with ``full``, also the largest |error|, its histogram and NaN/Inf counts. ``ref2``: the
+    reference's sum of squares when already known (one reference meets several candidates)."""
+    torch = _torch()
+    norm = torch.linalg.vector_norm
+    ref = reference.detach().reshape(-1).to(torch.float32)
+    # the error is computed in place in a copy of the candidate: an out-of-place difference
+    # costs about three times as much on CPU (a fresh buffer per call)
+    cand = candidate.detach().reshape(-1).to(torch.float32, copy=True)
+    c2 = float(norm(cand)) ** 2
+    r2 = float(norm(ref)) ** 2 if ref2 is None else ref2
+    err = cand.sub_(ref)
+    e2 = float(norm(err)) ** 2
+    if not _finite(e2, r2, c2):
+        cand = candidate.detach().reshape(-1).to(torch.float32)
+        return _compare_masked(ref, cand) if full else Pair(nonfinite=True)
+    pair = Pair(ref.numel(), e2, r2, c2)
+    if full and ref.numel():
+        abs_err = err.abs_()
+        pair.max_abs = float(abs_err.amax())
+        pair.zeros, pair.counts_lo, pair.counts = _bins(_sample(abs_err))
+    return pair
+
+
+def _compare_masked(ref: Any, cand: Any) -> Pair:
+    """Slow path: count new NaN/Inf, then compare the finite positions in float64."""
+    torch = _torch()
+    ref_finite = torch.isfinite(ref)
+    pair = Pair(nonfinite=True)
+    pair.nan = int((torch.isnan(cand) & ~torch.isnan(ref)).sum())
+    pair.inf = int((torch.isinf(cand) & ref_finite).sum())
+    valid = ref_finite & torch.isfinite(cand)
+    ref, cand = ref[valid].double(), cand[valid].double()
+    if ref.numel() == 0:
+        return pair
+    err = cand - ref
+    pair.n = ref.numel()
+    pair.sum_err2 = float(torch.dot(err, err))
+    pair.sum_ref2 = float(torch.dot(ref, ref))
+    pair.sum_cand2 = float(torch.dot(cand, cand))
+    pair.max_abs = float(err.abs().max())
+    pair.zeros, pair.counts_lo, pair.counts = _bins(_sample(err.abs().float()))
+    return pair
+
+
+def _bins(abs_err: Any) -> tuple[int, int, Any]:
+    """Histogram of |error|: the count in bin 0, the first other bin reached, and the counts
+    from it to the last bin reached (bins: float32 bits 30..20, exponent and 3 mantissa bits)."""
+    torch = _torch()
+    index = abs_err.contiguous().view(torch.int32) >> 20
+    counts = torch.bincount(index, minlength=NBINS).numpy()  # numpy: small ops, no dispatch
+    reached = np.flatnonzero(counts[1:])
+    if not len(reached):
+        return int(counts[0]), 0, None
+    low, high = int(reached[0]) + 1, int(reached[-1]) + 2
+    return int(counts[0]), low, counts[low:high].copy()
+
+
+@dataclass
 class ErrorStats:
     """Running comparison of a candidate tensor stream with a reference stream."""
 
@@ -52,61 +135,47 @@ class ErrorStats:
     inf: int = 0
     """Candidate +-Inf where the reference is finite."""
     hist: Any = None
+    """Counts of the histogram bins ``hist_lo`` to ``hist_lo + len(hist) - 1``: only the span
+    the errors reached is stored (a few hundred bins, not 2048), as a model has many layers."""
+    hist_lo: int = 0
+    zeros: int = 0
+    """Sampled errors in bin 0 (exactly zero, or below float32's normal range)."""
 
     def update(self, reference: Any, candidate: Any) -> None:
         """Fold one pair of same-shape tensors into the running statistics."""
-        torch = _torch()
-        norm = torch.linalg.vector_norm
-        ref = reference.detach().reshape(-1).to(torch.float32)
-        cand = candidate.detach().reshape(-1).to(torch.float32)
-        err = cand - ref
-        e2, r2, c2 = (float(norm(t)) ** 2 for t in (err, ref, cand))
-        if not _finite(e2, r2, c2):
-            self._update_masked(ref, cand)
-            return
-        if ref.numel() == 0:
-            return
-        self.n += ref.numel()
-        self.sum_err2 += e2
-        self.sum_ref2 += r2
-        self.sum_cand2 += c2
-        low, high = torch.aminmax(err)
-        self.max_abs = max(self.max_abs, -float(low), float(high))
-        self._histogram(_sample(err).abs())
+        self.fold(compare(reference, candidate))
 
-    def _update_masked(self, ref: Any, cand: Any) -> None:
-        """Slow path: count new NaN/Inf, then compare the finite positions in float64."""
-        torch = _torch()
-        ref_finite = torch.isfinite(ref)
-        self.nan += int((torch.isnan(cand) & ~torch.isnan(ref)).sum())
-        self.inf += int((torch.isinf(cand) & ref_finite).sum())
-        valid = ref_finite & torch.isfinite(cand)
-        ref, cand = ref[valid].double(), cand[valid].double()
-        if ref.numel() == 0:
+    def fold(self, pair: Pair) -> None:
+        """Fold one full comparison (:func:`compare`) into the running statistics."""
+        self.nan += pair.nan
+        self.inf += pair.inf
+        if pair.n == 0:
             return
-        err = cand - ref
-        self.n += ref.numel()
-        self.sum_err2 += float(torch.dot(err, err))
-        self.sum_ref2 += float(torch.dot(ref, ref))
-        self.sum_cand2 += float(torch.dot(cand, cand))
-        self.max_abs = max(self.max_abs, float(err.abs().max()))
-        self._histogram(_sample(err.abs().float()))
-
-    def _histogram(self, abs_err: Any) -> None:
-        torch = _torch()
-        index = abs_err.contiguous().view(torch.int32) >> 20  # (exponent, 3 mantissa bits)
-        counts = torch.bincount(index, minlength=NBINS)
-        self.hist = counts if self.hist is None else self.hist + counts
+        self.n += pair.n
+        self.sum_err2 += pair.sum_err2
+        self.sum_ref2 += pair.sum_ref2
+        self.sum_cand2 += pair.sum_cand2
+        self.max_abs = max(self.max_abs, pair.max_abs)
+        self.zeros += pair.zeros
+        if pair.counts is None:
+            return
+        if self.hist is None:
+            self.hist, self.hist_lo = pair.counts.copy(), pair.counts_lo
+            return
+        low = min(self.hist_lo, pair.counts_lo)
+        high = max(self.hist_lo + len(self.hist), pair.counts_lo + len(pair.counts))
+        merged = np.zeros(high - low, dtype=self.hist.dtype)
+        merged[self.hist_lo - low : self.hist_lo - low + len(self.hist)] += self.hist
+        merged[pair.counts_lo - low : pair.counts_lo - low + len(pair.counts)] += pair.counts
+        self.hist, self.hist_lo = merged, low
 
     def quantile_abs(self, q: float) -> float:
         """Upper edge of the histogram bin holding the q-quantile of |error| (sampled)."""
-        if self.hist is None:
-            return 0.0
-        total = int(self.hist.sum())
+        total = self.zeros + (int(self.hist.sum()) if self.hist is not None else 0)
         rank = max(math.ceil(q * total), 1)
-        index = int((self.hist.cumsum(0) >= rank).nonzero()[0])
-        if index == 0:
+        if self.hist is None or rank <= self.zeros:
             return 0.0  # zero (or below float32's normal range)
+        index = self.hist_lo + int(np.searchsorted(np.cumsum(self.hist), rank - self.zeros))
         exponent, mantissa = divmod(index, 8)
         upper = 2.0 ** (exponent - 127) * (1 + (mantissa + 1) / 8)
         return min(upper, self.max_abs)
@@ -161,16 +230,15 @@ class RelL2:
     nonfinite: bool = False
 
     def update(self, reference: Any, candidate: Any) -> None:
-        torch = _torch()
-        ref = reference.detach().reshape(-1).to(torch.float32)
-        cand = candidate.detach().reshape(-1).to(torch.float32)
-        e2 = float(torch.linalg.vector_norm(cand - ref)) ** 2
-        r2 = float(torch.linalg.vector_norm(ref)) ** 2
-        if not _finite(e2, r2):
+        self.fold(compare(reference, candidate, full=False))
+
+    def fold(self, pair: Pair) -> None:
+        """Fold one comparison (:func:`compare`, full or not)."""
+        if pair.nonfinite:
             self.nonfinite = True
             return
-        self.sum_err2 += e2
-        self.sum_ref2 += r2
+        self.sum_err2 += pair.sum_err2
+        self.sum_ref2 += pair.sum_ref2
 
     @property
     def rel_l2(self) -> float:

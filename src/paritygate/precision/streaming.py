@@ -79,7 +79,7 @@ def checkpoint_index(files: Iterable[Path]) -> dict[str, Entry]:
     return index
 
 
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
 """A tensor read into another dtype passes through a buffer of at most this size."""
 
 
@@ -111,7 +111,7 @@ def read_tensor(entry: Entry, key: str, as_dtype: torch.dtype | None = None) -> 
             raw = buffer[:n].view(torch.uint8).numpy()
             if handle.readinto(memoryview(raw)) != raw.nbytes:
                 raise InputError(entry.file, key, "file ends before the tensor's data")
-            flat[start : start + n] = buffer[:n].to(torch.float32).to(as_dtype)
+            flat[start : start + n].copy_(buffer[:n])  # converted in place, as .to rounds
     return value
 
 
