@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paritygate.checkpoints import load_state_dict
+from paritygate.checkpoints import has_nonfinite, load_state_dict
 from paritygate.cli import main
 from paritygate.errors import InputError
 from paritygate.provenance import sha256_file
@@ -116,3 +116,21 @@ def test_golden_life_cycle_and_probe_set_drift(tmp_path: Path) -> None:
     assert gate(0).evaluate("logits_agreement").status == "pass"
     drifted = gate(1).evaluate("logits_agreement")
     assert drifted.status == "fail" and "probe set changed" in drifted.message
+
+
+def test_has_nonfinite_finds_every_nan_and_inf_and_survives_an_overflowing_sum() -> None:
+    clean = torch.randn(1000)
+    assert not has_nonfinite(clean)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = clean.clone()
+        t[517] = bad
+        assert has_nonfinite(t), bad
+        assert has_nonfinite(t.half()), bad
+    both = clean.clone()
+    both[1], both[2] = float("inf"), float("-inf")  # a sum of NaN, not Inf
+    assert has_nonfinite(both)
+    huge = torch.full((10,), 3.0e38)  # finite values whose sum overflows: exact check, finite
+    assert not has_nonfinite(huge)
+    assert not has_nonfinite(torch.full((100,), 60000.0, dtype=torch.float16))
+    assert not has_nonfinite(torch.arange(10))  # integers hold no NaN
+    assert not has_nonfinite(torch.empty(0))

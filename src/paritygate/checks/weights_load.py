@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paritygate.check import CheckSpec
+from paritygate.checkpoints import has_nonfinite
 from paritygate.result import Measurement
 
 KNOWN_PREFIXES = {
@@ -88,7 +89,7 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     nonfinite = sorted(
         k
         for k, v in ctx.state.items()
-        if v.is_floating_point() and not bool(torch.isfinite(v).all())
+        if has_nonfinite(v)
     )
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
@@ -131,7 +132,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     heads = list(ctx.spec.training_only_heads)
     state = ctx.checkpoint_state()
     nonfinite = sorted(
-        k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
+        k for k, v in state.items() if has_nonfinite(v)
     )
     for name in nonfinite[:5]:
         m.fail(

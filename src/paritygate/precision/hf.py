@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.generation import left_pad
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.subject import PrecisionSubject
@@ -132,7 +133,7 @@ def checkpoint_coverage(
             continue
         used.add(key)
         stored = where[key].get_tensor(key)
-        if stored.is_floating_point() and not bool(torch.isfinite(stored).all()):
+        if has_nonfinite(stored):
             coverage.nonfinite.append(key)
         if stored.shape != tensor.shape or not torch.equal(
             tensor.detach().cpu(), stored.to(tensor.dtype)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from paritygate.checkpoints import has_nonfinite
 from paritygate.errors import InputError
 from paritygate.precision.allocator import GLIBC
 from paritygate.precision.hf import Coverage
@@ -331,7 +332,7 @@ class LayerStreamer(ParamSource):
         bad = []
         for key, entry in self.index.items():
             value = read_tensor(entry, key)
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            if has_nonfinite(value):
                 bad.append(key)
         return bad
 

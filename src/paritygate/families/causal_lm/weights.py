@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.hf_loading import safetensors_files
 
 
@@ -72,7 +73,7 @@ def compare_states(
         if tuple(t.shape) != tuple(s.shape):
             diff.shape[key] = (list(t.shape), list(s.shape))
             continue
-        if s.is_floating_point() and not bool(torch.isfinite(s).all()):
+        if has_nonfinite(s):
             diff.nonfinite.append(key)
         expected = t
         if t.dtype != s.dtype:
