@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from paritygate.errors import InputError
+from paritygate.families import FAMILIES
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
 
@@ -147,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
 
     checks = sub.add_parser("checks", help="list the check ids, their families and marks")
     checks.add_argument(
-        "--family", choices=("policy", "causal_lm"), default=None, help="one family only"
+        "--family", choices=FAMILIES, default=None, help="one family only"
     )
     return parser
 
@@ -327,6 +328,7 @@ def _cmd_precision(args: argparse.Namespace) -> int:
     from paritygate.report import summary_table, write_reports
 
     gate = Gate.from_path(args.config, update_golden=args.update_golden)
+    gate.command = "precision"  # its own blessing: paritygate precision CONFIG --update-golden
     result = gate.evaluate("precision_per_layer")
     out = args.report_dir or gate.config.default_report_dir()
     written = write_reports(gate, [result], out)

@@ -44,6 +44,8 @@ class Gate:
         self.update_golden = update_golden
         self.allow_skips = False
         """A run whose every check skipped passes only with this opt-in (``--allow-skips``)."""
+        self.command = "run"
+        """The ``paritygate`` subcommand running this gate, named in the bless command."""
         self.golden = GoldenStore(config.golden_dir())
         self.startup_s: float | None = None
         """Seconds from importing paritygate to the built context: what a new process repeats."""
@@ -148,7 +150,7 @@ class Gate:
             cfg = self.config.path.relative_to(Path.cwd())
         except ValueError:
             cfg = self.config.path
-        return f"paritygate run {cfg} --update-golden"
+        return f"paritygate {self.command} {cfg} --update-golden"
 
     def evaluate(self, check_id: str, *, golden: bool = True) -> CheckResult:
         """Measure one check, then judge it: against thresholds only (``golden=False``) or

@@ -83,3 +83,14 @@ def test_a_truncated_safetensors_is_named(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert str(cut / "model.safetensors") in err[0] and "truncated or corrupt" in err[0]
+
+
+def test_a_first_precision_run_names_its_own_bless_command(
+    gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, gpt2_dir)
+    assert main(["precision", str(config), "--report-dir", str(tmp_path / "r1")]) == 1
+    assert f"Bless with: paritygate precision {config} --update-golden" in capsys.readouterr().out
+    assert main(["precision", str(config), "--update-golden", "--report-dir",
+                 str(tmp_path / "r2")]) == 0  # fmt: skip
+    assert main(["precision", str(config), "--report-dir", str(tmp_path / "r3")]) == 0
