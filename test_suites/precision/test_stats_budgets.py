@@ -66,7 +66,7 @@ def test_one_comparison_folds_into_several_accumulators_like_separate_updates() 
                                                            updated.max_abs)  # fmt: skip
     assert folded.quantile_abs(0.99) == updated.quantile_abs(0.99)
     assert light.rel_l2 == pytest.approx(updated.rel_l2)
-    assert compare(ref, cand, full=False).counts is None  # sums only, no histogram
+    assert compare(ref, cand, full=False).hist is None  # sums only, no histogram
 
 
 def test_new_nonfinite_values_are_counted_and_make_the_error_infinite() -> None:

@@ -124,7 +124,7 @@ def cast_params(
             source = _source(mod, p)
             if source is not None and not p.is_meta and cache is None:
                 reread.append((p, source, p.dtype))  # freed now, read again on undo
-                assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+                release(p)
                 assign(p, source.read(p, dtype))
                 continue
             params.append((p, p.data))
@@ -139,7 +139,7 @@ def cast_params(
         for p, original in params:
             assign(p, original)
         for p, source, was in reread:  # the low-precision copy freed before the read
-            assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            release(p)
             assign(p, source.read(p, was))
         for mod, name, original in buffers:
             mod._buffers[name] = original
@@ -345,3 +345,9 @@ def assign(p: nn.Parameter, value: torch.Tensor) -> None:
         p.data = value
     else:
         torch.utils.swap_tensors(p, nn.Parameter(value, requires_grad=p.requires_grad))
+
+
+def release(p: nn.Parameter) -> None:
+    """Free ``p``'s memory: it becomes a meta placeholder of its shape and dtype, the same
+    object, until :func:`assign` gives it values again."""
+    assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))

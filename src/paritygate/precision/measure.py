@@ -44,7 +44,14 @@ from paritygate.precision.hooks import (
     select_layers,
 )
 from paritygate.precision.spill import Kept, SpillFile, load_kept
-from paritygate.precision.stats import ActivationStats, ErrorStats, Pair, RelL2, compare
+from paritygate.precision.stats import (
+    ActivationStats,
+    ErrorStats,
+    Pair,
+    RelL2,
+    compare,
+    sum_squares,
+)
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -158,11 +165,11 @@ class _Pairs:
         return pair
 
     def ref2(self, ref: torch.Tensor) -> float:
-        """Sum of squares of an fp32 tensor (float32 norm, as :func:`compare` computes it)."""
+        """Sum of squares of an fp32 tensor, computed once per tensor."""
         entry = self._ref2.get(id(ref))
         if self._live(entry, ref):
             return entry[2]  # type: ignore[index]
-        value = float(torch.linalg.vector_norm(ref.detach().reshape(-1).to(torch.float32))) ** 2
+        value = sum_squares(ref)
         self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
         return value
 

@@ -39,26 +39,10 @@ def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-@dataclass
-class Pair:
-    """One (reference, candidate) comparison, ready to fold into :class:`ErrorStats` or
-    :class:`RelL2`; computed once when several accumulators compare the same pair."""
-
-    n: int = 0
-    sum_err2: float = 0.0
-    sum_ref2: float = 0.0
-    sum_cand2: float = 0.0
-    max_abs: float = 0.0
-    nan: int = 0
-    inf: int = 0
-    nonfinite: bool = False
-    """A sum of squares overflowed or the tensors hold NaN/Inf (the masked path ran)."""
-    zeros: int = 0
-    """Sampled errors in histogram bin 0 (exactly zero, or below float32's normal range)."""
-    counts: Any = None
-    """Counts of the histogram bins ``counts_lo`` on of the sampled |error|, up to the last
-    bin reached (None: only the sums were computed)."""
-    counts_lo: int = 0
+def sum_squares(t: Any) -> float:
+    """Sum of squares of a tensor, as a float32 norm squared (the sums every comparison folds)."""
+    torch = _torch()
+    return float(torch.linalg.vector_norm(t.detach().reshape(-1).to(torch.float32))) ** 2
 
 
 def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | None = None) -> Pair:
@@ -66,15 +50,14 @@ def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | Non
     with ``full``, also the largest |error|, its histogram and NaN/Inf counts. ``ref2``: the
     reference's sum of squares when already known (one reference meets several candidates)."""
     torch = _torch()
-    norm = torch.linalg.vector_norm
     ref = reference.detach().reshape(-1).to(torch.float32)
     # the error is computed in place in a copy of the candidate: an out-of-place difference
     # costs about three times as much on CPU (a fresh buffer per call)
     cand = candidate.detach().reshape(-1).to(torch.float32, copy=True)
-    c2 = float(norm(cand)) ** 2
-    r2 = float(norm(ref)) ** 2 if ref2 is None else ref2
+    c2 = sum_squares(cand)
+    r2 = sum_squares(ref) if ref2 is None else ref2
     err = cand.sub_(ref)
-    e2 = float(norm(err)) ** 2
+    e2 = sum_squares(err)
     if not _finite(e2, r2, c2):
         cand = candidate.detach().reshape(-1).to(torch.float32)
         return _compare_masked(ref, cand) if full else Pair(nonfinite=True)
@@ -82,7 +65,7 @@ def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | Non
     if full and ref.numel():
         abs_err = err.abs_()
         pair.max_abs = float(abs_err.amax())
-        pair.zeros, pair.counts_lo, pair.counts = _bins(_sample(abs_err))
+        pair.zeros, pair.hist_lo, pair.hist = _bins(_sample(abs_err))
     return pair
 
 
@@ -103,7 +86,7 @@ def _compare_masked(ref: Any, cand: Any) -> Pair:
     pair.sum_ref2 = float(torch.dot(ref, ref))
     pair.sum_cand2 = float(torch.dot(cand, cand))
     pair.max_abs = float(err.abs().max())
-    pair.zeros, pair.counts_lo, pair.counts = _bins(_sample(err.abs().float()))
+    pair.zeros, pair.hist_lo, pair.hist = _bins(_sample(err.abs().float()))
     return pair
 
 
@@ -145,8 +128,8 @@ class ErrorStats:
         """Fold one pair of same-shape tensors into the running statistics."""
         self.fold(compare(reference, candidate))
 
-    def fold(self, pair: Pair) -> None:
-        """Fold one full comparison (:func:`compare`) into the running statistics."""
+    def fold(self, pair: ErrorStats) -> None:
+        """Fold the statistics of one comparison (:func:`compare`) or of another stream."""
         self.nan += pair.nan
         self.inf += pair.inf
         if pair.n == 0:
@@ -157,16 +140,16 @@ class ErrorStats:
         self.sum_cand2 += pair.sum_cand2
         self.max_abs = max(self.max_abs, pair.max_abs)
         self.zeros += pair.zeros
-        if pair.counts is None:
+        if pair.hist is None:
             return
         if self.hist is None:
-            self.hist, self.hist_lo = pair.counts.copy(), pair.counts_lo
+            self.hist, self.hist_lo = pair.hist.copy(), pair.hist_lo
             return
-        low = min(self.hist_lo, pair.counts_lo)
-        high = max(self.hist_lo + len(self.hist), pair.counts_lo + len(pair.counts))
+        low = min(self.hist_lo, pair.hist_lo)
+        high = max(self.hist_lo + len(self.hist), pair.hist_lo + len(pair.hist))
         merged = np.zeros(high - low, dtype=self.hist.dtype)
-        merged[self.hist_lo - low : self.hist_lo - low + len(self.hist)] += self.hist
-        merged[pair.counts_lo - low : pair.counts_lo - low + len(pair.counts)] += pair.counts
+        for lo, counts in ((self.hist_lo, self.hist), (pair.hist_lo, pair.hist)):
+            merged[lo - low : lo - low + len(counts)] += counts
         self.hist, self.hist_lo = merged, low
 
     def quantile_abs(self, q: float) -> float:
@@ -219,6 +202,15 @@ class ErrorStats:
             f"{prefix}_nan": self.nan,
             f"{prefix}_inf": self.inf,
         }
+
+
+@dataclass
+class Pair(ErrorStats):
+    """The statistics of one (reference, candidate) comparison, folded into every
+    :class:`ErrorStats` or :class:`RelL2` that compares the same pair."""
+
+    nonfinite: bool = False
+    """A sum of squares overflowed or the tensors hold NaN/Inf (the masked path ran)."""
 
 
 @dataclass

@@ -36,7 +36,7 @@ from paritygate.checkpoints import has_nonfinite
 from paritygate.errors import InputError
 from paritygate.precision.allocator import GLIBC
 from paritygate.precision.hf import Coverage
-from paritygate.precision.hooks import ParamSource, assign, read_from
+from paritygate.precision.hooks import ParamSource, assign, read_from, release
 
 AUTO_FRACTION = 0.5
 """``streaming: auto`` streams when the model's fp32 size exceeds this fraction of the
@@ -296,7 +296,7 @@ class LayerStreamer(ParamSource):
             if i != current:
                 for p in params:
                     if not p.is_meta and id(p) not in mine:
-                        assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+                        release(p)
         self._read([p for p in self.streamed[current] if p.is_meta])
 
     def _leave(self, layer: nn.Module, args: Any, output: Any) -> None:
@@ -305,7 +305,7 @@ class LayerStreamer(ParamSource):
         # spans layers holds no fp32 copy of it.
         for p in self.streamed[self.layer_of[id(layer)]]:
             if not p.is_meta:
-                assign(p, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+                release(p)
         GLIBC.release()
 
     def _read(self, params: list[nn.Parameter]) -> None:
