@@ -85,3 +85,67 @@ def test_a_pair_compared_once_serves_every_layer_that_sees_it() -> None:
             direct.update(model[0](x), torch.nn.functional.linear(
                 x.to(low), model[0].weight.to(low), model[0].bias.to(low)))  # fmt: skip
         assert first.cum[dtype].rel_l2 == direct.rel_l2
+
+
+class _Net(torch.nn.Module):
+    """fc1 -> relu -> fc2, with the relu in place or not, or an in-place add in the forward."""
+
+    def __init__(self, inplace: bool = False, add: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.act = torch.nn.ReLU(inplace=inplace)
+        self.add = add
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        if self.add:
+            h.add_(0.0)  # changes nothing, bumps the version counter
+        return self.fc2(self.act(h))
+
+
+def _layer_numbers(model: torch.nn.Module, x: torch.Tensor) -> dict[str, object]:
+    run = measure_model(model, [((x,), {})], lambda out: out, PrecisionSpec())
+    return {
+        r.key: (
+            r.act.max_abs,
+            {d: (s.sum_err2, s.max_abs) for d, s in r.local.items()},
+            {d: (s.sum_err2, s.max_abs) for d, s in r.cum.items()},
+            {d: s.sum_err2 for d, s in r.cum_in.items()},
+        )
+        for r in run.layers
+    }
+
+
+def test_an_output_changed_in_place_later_is_compared_as_it_was_returned() -> None:
+    """The fp32 run keeps layer outputs without copying them; a later in-place op (an in-place
+    activation, an in-place add in the forward) must not change what the layer is compared
+    with: the numbers equal those of the same weights computed out of place."""
+    torch.manual_seed(0)
+    clean = _Net().eval()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    expected = _layer_numbers(clean, x)
+    assert expected["fc1"][2]["float16"][0] > 0  # fc1's cumulative error is measured
+    for variant in (_Net(inplace=True), _Net(add=True)):
+        variant.load_state_dict(clean.state_dict())
+        assert _layer_numbers(variant.eval(), x) == expected
+
+
+def test_local_error_is_the_layer_alone_on_its_fp32_input_with_cast_weights() -> None:
+    """A layer's local error equals its own rerun, computed directly: fp32 input cast to the
+    dtype, weights cast to the dtype, against its fp32 output."""
+    from paritygate.precision.stats import ErrorStats
+
+    torch.manual_seed(0)
+    model = _Net().eval()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    run = measure_model(model, [((x,), {})], lambda out: out, PrecisionSpec(layers="leaves"))
+    fc2 = next(r for r in run.layers if r.key == "fc2")
+    with torch.no_grad():
+        h = torch.relu(model.fc1(x))
+        for dtype in ("float16", "bfloat16"):
+            low = getattr(torch, dtype)
+            direct = ErrorStats()
+            direct.update(model.fc2(h), torch.nn.functional.linear(
+                h.to(low), model.fc2.weight.to(low), model.fc2.bias.to(low)))  # fmt: skip
+            assert fc2.local[dtype].rel_l2 == direct.rel_l2 > 0
+            assert fc2.local[dtype].max_abs == direct.max_abs

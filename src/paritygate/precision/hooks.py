@@ -147,21 +147,33 @@ def cast_params(
     return restore
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every floating tensor of a nested tuple, list or dict."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj) if obj.is_floating_point() else obj
+def map_tree(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every leaf (anything but a tuple, list or dict) of a nested structure."""
     if isinstance(obj, dict):
-        mapped = {k: map_tensors(v, fn) for k, v in obj.items()}
+        mapped = {k: map_tree(v, fn) for k, v in obj.items()}
         try:
             return type(obj)(**mapped) if type(obj) is not dict else mapped
         except TypeError:
             return mapped
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
+        return type(obj)(*(map_tree(v, fn) for v in obj))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
-    return obj
+        return type(obj)(map_tree(v, fn) for v in obj)
+    return fn(obj)
+
+
+def map_tensors(
+    obj: Any, fn: Callable[[torch.Tensor], Any], every: bool = False
+) -> Any:
+    """Apply ``fn`` to every floating tensor of a nested tuple, list or dict (``every``: to
+    every tensor, integer ones too)."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and (every or x.is_floating_point()):
+            return fn(x)
+        return x
+
+    return map_tree(obj, leaf)
 
 
 def floating_tensors(obj: Any) -> list[torch.Tensor]:
@@ -222,28 +234,53 @@ class CallCounter:
 
 
 class Hooks:
-    """Forward hooks on the selected modules calling ``on_call(key, info, module, args, kw, out)``.
+    """Hooks on the selected modules: ``on_enter(key, info, module, args, kwargs)`` when a call
+    starts (optional: before the module can change its inputs in place) and
+    ``on_call(key, info, module, args, kwargs, output)`` when it returns.
 
-    ``paused`` silences them while the measurement itself runs a module again.
+    Calls are named when they start (:class:`CallCounter`). ``paused`` silences both while
+    the measurement itself runs a module again.
     """
 
-    def __init__(self, layers: dict[nn.Module, LayerInfo], on_call: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        layers: dict[nn.Module, LayerInfo],
+        on_call: Callable[..., None],
+        on_enter: Callable[..., None] | None = None,
+    ) -> None:
         self.layers = layers
         self.on_call = on_call
+        self.on_enter = on_enter
         self.paused = False
         self.counter = CallCounter()
+        self._open: dict[int, list[str]] = {}
+        """module -> keys of its calls started and not yet returned (a stack: recursion)."""
         self._handles: list[Any] = []
 
     def __enter__(self) -> Hooks:
         for module, info in self.layers.items():
+            self._handles.append(
+                module.register_forward_pre_hook(self._pre_hook(info), with_kwargs=True)
+            )
             self._handles.append(module.register_forward_hook(self._hook(info), with_kwargs=True))
         return self
+
+    def _pre_hook(self, info: LayerInfo) -> Callable[..., None]:
+        def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            if self.paused:
+                return
+            key, _ = self.counter.key(module, info.name)
+            self._open.setdefault(id(module), []).append(key)
+            if self.on_enter is not None:
+                self.on_enter(key, info, module, args, kwargs)
+
+        return pre_hook
 
     def _hook(self, info: LayerInfo) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if self.paused:
                 return
-            key, _ = self.counter.key(module, info.name)
+            key = self._open[id(module)].pop()
             self.on_call(key, info, module, args, kwargs, output)
 
         return hook
@@ -252,6 +289,7 @@ class Hooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._open.clear()
 
 
 def _input_caster(dtype: torch.dtype) -> Callable[..., Any]:

@@ -1,22 +1,26 @@
-"""The precision pass: per batch, one low-precision forward per dtype, then one fp32 forward.
+"""The precision pass: per batch, one fp32 forward, then one low-precision forward per dtype.
 
 For each probe batch:
 
-1. For each dtype, the model's parameters are cast in place, every module's
+1. The model runs once in fp32. Each measured layer's hook folds its activation
+   range into the layer's record and keeps the call: its inputs (for the local
+   reruns) and its floating outputs. Nothing is copied: the tensors are kept as
+   they are, and a tensor the forward changes in place later is detected by its
+   version counter, in which case the forward runs again keeping copies.
+2. For each dtype, the model's parameters are cast in place once, every module's
    floating inputs are cast to its dtype (integer inputs never are), and the
-   batch runs once with hooks that keep every measured layer's output (and main input) in
-   that dtype: the *cumulative* run (every layer inherits the error of the
-   layers before it). Only this batch's tensors are kept, in low precision.
-2. The model runs once in fp32. Each layer's hook folds, into streamed
-   accumulators: its fp32 activation range; its cumulative error (stored
-   low-precision output vs fp32 output, and the same for its input, which gives
-   the amplification); its *local* error (the layer alone, cast to the dtype,
-   rerun on its own fp32 inputs, so inherited error is excluded); and, when an
-   ONNX artifact is compared, the artifact's tensor mapped to that layer.
+   batch runs once with hooks: the *cumulative* run (every layer inherits the
+   error of the layers before it). At each layer's hook its output and main input
+   are compared with the fp32 ones (cumulative error, and the amplification), and
+   the layer alone is rerun, under the same cast weights, on its fp32 inputs cast
+   to the dtype: its *local* error, with inherited error excluded.
 
-The batch's stored tensors are then dropped; nothing but accumulators survives
-a batch. The model exists once in fp32, plus one low-precision copy of its
-weights during step 1 (or of one layer's weights during a local run).
+Each dtype's weights are cast once per batch, whatever the nesting of the measured
+layers, and the low-precision tensors are compared when they are made, never
+kept. The batch's fp32 tensors are then dropped; nothing but accumulators
+survives a batch. The model exists once in fp32, plus one low-precision copy of
+its weights during step 2. A streamed model keeps the fp32 tensors in a spill
+file instead of memory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import inspect
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +48,7 @@ from paritygate.precision.hooks import (
     saturating_cast,
     select_layers,
 )
-from paritygate.precision.spill import Kept, SpillFile, load_kept
+from paritygate.precision.spill import Kept, Spilled, SpillFile, map_kept
 from paritygate.precision.stats import (
     ActivationStats,
     ErrorStats,
@@ -114,61 +119,113 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
     return out
 
 
-class _Keeper:
-    """Copies low-precision tensors once; an output that is also an input shares one copy.
+class _Kept:
+    """The fp32 tensors of one batch's reference run, kept for the low-precision runs.
 
-    A tensor is recognised by identity (a live weak reference) and its version
-    counter, so a tensor changed in place after it was kept is copied again. With a
-    spill file the copy goes there instead of into memory.
+    A tensor is kept once, however many calls see it (a layer's output is the
+    next layer's input), and as it is: no copy, its version counter noted so a
+    later in-place change is detected (:meth:`changed`). With ``copy`` each tensor
+    is cloned instead, and with a spill file written there (streamed models) and
+    read back on use, the last few reads cached so a tensor read for one layer's
+    output is the same object as the next layer's input.
     """
 
-    def __init__(self, spill: SpillFile | None = None) -> None:
-        self._copies: dict[int, tuple[Any, int, Kept]] = {}
+    def __init__(self, spill: SpillFile | None = None, copy: bool = False) -> None:
+        self._kept: dict[int, tuple[Any, int, Kept]] = {}
+        self._held: list[tuple[torch.Tensor, int]] = []
+        """Every tensor kept as it is, with its version when kept."""
         self._spill = spill
+        self._copy = copy
+        self._loaded: OrderedDict[int, torch.Tensor] = OrderedDict()
 
-    def __call__(self, t: torch.Tensor | None) -> Kept | None:
-        if t is None:
-            return None
-        entry = self._copies.get(id(t))
+    def keep(self, t: torch.Tensor) -> Kept:
+        entry = self._kept.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version:
             return entry[2]
-        copy: Kept = t.detach().clone() if self._spill is None else self._spill.write(t)
-        self._copies[id(t)] = (weakref.ref(t), t._version, copy)
-        return copy
+        kept: Kept = t
+        if self._spill is not None:
+            kept = self._spill.write(t)
+        elif self._copy:
+            kept = t.clone()
+        else:
+            self._held.append((t, t._version))
+        self._kept[id(t)] = (weakref.ref(t), t._version, kept)
+        return kept
+
+    def tree(self, obj: Any) -> Any:
+        """``obj`` (nested args or kwargs) with every tensor kept."""
+        return map_tensors(obj, self.keep, every=True)
+
+    def changed(self) -> bool:
+        """Whether the forward changed a kept tensor in place after it was kept."""
+        return any(t._version != version for t, version in self._held)
+
+    def load(self, kept: Kept) -> torch.Tensor:
+        if not isinstance(kept, Spilled):
+            return kept
+        value = self._loaded.get(id(kept))
+        if value is None:
+            value = self._loaded[id(kept)] = kept.load()
+            if len(self._loaded) > 8:
+                self._loaded.popitem(last=False)
+        else:
+            self._loaded.move_to_end(id(kept))
+        return value
+
+    def load_tree(self, obj: Any) -> Any:
+        return map_kept(obj, self.load)
+
+
+@dataclass
+class _Call:
+    """One layer call of the fp32 run: its inputs and floating outputs, kept."""
+
+    args: Any
+    kwargs: Any
+    outputs: list[Kept]
+    inp: Kept | None
+    plain: bool
+    """The root, or a layer without floating inputs (an embedding on token ids): it inherits
+    no error, so its local error is its cumulative error."""
 
 
 class _Pairs:
-    """One batch's comparisons, by the identity of the fp32 tensor and of the kept candidate.
+    """One batch's comparisons, by the identity of the fp32 tensor and of the candidate.
 
     A layer's input is usually the previous layer's output, an identity layer (dropout in eval)
-    returns its input, and one fp32 output meets a candidate per dtype and per run: each pair is
-    compared once, and each fp32 tensor's sum of squares computed once.
+    returns its input, and one fp32 output meets a candidate per dtype: each pair is compared
+    once, and each fp32 tensor's sum of squares computed once. Entries hold weak references,
+    so an id reused by a later tensor never matches.
     """
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[Any, int, object, bool, Pair]] = {}
+        self._pairs: dict[tuple[int, int], tuple[Any, Any, int, int, bool, Pair]] = {}
         self._ref2: dict[int, tuple[Any, int, float]] = {}
 
-    def _live(self, entry: tuple[Any, int, Any] | None, ref: torch.Tensor) -> bool:
-        return entry is not None and entry[0]() is ref and entry[1] == ref._version
-
-    def compare(
-        self, ref: torch.Tensor, candidate: Kept | torch.Tensor, full: bool = True
-    ) -> Pair:
-        """``ref`` against ``candidate`` (a kept tensor, loaded only when not yet compared)."""
+    def compare(self, ref: torch.Tensor, candidate: torch.Tensor, full: bool = True) -> Pair:
+        """``ref`` against ``candidate``, computed once per pair."""
         key = (id(ref), id(candidate))
         entry = self._pairs.get(key)
-        if self._live(entry, ref) and (entry[3] or not full):  # type: ignore[index]
-            return entry[4]  # type: ignore[index]
-        pair = compare(ref, load_kept(candidate), full, self.ref2(ref))
-        self._pairs[key] = (weakref.ref(ref), ref._version, candidate, full, pair)
+        if (
+            entry is not None
+            and entry[0]() is ref
+            and entry[1]() is candidate
+            and entry[2] == ref._version
+            and entry[3] == candidate._version
+            and (entry[4] or not full)
+        ):
+            return entry[5]
+        pair = compare(ref, candidate, full, self.ref2(ref))
+        self._pairs[key] = (
+            weakref.ref(ref), weakref.ref(candidate), ref._version, candidate._version, full, pair
+        )  # fmt: skip
         return pair
 
     def ref2(self, ref: torch.Tensor) -> float:
         """Sum of squares of an fp32 tensor, computed once per tensor."""
         entry = self._ref2.get(id(ref))
-        if self._live(entry, ref):
-            return entry[2]  # type: ignore[index]
+        if entry is not None and entry[0]() is ref and entry[1] == ref._version:
+            return entry[2]
         value = sum_squares(ref)
         self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
         return value
@@ -201,10 +258,6 @@ class _Pass:
         layers: dict[nn.Module, LayerInfo],
     ) -> None:
         self.model = model
-        self.spill: SpillFile | None = None
-        """The current batch's spill file (streamed models), set per batch."""
-        self.pairs = _Pairs()
-        """The current batch's comparisons, set per batch."""
         self.spec = spec
         self.layers = layers
         self.dtypes = list(spec.dtypes)
@@ -215,52 +268,61 @@ class _Pass:
         self.leaf_calls = 0
         self.depth = 0
         self.onnx: Any = None
-        self.in_local = False
         self.modules: dict[str, nn.Module] = {info.name: m for m, info in layers.items()}
-
-    def low_precision(self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str) -> Any:
-        """Cumulative run in ``dtype``: returns (stored per-layer tensors, selected output)."""
-        tdtype = getattr(torch, dtype)
-        keep = _Keeper(self.spill)
-        store: dict[str, tuple[list[Kept], Kept | None]] = {}
-
-        def on_call(
-            key: str, info: LayerInfo, module: nn.Module, a: Any, kw: Any, out: Any
-        ) -> None:
-            inp = first_floating(a, kw)
-            store[key] = ([keep(t) for t in floating_tensors(out)], keep(inp))
-
-        cast = saturating_cast(tdtype)
-        with LowPrecision(self.model, tdtype), Hooks(self.layers, on_call), torch.no_grad():
-            out = self.model(*map_tensors(args, cast), **map_tensors(kwargs, cast))
-        return store, out
+        self.kept = _Kept()
+        """The current batch's fp32 tensors."""
+        self.calls: dict[str, _Call] = {}
+        """The current batch's fp32 layer calls, by key."""
+        self.pairs = _Pairs()
+        """The current batch's comparisons."""
 
     def reference(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        stored: dict[str, dict[str, Any]],
         local: bool,
         first: bool,
-    ) -> Any:
-        """The fp32 run of one batch, folding every comparison into the layer records."""
+        spill: bool,
+    ) -> torch.Tensor | Any:
+        """The fp32 run of one batch: activation ranges, ONNX layers, and the calls kept."""
         handles = []
         if first:
             for leaf in self.param_leaves:
                 handles.append(leaf.register_forward_hook(self._count_leaf))
-        hooks = Hooks(self.layers, lambda *call: self._on_reference(hooks, stored, local, *call))
+        self.kept = _Kept(SpillFile() if spill else None)
+        self.calls = {}
+        self.pairs = _Pairs()
+        hooks = self._reference_hooks(local, measure=True)
         try:
             with hooks, torch.no_grad():
-                return self.model(*args, **kwargs)
+                out = self.model(*args, **kwargs)
         finally:
             for handle in handles:
                 handle.remove()
             if first:
                 self.depth = self.leaf_calls
+        if self.kept.changed():
+            # an in-place op changed a kept tensor after its layer returned: keep copies
+            self.kept, self.calls = _Kept(copy=True), {}
+            with self._reference_hooks(local, measure=False), torch.no_grad():
+                out = self.model(*args, **kwargs)
+        return out
+
+    def _reference_hooks(self, local: bool, measure: bool) -> Hooks:
+        return Hooks(
+            self.layers,
+            on_enter=lambda *call: self._enter_reference(local, *call),
+            on_call=lambda *call: self._on_reference(measure, *call),
+        )
+
+    def end_batch(self) -> None:
+        spill = self.kept._spill
+        self.kept, self.calls, self.pairs = _Kept(), {}, _Pairs()
+        if spill is not None:
+            spill.close()
 
     def _count_leaf(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.in_local:
-            self.leaf_calls += 1
+        self.leaf_calls += 1
 
     def _record(self, key: str, info: LayerInfo) -> LayerRecord:
         record = self.records.get(key)
@@ -273,11 +335,24 @@ class _Pass:
             self.records[key] = record
         return record
 
+    def _enter_reference(
+        self, local: bool, key: str, info: LayerInfo, module: nn.Module, args: Any, kwargs: Any
+    ) -> None:
+        """Keep a call's inputs before the module runs (it may change them in place)."""
+        plain = module is self.model or not floating_tensors((args, kwargs))
+        rerun = local and not plain
+        inp = first_floating(args, kwargs)
+        self.calls[key] = _Call(
+            args=self.kept.tree(args) if rerun else None,
+            kwargs=self.kept.tree(kwargs) if rerun else None,
+            outputs=[],
+            inp=None if inp is None else self.kept.keep(inp),
+            plain=plain,
+        )
+
     def _on_reference(
         self,
-        hooks: Hooks,
-        stored: dict[str, dict[str, Any]],
-        local: bool,
+        measure: bool,
         key: str,
         info: LayerInfo,
         module: nn.Module,
@@ -288,88 +363,114 @@ class _Pass:
         record = self._record(key, info)
         outputs = floating_tensors(output)
         if not outputs:
+            del self.calls[key]
             return
-        for t in outputs:
-            record.act.update(t, self.dtypes)
-        for dtype, store in stored.items():
-            self._cumulative(record, dtype, store.get(key), outputs, first_floating(args, kwargs))
-        if local and (module is self.model or not floating_tensors((args, kwargs))):
-            # The root sees the probes themselves and a layer without floating inputs (an
-            # embedding on token ids) inherits no error, so a low-precision rerun would repeat
-            # the cumulative run exactly: the local error is the cumulative error.
-            for dtype, store in stored.items():
-                self._cumulative_as_local(record, dtype, store.get(key), outputs)
-        elif local:
-            hooks.paused = self.in_local = True
-            try:
-                for dtype in self.dtypes:
-                    if dtype not in self.errors:
-                        self._local(record, dtype, module, args, kwargs, outputs)
-            finally:
-                hooks.paused = self.in_local = False
-        if self.onnx is not None:
-            self.onnx.compare_layer(key, outputs)
+        if measure:
+            for t in outputs:
+                record.act.update(t, self.dtypes)
+            if self.onnx is not None:
+                self.onnx.compare_layer(key, outputs)
+        self.calls[key].outputs = [self.kept.keep(t) for t in outputs]
 
-    def _cumulative(
+    def low_precision(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str, local: bool
+    ) -> Any:
+        """The cumulative run in ``dtype``, each layer compared, and rerun alone, as it returns."""
+        tdtype = getattr(torch, dtype)
+        cast = saturating_cast(tdtype)
+        seen: set[str] = set()
+        hooks = Hooks(
+            self.layers,
+            on_enter=lambda *call: self._enter_low(dtype, seen, *call),
+            on_call=lambda *call: self._on_low(hooks, dtype, local, *call),
+        )
+        with LowPrecision(self.model, tdtype), hooks, torch.no_grad():
+            out = self.model(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+        for key in [k for k in self.calls if k not in seen]:
+            self._note(f"{dtype}: layer {key!r} ran in fp32 but not in the low-precision run")
+        return out
+
+    def _enter_low(
         self,
-        record: LayerRecord,
         dtype: str,
-        entry: tuple[list[Kept], Kept | None] | None,
-        outputs: list[torch.Tensor],
-        inp: torch.Tensor | None,
+        seen: set[str],
+        key: str,
+        info: LayerInfo,
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
     ) -> None:
-        if entry is None:
-            self._note(
-                f"{dtype}: layer {record.key!r} ran in fp32 but not in the low-precision run"
-            )
+        """The inherited error of a call's input, compared before the module can change it."""
+        seen.add(key)
+        call = self.calls.get(key)
+        if call is None:
+            if key not in self.records:
+                self._note(f"{dtype}: layer {key!r} ran in {dtype} but not in the fp32 run")
             return
-        lp_outputs, lp_inp = entry
-        if [t.shape for t in lp_outputs] != [t.shape for t in outputs]:
-            self._note(
-                f"{dtype}: layer {record.key!r} output shapes differ between fp32 and {dtype}"
-            )
+        inp = first_floating(args, kwargs)
+        if inp is not None and call.inp is not None and call.inp.shape == inp.shape:
+            record = self.records[key]
+            record.cum_in[dtype].fold(self.pairs.compare(self.kept.load(call.inp), inp, False))
+
+    def _on_low(
+        self,
+        hooks: Hooks,
+        dtype: str,
+        local: bool,
+        key: str,
+        info: LayerInfo,
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
+        output: Any,
+    ) -> None:
+        call = self.calls.get(key)
+        if call is None:
             return
-        for ref, cand in zip(outputs, lp_outputs, strict=True):
+        record = self.records[key]
+        refs = [self.kept.load(t) for t in call.outputs]
+        candidates = floating_tensors(output)
+        if [t.shape for t in candidates] != [t.shape for t in refs]:
+            self._note(f"{dtype}: layer {key!r} output shapes differ between fp32 and {dtype}")
+            return
+        for ref, cand in zip(refs, candidates, strict=True):
             record.cum[dtype].fold(self.pairs.compare(ref, cand))
-        if inp is not None and lp_inp is not None and lp_inp.shape == inp.shape:
-            record.cum_in[dtype].fold(self.pairs.compare(inp, lp_inp, full=False))
-
-    def _cumulative_as_local(
-        self,
-        record: LayerRecord,
-        dtype: str,
-        entry: tuple[list[Kept], Kept | None] | None,
-        outputs: list[torch.Tensor],
-    ) -> None:
-        if entry is None or [t.shape for t in entry[0]] != [t.shape for t in outputs]:
+        if not local:
             return
-        for ref, cand in zip(outputs, entry[0], strict=True):
-            record.local[dtype].fold(self.pairs.compare(ref, cand))
+        if call.plain:
+            for ref, cand in zip(refs, candidates, strict=True):
+                record.local[dtype].fold(self.pairs.compare(ref, cand))
+            return
+        hooks.paused = True
+        try:
+            self._local(record, dtype, module, call, refs)
+        finally:
+            hooks.paused = False
 
     def _local(
         self,
         record: LayerRecord,
         dtype: str,
         module: nn.Module,
-        args: Any,
-        kwargs: Any,
-        outputs: list[torch.Tensor],
+        call: _Call,
+        refs: list[torch.Tensor],
     ) -> None:
+        """``module`` alone, under the dtype's cast weights, on its fp32 inputs cast."""
         if dtype in record.errors:
             return
-        tdtype = getattr(torch, dtype)
-        cast = saturating_cast(tdtype)
+        cast = saturating_cast(getattr(torch, dtype))
         try:
-            with LowPrecision(module, tdtype):
-                out = module(*map_tensors(args, cast), **map_tensors(kwargs, cast))
+            args = map_tensors(self.kept.load_tree(call.args), cast)
+            kwargs = map_tensors(self.kept.load_tree(call.kwargs), cast)
+            out = module(*args, **kwargs)
         except Exception as exc:  # an op without a kernel for this dtype, a dtype clash
             record.errors[dtype] = f"{type(exc).__name__}: {exc}"
             return
         candidates = floating_tensors(out)
-        if [t.shape for t in candidates] != [t.shape for t in outputs]:
+        if [t.shape for t in candidates] != [t.shape for t in refs]:
             record.errors[dtype] = "output shapes differ from the fp32 run"
             return
-        for ref, cand in zip(outputs, candidates, strict=True):
+        for ref, cand in zip(refs, candidates, strict=True):
             record.local[dtype].fold(compare(ref, cand, ref2=self.pairs.ref2(ref)))
 
     def _note(self, text: str) -> None:
@@ -387,7 +488,7 @@ def measure_model(
 ) -> PrecisionRun:
     """Run the precision pass over ``batches``; ``onnx`` is an optional ONNX comparison.
 
-    ``spill``: keep the cumulative runs' tensors in a temporary file, not memory (streamed
+    ``spill``: keep the fp32 run's tensors in a temporary file, not memory (streamed
     models, whose memory must not grow with depth)."""
     if spec.max_batches is not None:
         batches = batches[: spec.max_batches]
@@ -397,40 +498,34 @@ def measure_model(
     ref_nonfinite = 0
     for b, (args, kwargs) in enumerate(batches):
         kwargs = _no_cache(model, dict(kwargs))
-        stored: dict[str, dict[str, Any]] = {}
-        final: dict[str, Kept] = {}
-        state.spill = SpillFile() if spill else None
-        state.pairs = _Pairs()
-        for dtype in state.dtypes:
-            if dtype in state.errors:
-                continue
-            try:
-                stored[dtype], out = state.low_precision(args, kwargs, dtype)
-                selected = _as_tensor(select_output(out))
-                del out
-                final[dtype] = selected if state.spill is None else state.spill.write(selected)
-            except Exception as exc:  # e.g. an op with no kernel for this dtype on this device
-                state.errors[dtype] = f"{type(exc).__name__}: {exc}"
-                stored.pop(dtype, None)
+        local = spec.local_max_batches is None or b < spec.local_max_batches
         if onnx is not None:
             onnx.run_batch(b)
-        local = spec.local_max_batches is None or b < spec.local_max_batches
-        out32 = _as_tensor(select_output(state.reference(args, kwargs, stored, local, b == 0)))
-        ref_nonfinite += int((~torch.isfinite(out32)).sum())
-        for dtype, cand in final.items():
-            if cand.shape != out32.shape:
-                state.errors[dtype] = (
-                    f"output shape {tuple(cand.shape)} != fp32 {tuple(out32.shape)}"
-                )
-                continue
-            output[dtype].update(out32, load_kept(cand))
-        if onnx is not None:
-            onnx.compare_output(out32)
-            onnx.finish_batch()
-        del stored, final
-        if state.spill is not None:
-            state.spill.close()
-            state.spill = None
+        try:
+            out32 = _as_tensor(select_output(state.reference(args, kwargs, local, b == 0, spill)))
+            ref_nonfinite += int((~torch.isfinite(out32)).sum())
+            if onnx is not None:
+                onnx.compare_output(out32)
+                onnx.finish_batch()
+            for dtype in state.dtypes:
+                if dtype in state.errors:
+                    continue
+                try:
+                    out = state.low_precision(args, kwargs, dtype, local)
+                    candidate = _as_tensor(select_output(out))
+                    del out
+                except Exception as exc:  # e.g. an op with no kernel for this dtype here
+                    state.errors[dtype] = f"{type(exc).__name__}: {exc}"
+                    continue
+                if candidate.shape != out32.shape:
+                    state.errors[dtype] = (
+                        f"output shape {tuple(candidate.shape)} != fp32 {tuple(out32.shape)}"
+                    )
+                    continue
+                output[dtype].update(out32, candidate)
+                del candidate
+        finally:
+            state.end_batch()
     return PrecisionRun(
         dtypes=state.dtypes,
         layers=sorted(state.records.values(), key=lambda r: r.index),

@@ -1,13 +1,18 @@
 """Kept tensors in a temporary file instead of memory (streamed precision passes).
 
-A streamed model holds one unit's weights at a time, but the cumulative runs keep every
-measured layer's output per dtype until the fp32 run compares them: memory that grows with
-depth and probe size. Spilled, a kept tensor is read back only for its comparison.
+A streamed model holds one unit's weights at a time, but the fp32 run keeps every measured
+layer's inputs and outputs until the low-precision runs compare with them: memory that grows
+with depth and probe size. Spilled, a kept tensor is read back only when it is used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+from paritygate.precision.hooks import map_tree
 
 
 class Spilled:
@@ -54,6 +59,6 @@ class SpillFile:
 Kept = torch.Tensor | Spilled
 
 
-def load_kept(kept: Kept) -> torch.Tensor:
-    """The kept tensor itself, or read back from its spill file."""
-    return kept.load() if isinstance(kept, Spilled) else kept
+def map_kept(obj: Any, load: Callable[[Kept], torch.Tensor]) -> Any:
+    """``obj`` (nested args or kwargs) with every spilled tensor read back by ``load``."""
+    return map_tree(obj, lambda x: load(x) if isinstance(x, Spilled) else x)
