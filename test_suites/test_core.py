@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from paritygate.config import config_from_dict, load_config
-from paritygate.errors import InputError
+from paritygate.errors import InputError, MissingExtra, keyed
 from paritygate.golden import GoldenStore
 from paritygate.report import junit_xml, summary_table
 from paritygate.result import CheckResult, Measurement
@@ -110,6 +110,22 @@ def test_golden_file_corrupt_is_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
         store.load("c")
     assert "c.json" in err.value.line()
+
+
+def test_keyed_names_the_config_key_of_the_file_read() -> None:
+    def raised(error: InputError) -> InputError:
+        with pytest.raises(InputError) as err, keyed("hf_model.probes"):
+            raise error
+        return err.value
+
+    whole_file = raised(InputError("p.txt", None, "no texts"))
+    assert whole_file.line() == "p.txt: hf_model.probes: no texts"
+    inner = raised(InputError("p.jsonl", "line 2.text", "not a string"))
+    assert inner.line() == "p.jsonl: hf_model.probes: line 2.text: not a string"
+    same_section = raised(InputError("p.txt", "hf_model.batch_size", "set batch_size: 1"))
+    assert same_section.line() == "p.txt: hf_model.batch_size: set batch_size: 1"
+    missing = MissingExtra("onnxruntime", "onnx")
+    assert raised(missing) is missing
 
 
 POLICY = {

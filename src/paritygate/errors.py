@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -21,6 +23,17 @@ class InputError(Exception):
         parts = [p for p in (self.file, self.key) if p]
         return ": ".join([*parts, self.cause])
 
+    def under(self, key: str) -> InputError:
+        """This error, naming the config key ``key`` whose path was being read.
+
+        A key of the same config section (``hf_model.tokenizer`` under ``hf_model.model_dir``)
+        already names what to fix and is kept; a key inside the file (``input_ids``,
+        ``line 3.text``, ``architectures``) is kept after it: ``hf_model.probes: line 3.text``.
+        """
+        if self.key is not None and self.key.split(".")[0] == key.split(".")[0]:
+            return self
+        return InputError(self.file, key if self.key is None else f"{key}: {self.key}", self.cause)
+
 
 class MissingExtra(InputError):
     """An optional dependency needed by the configured engine is not installed."""
@@ -37,3 +50,18 @@ class NonFiniteOutput(Exception):
     """A model produced NaN/Inf where a measurement needs finite numbers (sampling from its
     distribution, scoring a token). Not bad input: the check that hit it fails by this cause
     (:meth:`paritygate.gate.Gate.measure` turns it into a named finding), never ``error``."""
+
+
+@contextmanager
+def keyed(key: str) -> Iterator[None]:
+    """Name the config key ``key`` in every :class:`InputError` raised inside the block.
+
+    Wraps the reading of the path that ``key`` gives (a model directory, a probe file, a
+    checkpoint), so an error found deep in a loader names the config entry that points at
+    the file as well as the file itself."""
+    try:
+        yield
+    except MissingExtra:
+        raise  # about the environment, not the file
+    except InputError as exc:
+        raise exc.under(key) from None

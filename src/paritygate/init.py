@@ -26,6 +26,10 @@ TODO = "TODO"
 
 _HEAD_WORDS = ("value", "critic", "aux", "v_head", "vf_", "q_head", "baseline", "reward_head")
 """Module-name starts that usually mark training-only heads (PPO critics, auxiliary losses)."""
+_ATTENTION_WORDS = ("attn", "attention")
+"""Parts of a module name that mark an attention block: nothing inside one is a head."""
+_ATTENTION_PROJECTIONS = frozenset({"query", "key", "q", "k", "q_proj", "k_proj", "qk"})
+"""Query/key projections: a ``value`` beside them is the attention's value projection."""
 
 
 @dataclass
@@ -51,16 +55,33 @@ def find_todos(data: Any, prefix: str = "") -> list[str]:
 
 
 def head_prefixes(keys: list[str]) -> list[str]:
-    """Likely training-only heads: the shortest module prefix whose last part looks like one."""
+    """Likely training-only heads: the shortest module prefix whose last part looks like one.
+
+    A head hangs off the model beside its trunk. The value projection of an attention block
+    (``attention.self.value`` beside ``query`` and ``key``) shares the word but is part of the
+    trunk: a part inside an attention module (an enclosing part naming ``attn``/``attention``)
+    or beside query/key projections is never proposed."""
+    children: dict[str, set[str]] = {}
+    for key in keys:
+        parts = key.split(".")
+        for depth in range(1, len(parts)):
+            children.setdefault(".".join(parts[: depth - 1]), set()).add(parts[depth - 1].lower())
     heads: list[str] = []
     for key in keys:
         parts = key.split(".")
         for depth in range(1, len(parts)):
-            if parts[depth - 1].lower().startswith(_HEAD_WORDS):
-                prefix = ".".join(parts[:depth])
-                if prefix not in heads:
-                    heads.append(prefix)
-                break
+            if not parts[depth - 1].lower().startswith(_HEAD_WORDS):
+                continue
+            enclosing = [part.lower() for part in parts[: depth - 1]]
+            siblings = children[".".join(parts[: depth - 1])]
+            if any(word in part for part in enclosing for word in _ATTENTION_WORDS) or (
+                siblings & _ATTENTION_PROJECTIONS
+            ):
+                continue
+            prefix = ".".join(parts[:depth])
+            if prefix not in heads:
+                heads.append(prefix)
+            break
     return heads
 
 

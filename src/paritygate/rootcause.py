@@ -141,6 +141,13 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="save the state_dict under the model's key names (strip wrapper "
                     "prefixes) and load it strictly",
                 only_if=(("export_integrity", _not_loaded_explains_provenance),)),
+    Explanation("weights_load", "weights_not_loaded",
+                r"with no checkpoint tensor, left at random init|checkpoint tensors? unused by "
+                r"the model",
+                ("precision_per_layer",),
+                "the model's tensors are not all the checkpoint's, and precision is never "
+                "measured on such a model",
+                fix="gate a complete save, loaded by the model class it was saved from"),
     Explanation("export_integrity", "stale_artifact",
                 r"stale artifact|modified after export|differs from the manifest|"
                 r"artifact was not built from this checkpoint",
@@ -275,7 +282,7 @@ def explain(
         r.id: (r.consequence_of, Explanation(r.consequence_of, "", "", (), ""))
         for r in failing.values() if r.consequence_of
     }
-    kinds: dict[str, str] = {}  # check -> kind of its first matching finding
+    matched: dict[str, Explanation] = {}  # check -> edge of its first matching finding
     roots: set[str] = set()  # checks that explain another: never a consequence themselves
     # A failure with nothing found but a missing baseline neither explains nor is explained.
     linkable = {cid: r for cid, r in failing.items() if not r.reasons or _findings(r)}
@@ -285,7 +292,7 @@ def explain(
             continue
         if not _matches(root, edge.pattern):
             continue
-        kinds.setdefault(root.id, edge.kind)
+        matched.setdefault(root.id, edge)
         for cid in edge.explains:
             if (cid in linkable and cid not in by and cid not in roots and cid != root.id
                     and edge.links(root, linkable[cid])):
@@ -306,8 +313,11 @@ def explain(
     if first is None:  # only missing baselines, or a cycle in stored results
         first = unexplained[0] if unexplained else next(r for r in results if r.id in failing)
     explained_ids = tuple(cid for cid, (root, _) in by.items() if root == first.id)
-    kind = kinds.get(first.id, "independent" if first.id in linkable else "no_golden")
-    edge_fix = next((e.fix for e in graph if e.check == first.id and e.kind == kind), None)
+    root_edge = matched.get(first.id)
+    if root_edge is not None:
+        kind, edge_fix = root_edge.kind, root_edge.fix
+    else:
+        kind, edge_fix = ("independent" if first.id in linkable else "no_golden"), None
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
         first.fix or edge_fix,

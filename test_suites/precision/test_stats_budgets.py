@@ -104,3 +104,15 @@ def test_precision_spec_is_strict() -> None:
         PrecisionSpec(budgets={"x": 0.0})
     with pytest.raises(ValidationError):
         PrecisionSpec(unknown=1)
+
+
+def test_a_candidate_with_new_inf_has_infinite_error_and_no_signal_to_noise() -> None:
+    """rel L2 and SQNR tell the same story: a new Inf is infinite noise, not 69 dB."""
+    ref = torch.linspace(-1, 1, 1000)
+    cand = ref.clone()
+    cand[::100] += 1e-3
+    cand[7] = math.inf
+    stats = ErrorStats()
+    stats.update(ref, cand)
+    assert stats.inf == 1 and stats.rel_l2 == math.inf
+    assert stats.sqnr_db == -math.inf

@@ -55,7 +55,14 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
     first = summary["first_divergent"]
     mixed = summary.get("mixed")
     fix = ""
-    if mixed and mixed["verified"]:
+    if mixed and mixed["verified"] and mixed.get("large"):
+        fix = (
+            f"; only keeping {mixed['keep_fp32']} ({100 * mixed['share']:.0f}% of the measured "
+            f"layers) in fp32 verifies: every smaller set hands {dtype} values beyond its range "
+            "to the next module, so the fix is the scale of the first divergent layer's weights "
+            "or activations, not mixed precision"
+        )
+    elif mixed and mixed["verified"]:
         fix = (
             f"; keeping {mixed['keep_fp32']} in fp32 brings the output rel L2 error to "
             f"{float(mixed['output_rel_l2']):.3g} (budget {summary['output_budget']:.3g}), "

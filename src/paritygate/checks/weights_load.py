@@ -282,9 +282,9 @@ def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     coverage = ctx.coverage()
     for name in coverage.nonfinite[:5]:
         m.fail(f"checkpoint tensor {name!r} has NaN/Inf values")
-    refusal = coverage.refusal()
-    if refusal is not None:
-        m.fail(f"{ctx.class_reason}: {refusal}")
+    finding = coverage.finding()
+    if finding is not None:
+        m.fail(f"{ctx.class_reason}: {finding}")
     if coverage.differ:
         m.fail(
             f"{len(coverage.differ)} tensors differ from the file after loading: "

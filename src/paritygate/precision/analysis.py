@@ -167,7 +167,7 @@ def run_precision(
     """Measure ``subject`` per layer in every configured dtype and judge it against the budgets."""
     import torch
 
-    from paritygate.precision.mixed import MixedRunner, suggest_mixed
+    from paritygate.precision.mixed import LARGE_SHARE, MixedRunner, suggest_mixed
 
     torch.manual_seed(0)
     model = subject.build_model()
@@ -211,10 +211,13 @@ def run_precision(
                     summary["output_budget"],
                     spec.max_suggest_runs,
                 )
+                share = max((runner.share(n) for n in found.keep_fp32), default=0.0)
                 summary["mixed"] = {
                     "keep_fp32": found.keep_fp32,
                     "verified": found.verified,
                     "output_rel_l2": json_number(found.output_rel_l2),
+                    "share": share,
+                    "large": share > LARGE_SHARE,
                     "runs": found.runs,
                     "tried": [
                         {k: json_number(v) if isinstance(v, float) else v for k, v in t.items()}

@@ -42,15 +42,33 @@ class Coverage:
     """Checkpoint keys whose stored values hold NaN/Inf."""
     checkpoint_tensors: int = 0
 
-    def refusal(
+    def finding(
         self, class_key: str = "hf_model.auto_class", heads_key: str | None = None
     ) -> str | None:
-        """The named refusal to measure, or None when every tensor came from the file.
+        """What the model's tensors and the checkpoint's disagree on, with the likely cause;
+        None when every tensor came from the file (``weights_load``'s finding).
 
         The likely cause follows from which side has tensors the other lacks: both (another
         model class than the checkpoint's), the model only (an incomplete checkpoint), the
         checkpoint only (weights of modules this class does not have). ``class_key`` and
         ``heads_key`` are the config keys the fix names."""
+        found = self._disagreement(class_key, heads_key)
+        return None if found is None else f"{found[0]} ({found[1]})"
+
+    def refusal(
+        self, class_key: str = "hf_model.auto_class", heads_key: str | None = None
+    ) -> str | None:
+        """The named refusal to measure precision, or None when every tensor came from the
+        file: :meth:`finding`, saying that precision is not measured on such a model."""
+        found = self._disagreement(class_key, heads_key)
+        if found is None:
+            return None
+        never = (" — precision is never measured on random weights" if self.random_init
+                 else " — precision is never measured on part of a checkpoint")  # fmt: skip
+        return f"{found[0]}{never} ({found[1]})"
+
+    def _disagreement(self, class_key: str, heads_key: str | None) -> tuple[str, str] | None:
+        """``(what differs, why)``, or None when the two sides agree."""
         if not self.random_init and not self.unused:
             return None
         parts = []
@@ -77,9 +95,7 @@ class Coverage:
             why = ("the checkpoint holds weights this model class has no place for, so its "
                    f"output is not the checkpoint's: set {class_key} to the class it was saved "
                    f"from, or {instead}")  # fmt: skip
-        never = (" — precision is never measured on random weights" if self.random_init
-                 else " — precision is never measured on part of a checkpoint")  # fmt: skip
-        return "; ".join(parts) + never + f" ({why})"
+        return "; ".join(parts), why
 
 
 def _count(n: int, noun: str) -> str:

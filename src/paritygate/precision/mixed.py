@@ -1,10 +1,15 @@
-"""Mixed-precision suggestion: the fewest layers that, kept in fp32, bring the output under budget.
+"""Mixed-precision suggestion: the smallest layers that, kept in fp32, bring the output in budget.
 
 Greedy on the measured sensitivity (layers ranked by local error over budget,
 non-finite first), each step verified by running the model with those layers
-in fp32, then pruned: every chosen layer whose removal still passes is
-dropped. Every reported set has been run and measured; it is the smallest set
-found within ``max_runs`` verification runs, not a proven minimum.
+in fp32, then pruned (every chosen layer whose removal still passes is dropped)
+and refined (a chosen layer is replaced by a layer inside it that still passes,
+most sensitive first, down to the smallest). Layers that hold most of the model
+(a decoder, an encoder: more than half of the measured leaf layers) are tried
+only after every smaller one: keeping them in fp32 always passes and fixes
+nothing, so they are suggested only when nothing smaller verifies. Every
+reported set has been run and measured; it is the smallest set found within
+``max_runs`` verification runs, not a proven minimum.
 
 A mixed run is verified the way a low-precision runtime runs a graph with some
 nodes pinned to fp32: a kept layer computes in fp32 on fp32 copies of its
@@ -43,8 +48,13 @@ class MixedSuggestion:
     tried: list[dict[str, Any]] = field(default_factory=list)
 
 
+LARGE_SHARE = 0.5
+"""A layer holding more than this share of the measured leaf layers is kept in fp32 only
+when nothing smaller verifies."""
+
+
 def _inside(name: str, block: str) -> bool:
-    return name == block or name.startswith(block + ".")
+    return block == "" or name == block or name.startswith(block + ".")
 
 
 class MixedRunner:
@@ -62,6 +72,15 @@ class MixedRunner:
         self.select_output = select_output
         self.modules = modules
         self._reference: list[torch.Tensor] | None = None
+        parts = [name.split(".") for name in modules if name]
+        parents = {"", *(".".join(p[:i]) for p in parts for i in range(1, len(p)))}
+        self._leaves = [name for name in modules if name not in parents]
+
+    def share(self, name: str) -> float:
+        """The share of the measured leaf layers that module ``name`` holds (1.0: all)."""
+        if not self._leaves:
+            return 0.0
+        return sum(_inside(leaf, name) for leaf in self._leaves) / len(self._leaves)
 
     def reference(self) -> list[torch.Tensor]:
         if self._reference is None:
@@ -97,7 +116,10 @@ def suggest_mixed(
     budget: float,
     max_runs: int,
 ) -> MixedSuggestion:
-    """Greedy-then-pruned search over ``ranked`` (most sensitive first) for ``dtype``."""
+    """Greedy, pruned, then refined search over ``ranked`` (most sensitive first) for ``dtype``.
+
+    Layers holding most of the model come last, after every smaller layer, whatever their
+    rank; one run each stays reserved for them while smaller layers are tried."""
     result = MixedSuggestion(dtype, [], None, budget, False, 0)
 
     def attempt(keep: list[str]) -> ErrorStats | None:
@@ -112,10 +134,15 @@ def suggest_mixed(
         )
         return stats
 
+    large = [name for name in ranked if runner.share(name) > LARGE_SHARE]
+    order = [name for name in ranked if name not in large] + large
     chosen: list[str] = []
     best: ErrorStats | None = None
-    for name in ranked:
-        if result.runs >= max_runs:
+    for name in order:
+        reserve = len(large) if name not in large else 0  # runs left for the fallback
+        if result.runs >= max_runs - reserve:
+            if reserve:
+                continue
             break
         if any(_inside(name, c) for c in chosen):
             continue
@@ -137,6 +164,21 @@ def suggest_mixed(
         stats = attempt(trial)
         if stats is not None and _passes(stats, budget):
             chosen, best = trial, stats
+    # Refine: replace a chosen layer by the most sensitive layer inside it that still passes.
+    pending = list(chosen)
+    while pending and result.runs < max_runs:
+        outer = pending.pop(0)
+        for inner in order:
+            if result.runs >= max_runs:
+                break
+            if inner == outer or not _inside(inner, outer):
+                continue
+            trial = [inner if c == outer else c for c in chosen]
+            stats = attempt(trial)
+            if stats is not None and _passes(stats, budget):
+                chosen, best = trial, stats
+                pending.insert(0, inner)
+                break
     result.keep_fp32 = chosen
     result.output_rel_l2 = best.rel_l2
     result.verified = True

@@ -184,7 +184,10 @@ class ErrorStats:
 
     @property
     def sqnr_db(self) -> float | None:
-        """10 log10(signal power / error power); None when the error is exactly zero."""
+        """10 log10(signal power / error power); None when the error is exactly zero, -inf when
+        the candidate has new NaN/Inf (as :attr:`rel_l2` is inf then)."""
+        if self.nan or self.inf:
+            return -math.inf
         if self.sum_err2 == 0.0:
             return None
         if self.sum_ref2 == 0.0:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from paritygate.engines.base import GenerationEngine
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safetensors_files
-from paritygate.errors import InputError
+from paritygate.errors import InputError, MissingExtra
+from paritygate.errors import keyed as errors_keyed
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.serving import declared_serving_dtype, resolve_serving
@@ -281,15 +282,24 @@ class LMContext:
         return precision_subject(self)
 
 
+LOADER_KEYS = ("model", "tokenizer", "config.json")
+"""Keys the HF loaders give a whole-file failure: the config key that names the file replaces
+them (see :func:`keyed`)."""
+
+
 @contextmanager
 def keyed(key: str) -> Iterator[None]:
-    """A loader's error that names no config key (a file-level failure) names ``key``."""
-    try:
-        yield
-    except InputError as exc:
-        if exc.key not in (None, "model", "tokenizer", "config.json"):
+    """:func:`paritygate.errors.keyed`: a loader's error names ``key``, the config entry of
+    the file it read (a whole-file failure's loader key gives way to it)."""
+    with errors_keyed(key):
+        try:
+            yield
+        except MissingExtra:
             raise
-        raise InputError(exc.file, key, exc.cause) from None
+        except InputError as exc:
+            if exc.key not in LOADER_KEYS:
+                raise
+            raise InputError(exc.file, None, exc.cause) from None
 
 
 def build_lm_context(config: GateConfig) -> LMContext:

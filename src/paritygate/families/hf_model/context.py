@@ -18,7 +18,7 @@ from paritygate.engines.hf_loading import (
     require_tokenizer_files,
     safetensors_files,
 )
-from paritygate.errors import InputError, MissingExtra
+from paritygate.errors import InputError, MissingExtra, keyed
 from paritygate.families.hf_model.probes import Batch, npz_batches, read_texts, text_batches
 from paritygate.provenance import sha256_file, sha256_files
 
@@ -193,11 +193,12 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         raise InputError(
             config.path, "hf_model.model_dir", f"model directory not found: {model_dir}"
         )
-    if not (model_dir / "config.json").is_file():
-        raise InputError(model_dir / "config.json", None, "model directory has no config.json")
-    check_model_dir(model_dir, trust_remote_code=config.trust_remote_code)
-    files = safetensors_files(model_dir)
-    model_class, reason = _model_class(config, spec, model_dir)
+    with keyed("hf_model.model_dir"):
+        if not (model_dir / "config.json").is_file():
+            raise InputError(model_dir / "config.json", None, "model directory has no config.json")
+        check_model_dir(model_dir, trust_remote_code=config.trust_remote_code)
+        files = safetensors_files(model_dir)
+        model_class, reason = _model_class(config, spec, model_dir)
     probes = config.resolve(spec.probes)
     if not probes.is_file():
         raise InputError(config.path, "hf_model.probes", f"probe file not found: {probes}")
@@ -208,9 +209,10 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
             )
         except Exception as exc:
             raise InputError(
-                model_dir / "config.json", None, f"not a readable HF config: {exc}"
+                model_dir / "config.json", "hf_model.model_dir", f"not a readable HF config: {exc}"
             ) from None
-        batches = npz_batches(probes, getattr(hf_config, "vocab_size", None), spec.batch_size)
+        with keyed("hf_model.probes"):
+            batches = npz_batches(probes, getattr(hf_config, "vocab_size", None), spec.batch_size)
     else:
         tok_dir = config.resolve(spec.tokenizer) if spec.tokenizer else model_dir
         require_tokenizer_files(tok_dir, "hf_model.tokenizer")
@@ -223,9 +225,10 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
             raise InputError(
                 tok_dir, "hf_model.tokenizer", f"cannot load the tokenizer for text probes: {exc}"
             ) from None
-        batches = text_batches(
-            tokenizer, read_texts(probes), spec.max_tokens, spec.batch_size, probes
-        )
+        with keyed("hf_model.probes"):
+            batches = text_batches(
+                tokenizer, read_texts(probes), spec.max_tokens, spec.batch_size, probes
+            )
     return HFModelContext(
         config=config,
         spec=spec,

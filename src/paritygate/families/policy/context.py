@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.errors import InputError
+from paritygate.errors import InputError, keyed
 from paritygate.families.policy.loading import LoadReport, load_into
 from paritygate.families.policy.probes import (
     finite_rows,
@@ -320,12 +320,8 @@ def build_policy_context(
     torch.manual_seed(config.seed)
     ckpt = config.resolve(spec.checkpoint)
     sha_before = sha256_file(ckpt) if ckpt.is_file() else ""
-    try:
+    with keyed("policy.checkpoint"):
         state = load_state_dict(ckpt, allow_pickle=config.allow_pickle)
-    except InputError as exc:
-        if exc.key is None:
-            raise InputError(exc.file, "policy.checkpoint", exc.cause) from None
-        raise
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
     training_load = load_into(training, state)
@@ -385,10 +381,8 @@ def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
     """An ONNX Runtime engine over ``artifact``, its input and policy output validated."""
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    try:
+    with keyed("policy.artifact"):
         candidate = OnnxRuntimeEngine(artifact)
-    except InputError as exc:
-        raise InputError(exc.file, exc.key or "policy.artifact", exc.cause) from None
     check_artifact_inputs(
         candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
     )
