@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from paritygate.check import CheckSpec
-from paritygate.metrics import diff_stats, finite_report
+from paritygate.metrics import CALIBRATION_SCALE, diff_stats, finite_report, scaled_limit
 from paritygate.result import Measurement
 
 DEFAULTS = {
@@ -133,11 +133,15 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         eval_diff = None
     else:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
+    # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
+    dep_limit, factor = scaled_limit(thresholds["batch_dependence_max_abs"], ctx.reference_outputs)
+    limit, _ = scaled_limit(thresholds["eval_max_abs_diff"], ctx.reference_outputs)
+    if factor > 1:
+        m.note(f"batch_dependence_max_abs and eval_max_abs_diff limits scaled x{factor:.3g} by "
+               f"the outputs' magnitude (max |reference| {factor * CALIBRATION_SCALE:.3g})")
     if cand_dep is not None:
-        m.metric("batch_dependence_max_abs", cand_dep,
-                 threshold=thresholds["batch_dependence_max_abs"], key=True)
-    m.metric("reference_batch_dependence_max_abs", ref_dep,
-             threshold=thresholds["batch_dependence_max_abs"])
+        m.metric("batch_dependence_max_abs", cand_dep, threshold=dep_limit, key=True)
+    m.metric("reference_batch_dependence_max_abs", ref_dep, threshold=dep_limit)
     # Shown, not judged on its own: an artifact that differs from torch eval fails here only
     # when BatchNorm explains it (reset or training-mode statistics, below); any other cause
     # (a stale artifact, a low-precision layer) is logits_agreement's and export_integrity's.
@@ -145,7 +149,6 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("stats_max_abs_diff", stats_diff, threshold=thresholds["stats_max_abs_diff"])
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
     m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
-    limit = thresholds["eval_max_abs_diff"]
     if bns and eval_diff is not None and eval_diff > limit and not training_nodes:
         reset_diff = _diff_with_reset_stats(ctx, cand)
         m.metric("reset_stats_max_abs_diff", reset_diff, bad="none", ratchet=False)
@@ -159,7 +162,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.note(f"artifact differs from torch eval by {eval_diff:.3g} and also from the "
                    f"model with reset BatchNorm statistics ({reset_diff:.3g}): the cause is not "
                    "BatchNorm alone (see logits_agreement and export_integrity)")
-    if cand_dep is not None and cand_dep > thresholds["batch_dependence_max_abs"]:
+    if cand_dep is not None and cand_dep > dep_limit:
         m.fail(f"artifact output of a row depends on its batch-mates (max {cand_dep:.3g}): "
                "BatchNorm uses batch statistics (exported in training mode?)")
     return m
