@@ -129,6 +129,9 @@ def judge(
                     regressed[m.name] = reason
                     if m.name not in offending:
                         offending.append(m.name)
+            unguarded = _unguarded(measurement, expected)
+            if unguarded:
+                details["notes"] = [*details.get("notes", []), unguarded]
 
     status = "fail" if reasons else "pass"
     if status == "fail":
@@ -161,6 +164,25 @@ def judge(
         result.fix = fix
         result.failed_metrics = list(offending)
     return result
+
+
+def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None:
+    """A note when the baseline and the run disagree on which ratcheted metrics exist (another
+    layer selection or probe set than the one blessed): those metrics are not compared."""
+    ratcheted = [
+        name for name, m in measurement.metrics.items() if m.ratchet and m.bad != "none"
+    ]
+    new = [name for name in ratcheted if expected.get(name) is None]
+    gone = [name for name in expected if name not in measurement.metrics]
+    if not new and not gone:
+        return None
+    parts = []
+    if new:
+        parts.append(f"{len(new)} metric(s) have no golden value and are not compared "
+                     f"(e.g. {new[0]})")  # fmt: skip
+    if gone:
+        parts.append(f"{len(gone)} golden value(s) were not measured (e.g. {gone[0]})")
+    return "; ".join(parts) + ": bless again if the change is intended (--update-golden)"
 
 
 def _headline(
