@@ -100,3 +100,20 @@ def test_only_missing_baselines_name_that_as_the_root() -> None:
     explained, root = explain([_unblessed("weights_load", 0.0), _unblessed("sampling_config", 0.0)])
     assert root is not None and root.kind == "no_golden" and root.explains == ()
     assert all(r.consequence_of is None for r in explained)
+
+
+def test_a_check_failing_only_against_its_baseline_is_not_the_root_before_a_finding() -> None:
+    """An fp32 torch-vs-ONNX gap that grew past its baseline, but not past its limit, on a model
+    whose fp16 layer overflows: the overflow (a finding on this run alone) is the root cause."""
+    logits = CheckResult(
+        "logits_agreement", "fail", "max_abs_diff regressed vs golden: 0.0059 > 1.5e-07",
+        {"max_abs_diff": 0.0059}, None, {"max_abs_diff": 0.06}, key_metric="max_abs_diff",
+        reasons=["max_abs_diff regressed vs golden: 0.0059 > 1.5e-07 (+0.003 margin)"],
+        failed_metrics=["max_abs_diff"])  # fmt: skip
+    overflow = _failing("precision_per_layer", "float16: first divergent layer 'trunk.2'",
+                        {"fp16/layers_over_budget": 2.0})
+    _, root = explain([logits, overflow])
+    assert root is not None and root.check == "precision_per_layer"
+    # alone, a regression is still the root cause of its run
+    _, root = explain([logits])
+    assert root is not None and root.check == "logits_agreement"

@@ -26,6 +26,9 @@ Status = Literal["pass", "fail", "skip", "error"]
 
 
 NO_GOLDEN = "no golden baseline"
+REGRESSED = "regressed vs golden"
+CHANGED = "changed: golden"
+"""How the verdict words a failure found only against the baseline (:mod:`paritygate.verdict`)."""
 """The reason recorded when a check has no baseline yet: bookkeeping, not a finding."""
 
 

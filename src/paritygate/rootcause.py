@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paritygate.result import NO_GOLDEN, CheckResult
+from paritygate.result import CHANGED, NO_GOLDEN, REGRESSED, CheckResult
 
 FAILED = ("fail", "error")
 
@@ -242,6 +242,13 @@ def _findings(result: CheckResult) -> list[str]:
     return [text for text in result.reasons if text != NO_GOLDEN]
 
 
+def _baseline_only(result: CheckResult) -> bool:
+    """Failed only by being worse than (or changed from) its baseline: nothing is wrong on this
+    run alone. A check with a finding or a threshold breach is the likelier root cause."""
+    found = _findings(result)
+    return bool(found) and all(REGRESSED in text or CHANGED in text for text in found)
+
+
 def _matches(result: CheckResult, pattern: str) -> bool:
     texts = _findings(result) if result.reasons else [result.message]
     return any(re.search(pattern, text) for text in texts)
@@ -272,8 +279,9 @@ def explain(
     """Results with consequential failures marked and reworded, plus the run's root cause.
 
     ``None`` when nothing failed. Without a matching edge the first failing check
-    is the root cause (kind ``"independent"``). Idempotent: results already marked
-    keep their messages.
+    is the root cause (kind ``"independent"``), a check that failed only against its
+    baseline coming after one with a finding or a threshold breach. Idempotent: results
+    already marked keep their messages.
     """
     failing = {r.id: r for r in results if r.status in FAILED}
     if not failing:
@@ -309,7 +317,8 @@ def explain(
             r.fix = failing[root_id].fix
         out.append(r)
     unexplained = [r for r in results if r.id in failing and r.id not in by]
-    first = next((r for r in unexplained if r.id in linkable), None)
+    first = next((r for r in unexplained if r.id in linkable and not _baseline_only(r)), None)
+    first = first or next((r for r in unexplained if r.id in linkable), None)
     if first is None:  # only missing baselines, or a cycle in stored results
         first = unexplained[0] if unexplained else next(r for r in results if r.id in failing)
     explained_ids = tuple(cid for cid, (root, _) in by.items() if root == first.id)

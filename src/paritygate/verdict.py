@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from paritygate.result import NO_GOLDEN, CheckResult, Measurement, Metric
+from paritygate.result import CHANGED, NO_GOLDEN, REGRESSED, CheckResult, Measurement, Metric
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
         return None
     if metric.bad == "change":
         if metric.value != expected:
-            return f"{metric.name} changed: golden {_fmt(expected)}, obtained {_fmt(metric.value)}"
+            return f"{metric.name} {CHANGED} {_fmt(expected)}, obtained {_fmt(metric.value)}"
         return None
     try:
         exp = float(expected)
@@ -59,12 +59,12 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
         allowed += margin.threshold_fraction * abs(metric.threshold)
     if metric.bad == "higher" and val > exp + allowed:
         return (
-            f"{metric.name} regressed vs golden: {_fmt(val)} > {_fmt(exp)} "
+            f"{metric.name} {REGRESSED}: {_fmt(val)} > {_fmt(exp)} "
             f"(+{_fmt(allowed)} margin)"
         )
     if metric.bad == "lower" and val < exp - allowed:
         return (
-            f"{metric.name} regressed vs golden: {_fmt(val)} < {_fmt(exp)} "
+            f"{metric.name} {REGRESSED}: {_fmt(val)} < {_fmt(exp)} "
             f"(-{_fmt(allowed)} margin)"
         )
     return None
