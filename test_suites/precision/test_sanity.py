@@ -149,3 +149,27 @@ def test_local_error_is_the_layer_alone_on_its_fp32_input_with_cast_weights() ->
                 h.to(low), model.fc2.weight.to(low), model.fc2.bias.to(low)))  # fmt: skip
             assert fc2.local[dtype].rel_l2 == direct.rel_l2 > 0
             assert fc2.local[dtype].max_abs == direct.max_abs
+
+
+def test_a_layer_fed_an_overflowed_input_is_flagged_not_judged() -> None:
+    """fc1's fp32 output exceeds fp16's range: fc1 is the first divergent layer; the ReLU after
+    it sees that input clipped in its local rerun, so its row says so and is not judged."""
+    from paritygate.precision.analysis import run_precision
+    from paritygate.precision.subject import PrecisionSubject
+
+    torch.manual_seed(0)
+    model = _Net().eval()
+    with torch.no_grad():
+        model.fc1.weight.mul_(1e5)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+    subject = PrecisionSubject("t", lambda: model, [((x,), {})], lambda out: out)
+    report = run_precision(subject, PrecisionSpec(layers="leaves", suggest_mixed=False), 16.0, 8.0)
+    rows = {r["layer"]: r for r in report["rows"] if r["dtype"] == "float16"}
+    assert rows["fc1"]["over_budget"] and not rows["fc1"]["input_beyond_range"]
+    assert rows["act"]["input_beyond_range"] and not rows["act"]["over_budget"]
+    assert rows["act"]["local_rel_l2"] > 16 * 2.0**-11  # the clipping is there, shown
+    summary = report["summary"]["float16"]
+    assert summary["first_divergent"]["layer"] == "fc1"
+    assert summary["input_beyond_range"] == ["act", "fc2"]  # fc2 reads the same values
+    # bf16 holds fp32's range: nothing is clipped
+    assert not any(r["input_beyond_range"] for r in report["rows"] if r["dtype"] == "bfloat16")

@@ -185,13 +185,21 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         )
         for row in report["rows"]:
             if row["dtype"] == dtype:
-                value = None if row["local_error"] else _number(row["local_rel_l2"])
+                judged = not row["local_error"] and not row.get("input_beyond_range")
+                value = _number(row["local_rel_l2"]) if judged else None
                 m.metric(
                     f"{prefix}/{row['layer']}/local_rel_l2",
                     value,
                     threshold=row["budget"],
                     detail=True,
                 )
+        beyond = summary.get("input_beyond_range") or []
+        if beyond:
+            m.note(
+                f"{dtype}: {len(beyond)} layer(s) not judged on local error, their fp32 input "
+                f"beyond {dtype}'s range ({', '.join(beyond[:5])}): the overflow is the layer "
+                "before's, and their rerun sees it clipped"
+            )
         if summary["local_unmeasured"]:
             names = ", ".join(summary["local_unmeasured"][:5])
             m.note(

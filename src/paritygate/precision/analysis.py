@@ -40,10 +40,13 @@ def _layer_row(
     cum_err, in_err = cum.rel_l2, cum_in.rel_l2
     amplification = cum_err / in_err if in_err > 0 and math.isfinite(in_err) else None
     error = record.errors.get(dtype)
+    clamped = record.clamped.get(dtype, False)
     nonfinite = local.nan + local.inf
     # A layer whose rerun alone fails (a call that cannot be replayed outside its model)
     # ran in the whole-model pass; its row says why and it is not judged on local error.
-    over = error is None and (nonfinite > 0 or not local.rel_l2 <= budget)
+    # Nor is a layer whose fp32 input is beyond the format's range: the layer before it
+    # overflowed (and is judged), this one only sees the clipping.
+    over = error is None and not clamped and (nonfinite > 0 or not local.rel_l2 <= budget)
     row: dict[str, Any] = {
         "dtype": dtype,
         "index": record.index,
@@ -61,6 +64,7 @@ def _layer_row(
         "numel": record.act.numel,
         "over_budget": over,
         "local_error": error,
+        "input_beyond_range": clamped,
     }
     weights = _own_weights(layer, beyond or {})
     if weights:  # only on a layer whose weights a cast turns into Inf
@@ -126,6 +130,7 @@ def analyse(run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float
                 "reason": _divergence_reason(first),
             },
             "local_unmeasured": [r["layer"] for r in dtype_rows if r["local_error"]],
+            "input_beyond_range": [r["layer"] for r in dtype_rows if r["input_beyond_range"]],
             "max_headroom": worst["headroom"] if worst else 0.0,
             "max_headroom_layer": worst["layer"] if worst else None,
             "mixed": None,

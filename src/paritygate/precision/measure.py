@@ -76,6 +76,9 @@ class LayerRecord:
     cum_in: dict[str, RelL2] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     """dtype -> why the local run of this layer failed."""
+    clamped: dict[str, bool] = field(default_factory=dict)
+    """dtype -> the layer's fp32 input exceeded the dtype's range: its local rerun saw the
+    input clamped, so its local error is the clipping it inherits, not its own."""
 
 
 @dataclass
@@ -187,6 +190,9 @@ class _Call:
     plain: bool
     """The root, or a layer without floating inputs (an embedding on token ids): it inherits
     no error, so its local error is its cumulative error."""
+    in_peak: float = 0.0
+    """Largest |value| of the main input (for a local rerun: beyond a dtype's range it is
+    clamped)."""
 
 
 class _Pairs:
@@ -229,6 +235,15 @@ class _Pairs:
         value = sum_squares(ref)
         self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
         return value
+
+
+def _peak(t: torch.Tensor) -> float:
+    """Largest |value| of a layer's main input (inf when it holds Inf). Its masks are not
+    counted: an additive mask at float32's lowest value is clamped by design."""
+    if not t.numel():
+        return 0.0
+    low, high = torch.aminmax(t.detach())
+    return max(-float(low), float(high))
 
 
 def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -348,6 +363,7 @@ class _Pass:
             outputs=[],
             inp=None if inp is None else self.kept.keep(inp),
             plain=plain,
+            in_peak=_peak(inp) if rerun and inp is not None else 0.0,
         )
 
     def _on_reference(
@@ -458,7 +474,10 @@ class _Pass:
         """``module`` alone, under the dtype's cast weights, on its fp32 inputs cast."""
         if dtype in record.errors:
             return
-        cast = saturating_cast(getattr(torch, dtype))
+        tdtype = getattr(torch, dtype)
+        if call.in_peak > torch.finfo(tdtype).max:
+            record.clamped[dtype] = True
+        cast = saturating_cast(tdtype)
         try:
             args = map_tensors(self.kept.load_tree(call.args), cast)
             kwargs = map_tensors(self.kept.load_tree(call.kwargs), cast)

@@ -19,7 +19,7 @@ CSV_COLUMNS = [
     "local_nan", "local_inf",
     "cum_rel_l2", "cum_max_abs", "cum_p99_abs", "cum_cosine", "cum_sqnr_db", "cum_nan", "cum_inf",
     "cum_in_rel_l2", "amplification", "headroom", "underflow_fraction", "numel",
-    "over_budget", "local_error",
+    "over_budget", "local_error", "input_beyond_range",
     "onnx_dtype", "onnx_value", "onnx_rel_l2", "onnx_max_abs", "onnx_nan", "onnx_inf",
     "onnx_budget", "onnx_over_budget",
 ]  # fmt: skip
