@@ -201,3 +201,34 @@ def test_read_tensor_matches_safetensors(tmp_path: Path) -> None:
     index = checkpoint_index([tmp_path / "t.safetensors"])
     for key, value in tensors.items():
         assert torch.equal(read_tensor(index[key], key), value), key
+
+
+def test_a_streamed_layer_is_read_once_per_forward_and_its_rerun_reads_nothing(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1 + D reads of each layer per batch: the fp32 run and one run per dtype. The layer's own
+    local rerun, and its modules', use the weights loaded for the run; at most one unit is
+    loaded at a time, and none once the forward returns."""
+    from paritygate.precision import streaming
+    from paritygate.precision.measure import measure_model
+
+    model, streamer = build_streamed(
+        transformers.LlamaForCausalLM, llama_dir, safetensors_files(llama_dir)
+    )
+    reads: dict[str, int] = {}
+    loaded_at_once = []
+    real_read = streaming.read_tensor
+
+    def counting_read(entry: Any, key: str, as_dtype: Any = None) -> torch.Tensor:
+        reads[key] = reads.get(key, 0) + 1
+        loaded_at_once.append(sum(not p.is_meta for ps in streamer.streamed for p in ps))
+        return real_read(entry, key, as_dtype)
+
+    monkeypatch.setattr(streaming, "read_tensor", counting_read)
+    spec = PrecisionSpec()
+    measure_model(model, _batches(300), select_hf_output, spec, spill=True)
+    layer = [k for k in reads if k.startswith("model.layers.1.")]
+    assert layer and all(reads[k] == 1 + len(spec.dtypes) for k in layer), reads
+    largest = max(len(ps) for ps in streamer.streamed)
+    assert max(loaded_at_once) < largest  # read one by one into an otherwise empty unit set
+    assert all(p.is_meta for ps in streamer.streamed for p in ps)

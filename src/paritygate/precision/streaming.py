@@ -5,8 +5,9 @@ The model is built from its config.json with every parameter on the meta device
 repeated layer (an element of the model's outermost ``ModuleList``: a decoder
 or encoder layer) and each Embedding or Linear outside them (token embeddings,
 output heads). A unit's weights are read from the files when it is called and
-dropped when it returns, so one unit's weights are in memory at a time; the
-rest (final norms, small parameters) is read once. The precision pass runs
+dropped when another unit is called or the model's forward returns, so one
+unit's weights are in memory at a time (and a unit rerun alone as it returns
+finds them loaded); the rest (final norms, small parameters) is read once. The precision pass runs
 unchanged on such a model: a low-precision pass casts the meta placeholders
 too, so every unit is read in the dtype its parameters hold at that moment,
 and the numbers equal those of the in-memory pass. The price is I/O: every
@@ -284,10 +285,16 @@ class LayerStreamer(ParamSource):
             module._buffers[attr] = read_tensor(self.index[key], key)
 
     def attach(self) -> None:
-        """Register the pre-hooks that stream each unit in when it is called."""
+        """Register the pre-hooks that stream each unit in when it is called, and the model's
+        hook that drops whatever is loaded when its forward returns.
+
+        A unit stays loaded after it returns, until another unit is called (which drops it
+        before reading itself) or the forward ends: one unit's weights at a time, and a
+        measurement that reruns the unit as it returns finds it loaded, in the dtype of the
+        run, instead of reading it again."""
         for unit in self.units:
             unit.register_forward_pre_hook(self._enter)
-            unit.register_forward_hook(self._leave)
+        self.model.register_forward_hook(self._leave)
 
     def _enter(self, layer: nn.Module, args: Any) -> None:
         current = self.layer_of[id(layer)]
@@ -299,13 +306,15 @@ class LayerStreamer(ParamSource):
                         release(p)
         self._read([p for p in self.streamed[current] if p.is_meta])
 
-    def _leave(self, layer: nn.Module, args: Any, output: Any) -> None:
-        # Dropped as soon as it returns (this hook runs before the measurement's): its own
-        # local rerun reads it again directly in the low dtype, and a rerun of a block that
-        # spans layers holds no fp32 copy of it.
-        for p in self.streamed[self.layer_of[id(layer)]]:
-            if not p.is_meta:
-                release(p)
+    def _leave(self, model: nn.Module, args: Any, output: Any) -> None:
+        self.release_all()
+
+    def release_all(self) -> None:
+        """Drop every loaded unit (the end of the model's forward)."""
+        for params in self.streamed:
+            for p in params:
+                if not p.is_meta:
+                    release(p)
         GLIBC.release()
 
     def _read(self, params: list[nn.Parameter]) -> None:
