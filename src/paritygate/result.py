@@ -26,10 +26,10 @@ Status = Literal["pass", "fail", "skip", "error"]
 
 
 NO_GOLDEN = "no golden baseline"
+"""The reason recorded when a check has no baseline yet: bookkeeping, not a finding."""
 REGRESSED = "regressed vs golden"
 CHANGED = "changed: golden"
 """How the verdict words a failure found only against the baseline (:mod:`paritygate.verdict`)."""
-"""The reason recorded when a check has no baseline yet: bookkeeping, not a finding."""
 
 
 @dataclass(frozen=True)

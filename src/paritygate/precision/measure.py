@@ -122,6 +122,12 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
     return out
 
 
+def _same(entry: tuple[Any, int, Any] | None, t: torch.Tensor) -> bool:
+    """Whether a memo entry ``(weak reference, version, ...)`` still stands for ``t``: the same
+    live tensor, unchanged since (an id alone may be reused by a later tensor)."""
+    return entry is not None and entry[0]() is t and entry[1] == t._version
+
+
 class _Kept:
     """The fp32 tensors of one batch's reference run, kept for the low-precision runs.
 
@@ -143,8 +149,8 @@ class _Kept:
 
     def keep(self, t: torch.Tensor) -> Kept:
         entry = self._kept.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version:
-            return entry[2]
+        if _same(entry, t):
+            return entry[2]  # type: ignore[index]
         kept: Kept = t
         if self._spill is not None:
             kept = self._spill.write(t)
@@ -178,6 +184,11 @@ class _Kept:
     def load_tree(self, obj: Any) -> Any:
         return map_kept(obj, self.load)
 
+    def close(self) -> None:
+        """Drop the spill file, if any (the batch is done)."""
+        if self._spill is not None:
+            self._spill.close()
+
 
 @dataclass
 class _Call:
@@ -205,7 +216,7 @@ class _Pairs:
     """
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[Any, Any, int, int, bool, Pair]] = {}
+        self._pairs: dict[tuple[int, int], tuple[Any, int, Any, int, bool, Pair]] = {}
         self._ref2: dict[int, tuple[Any, int, float]] = {}
 
     def compare(self, ref: torch.Tensor, candidate: torch.Tensor, full: bool = True) -> Pair:
@@ -213,25 +224,22 @@ class _Pairs:
         key = (id(ref), id(candidate))
         entry = self._pairs.get(key)
         if (
-            entry is not None
-            and entry[0]() is ref
-            and entry[1]() is candidate
-            and entry[2] == ref._version
-            and entry[3] == candidate._version
-            and (entry[4] or not full)
+            _same(entry, ref)
+            and _same(entry[2:], candidate)  # type: ignore[index]
+            and (entry[4] or not full)  # type: ignore[index]
         ):
-            return entry[5]
+            return entry[5]  # type: ignore[index]
         pair = compare(ref, candidate, full, self.ref2(ref))
         self._pairs[key] = (
-            weakref.ref(ref), weakref.ref(candidate), ref._version, candidate._version, full, pair
+            weakref.ref(ref), ref._version, weakref.ref(candidate), candidate._version, full, pair
         )  # fmt: skip
         return pair
 
     def ref2(self, ref: torch.Tensor) -> float:
         """Sum of squares of an fp32 tensor, computed once per tensor."""
         entry = self._ref2.get(id(ref))
-        if entry is not None and entry[0]() is ref and entry[1] == ref._version:
-            return entry[2]
+        if _same(entry, ref):
+            return entry[2]  # type: ignore[index]
         value = sum_squares(ref)
         self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
         return value
@@ -331,10 +339,8 @@ class _Pass:
         )
 
     def end_batch(self) -> None:
-        spill = self.kept._spill
+        self.kept.close()
         self.kept, self.calls, self.pairs = _Kept(), {}, _Pairs()
-        if spill is not None:
-            spill.close()
 
     def _count_leaf(self, module: nn.Module, args: Any, output: Any) -> None:
         self.leaf_calls += 1

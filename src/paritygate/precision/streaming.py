@@ -7,8 +7,8 @@ or encoder layer) and each Embedding or Linear outside them (token embeddings,
 output heads). A unit's weights are read from the files when it is called and
 dropped when another unit is called or the model's forward returns, so one
 unit's weights are in memory at a time (and a unit rerun alone as it returns
-finds them loaded); the rest (final norms, small parameters) is read once. The precision pass runs
-unchanged on such a model: a low-precision pass casts the meta placeholders
+finds them loaded); the rest (final norms, small parameters) is read once. The
+precision pass runs unchanged on such a model: a low-precision pass casts the meta placeholders
 too, so every unit is read in the dtype its parameters hold at that moment,
 and the numbers equal those of the in-memory pass. The price is I/O: every
 forward reads the units again. Tensors are read with plain file reads at the
@@ -307,10 +307,7 @@ class LayerStreamer(ParamSource):
         self._read([p for p in self.streamed[current] if p.is_meta])
 
     def _leave(self, model: nn.Module, args: Any, output: Any) -> None:
-        self.release_all()
-
-    def release_all(self) -> None:
-        """Drop every loaded unit (the end of the model's forward)."""
+        """Drop every loaded unit: the model's forward has returned."""
         for params in self.streamed:
             for p in params:
                 if not p.is_meta:
