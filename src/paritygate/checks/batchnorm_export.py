@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from paritygate.check import CheckSpec
-from paritygate.metrics import CALIBRATION_SCALE, diff_stats, finite_report, scaled_limit
+from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 DEFAULTS = {
@@ -134,11 +134,12 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     else:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
-    dep_limit, factor = scaled_limit(thresholds["batch_dependence_max_abs"], ctx.reference_outputs)
-    limit, _ = scaled_limit(thresholds["eval_max_abs_diff"], ctx.reference_outputs)
+    factor = magnitude_factor(ctx.reference_outputs)
+    dep_limit = thresholds["batch_dependence_max_abs"] * factor
+    limit = thresholds["eval_max_abs_diff"] * factor
     if factor > 1:
-        m.note(f"batch_dependence_max_abs and eval_max_abs_diff limits scaled x{factor:.3g} by "
-               f"the outputs' magnitude (max |reference| {factor * CALIBRATION_SCALE:.3g})")
+        m.note(scaled_note({"batch_dependence_max_abs": dep_limit, "eval_max_abs_diff": limit},
+                           factor))  # fmt: skip
     if cand_dep is not None:
         m.metric("batch_dependence_max_abs", cand_dep, threshold=dep_limit, key=True)
     m.metric("reference_batch_dependence_max_abs", ref_dep, threshold=dep_limit)

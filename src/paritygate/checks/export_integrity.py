@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from paritygate.check import CheckSpec
-from paritygate.metrics import CALIBRATION_SCALE, scaled_limit
+from paritygate.metrics import magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 DEFAULTS = {
@@ -117,11 +117,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     matches = ctx.initializer_match
     m.details["initializers"] = matches
     match_text = _match_text(matches)
-    # fp32 rounding grows with the outputs' magnitude: so does the limit (metrics.scaled_limit)
-    limit, factor = scaled_limit(thresholds["provenance_max_abs_diff"], ctx.reference_outputs)
+    # fp32 rounding grows with the outputs' magnitude: so does the limit
+    factor = magnitude_factor(ctx.reference_outputs)
+    limit = thresholds["provenance_max_abs_diff"] * factor
     if manifest is None and factor > 1:
-        m.note(f"provenance_max_abs_diff limit {limit:.3g}: scaled x{factor:.3g} by the outputs' "
-               f"magnitude (max |reference| {factor * CALIBRATION_SCALE:.3g})")
+        m.note(scaled_note({"provenance_max_abs_diff": limit}, factor))
     if manifest is None:
         where = f"no manifest at {ctx.manifest_path}"
         if ctx.spec.require_manifest:

@@ -9,11 +9,11 @@ import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics import (
-    CALIBRATION_SCALE,
     diff_stats,
     distribution_stats,
     finite_report,
-    scaled_limit,
+    magnitude_factor,
+    scaled_note,
 )
 from paritygate.result import Measurement
 
@@ -22,7 +22,7 @@ DEFAULTS = {
     # (a few ulp, different GEMM kernels). A stale artifact exported from a checkpoint
     # whose weights differ by 1e-4 relative moves logits by ~8e-4 on the demo.
     # 2e-5 sits 10x above the noise and 40x below that fault. For a policy the limit grows
-    # with the outputs above magnitude 10 (metrics.scaled_limit): an ulp grows with them.
+    # with the outputs above magnitude 10 (metrics.magnitude_factor): an ulp grows with them.
     "max_abs_diff": 2e-5,
     # KL(reference || candidate) per probe; fp32 noise gives < 1e-10. A temperature
     # baked into the artifact (T=0.9) gives ~1e-3; 1e-6 separates them by 1000x.
@@ -103,12 +103,10 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if candidate is None:
         m.fail(f"artifact has no output {ctx.output_name!r}")
         return m
-    limit, factor = scaled_limit(thresholds["max_abs_diff"], reference)
+    factor = magnitude_factor(reference)
+    thresholds = {**thresholds, "max_abs_diff": thresholds["max_abs_diff"] * factor}
     if factor > 1:
-        m.note(f"max_abs_diff limit {limit:.3g}: {thresholds['max_abs_diff']:.3g} scaled by the "
-               f"outputs' magnitude (max |reference| {factor * CALIBRATION_SCALE:.3g} / "
-               f"{CALIBRATION_SCALE:g}), as fp32 rounding grows with it")
-    thresholds = {**thresholds, "max_abs_diff": limit}
+        m.note(scaled_note({"max_abs_diff": thresholds["max_abs_diff"]}, factor))
     stats = compare_logits(m, reference, candidate, thresholds,
                            continuous=ctx.spec.action_space == "continuous")
     if stats and stats.get("max_abs", 0) > thresholds["max_abs_diff"]:

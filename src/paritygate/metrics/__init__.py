@@ -60,19 +60,26 @@ CALIBRATION_SCALE = 10.0
 ``batch_dependence_max_abs``: 2e-5) were calibrated: the demo's logits."""
 
 
-def scaled_limit(limit: float, reference: np.ndarray) -> tuple[float, float]:
-    """An absolute fp32 limit grown with the outputs' magnitude, and the factor applied.
+def magnitude_factor(reference: np.ndarray) -> float:
+    """How much an absolute fp32 limit grows for outputs of this magnitude.
 
     Two fp32 paths (torch and ONNX Runtime kernels, two batch sizes) differ by a few ulp of
     the values they sum, and an ulp grows with the magnitude: at |logit| ~3e4 one ulp is
-    0.004, 200x a limit calibrated at ~10. The limit is multiplied by
-    ``max(1, max|reference| / CALIBRATION_SCALE)``, so it is unchanged for outputs up to
-    that scale and means the same number of ulp above it."""
+    0.004, 200x a limit calibrated at ~10. The factor is
+    ``max(1, max|reference| / CALIBRATION_SCALE)``: a limit multiplied by it is unchanged for
+    outputs up to that scale and means the same number of ulp above it."""
     ref = np.abs(np.asarray(reference, dtype=np.float64))
     ref = ref[np.isfinite(ref)]
     peak = float(ref.max()) if ref.size else 0.0
-    factor = max(1.0, peak / CALIBRATION_SCALE)
-    return limit * factor, factor
+    return max(1.0, peak / CALIBRATION_SCALE)
+
+
+def scaled_note(limits: dict[str, float], factor: float) -> str:
+    """The note a check leaves when its limits were scaled by :func:`magnitude_factor`."""
+    named = ", ".join(f"{name} {value:.3g}" for name, value in limits.items())
+    return (f"limits {named}: scaled by the outputs' magnitude, x{factor:.3g} (max |reference| "
+            f"{factor * CALIBRATION_SCALE:.3g} / {CALIBRATION_SCALE:g}), as fp32 rounding grows "
+            "with it")  # fmt: skip
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
