@@ -28,11 +28,18 @@ class InputError(Exception):
 
         A key of the same config section (``hf_model.tokenizer`` under ``hf_model.model_dir``)
         already names what to fix and is kept; a key inside the file (``input_ids``,
-        ``line 3.text``, ``architectures``) is kept after it: ``hf_model.probes: line 3.text``.
+        ``line 3.text``, ``architectures``) is kept after it: ``hf_model.probes: line 3.text``;
+        a loader's whole-file key (:data:`WHOLE_FILE_KEYS`) gives way to ``key``.
         """
         if self.key is not None and self.key.split(".")[0] == key.split(".")[0]:
             return self
-        return InputError(self.file, key if self.key is None else f"{key}: {self.key}", self.cause)
+        inner = None if self.key in WHOLE_FILE_KEYS else self.key
+        return InputError(self.file, key if inner is None else f"{key}: {inner}", self.cause)
+
+
+WHOLE_FILE_KEYS = ("model", "tokenizer", "config.json")
+"""Keys the HF loaders give a failure of the whole file or directory (nothing inside it to
+point at): under a config key, that key alone names it."""
 
 
 class MissingExtra(InputError):

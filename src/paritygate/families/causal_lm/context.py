@@ -8,8 +8,6 @@ lazily and cached, so a gate that runs one check pays only for that check.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 from paritygate.engines.base import GenerationEngine
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safetensors_files
-from paritygate.errors import InputError, MissingExtra
-from paritygate.errors import keyed as errors_keyed
+from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.serving import declared_serving_dtype, resolve_serving
@@ -280,26 +277,6 @@ class LMContext:
         from paritygate.families.causal_lm.precision import precision_subject
 
         return precision_subject(self)
-
-
-LOADER_KEYS = ("model", "tokenizer", "config.json")
-"""Keys the HF loaders give a whole-file failure: the config key that names the file replaces
-them (see :func:`keyed`)."""
-
-
-@contextmanager
-def keyed(key: str) -> Iterator[None]:
-    """:func:`paritygate.errors.keyed`: a loader's error names ``key``, the config entry of
-    the file it read (a whole-file failure's loader key gives way to it)."""
-    with errors_keyed(key):
-        try:
-            yield
-        except MissingExtra:
-            raise
-        except InputError as exc:
-            if exc.key not in LOADER_KEYS:
-                raise
-            raise InputError(exc.file, None, exc.cause) from None
 
 
 def build_lm_context(config: GateConfig) -> LMContext:
