@@ -143,7 +143,11 @@ def _parser() -> argparse.ArgumentParser:
         help="ONNX artifact to inspect (default: the only .onnx file beside the checkpoint)",
     )
     init.add_argument(
-        "--name", default=None, help="gate name (default: from the checkpoint's file name)"
+        "--name",
+        default=None,
+        help="gate name, naming golden/<name>/ (default: the --out file's name, else the "
+        "checkpoint's file or folder that names the policy, not a step such as step_300, "
+        "else the repository)",
     )
 
     checks = sub.add_parser("checks", help="list the check ids, their families and marks")
@@ -304,6 +308,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
     written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name)
     print(f"paritygate init: wrote {written.path}")
+    for note in written.notes:
+        print(f"paritygate init: {note}")
     if written.todos:
         print(f"paritygate init: fill in {len(written.todos)} TODO(s) before running: "
               + ", ".join(written.todos))

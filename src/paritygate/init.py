@@ -6,13 +6,14 @@ directory's JSON files), never code. What it can infer is filled in with a
 comment saying where it came from (training-only heads from tensor names, input
 and output names from the artifact); what it cannot is a ``TODO:`` value, and
 :func:`paritygate.config.load_config` refuses a config that still holds one
-(exit 2, naming the key), so a half-edited config never runs.
+(exit 2, naming the key), so a half-edited config never runs. The gate is named after the
+policy, never the training step (:func:`paritygate.init_infer.gate_name`); an HF directory
+gets the family its architecture fits (:mod:`paritygate.init_hf`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -20,84 +21,31 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
+from paritygate.init_infer import (
+    TODO,
+    find_todos,
+    gate_name,
+    gitignore_proposal,
+    head_prefixes,
+    python_path,
+)
+from paritygate.init_infer import relative as _rel
+from paritygate.init_infer import yaml_scalar as _q
 
-TODO = "TODO"
-"""Values starting with this marker are unfilled; ``load_config`` rejects them."""
+__all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
 
-_HEAD_WORDS = ("value", "critic", "aux", "v_head", "vf_", "q_head", "baseline", "reward_head")
-"""Module-name starts that usually mark training-only heads (PPO critics, auxiliary losses)."""
-_ATTENTION_WORDS = ("attn", "attention")
-"""Parts of a module name that mark an attention block: nothing inside one is a head."""
-_ATTENTION_PROJECTIONS = frozenset({"query", "key", "q", "k", "q_proj", "k_proj", "qk"})
-"""Query/key projections: a ``value`` beside them is the attention's value projection."""
 
 
 @dataclass
 class WrittenConfig:
-    """The config ``paritygate init`` wrote and the dotted keys still marked TODO."""
+    """The config ``paritygate init`` wrote, the dotted keys still marked TODO, and notes:
+    what it chose and why (the name, the family) and the ``.gitignore`` entries to add."""
 
     path: Path
     todos: list[str] = field(default_factory=list)
-
-
-def find_todos(data: Any, prefix: str = "") -> list[str]:
-    """Dotted keys of every value in a parsed config that still starts with ``TODO``."""
-    found: list[str] = []
-    if isinstance(data, dict):
-        for key, value in data.items():
-            found += find_todos(value, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            found += find_todos(value, f"{prefix}[{i}]")
-    elif isinstance(data, str) and data.strip().upper().startswith(TODO):
-        found.append(prefix)
-    return found
-
-
-def head_prefixes(keys: list[str]) -> list[str]:
-    """Likely training-only heads: the shortest module prefix whose last part looks like one.
-
-    A head hangs off the model beside its trunk. The value projection of an attention block
-    (``attention.self.value`` beside ``query`` and ``key``) shares the word but is part of the
-    trunk: a part inside an attention module (an enclosing part naming ``attn``/``attention``)
-    or beside query/key projections is never proposed."""
-    children: dict[str, set[str]] = {}
-    for key in keys:
-        parts = key.split(".")
-        for depth in range(1, len(parts)):
-            children.setdefault(".".join(parts[: depth - 1]), set()).add(parts[depth - 1].lower())
-    heads: list[str] = []
-    for key in keys:
-        parts = key.split(".")
-        for depth in range(1, len(parts)):
-            if not parts[depth - 1].lower().startswith(_HEAD_WORDS):
-                continue
-            enclosing = [part.lower() for part in parts[: depth - 1]]
-            siblings = children[".".join(parts[: depth - 1])]
-            if any(word in part for part in enclosing for word in _ATTENTION_WORDS) or (
-                siblings & _ATTENTION_PROJECTIONS
-            ):
-                continue
-            prefix = ".".join(parts[:depth])
-            if prefix not in heads:
-                heads.append(prefix)
-            break
-    return heads
-
-
-def _q(value: Any) -> str:
-    """A YAML scalar (JSON strings and numbers are valid YAML)."""
-    return json.dumps(value)
-
-
-def _rel(path: Path, base: Path) -> str:
-    return Path(os.path.relpath(path.resolve(), base.resolve())).as_posix()
-
-
-def _gate_name(source: Path, name: str | None) -> str:
-    raw = name or (source.name if source.is_dir() else source.stem)
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.") or "my-policy"
-    return cleaned if cleaned[0].isalnum() else f"g{cleaned}"
+    notes: list[str] = field(default_factory=list)
+    gitignore: tuple[Path, list[str]] | None = None
+    """The ``.gitignore`` file and the entries it lacks (none missing: an empty list)."""
 
 
 def _onnx_io(path: Path) -> tuple[list[tuple[str, list[Any]]], list[str]]:
@@ -149,7 +97,9 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
-def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> str:
+def _policy_text(
+    source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
+) -> str:
     from paritygate.checkpoints import load_state_dict
 
     state = load_state_dict(source)
@@ -163,14 +113,15 @@ def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> s
         f"#   paritygate run {out.as_posix()} --update-golden",
         "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
         "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}",
+        f"name: {name}   # {name_note}",
         "family: policy",
         "seed: 0",
     ]
     if sb3 is None:
+        folders, why = python_path(Path.cwd())
         lines.append(
-            f"python_path: [{_q(_rel(Path.cwd(), base))}]   # folders (relative to this file) "
-            "the module:callable names below import from: here the folder init ran in"
+            f"python_path: [{', '.join(_q(_rel(f, base)) for f in folders)}]   # folders "
+            f"(relative to this file) the module:callable names below import from: {why}"
         )
     lines.append("policy:")
     if sb3 is not None:
@@ -270,106 +221,6 @@ def _policy_text(source: Path, out: Path, name: str, artifact: Path | None) -> s
     return "\n".join(lines)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(path, None, f"unreadable JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _safetensors_keys(model_dir: Path) -> list[str]:
-    keys: list[str] = []
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise InputError(model_dir, None, "no *.safetensors in the model directory")
-    from safetensors import safe_open
-
-    for path in files:
-        with safe_open(str(path), framework="numpy") as handle:
-            keys += list(handle.keys())
-    return keys
-
-
-def _lm_text(source: Path, out: Path, name: str) -> str:
-    base = out.parent
-    config = _read_json(source / "config.json")
-    keys = _safetensors_keys(source)
-    heads = [f"{h}." for h in head_prefixes(keys)]
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        dtype = "float32"
-    rel = _rel(source, base)
-    tok_path = source / "tokenizer_config.json"
-    tok = _read_json(tok_path) if tok_path.exists() else {}
-    gen_path = source / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.exists() else {}
-    arch = ", ".join(config.get("architectures") or [config.get("model_type", "?")])
-    lines = [
-        f"# Gate config written by `paritygate init {source.name}`. Edit it, then bless:",
-        f"#   paritygate run {out.as_posix()} --update-golden",
-        "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
-        "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}",
-        "family: causal_lm",
-        "seed: 0",
-        "trust_remote_code: false   # never run modelling code from the model directory",
-        "causal_lm:",
-        f"  model_dir: {rel}   # {arch}, {len(keys)} tensors",
-        f"  training_only_heads: {_q(heads)}   # "
-        + ("proposed from tensor names; review" if heads else "none found in tensor names"),
-        "  tokenizer:",
-    ]
-    if tok:
-        found = ", ".join(
-            f"{k}={tok[k]}" for k in ("padding_side", "truncation_side") if k in tok
-        )
-        template = "a chat template" if tok.get("chat_template") or (
-            source / "chat_template.jinja").exists() else "no chat template"
-        lines.append(f"    # tokenizer found in the model directory: {found or 'defaults'}, "
-                     f"{template}")
-        lines.append(f"    training: {rel}")
-        lines.append(f"    serving: {_q(f'{TODO}: the serving tokenizer directory (or {rel})')}")
-    else:
-        lines.append(f"    training: {_q(f'{TODO}: the training tokenizer directory')}")
-        lines.append(f"    serving: {_q(f'{TODO}: the serving tokenizer directory')}")
-    lines += [
-        "  sampling:",
-        "    training: "
-        + _q(f"{TODO}: the trainer's sampling YAML (temperature, top_p, top_k, max_new_tokens, "
-             "stop, padding_side, ...)"),
-    ]
-    if gen:
-        shown = ", ".join(
-            f"{k}={gen[k]}" for k in ("temperature", "top_p", "top_k", "max_new_tokens")
-            if k in gen
-        )
-        lines.append(f"    serving: {rel}/generation_config.json   # found: {shown}; or a vLLM "
-                     "SamplingParams YAML")
-    else:
-        lines.append("    serving: " + _q(f"{TODO}: the serving sampling config "
-                                           "(generation_config.json or vLLM SamplingParams)"))
-    lines += [
-        "    allow: []   # accepted differences: - {field: ..., reason: ...}",
-        "  probes: " + _q(f"{TODO}: a .jsonl of prompts, one {{\"id\", \"text\"}} or "
-                          "{\"id\", \"messages\"} per line"),
-        "  max_prompt_tokens: 128",
-        "  engines: [hf]   # add vllm on a GPU runner",
-        "  training:",
-        "    logprob_fn: " + _q(f"{TODO}: your trainer's log-prob function, module:callable "
-                              "(or paritygate.families.causal_lm.logprobs:compute_logprobs)"),
-        "    logprobs_mode: processed   # processed: temperature/top-k/top-p applied; raw",
-        f"    dtype: {dtype}   # from config.json",
-        "  engine:",
-        f"    dtype: {dtype}   # the served dtype: float32 | bfloat16 | float16",
-        "    logprobs_mode: processed",
-        "golden:",
-        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in <dir>/{name}/<check_id>.json",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def write_config(
     source: Path,
     *,
@@ -384,21 +235,29 @@ def write_config(
     source = Path(source)
     if not source.exists():
         raise InputError(source, None, "checkpoint or model directory not found")
-    gate_name = _gate_name(source, name)
-    target = Path(out) if out is not None else Path("configs") / f"{gate_name}.yaml"
+    gate, why = gate_name(source, name, Path(out) if out is not None else None)
+    name_note = f"from {why}; names golden/{gate}/: edit to rename"
+    target = Path(out) if out is not None else Path("configs") / f"{gate}.yaml"
     if target.exists():
         raise InputError(target, None, "already exists; refusing to overwrite (choose --out)")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    notes = [f"name {gate!r} ({name_note})"]
     if source.is_dir():
-        if not (source / "config.json").exists():
-            raise InputError(source, None, "not an HF model directory (no config.json)")
-        text = _lm_text(source, target, gate_name)
+        from paritygate.init_hf import hf_dir_text
+
+        text, family = hf_dir_text(source, target, gate, name_note)
+        notes.append(f"family {family}")
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")
-        text = _policy_text(source, target, gate_name, _find_artifact(source, artifact))
+        text = _policy_text(source, target, gate, _find_artifact(source, artifact), name_note)
     import yaml
 
     todos = find_todos(yaml.safe_load(text))
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
-    return WrittenConfig(target, todos)
+    ignore = gitignore_proposal(Path.cwd())
+    if ignore[1]:
+        notes.append(f"add to {_rel(ignore[0], Path.cwd())}: {', '.join(ignore[1])} (a failing "
+                     "run writes "
+                     "*.obtained.json beside the baselines; reports are rebuilt each run)")
+    return WrittenConfig(target, todos, notes, ignore)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -76,13 +78,57 @@ def test_attention_value_projections_are_not_heads() -> None:
     assert head_prefixes(sb3) == ["mlp_extractor.value_net", "value_net"]
 
 
-def test_init_on_a_bert_directory_proposes_no_head(tmp_path: Path) -> None:
+def test_init_on_a_bert_directory_writes_an_hf_model_gate_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An encoder is no causal LM: init writes the hf_model (precision) config, which runs once
+    its probes are named; no sampling or log-prob TODOs, no heads proposed from its
+    attention value projections."""
     import transformers
 
+    monkeypatch.chdir(tmp_path)
     model_dir = tmp_path / "bert"
     transformers.BertModel(transformers.BertConfig(
         vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=32, max_position_embeddings=32)).save_pretrained(model_dir)  # fmt: skip
-    written = write_config(model_dir, out=tmp_path / "gate.yaml", name="bert")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cart", "pole", "moves", "left"]
+    (model_dir / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    transformers.BertTokenizer(str(model_dir / "vocab.txt")).save_pretrained(model_dir)
+    written = write_config(model_dir, out=Path("configs/bert.yaml"), name="bert")
+    assert written.notes[1] == "family hf_model: BertModel is not a causal LM"
+    assert written.todos == ["hf_model.probes"]
     data = yaml.safe_load(written.path.read_text(encoding="utf-8"))
-    assert data["causal_lm"]["training_only_heads"] == []
+    assert data["family"] == "hf_model" and "causal_lm" not in data
+    assert data["hf_model"]["model_dir"] == "../bert" and data["hf_model"]["tokenizer"] is None
+    Path("configs/probes.txt").write_text("the cart moves left\nthe pole\n", encoding="utf-8")
+    text = written.path.read_text(encoding="utf-8")
+    text, n = re.subn(r'(probes: )"TODO(?:[^"\\]|\\.)*"', r"\g<1>probes.txt", text, count=1)
+    assert n == 1
+    written.path.write_text(text, encoding="utf-8")
+    for bless in (True, False):
+        gate = Gate.from_path(written.path, update_golden=bless)
+        results = [gate.evaluate(c.id) for c in gate.checks()]
+        assert {r.id for r in results} == {"weights_load", "precision_per_layer"}
+        assert all(r.status == "pass" for r in results), [(r.id, r.message) for r in results]
+
+
+def test_init_refuses_an_hf_directory_no_family_can_feed(tmp_path: Path) -> None:
+    """A vision model takes pixels and an encoder-decoder a decoder input: init says why it
+    writes no config and which route gates it, naming config.json's key."""
+    from safetensors.numpy import save_file
+
+    for arch, extra, key, cause in (
+        ("ViTModel", {}, "architectures", "ViTModel takes pixel_values"),
+        ("T5ForConditionalGeneration", {"is_encoder_decoder": True}, "is_encoder_decoder",
+         "is an encoder-decoder"),
+    ):
+        model_dir = tmp_path / arch
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(
+            json.dumps({"architectures": [arch], "model_type": "x", **extra}), encoding="utf-8")
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(model_dir / "model.safetensors"))
+        with pytest.raises(InputError) as refused:
+            write_config(model_dir, out=tmp_path / f"{arch}.yaml")
+        assert (refused.value.file, refused.value.key) == (str(model_dir / "config.json"), key)
+        assert cause in refused.value.cause and "family: policy" in refused.value.cause
+        assert not (tmp_path / f"{arch}.yaml").exists()

@@ -1,0 +1,109 @@
+"""``paritygate init`` on a torch checkpoint: the gate is named after the policy (never the
+step), a src layout is importable, and the ``.gitignore`` entries the gate's outputs need are
+proposed. Tiny hand-made checkpoints: nothing here trains."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from paritygate import write_config
+from paritygate.init_infer import gitignore_proposal, names_a_policy
+
+
+def _checkpoint(path: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"pi.weight": torch.zeros(2, 3), "value_head.weight": torch.zeros(1, 3)}, str(path))
+    return path
+
+
+def _repo(root: Path) -> Path:
+    (root / ".git").mkdir(parents=True)
+    return root
+
+
+def test_names_a_policy_not_a_step() -> None:
+    for step in ("step_300", "checkpoint-500", "rl_model_100000_steps", "ckpt", "checkpoints",
+                 "epoch3", "global_step_12k", "model", "300"):
+        assert not names_a_policy(step), step
+    for policy in ("ppo_cartpole", "my-policy", "policy", "walker2d_sac"):
+        assert names_a_policy(policy), policy
+
+
+def test_gate_is_named_after_the_repository_or_folder_not_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path / "cartpole-ppo")
+    monkeypatch.chdir(repo)
+    first = write_config(_checkpoint(repo / "ckpt" / "step_300.safetensors"))
+    assert first.path == Path("configs/cartpole-ppo.yaml")
+    data = yaml.safe_load(first.path.read_text(encoding="utf-8"))
+    assert data["name"] == "cartpole-ppo"
+    assert "names golden/cartpole-ppo/: edit to rename" in first.path.read_text(encoding="utf-8")
+    assert first.notes[0].startswith("name 'cartpole-ppo' (from the repository cartpole-ppo/")
+    # the next step of the same policy gets the same name, so it gates against the same golden
+    second = write_config(_checkpoint(repo / "ckpt" / "step_400.safetensors"),
+                          out=Path("configs/next.yaml"))
+    assert yaml.safe_load(second.path.read_text(encoding="utf-8"))["name"] == "next"
+    third = write_config(_checkpoint(repo / "ckpt" / "step_500.safetensors"),
+                         out=Path("configs/gate.yaml"))  # a generic file name names nothing
+    assert yaml.safe_load(third.path.read_text(encoding="utf-8"))["name"] == "cartpole-ppo"
+    # a folder that names the policy wins over the repository; --name over both
+    walker = write_config(_checkpoint(repo / "runs" / "walker" / "checkpoint-9.safetensors"))
+    assert walker.path == Path("configs/walker.yaml")
+    named = write_config(repo / "runs" / "walker" / "checkpoint-9.safetensors",
+                         name="walker v2")
+    assert yaml.safe_load(named.path.read_text(encoding="utf-8"))["name"] == "walker-v2"
+
+
+def test_src_layout_is_on_python_path_and_imports_without_installing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path / "proj")
+    (repo / "src" / "srcpkg").mkdir(parents=True)
+    (repo / "src" / "srcpkg" / "__init__.py").write_text("def build():\n    return 1\n")
+    (repo / "flatmod.py").write_text("def build():\n    return 2\n")
+    monkeypatch.chdir(repo)
+    written = write_config(_checkpoint(repo / "ckpt" / "policy.safetensors"),
+                           out=Path("configs/p.yaml"))
+    data = yaml.safe_load(written.path.read_text(encoding="utf-8"))
+    assert data["python_path"] == ["../src", ".."]
+    text = written.path.read_text(encoding="utf-8")
+    for key, value in {"training_factory": "srcpkg:build", "inference_factory": "flatmod:build",
+                       "policy_output": "0", "generator": "srcpkg:build"}.items():
+        text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
+        assert n == 1, key
+    written.path.write_text(text, encoding="utf-8")
+    check = ("from paritygate.config import load_config\n"
+             "from paritygate.imports import import_callable\n"
+             "c = load_config('p.yaml')\n"
+             "print(import_callable('srcpkg:build', c.path, 'k')(),"
+             " import_callable('flatmod:build', c.path, 'k')())\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # run from configs/: neither folder is on sys.path unless python_path adds it
+    proc = subprocess.run([sys.executable, "-c", check], cwd=repo / "configs", env=env,
+                          capture_output=True, text=True, check=False)
+    assert proc.stdout.split() == ["1", "2"], proc.stdout + proc.stderr
+
+
+def test_gitignore_entries_are_proposed_until_present(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path / "proj")
+    monkeypatch.chdir(repo)
+    written = write_config(_checkpoint(repo / "ckpt" / "policy.safetensors"))
+    assert written.gitignore == (repo / ".gitignore", ["*.obtained.json", "reports/"])
+    assert written.notes[-1].startswith("add to .gitignore: *.obtained.json, reports/")
+    (repo / ".gitignore").write_text("__pycache__/\n/reports\n**/*.obtained.json\n")
+    assert gitignore_proposal(repo / "configs") == (repo / ".gitignore", [])
+    again = write_config(repo / "ckpt" / "policy.safetensors", out=Path("configs/b.yaml"))
+    assert not any(".gitignore" in note for note in again.notes)
