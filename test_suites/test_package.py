@@ -82,6 +82,22 @@ def test_wheel_ships_gate_suite_and_demo_bundle(tmp_path: Path) -> None:
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     points = zipfile.ZipFile(wheel).read(entry).decode()
     assert "paritygate = paritygate.plugin" in points and "paritygate.cli:main" in points
+    # The license ships (PEP 639) and matches the repository's file.
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    text = zipfile.ZipFile(wheel).read(license_file).decode()
+    assert text == (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    metadata = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+    # It installs from the registry alone: every requirement is a name and a range (no URL,
+    # no path), and the README's install line needs no file from a clone.
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
+    assert requires and not [r for r in requires if "@" in r or "/" in r.split(";")[0]]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Installed from the wheel"):]
+    install = next(line for line in section.splitlines() if line.startswith("pip install "))
+    assert " -c " not in install and "constraints" not in install, install
 
 
 def test_demo_writes_configs_and_golden_and_prints_a_working_command(
