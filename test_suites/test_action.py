@@ -455,6 +455,32 @@ def test_gpu_preflight_fails_without_cuda_or_vllm(python_bin: Path, tmp_path: Pa
     assert skipped.outcome == "skipped"
 
 
+def test_gpu_check_runs_before_the_cuda_install(tmp_path: Path) -> None:
+    """With gpu: true a runner without a GPU fails before gigabytes of CUDA torch and vLLM."""
+    action = yaml.safe_load(ACTION.read_text(encoding="utf-8"))
+    ids = [s.get("id") or s["name"] for s in action["runs"]["steps"]]
+    assert ids.index("gpu-check") < ids.index("Install paritygate at the action's ref")
+    fake_bin = tmp_path / "bin"
+    runner = _runner(tmp_path / "ws", tmp_path / "temp", {})
+    (tmp_path / "ws").mkdir()
+    runner.add_path(fake_bin)
+    ctx = {**runner.contexts, **_action_contexts(config="c.yaml", gpu="true")}
+    for listing, code in (("echo 'No devices were found'; exit 6", 1),
+                          ("echo 'GPU 0: NVIDIA H100 (UUID: GPU-1)'", 0)):
+        _write(fake_bin / "nvidia-smi", f"#!/bin/sh\n{listing}\n")
+        (fake_bin / "nvidia-smi").chmod(0o755)
+        _, (result,) = runner.run_steps([_action_step("gpu-check")], ctx)
+        assert result.returncode == code, result.log
+    assert "paritygate: GPU 0: NVIDIA H100" in result.log
+    _write(fake_bin / "nvidia-smi", "#!/bin/sh\nexit 6\n")
+    _, (failed,) = runner.run_steps([_action_step("gpu-check")], ctx)
+    assert "gpu is true but this runner has no NVIDIA GPU" in failed.log
+    assert "nothing was installed" in failed.log
+    cpu = {**runner.contexts, **_action_contexts(config="c.yaml")}
+    _, (skipped,) = runner.run_steps([_action_step("gpu-check")], cpu)
+    assert skipped.outcome == "skipped"
+
+
 # --- the reusable workflow ------------------------------------------------------------------------
 
 
