@@ -128,6 +128,31 @@ def test_keyed_names_the_config_key_of_the_file_read() -> None:
     assert raised(missing) is missing
 
 
+
+def test_every_file_the_config_names_is_reported_with_its_key(tmp_path: Path) -> None:
+    """One mechanism: an error about any file a config key names gets that key, however deep
+    it was raised (the artifact's own input key kept after it); the config file itself, a
+    file no key names and a folder above the config's are left alone."""
+    from paritygate.config import config_from_dict
+
+    (tmp_path / "cfg").mkdir()
+    config = config_from_dict({
+        "name": "x", "family": "hf_model", "golden": {"dir": ".."},
+        "hf_model": {"model_dir": "../models/enc", "probes": "p.txt"},
+    }, tmp_path / "cfg" / "gate.yaml")  # fmt: skip
+    enc = tmp_path / "models" / "enc"
+    cases = {
+        (tmp_path / "cfg" / "p.txt", "line 3.text"): "hf_model.probes: line 3.text",
+        (enc / "config.json", None): "hf_model.model_dir",
+        (enc / "config.json", "config.json"): "hf_model.model_dir",  # whole-file key gives way
+        (enc / "model.safetensors", "hf_model.tokenizer"): "hf_model.tokenizer",  # same section
+        (tmp_path / "cfg" / "gate.yaml", "seed"): "seed",
+        (tmp_path / "other.txt", None): None,  # inside golden.dir, a folder above the config's
+    }
+    for (file, key), named in cases.items():
+        assert config.key_error(InputError(file, key, "bad")).key == named, (file, key)
+
+
 POLICY = {
     "name": "x",
     "family": "policy",

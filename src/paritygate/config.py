@@ -94,6 +94,35 @@ class GateConfig(StrictModel):
         p = Path(value).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
+    def named_paths(self) -> dict[str, Path]:
+        """Every string value of the config (dotted key -> the path it names, resolved), so
+        an error about a file can name the key that points at it
+        (:func:`paritygate.errors.name_config_key`). Values that are not paths (names,
+        ``module:callable``) resolve to paths no error is about and match nothing."""
+        named: dict[str, Path] = {}
+
+        def walk(value: Any, key: str) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    walk(v, f"{key}.{k}" if key else str(k))
+            elif isinstance(value, list):
+                for i, v in enumerate(value):
+                    walk(v, f"{key}[{i}]")
+            elif isinstance(value, str) and value and key not in ("name", "family"):
+                try:
+                    named[key] = self.resolve(value)
+                except (OSError, ValueError, RuntimeError):
+                    pass
+
+        walk(self.model_dump(exclude_none=True), "")
+        return named
+
+    def key_error(self, error: InputError) -> InputError:
+        """``error`` naming the config key of the file it is about (see :meth:`named_paths`)."""
+        from paritygate.errors import name_config_key
+
+        return name_config_key(error, self.named_paths(), self.path)
+
     def golden_dir(self) -> Path:
         return self.resolve(self.golden.dir) / (self.golden.baseline or self.name)
 

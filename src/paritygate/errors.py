@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +40,34 @@ class InputError(Exception):
 WHOLE_FILE_KEYS = ("model", "tokenizer", "config.json")
 """Keys the HF loaders give a failure of the whole file or directory (nothing inside it to
 point at): under a config key, that key alone names it."""
+
+
+def name_config_key(error: InputError, named: Mapping[str, Path], config: Path) -> InputError:
+    """``error`` naming the config key whose path it is about, wherever it was raised.
+
+    ``named`` maps each config key to the path it names (resolved). A file named exactly, or
+    one inside a named directory (``model_dir/config.json``), gets that key through
+    :meth:`InputError.under`, the most specific path winning: an artifact's
+    ``inputs.obs: axis 1 is 11 ...`` becomes ``policy.artifact: inputs.obs: ...``. Errors
+    about the config itself, or about no file, are returned unchanged; a folder at or above
+    the config's own is never taken to name what lies inside it."""
+    if error.file is None or isinstance(error, MissingExtra):
+        return error
+    file = Path(error.file).expanduser().resolve()
+    config = config.resolve()
+    if file == config:
+        return error
+    best: tuple[int, str] | None = None
+    for key, path in named.items():
+        if file == path:
+            rank = 2 ** 16
+        elif path in file.parents and path not in (config.parent, *config.parent.parents):
+            rank = len(path.parts)
+        else:
+            continue
+        if best is None or rank > best[0]:
+            best = (rank, key)
+    return error if best is None else error.under(best[1])
 
 
 class MissingExtra(InputError):

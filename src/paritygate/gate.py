@@ -162,8 +162,8 @@ class Gate:
         start = time.perf_counter()
         try:
             measurement = self.measure(check_id)
-        except InputError:
-            raise
+        except InputError as exc:  # a file read mid-check names its config key too
+            raise self.config.key_error(exc) from None
         except Exception as exc:  # a check crashing is a gate error, reported by name
             tb = traceback.format_exc(limit=-3)
             return CheckResult(

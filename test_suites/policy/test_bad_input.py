@@ -251,8 +251,8 @@ def test_missing_probes_file(clean_demo: Path, tmp_path: Path, capsys, clean_sha
 
 
 @pytest.mark.parametrize(("kwargs", "key", "cause"), [
-    ({"input_name": "observation"}, "inputs", "do not include 'obs'"),
-    ({"obs_dim": 6}, "inputs.obs", "axis 1 is 6 but the model input has 8"),
+    ({"input_name": "observation"}, "policy.artifact: inputs", "do not include 'obs'"),
+    ({"obs_dim": 6}, "policy.artifact: inputs.obs", "axis 1 is 6 but the model input has 8"),
 ], ids=["input-name", "feature-width"])
 def test_artifact_inputs_do_not_match(clean_demo: Path, tmp_path: Path, capsys, clean_sha,
                                       kwargs: dict[str, Any], key: str, cause: str) -> None:

@@ -124,9 +124,9 @@ CASES: dict[str, Builder] = {
     "onnx-missing": lambda c, f: ({"policy": {"artifact": str(f / "nope.onnx")}}, "nope.onnx",
                                   "policy.artifact"),
     "onnx-wrong-input-name": lambda c, f: ({"policy": {"artifact": str(_legacy_onnx(
-        f, input_name="observation"))}}, "other.onnx", "inputs"),
+        f, input_name="observation"))}}, "other.onnx", "policy.artifact: inputs"),
     "onnx-wrong-width": lambda c, f: ({"policy": {"artifact": str(_legacy_onnx(
-        f, obs_dim=6))}}, "other.onnx", "inputs.obs"),
+        f, obs_dim=6))}}, "other.onnx", "policy.artifact: inputs.obs"),
     "manifest-corrupt-json": lambda c, f: (_artifact_copy(c, f, b"{not json"), "manifest.json",
                                            "policy.manifest"),
     "manifest-not-mapping": lambda c, f: (_artifact_copy(c, f, b"[1, 2]"), "manifest.json",

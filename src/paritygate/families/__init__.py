@@ -28,11 +28,22 @@ def family_package(family: str) -> ModuleType:
 
 
 def build_context(config: GateConfig) -> Any:
-    """Load and validate every input of ``config``'s family; raises ``InputError``."""
-    return family_package(config.family).build_context(config)
+    """Load and validate every input of ``config``'s family; raises ``InputError``, naming
+    the config key of the file it is about (:meth:`GateConfig.key_error`)."""
+    from paritygate.errors import InputError
+
+    try:
+        return family_package(config.family).build_context(config)
+    except InputError as exc:
+        raise config.key_error(exc) from None
 
 
 def export(config: GateConfig, out_dir: Path) -> Path:
     """Build the serving artifact of ``config`` into ``out_dir``; returns the manifest path."""
-    path: Path = family_package(config.family).export_artifact(config, out_dir)
+    from paritygate.errors import InputError
+
+    try:
+        path: Path = family_package(config.family).export_artifact(config, out_dir)
+    except InputError as exc:
+        raise config.key_error(exc) from None
     return path

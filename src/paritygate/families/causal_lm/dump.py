@@ -18,11 +18,11 @@ def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
     """Generate with ``engine`` and write the dump to ``out`` (JSONL, or Parquet by suffix)."""
     from paritygate.engines.rollout_dump import dump_records, write_dump
     from paritygate.errors import InputError
-    from paritygate.families.causal_lm.context import build_lm_context
+    from paritygate.families import build_context
 
     if config.family != "causal_lm":
         raise InputError(config.path, "family", "paritygate dump needs a causal_lm gate")
-    ctx = build_lm_context(config)
+    ctx = build_context(config)
     generation, sampling = ctx.sampled(engine)
     greedy = ctx.greedy(engine)
     records = dump_records(generation, sampling)
