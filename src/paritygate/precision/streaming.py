@@ -11,9 +11,9 @@ finds them loaded); the rest (final norms, small parameters) is read once. The
 precision pass runs unchanged on such a model: a low-precision pass casts the meta placeholders
 too, so every unit is read in the dtype its parameters hold at that moment,
 and the numbers equal those of the in-memory pass. The price is I/O: every
-forward reads the units again. Tensors are read with plain file reads at the
-offsets of the safetensors header, not through a memory map: a map held by
-any tensor would keep every page read through it resident. The pass keeps its
+forward reads the units again. Each tensor is read on its own through
+``safetensors.safe_open(...).get_slice`` into fresh memory, the file opened for that
+read only: no map held by a tensor keeps the pages read through it resident. The pass keeps its
 per-layer tensors in a temporary file (:class:`~.spill.SpillFile`), so its
 memory does not grow with depth either.
 """
@@ -21,10 +21,8 @@ memory does not grow with depth either.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,28 +54,25 @@ class Entry:
     file: Path
     shape: tuple[int, ...]
     dtype: str
-    offset: int
-    """Byte offset of the data in the file."""
     nbytes: int
 
 
 def checkpoint_index(files: Iterable[Path]) -> dict[str, Entry]:
     """Key -> file, shape and dtype, read from the safetensors headers only."""
+    from safetensors import safe_open
+
     index: dict[str, Entry] = {}
     for path in files:
         try:
-            with open(path, "rb") as handle:
-                (size,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(size))
-        except (OSError, ValueError, struct.error) as exc:
+            with safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 - a safe_open handle is no mapping
+                    tensor = handle.get_slice(key)
+                    shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+                    known = _DTYPES.get(dtype)
+                    size = math.prod(shape) * (known.itemsize if known is not None else 0)
+                    index[key] = Entry(path, shape, dtype, size)
+        except Exception as exc:  # OSError, or the reader's SafetensorError
             raise InputError(path, None, f"unreadable safetensors header: {exc}") from None
-        start = 8 + size
-        for key, meta in header.items():
-            if key != "__metadata__":
-                begin, end = meta["data_offsets"]
-                index[key] = Entry(
-                    path, tuple(meta["shape"]), meta["dtype"], start + begin, end - begin
-                )
     return index
 
 
@@ -86,35 +81,33 @@ CHUNK_BYTES = 1 << 20
 
 
 def read_tensor(entry: Entry, key: str, as_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One tensor read from its file into fresh memory (little-endian, as safetensors stores).
+    """One tensor read lazily from its file (``safe_open(...).get_slice``) into fresh memory.
 
-    ``as_dtype``: a floating tensor converted while read, chunk by chunk (as a whole-tensor
-    ``.to`` would round), so the stored dtype's full copy never exists beside the result."""
+    ``as_dtype``: a floating tensor converted while read, a slice of rows at a time (as a
+    whole-tensor ``.to`` would round), so the stored dtype's full copy never exists beside
+    the result. The file is open only while the tensor is read: no map outlives the call."""
+    from safetensors import safe_open
+
     dtype = _DTYPES.get(entry.dtype)
     if dtype is None:
         raise InputError(entry.file, key, f"unsupported safetensors dtype {entry.dtype}")
-    numel = math.prod(entry.shape)
-    if numel * dtype.itemsize != entry.nbytes:
-        raise InputError(entry.file, key, f"{entry.nbytes} bytes for shape {entry.shape}")
     convert = as_dtype is not None and as_dtype != dtype and dtype.is_floating_point
-    value = torch.empty(entry.shape, dtype=as_dtype if convert else dtype)
-    with open(entry.file, "rb", buffering=0) as handle:
-        handle.seek(entry.offset)
-        if not convert:
-            raw = value.reshape(-1).view(torch.uint8).numpy()
-            if handle.readinto(memoryview(raw)) != entry.nbytes:
-                raise InputError(entry.file, key, "file ends before the tensor's data")
+    try:
+        with safe_open(str(entry.file), framework="pt") as handle:
+            tensor = handle.get_slice(key)
+            if not convert or not entry.shape:
+                value = tensor[...] if entry.shape else handle.get_tensor(key)
+                return value.to(as_dtype) if convert else value
+            value = torch.empty(entry.shape, dtype=as_dtype)
+            row = max(math.prod(entry.shape[1:]) * dtype.itemsize, 1)
+            step = max(CHUNK_BYTES // row, 1)
+            for start in range(0, entry.shape[0], step):
+                value[start : start + step].copy_(tensor[start : start + step])
             return value
-        flat = value.reshape(-1)
-        step = max(CHUNK_BYTES // dtype.itemsize, 1)
-        buffer = torch.empty(min(step, numel), dtype=dtype)
-        for start in range(0, numel, step):
-            n = min(step, numel - start)
-            raw = buffer[:n].view(torch.uint8).numpy()
-            if handle.readinto(memoryview(raw)) != raw.nbytes:
-                raise InputError(entry.file, key, "file ends before the tensor's data")
-            flat[start : start + n].copy_(buffer[:n])  # converted in place, as .to rounds
-    return value
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(entry.file, key, f"unreadable tensor: {exc}") from None
 
 
 def fp32_bytes(index: dict[str, Entry]) -> int:
