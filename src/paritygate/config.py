@@ -109,10 +109,7 @@ class GateConfig(StrictModel):
                 for i, v in enumerate(value):
                     walk(v, f"{key}[{i}]")
             elif isinstance(value, str) and value and key not in ("name", "family"):
-                try:
-                    named[key] = self.resolve(value)
-                except (OSError, ValueError, RuntimeError):
-                    pass
+                named[key] = self.resolve(value)
 
         walk(self.model_dump(exclude_none=True), "")
         return named
