@@ -1,5 +1,13 @@
-"""Shared harness of the bad-input fuzz suites: run each case through the real CLI and check
+"""Shared harness of the bad-input fuzz suites: run each case through the CLI and check
 the contract.
+
+Cases run in this process through ``paritygate.cli.main`` with file-descriptor capture
+(``capfd``: what C libraries write to fd 2 counts too), one at a time in the case's folder,
+the modules imported from case folders dropped afterwards; only the cases with extra
+arguments that start workers (``-n 2``) run as ``python -m paritygate`` subprocesses. The
+process-level contract (the installed entry point, an interpreter exit code) is held once per
+suite by those and by the ``*_through_the_cli`` tests; starting the interpreter, torch and
+the libraries again for each case would cost seconds apiece and test nothing more.
 
 A case is a folder holding its gate config and every faulty input it points at. The
 contract, checked per case: exit code 2; stderr is exactly one ``paritygate: error:`` line
@@ -65,6 +73,37 @@ def run_cli(case: Case) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def run_here(case: Case, capfd: Any) -> tuple[int, str, str]:
+    """``paritygate run`` on ``case`` in this process, stdout and stderr captured at the fd."""
+    import traceback
+
+    from paritygate import cli
+
+    modules, path, cwd = set(sys.modules), list(sys.path), os.getcwd()
+    saved = {k: os.environ.pop(k) for k in ("GITHUB_STEP_SUMMARY", "PARITYGATE_CONFIG")
+             if k in os.environ}
+    capfd.readouterr()
+    tail = ""
+    try:
+        os.chdir(case.config.parent)
+        code = cli.main(["run", str(case.config), *case.args])
+    except SystemExit as exc:  # argparse refusing the arguments
+        code = exc.code if isinstance(exc.code, int) else 1
+    except Exception:  # what would have been an interpreter's traceback
+        code, tail = 1, traceback.format_exc()
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        os.environ.update(saved)
+        root = case.config.parent.parent
+        for name in set(sys.modules) - modules:  # user code imported from case folders
+            file = getattr(sys.modules[name], "__file__", None) or ""
+            if file.startswith(str(root)):
+                del sys.modules[name]
+    out, err = capfd.readouterr()
+    return code, out, err + tail
+
+
 def contract_breach(case: Case, code: int, out: str, err: str) -> str | None:
     """None when the run kept the bad-input contract, else what broke it."""
     lines = [line for line in err.splitlines() if line.strip()]
@@ -81,13 +120,19 @@ def contract_breach(case: Case, code: int, out: str, err: str) -> str | None:
     return None
 
 
-def run_cases(cases: list[Case], shared_inputs: list[Path]) -> dict[str, str]:
-    """Run every case (two at a time); returns ``{case id: breach}`` for the broken ones."""
+def run_cases(cases: list[Case], shared_inputs: list[Path], capfd: Any) -> dict[str, str]:
+    """Run every case (see the module's docstring for where); returns ``{case id: breach}``
+    for the broken ones."""
     watched = [*shared_inputs, *(c.config.parent for c in cases)]
     watched += [p for c in cases for p in c.inputs]
     before = tree_digest(watched)
+    spawned = [c for c in cases if "-n" in c.args]
     with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(run_cli, cases))
+        results = dict(zip((c.id for c in spawned), pool.map(run_cli, spawned), strict=True))
+    for case in cases:
+        if case.id not in results:
+            results[case.id] = run_here(case, capfd)
+    outcomes = [results[c.id] for c in cases]
     broken: dict[str, str] = {}
     for case, (code, out, err) in zip(cases, outcomes, strict=True):
         problem = contract_breach(case, code, out, err)

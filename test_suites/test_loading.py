@@ -48,11 +48,16 @@ def test_not_a_state_dict(tmp_path: Path) -> None:
         load_state_dict(p)
 
 
-def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys) -> None:
-    from paritygate.demo import policy
-
+def linked_demo(tmp_path: Path, demo_policy: Path) -> Path:
+    """``tmp_path/demo``: the shared demo policy (built once per test run), linked."""
     demo = tmp_path / "demo"
-    policy.build(demo, steps=20)
+    demo.symlink_to(demo_policy, target_is_directory=True)
+    return demo
+
+
+def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys,
+                                                      demo_policy: Path) -> None:
+    demo = linked_demo(tmp_path, demo_policy)
     cfg = tmp_path / "gate.yaml"
     cfg.write_text(
         "name: exp\nfamily: policy\npolicy:\n"
@@ -78,13 +83,11 @@ def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys) -> 
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
 
 
-def test_golden_life_cycle_and_probe_set_drift(tmp_path: Path) -> None:
+def test_golden_life_cycle_and_probe_set_drift(tmp_path: Path, demo_policy: Path) -> None:
     from paritygate.config import config_from_dict
-    from paritygate.demo import policy
     from paritygate.gate import Gate
 
-    demo = tmp_path / "demo"
-    policy.build(demo, steps=20)
+    demo = linked_demo(tmp_path, demo_policy)
 
     def gate(seed: int, update: bool = False) -> Gate:
         data = {

@@ -47,12 +47,11 @@ class Variants:
 
 
 @pytest.fixture(scope="session")
-def demo_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_lm(build_once: Any) -> Path:
+    """The demo LM, trained once per test run (shared by xdist workers); read-only."""
     from paritygate.demo.causal_lm import build
 
-    out = tmp_path_factory.mktemp("demo-lm")
-    build(out, seed=0)
-    return out / "model"
+    return build_once("demo-lm", build, seed=0) / "model"
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from lm_zoo import clean_config
 
@@ -272,11 +273,12 @@ def _cases(model: Path, root: Path) -> list[Case]:
     return out
 
 
-def test_lm_bad_inputs_keep_the_contract(demo_lm: Path, tmp_path: Path) -> None:
+def test_lm_bad_inputs_keep_the_contract(demo_lm: Path, tmp_path: Path,
+                                        capfd: pytest.CaptureFixture[str]) -> None:
     cases = _cases(demo_lm, tmp_path)
     assert len(cases) >= 30
     lm = clean_config(demo_lm)["causal_lm"]
     files = [v for v in lm["sampling"].values() if isinstance(v, str)]  # not the allow-list
     repo_inputs = [Path(lm["probes"]), *(Path(p) for p in files)]
-    broken = run_cases(cases, [demo_lm, *repo_inputs])
+    broken = run_cases(cases, [demo_lm, *repo_inputs], capfd)
     assert not broken, "\n".join(f"{k}: {v}" for k, v in broken.items())

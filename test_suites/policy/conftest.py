@@ -49,13 +49,9 @@ class Zoo:
 
 
 @pytest.fixture(scope="session")
-def clean_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo policy (checkpoint, stats, artifact, manifest), built once per session."""
-    from paritygate.demo import policy
-
-    out = tmp_path_factory.mktemp("policy-demo") / "policy"
-    policy.build(out)
-    return out
+def clean_demo(demo_policy: Path) -> Path:
+    """The demo policy (checkpoint, stats, artifact, manifest), built once per test run."""
+    return demo_policy
 
 
 @pytest.fixture(scope="session")

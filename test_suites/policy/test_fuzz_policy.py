@@ -229,10 +229,11 @@ def _cases(clean: Path, root: Path) -> list[Case]:
     return out
 
 
-def test_policy_bad_inputs_keep_the_contract(clean_demo: Path, tmp_path: Path) -> None:
+def test_policy_bad_inputs_keep_the_contract(clean_demo: Path, tmp_path: Path,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
     cases = _cases(clean_demo, tmp_path)
     assert len(cases) >= 30
-    broken = run_cases(cases, [clean_demo])
+    broken = run_cases(cases, [clean_demo], capfd)
     assert not broken, "\n".join(f"{k}: {v}" for k, v in broken.items())
 
 

@@ -74,13 +74,13 @@ def test_hf_directory_with_tensors_left_at_random_init_is_refused(tmp_path: Path
     assert not m.metrics and "precision" not in m.details
 
 
-def test_demo_policy_passes(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_demo_policy_passes(tmp_path: Path, demo_policy: Path) -> None:
     from paritygate.config import load_config
-    from paritygate.demo import policy
     from paritygate.gate import Gate
 
-    root = tmp_path_factory.mktemp("demo")
-    policy.build(root / "demo" / "policy")
+    root = tmp_path
+    (root / "demo").mkdir()
+    (root / "demo" / "policy").symlink_to(demo_policy, target_is_directory=True)
     config_text = (Path(__file__).parents[2] / "configs" / "demo-policy.yaml").read_text()
     (root / "configs").mkdir()
     (root / "configs" / "demo-policy.yaml").write_text(config_text)
