@@ -59,7 +59,7 @@ def test_nan_never_passes_even_without_threshold() -> None:
 
 def test_finding_fails_regardless_of_numbers() -> None:
     m = _measurement(0.0)
-    m.fail("missing key 'fc.weight'")
+    m.fail("missing_keys", "missing key 'fc.weight'")
     r = judge(m, {"metrics": {"err": 0.0}})
     assert r.status == "fail" and "missing key 'fc.weight'" in r.message
 

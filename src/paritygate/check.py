@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritygate.result import CheckResult, Measurement
+from paritygate.result import CheckResult, Measurement, declare_kinds
 
 
 @dataclass
@@ -40,3 +40,9 @@ class CheckSpec:
     feeds_probes: bool = False
     """The check runs the models on the family's model-input probes: its record says how
     many probe rows the context left out of them (NaN/Inf observations) and why."""
+    kinds: tuple[str, ...] = ()
+    """The finding kinds the check records (``Measurement.fail(kind, ...)``); registering the
+    spec declares them, and recording any other kind raises."""
+
+    def __post_init__(self) -> None:
+        declare_kinds(self.id, self.kinds)

@@ -120,7 +120,7 @@ class Gate:
             measurement = spec.measure(self.context, self.thresholds(spec))
         except NonFiniteOutput as exc:  # a model's NaN/Inf output fails the check by name
             measurement = Measurement(check_id)
-            measurement.fail(str(exc))
+            measurement.fail("nonfinite_output", str(exc))
         note = getattr(self.context, "note_probes", None)
         if spec.feeds_probes and note is not None and measurement.skipped is None:
             note(measurement)  # probe rows left out of the model inputs, and why

@@ -81,23 +81,29 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         checker_ok = True
     except Exception as exc:
         checker_ok = False
-        m.fail(f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
+        m.fail(
+            "onnx_invalid",
+            f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
 
     inputs = {i.name: i for i in model.graph.input}
     init_names = {i.name for i in model.graph.initializer}
     real_inputs = [n for n in inputs if n not in init_names]
     if real_inputs != [ctx.input_name]:
-        m.fail(f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
+        m.fail(
+            "inputs_differ",
+            f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
     outputs = [o.name for o in model.graph.output]
     if outputs != list(ctx.spec.output_names):
-        m.fail(f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
+        m.fail(
+            "outputs_differ",
+            f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
     baked = False
     if ctx.input_name in inputs:
         dim0 = inputs[ctx.input_name].type.tensor_type.shape.dim[0]
         if dim0.HasField("dim_value"):
             baked = True
-            m.fail(f"batch axis of input {ctx.input_name!r} is baked to the constant "
-                   f"{dim0.dim_value}; export with a dynamic batch axis")
+            m.fail("batch_axis_baked", f"batch axis of input {ctx.input_name!r} is baked to "
+                   f"the constant {dim0.dim_value}; export with a dynamic batch axis")
 
     session = ctx.candidate.session
     batch_failures = []
@@ -109,7 +115,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         except Exception as exc:
             batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
     if batch_failures:
-        m.fail(f"artifact does not run at every batch size: {batch_failures}")
+        m.fail("batch_sizes_fail", f"artifact does not run at every batch size: {batch_failures}")
 
     manifest = ctx.manifest()
     stale = modified = 0
@@ -125,55 +131,71 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if manifest is None:
         where = f"no manifest at {ctx.manifest_path}"
         if ctx.spec.require_manifest:
-            m.fail(f"{where}: policy.require_manifest is true (build the artifact with "
-                   "paritygate export, or write its manifest.json)")
+            m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
+                   "artifact with paritygate export, or write its manifest.json)")
         diff, against = provenance
         if diff <= limit:
             m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
                    f"{against} ({match_text})")
         elif _another_checkpoint(matches):
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
-                   f"{matches['comparable']} weight initializers have the shape of the "
-                   f"checkpoint tensor of their name but values up to "
-                   f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
-                   f"weights are another checkpoint's (an earlier or later step?) ({where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
+                f"{matches['comparable']} weight initializers have the shape of the "
+                f"checkpoint tensor of their name but values up to "
+                f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
+                f"weights are another checkpoint's (an earlier or later step?) ({where})")
         elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against} and {match_text} ({where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against} and {match_text} ({where})")
         elif not matches["comparable"]:
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
         elif matches["not_in_model"]:
-            m.fail(f"{where} and provenance unproven: the inference model built from this "
-                   f"checkpoint does not hold the checkpoint's tensors "
-                   f"({len(matches['not_in_model'])} of its parameters differ from the "
-                   "artifact's initializers of the same name, which are checkpoint tensors: "
-                   "the checkpoint did not load, see weights_load), so its outputs (up to "
-                   f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
+            m.fail(
+                "provenance_not_loaded",
+                f"{where} and provenance unproven: the inference model built from this "
+                f"checkpoint does not hold the checkpoint's tensors "
+                f"({len(matches['not_in_model'])} of its parameters differ from the "
+                "artifact's initializers of the same name, which are checkpoint tensors: "
+                "the checkpoint did not load, see weights_load), so its outputs (up to "
+                f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
         elif not matches["misplaced"]:
-            m.fail(f"{where} and provenance unproven: the artifact's outputs differ by up to "
-                   f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+            m.fail(
+                "provenance_unproven",
+                f"{where} and provenance unproven: the artifact's outputs differ by up to "
+                f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
     else:
         recorded = manifest.get("checkpoint_sha256")
         if recorded != ctx.checkpoint_sha256:
             stale = 1
-            m.fail(f"stale artifact: manifest says it was exported from checkpoint sha256 "
-                   f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
+            m.fail(
+                "stale_manifest",
+                f"stale artifact: manifest says it was exported from checkpoint sha256 "
+                f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
         artifact_sha = sha256_file(ctx.artifact_path)
         if manifest.get("artifact_sha256") != artifact_sha:
             modified = 1
-            m.fail(f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
-                   f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
+            m.fail(
+                "artifact_modified",
+                f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
+                f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
         m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
     if matches["misplaced"]:
         pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
-        m.fail(f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
-               "checkpoint tensor exported into another layer's place: a shifted key or "
-               "head index in the export script)")
+        m.fail(
+            "misplaced_tensor",
+            f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
+            "checkpoint tensor exported into another layer's place: a shifted key or "
+            "head index in the export script)")
     m.details["provenance"] = "manifest" if manifest is not None else "numeric"
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
@@ -201,4 +223,7 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("onnx_invalid", "inputs_differ", "outputs_differ", "batch_axis_baked",
+           "batch_sizes_fail", "manifest_required", "not_from_checkpoint", "provenance_not_loaded",
+           "provenance_unproven", "stale_manifest", "artifact_modified", "misplaced_tensor"),
 )

@@ -134,6 +134,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             row["first_divergence"] = at
             unexcused += 1
             m.fail(
+                "length_drift",
                 f"probe {probe.id!r}: length drift: engine stopped after {len(cand)} tokens, "
                 f"training path after {len(ref)} (max_new_tokens training "
                 f"{training.max_new_tokens} vs serving {serving.max_new_tokens}, stop "
@@ -155,6 +156,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             else:
                 unexcused += 1
                 m.fail(
+                    "greedy_divergence",
                     f"probe {probe.id!r}: greedy decoding diverges at token {at}: training "
                     f"{tok.decode([ref[at]])!r} vs engine {tok.decode([cand[at]])!r} "
                     f"(logit margin {margins[at]:.3g} >= near-tie tolerance {tol:g})"
@@ -176,4 +178,5 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("length_drift", "greedy_divergence"),
 )

@@ -43,10 +43,12 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     for label, arr in (("reference output", reference), ("candidate output", candidate)):
         bad = finite_report(label, arr)
         if bad:
-            m.fail(bad)
+            m.fail("nonfinite_output", bad)
     if reference.shape != candidate.shape:
-        m.fail(f"output shapes differ: reference {list(reference.shape)} vs candidate "
-               f"{list(candidate.shape)}")
+        m.fail(
+            "output_shape",
+            f"output shapes differ: reference {list(reference.shape)} vs candidate "
+            f"{list(candidate.shape)}")
         return {}
     diff = diff_stats(reference, candidate)
     m.metric("max_abs_diff", diff["max_abs"], threshold=thresholds["max_abs_diff"], key=True)
@@ -101,7 +103,7 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     reference = ctx.reference_outputs
     candidate = ctx.candidate_outputs.get(ctx.output_name)
     if candidate is None:
-        m.fail(f"artifact has no output {ctx.output_name!r}")
+        m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
     factor = magnitude_factor(reference)
     thresholds = {**thresholds, "max_abs_diff": thresholds["max_abs_diff"] * factor}
@@ -121,14 +123,16 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         matches = ctx.initializer_match
         foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
         if foreign and not hint:
-            m.fail(f"artifact logits differ from the training model's by up to "
+            m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
                    f"(0/{matches['comparable']} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         else:
-            m.fail(f"artifact logits differ from the training model's by up to "
-                   f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
-                   "changed output scaling", metric="max_abs_diff")
+            m.fail(
+                "artifact_outputs_differ",
+                f"artifact logits differ from the training model's by up to "
+                f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
+                "changed output scaling", metric="max_abs_diff")
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m
@@ -165,6 +169,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     limit = thresholds["max_abs_diff"]
     if stats and limit is not None and stats.get("max_abs", 0.0) > limit:
         m.fail(
+            "engine_logits_differ",
             f"cached engine logits differ from the trainer's forward by up to "
             f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
             f"{ctx.spec.engine.dtype}, trainer in {ctx.spec.training.dtype}): stale checkpoint, "
@@ -218,4 +223,6 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
+           "engine_logits_differ"),
 )

@@ -19,6 +19,10 @@ from paritygate.engines.generation import is_processing_trivial
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
+KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision_mismatch",
+                          "tier_exceeded", "temperature_mismatch")
+"""Finding kinds of a token log-prob delta (shared by logprob_delta and vllm_delta)."""
+
 # Defaults are the strictest tier (fp32/fp32, sources in paritygate.metrics.tiers); at run time
 # the tier of the configured dtypes replaces them unless the config overrides a value.
 DEFAULTS: dict[str, float] = {
@@ -116,6 +120,7 @@ def measure_delta(
         processed = serving if engine_mode == "processed" else training
         side = "engine" if engine_mode == "processed" else "trainer"
         m.fail(
+            "logprob_modes_differ",
             f"log-prob modes differ: trainer scores {train_mode} log-probs, engine reports "
             f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
             f"top_p {processed.top_p:g} applied on the {side} side only)"
@@ -127,6 +132,7 @@ def measure_delta(
                 source = ("as its dump records say" if "dump" in ctx.spec.engines
                           else "see sampling_config")  # fmt: skip
                 m.fail(
+                    "sampling_differs",
                     f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
                     f"{s_val:g} ({source})"
                 )
@@ -134,6 +140,7 @@ def measure_delta(
         actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
         if actual != tier_key and actual[::-1] != tier_key:
             m.fail(
+                "precision_mismatch",
                 f"precision mismatch: trainer {ctx.spec.training.dtype} vs engine "
                 f"{engine_dtype}, but the gate's precision tier is {tier_key}"
             )
@@ -148,7 +155,9 @@ def measure_delta(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
             for w in stats.worst[:3]
         )
-        m.fail(f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; worst: {worst}")
+        m.fail(
+            "tier_exceeded",
+            f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; worst: {worst}")
     m.note(f"diagnosis: {stats.diagnosis}")
     m.details["tier"] = {"name": tier_key, **tier}
     details = stats.to_details()
@@ -198,6 +207,7 @@ def _temperature_fit(
     m.details["temperature_fit"] = {"ratio": ratio, "explained": explained}
     if explained >= TEMPERATURE_EXPLAINED and abs(ratio - 1.0) > TEMPERATURE_MIN_CHANGE:
         m.fail(
+            "temperature_mismatch",
             f"temperature mismatch: the engine's log-probs are the trainer's logits at "
             f"temperature {ratio * t_train:.3g} instead of {t_train:g} (fitted ratio "
             f"T_engine / T_trainer = {ratio:.3g}, explains {explained:.0%} of the squared delta)"
@@ -218,4 +228,5 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=KINDS,
 )

@@ -114,7 +114,7 @@ def _suite(
 
     from paritygate.engines.generation import left_pad
 
-    causes: list[str] = []
+    causes: list[tuple[str, str]] = []  # (finding kind, text)
     logits = _unpadded_logits(model, seqs)  # per sequence (T, V)
     if not all(bool(torch.isfinite(lg).all()) for lg in logits):
         return {"causes": causes, "nonfinite_logits": (
@@ -127,10 +127,11 @@ def _suite(
         ids1 = torch.tensor([seq])
         full = fn(model, ids1, torch.ones_like(ids1), mode="raw")
         if tuple(full.shape) != (1, len(seq) - 1):
-            causes.append(
+            causes.append((
+                "output_shape",
                 f"returns shape {tuple(full.shape)} for a (1, {len(seq)}) input; expected "
-                f"(1, {len(seq) - 1}): position t must score token t+1"
-            )
+                f"(1, {len(seq) - 1}): position t must score token t+1",
+            ))
             return {"causes": causes}
         out = full[0].detach().float()
         ids = torch.tensor(seq)
@@ -143,18 +144,21 @@ def _suite(
         singles.append(out)
     tol = DEFAULTS["categorical_max_abs"]
     if not all(torch.isfinite(s).all() for s in singles):
-        causes.append("log-prob function returns NaN/Inf on unpadded sequences")
+        causes.append(
+            ("nonfinite_logprobs", "log-prob function returns NaN/Inf on unpadded sequences"))
     temp_check = cat_err <= tol  # an already wrong function is not judged on temperature
     if cat_err > tol and shift_b <= tol:
-        causes.append(
+        causes.append((
+            "off_by_one",
             "off-by-one shift: position t scores token t instead of token t+1 "
-            "(labels input_ids[:, :-1])"
-        )
+            "(labels input_ids[:, :-1])",
+        ))
     elif cat_err > tol and shift_a <= tol:
-        causes.append(
+        causes.append((
+            "off_by_one",
             "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:] (each token "
-            "scored by its own position's logits instead of the previous position's)"
-        )
+            "scored by its own position's logits instead of the previous position's)",
+        ))
 
     # Processed mode: temperature must divide the logits.
     temp_err = 0.0
@@ -170,15 +174,17 @@ def _suite(
         if err > tol and float((out - raw).abs().max()) <= tol:
             temp_ignored = True
     if temp_ignored and temp_check:
-        causes.append(
+        causes.append((
+            "temperature_ignored",
             f"temperature ignored: processed mode with temperature {temperature:g} returns the "
-            "temperature-1 log-probs (divide the logits by the sampling temperature)"
-        )
+            "temperature-1 log-probs (divide the logits by the sampling temperature)",
+        ))
     elif temp_err > tol and temp_check:
-        causes.append(
+        causes.append((
+            "temperature_wrong",
             f"processed log-probs at temperature {temperature:g} differ from "
-            f"log_softmax(logits / T) by up to {temp_err:.3g}"
-        )
+            f"log_softmax(logits / T) by up to {temp_err:.3g}",
+        ))
 
     pad_err = batch_err = 0.0
     pos_err = 0.0
@@ -217,15 +223,17 @@ def _suite(
                 batch_err = max(batch_err, err)
             pad_nonzero += int((out[row, : max(p - 1, 0)] != 0).sum())
     if pad_nonzero:
-        causes.append(
+        causes.append((
+            "pads_counted",
             f"pads counted: {pad_nonzero} positions whose target is a pad token "
-            "have nonzero log-probs"
-        )
+            "have nonzero log-probs",
+        ))
     if pad_err > DEFAULTS["padding_max_abs"]:
-        causes.append(
+        causes.append((
+            "padding_leak",
             f"left padding changes the log-probs of real tokens (max {pad_err:.3g}): "
-            "the attention mask is not applied"
-        )
+            "the attention mask is not applied",
+        ))
 
     # The RL batch layout: left-padded prompts, completions right-padded after EOS.
     ids, mask, lens = _rl_batch(seqs, pad, eos)
@@ -242,11 +250,12 @@ def _suite(
         if got.shape == ref.shape:
             rl_err = max(rl_err, float((got - ref).abs().max()))
     if after_eos:
-        causes.append(
+        causes.append((
+            "pads_after_eos",
             f"pads after EOS scored: {after_eos} positions whose target is a right pad after "
             "the completion's EOS have nonzero log-probs (a mask built from the prompt only? "
-            "use the prompt and completion attention mask)"
-        )
+            "use the prompt and completion attention mask)",
+        ))
     return {
         "categorical_max_abs": cat_err,
         "padding_max_abs": pad_err,
@@ -286,10 +295,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             logits_level=getattr(fn, "convention", "model") == "logits",
         )
         if "nonfinite_logits" in res:  # the model, not a function: one cause, no metrics
-            m.fail(res["nonfinite_logits"])
+            m.fail("nonfinite_logits", res["nonfinite_logits"])
             break
-        for cause in res["causes"]:
-            m.fail(f"{name}: {cause}")
+        for kind, cause in res["causes"]:
+            m.fail(kind, f"{name}: {cause}")
         if prefix:
             noise = max(float(res.get("padding_max_abs", 0.0)), 1e-6)
         else:
@@ -298,6 +307,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             limit = POSITION_SHIFT_FACTOR * noise
             if shift > limit:
                 m.fail(
+                    "position_ids",
                     f"{name}: position ids not passed: left padding shifts the RoPE positions, "
                     f"moving real tokens' log-probs by up to {shift:.3g} > tolerance {limit:.3g} "
                     f"({POSITION_SHIFT_FACTOR:g} x the reference's padding noise; pass "
@@ -328,4 +338,7 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("nonfinite_logits", "output_shape", "nonfinite_logprobs", "off_by_one",
+           "temperature_ignored", "temperature_wrong", "pads_counted", "padding_leak",
+           "pads_after_eos", "position_ids"),
 )

@@ -95,11 +95,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         allow["dtype"] = declared_dtype_reason(ctx.spec, *declared)
     for name in allow:
         if name not in compared:
-            m.fail(f"allow-list names unknown sampling field {name!r}")
+            m.fail("unknown_allow_field", f"allow-list names unknown sampling field {name!r}")
     for label, side in (("training", training), ("serving", serving)):
         contradiction = side.contradiction()
         if contradiction:
-            m.fail(f"{label} sampling config in the wrong format: {contradiction}")
+            m.fail("wrong_format", f"{label} sampling config in the wrong format: {contradiction}")
         m.note(f"{label} sampling config {side.path.name}: {side.format} ({side.detection})")
     not_compared = {
         name: {
@@ -117,6 +117,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     unexplained = [d for d in diffs if d.allowed_reason is None]
     for d in unexplained:
         m.fail(
+            "field_differs",
             f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
             f"({training.source(d.field)} vs {serving.source(d.field)})"
         )
@@ -157,4 +158,5 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("unknown_allow_field", "wrong_format", "field_differs"),
 )

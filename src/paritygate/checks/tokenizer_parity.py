@@ -44,6 +44,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     for name in allow:
         if name not in ALLOWABLE:
             m.fail(
+                "unknown_allow_field",
                 f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}"
             )
 
@@ -51,7 +52,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if field in allow:
             m.note(f"{cause} (allowed: {allow[field]})")
         else:
-            m.fail(cause)
+            m.fail(f"{field}_differs", cause)
 
     special_mismatch = 0
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -76,6 +77,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 
     if serve.padding_side != "left":
         m.fail(
+            "padding_side",
             f"serving tokenizer pads on the {serve.padding_side}: batched generation needs "
             "left padding (the first new token would follow pad tokens)"
         )
@@ -114,6 +116,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             if "token_ids" not in allow:
                 mismatched += 1
                 m.fail(
+                    "tokenization_differs",
                     f"probe {probe.id!r} tokenizes differently at token {at}: training "
                     f"{t_seq[at : at + 3]} vs serving {s_seq[at : at + 3]}"
                 )
@@ -123,7 +126,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         and "chat_template" not in allow
         and not any(p.is_chat for p in ctx.probes)
     ):
-        m.fail("chat template differs between the training and the serving tokenizer")
+        m.fail(
+            "chat_template_differs",
+            "chat template differs between the training and the serving tokenizer")
 
     m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
     m.metric(
@@ -152,4 +157,6 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=(*(f"{name}_differs" for name in ALLOWABLE), "unknown_allow_field",
+           "padding_side", "tokenization_differs"),
 )

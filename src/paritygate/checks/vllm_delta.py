@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from paritygate.check import CheckSpec
+from paritygate.checks.logprob_delta import KINDS
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
@@ -46,4 +47,5 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("gpu",),
+    kinds=KINDS,
 )

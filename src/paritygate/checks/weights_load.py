@@ -20,16 +20,17 @@ def _explain(
     unexpected: list[str],
     shapes: dict[str, tuple[int, ...]],
     file_shapes: dict[str, tuple[int, ...]],
-) -> list[str]:
-    """Name the known causes behind a set of missing / unexpected keys."""
+) -> list[tuple[str, str]]:
+    """Name the known causes behind a set of missing / unexpected keys: ``(kind, text)``."""
     causes = []
     for prefix, cause in KNOWN_PREFIXES.items():
         stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped and stripped & set(missing):
-            causes.append(
+            causes.append((
+                "wrapper_prefix",
                 f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
-                "after stripping it"
-            )
+                "after stripping it",
+            ))
     for m in missing:
         same = [
             u
@@ -38,9 +39,10 @@ def _explain(
             and not any(u.startswith(p) for p in KNOWN_PREFIXES)
         ]
         if len(same) == 1:
-            causes.append(
-                f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the same shape"
-            )
+            causes.append((
+                "key_renamed",
+                f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the same shape",
+            ))
     return causes
 
 
@@ -48,32 +50,37 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
     model_state = model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in model_state.items()}
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
-    for cause in _explain(report.missing, report.unexpected, shapes, file_shapes):
-        m.fail(f"{label}: {cause}")
+    for kind, cause in _explain(report.missing, report.unexpected, shapes, file_shapes):
+        m.fail(kind, f"{label}: {cause}")
     if report.missing:
         m.fail(
+            "missing_keys",
             f"{label}: {len(report.missing)} model tensors missing from the checkpoint, left at "
             f"their initial values: {report.missing[:5]}"
         )
     if report.unexpected:
         m.fail(
+            "unexpected_keys",
             f"{label}: {len(report.unexpected)} unexpected checkpoint keys (not in the model and "
             f"not a declared training head): {report.unexpected[:5]}"
         )
     for name, file_shape, model_shape in report.shape_mismatch[:5]:
         m.fail(
+            "shape_mismatch",
             f"{label}: shape mismatch for {name!r}: checkpoint {list(file_shape)} vs model "
             f"{list(model_shape)}"
         )
     for name, file_dtype, model_dtype in report.dtype_mismatch[:5]:
         m.fail(
+            "dtype_mismatch",
             f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model "
             f"{model_dtype} (the load casts it; the saved values are not the ones served)"
         )
     if report.load_error:
-        m.fail(f"{label}: load_state_dict raised {report.load_error}")
+        m.fail("load_error", f"{label}: load_state_dict raised {report.load_error}")
     if report.value_mismatch:
         m.fail(
+            "values_altered",
             f"{label}: {len(report.value_mismatch)} tensors differ from the file after loading "
             f"(a load hook or non-strict loader dropped or altered them): "
             f"{report.value_mismatch[:5]}"
@@ -93,7 +100,7 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     )
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
-        m.fail(f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
+        m.fail("nonfinite_checkpoint", f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
     _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
     _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
     tl, il = ctx.training_load, ctx.inference_load
@@ -136,6 +143,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     )
     for name in nonfinite[:5]:
         m.fail(
+            "nonfinite_checkpoint",
             f"checkpoint tensor {name!r} has {int((~torch.isfinite(state[name])).sum())} "
             "NaN/Inf values"
         )
@@ -158,26 +166,30 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped & set(missing):
             m.fail(
+                "wrapper_prefix",
                 f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
                 "after stripping it"
             )
     if missing:
         m.fail(
+            "missing_keys",
             f"training model: {len(missing)} tensors missing from the checkpoint, left at "
             f"their initial values: {missing[:5]}"
         )
     undeclared = sorted({k.split(".")[0] + "." for k in unexpected})
     if unexpected:
         m.fail(
+            "unexpected_keys",
             f"training model: {len(unexpected)} unexpected checkpoint keys {unexpected[:4]} "
             f"are not in the model and not declared training-only (add {undeclared} to "
             "causal_lm.training_only_heads if they are a training head such as TRL's v_head)"
         )
     for entry in mismatched[:5]:
-        m.fail(f"training model: shape mismatch {entry}")
+        m.fail("shape_mismatch", f"training model: shape mismatch {entry}")
     values = value_mismatches(model, state)
     if values:
         m.fail(
+            "values_altered",
             f"training model: {len(values)} tensors differ from the file after loading: "
             f"{values[:5]}"
         )
@@ -196,6 +208,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         engine_values = value_mismatches(engine_model, served_state)
         if engine_values:
             m.fail(
+                "engine_values_altered",
                 f"inference model: {len(engine_values)} tensors differ from the served "
                 f"directory's file after loading: {engine_values[:5]}"
             )
@@ -233,21 +246,27 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     diff = ctx.serving_weights_diff(dict(state))
     where = f"served copy {served_dir}"
     if diff.missing:
-        m.fail(f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}")
+        m.fail(
+            "served_tensors_missing",
+            f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}")
     if diff.extra:
         m.fail(
+            "served_tensors_extra",
             f"{where} holds {len(diff.extra)} tensors the checkpoint does not have: "
             f"{diff.extra[:5]}"
         )
     for key, (t_shape, s_shape) in list(diff.shape.items())[:5]:
-        m.fail(f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
+        m.fail(
+            "served_shape_mismatch",
+            f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
     for key in diff.nonfinite[:5]:
-        m.fail(f"{where}: tensor {key!r} has NaN/Inf values")
+        m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
     if diff.value_diffs:
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(f"{k} (max diff {v:.3g})" for k, v in worst[:5])
         cast = " after casting to the served dtype" if diff.dtype_changes else ""
         m.fail(
+            "stale_served_weights",
             f"serving weights differ from the checkpoint under test{cast} (stale or different "
             f"checkpoint): {len(worst)} of {diff.compared} tensors: {named}"
         )
@@ -269,6 +288,7 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
             m.note(f"{text}, as the serving dtype {ctx.spec.engine.dtype} declares")
         else:
             m.fail(
+                "precision_change",
                 f"{text}, but the serving dtype is {ctx.spec.engine.dtype}: set "
                 f"causal_lm.serving.dtype to {stored[0]} so the gate judges tier {implied}, or "
                 "serve the full-precision weights"
@@ -281,12 +301,13 @@ def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("weights_load")
     coverage = ctx.coverage()
     for name in coverage.nonfinite[:5]:
-        m.fail(f"checkpoint tensor {name!r} has NaN/Inf values")
+        m.fail("nonfinite_tensor", f"checkpoint tensor {name!r} has NaN/Inf values")
     finding = coverage.finding()
     if finding is not None:
-        m.fail(f"{ctx.class_reason}: {finding}")
+        m.fail("checkpoint_coverage", f"{ctx.class_reason}: {finding}")
     if coverage.differ:
         m.fail(
+            "values_altered",
             f"{len(coverage.differ)} tensors differ from the file after loading: "
             f"{coverage.differ[:5]}"
         )
@@ -316,4 +337,9 @@ CHECK = CheckSpec(
     summary="every checkpoint tensor lands in the model, nothing is left at random init",
     families=("policy", "causal_lm", "hf_model"),
     measure=measure,
+    kinds=("nonfinite_checkpoint", "nonfinite_tensor", "wrapper_prefix", "key_renamed",
+           "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
+           "values_altered", "engine_values_altered", "served_tensors_missing",
+           "served_tensors_extra", "served_shape_mismatch", "served_nonfinite",
+           "stale_served_weights", "precision_change", "checkpoint_coverage"),
 )
