@@ -148,6 +148,13 @@ GRAPH: tuple[Explanation, ...] = (
                 "the model's tensors are not all the checkpoint's, and precision is never "
                 "measured on such a model",
                 fix="gate a complete save, loaded by the model class it was saved from"),
+    Explanation("export_integrity", "undeclared_precision",
+                ("undeclared_precision",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                "the artifact stores its weights in a lower precision than the config "
+                "declares, so its outputs are held to the float32 limits",
+                fix="declare the artifact's precision (policy.artifact_dtype) or export it "
+                    "in float32"),
     Explanation("export_integrity", "stale_artifact",
                 ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
@@ -194,7 +201,7 @@ GRAPH: tuple[Explanation, ...] = (
                     "sampling on the inference path)",
                 only_if=(("precision_per_layer", _no_layer_over_budget),)),
     Explanation("logits_agreement", "artifact_outputs_differ",
-                ("stale_artifact", "artifact_outputs_differ"),
+                ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
                 ("batchnorm_export", "export_integrity", "precision_per_layer"),
                 "the artifact's outputs differ from torch eval (the cause is named by "
                 "logits_agreement)",
