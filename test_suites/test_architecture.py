@@ -251,3 +251,41 @@ def test_text_reads_finds_planted_reads() -> None:
         'kind = [r.kind for r in result.reasons] == ["no_golden"]\n'  # a kind: fine
     )
     assert len(text_reads(planted)) == 4
+
+
+# --- the check-family contract is typed: a check never asks which family it measures --------
+
+
+def family_probes(tree: ast.AST) -> list[str]:
+    """``ctx.family == "..."`` style branches and ``getattr`` / ``hasattr`` probes of the
+    context's (or its config's) members."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and o.attr == "family" for o in operands):
+                found.append(ast.unparse(node))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and node.args
+              and ast.unparse(node.args[0]) in ("ctx", "ctx.config")):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_checks_never_branch_on_a_family_or_probe_the_context() -> None:
+    probes = {}
+    for path in sorted((SRC / "checks").glob("*.py")):
+        hits = family_probes(ast.parse(path.read_text(encoding="utf-8")))
+        if hits:
+            probes[path.name] = hits
+    assert not probes, f"declare one measure per family (CheckSpec.measures) instead: {probes}"
+
+
+def test_family_probes_finds_planted_branches() -> None:
+    planted = ast.parse(
+        'if ctx.family == "causal_lm":\n    pass\n'
+        'x = getattr(ctx, "declared_dtype", None)\n'
+        'y = hasattr(ctx.config, "precision")\n'
+        'z = getattr(ctx.logprob_fn, "convention", "model")\n'  # the user's function: fine
+    )
+    assert len(family_probes(planted)) == 3

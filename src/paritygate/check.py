@@ -9,6 +9,13 @@ from typing import Any
 
 from paritygate.result import CheckResult, Measurement, declare_kinds
 
+Thresholds = Mapping[str, float]
+"""A check's effective thresholds: its ``defaults`` with the config's overrides applied."""
+Measure = Callable[[Any, Thresholds], Measurement]
+"""One family's measurement, ``measure(ctx, thresholds)``. Each check types its function on
+that family's context (``PolicyContext``, ``LMContext``, ``HFModelContext``); the gate hands
+it the context built for the config's family."""
+
 
 @dataclass
 class Rendered:
@@ -23,16 +30,16 @@ class Rendered:
 class CheckSpec:
     """One checklist item.
 
-    ``measure(ctx, thresholds)`` receives the family context (a loaded policy or
-    language model) and the effective thresholds (``defaults`` overridden by the
-    config) and returns a :class:`~paritygate.result.Measurement`. It never
-    asserts, prints or reads the golden file.
+    ``measures`` holds one measurement per family the check applies to: ``measure(ctx,
+    thresholds)`` receives that family's context (a loaded policy or language model) and the
+    effective thresholds (``defaults`` overridden by the config) and returns a
+    :class:`~paritygate.result.Measurement`. It never asserts, prints, reads the golden file
+    or asks which family it is measuring.
     """
 
     id: str
     summary: str
-    families: tuple[str, ...]
-    measure: Callable[[Any, Mapping[str, float]], Measurement]
+    measures: Mapping[str, Measure]
     defaults: Mapping[str, float] = field(default_factory=dict)
     marks: tuple[str, ...] = ("fast",)
     render: Callable[[CheckResult, Path], Rendered] | None = None
@@ -46,3 +53,8 @@ class CheckSpec:
 
     def __post_init__(self) -> None:
         declare_kinds(self.id, self.kinds)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families the check applies to, in declaration order."""
+        return tuple(self.measures)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.checks import checks_for, get_check
@@ -26,6 +26,9 @@ from paritygate.golden import GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
+
+if TYPE_CHECKING:
+    from paritygate.families.base import Context
 
 
 class Gate:
@@ -62,7 +65,7 @@ class Gate:
         return cls(load_config(path), update_golden=update_golden, report_dir=report_dir)
 
     @cached_property
-    def context(self) -> Any:
+    def context(self) -> Context:
         """The family context, built once; raises :class:`InputError` on bad input."""
         from paritygate import IMPORTED_AT
         from paritygate.families import build_context
@@ -112,18 +115,18 @@ class Gate:
     def measure(self, check_id: str) -> Measurement:
         """Run one check's measurement (no verdict)."""
         spec = get_check(check_id)
-        if self.config.family not in spec.families:
+        measure = spec.measures.get(self.config.family)
+        if measure is None:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
         try:
-            measurement = spec.measure(self.context, self.thresholds(spec))
+            measurement = measure(self.context, self.thresholds(spec))
         except NonFiniteOutput as exc:  # a model's NaN/Inf output fails the check by name
             measurement = Measurement(check_id)
             measurement.fail("nonfinite_output", str(exc))
-        note = getattr(self.context, "note_probes", None)
-        if spec.feeds_probes and note is not None and measurement.skipped is None:
-            note(measurement)  # probe rows left out of the model inputs, and why
+        if spec.feeds_probes and measurement.skipped is None:
+            self.context.note_probes(measurement)  # probe rows left out of the inputs, and why
         for name in self.informational(check_id) & set(measurement.metrics):
             measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
         return measurement
@@ -143,7 +146,7 @@ class Gate:
 
     def numerics(self) -> dict[str, Any]:
         """The context's settings that move numbers by design (empty for families without)."""
-        return dict(getattr(self.context, "numerics", None) or {})
+        return dict(self.context.numerics)
 
     def bless_command(self) -> str:
         try:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # A row's output must not depend on its batch-mates. fp32 GEMM on different batch
@@ -49,7 +52,7 @@ def _batch_dependence(engine: Any, name: str, out: str, x: np.ndarray, sizes: li
     return worst
 
 
-def _diff_with_reset_stats(ctx: Any, candidate: np.ndarray) -> float:
+def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     """Max |artifact - torch eval with every BatchNorm reset to mean 0 / var 1|."""
     import copy
 
@@ -70,7 +73,7 @@ def _diff_with_reset_stats(ctx: Any, candidate: np.ndarray) -> float:
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("batchnorm_export")
     bns = _bn_modules(ctx.training_model)
     if not bns:
@@ -194,8 +197,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="batchnorm_export",
     summary="BatchNorm running statistics survive into the artifact",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("no_running_stats", "stats_missing", "default_stats", "training_mode_export",

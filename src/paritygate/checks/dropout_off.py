@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS: dict[str, float] = {
     # Deterministic inference repeated on identical inputs is bitwise identical on CPU
@@ -31,7 +34,7 @@ def _repeat_spread(engine: Any, name: str, out: str, x: np.ndarray, k: int) -> f
     return worst
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     from paritygate.engines.torch_engine import TorchEngine
@@ -88,8 +91,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="dropout_off",
     summary="nothing random is left on the inference path",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",

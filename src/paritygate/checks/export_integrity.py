@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics import magnitude_factor, scaled_note
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the
@@ -19,7 +22,7 @@ DEFAULTS = {
 }
 
 
-def _numeric_provenance(ctx: Any) -> tuple[float, str]:
+def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     """Max |artifact - inference model built from the checkpoint| on the probes (or the
     training model's policy output, when that is closer: the inference model may be the
     faulty side), and which model it was measured against."""
@@ -96,7 +99,7 @@ def _precision_finding(m: Measurement, precision: Any) -> bool:
     return True
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
 
     from paritygate.provenance import sha256_file
@@ -260,8 +263,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="export_integrity",
     summary="the artifact is well formed and built from this checkpoint",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("onnx_invalid", "inputs_differ", "outputs_differ", "batch_axis_baked",

@@ -14,12 +14,15 @@ near-tie, where the training path's top-2 logit margin is below ``causal_lm.near
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 # Greedy decoding is deterministic: any divergence that is not a near-tie is a bug.
 DEFAULTS: dict[str, float] = {"unexcused_divergences": 0.0}
@@ -89,7 +92,7 @@ def greedy_training_path(
             return tokens, margins
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("generation_parity")
     engine_name = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine_name is None:
@@ -174,8 +177,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="generation_parity",
     summary="greedy decoding agrees between the training path and the engine",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("length_drift", "greedy_divergence"),

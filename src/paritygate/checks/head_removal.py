@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # Training and inference models run the same fp32 ops on the same weights, so the
@@ -26,7 +29,7 @@ def _spread(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[seen].astype(np.float64) - b[seen]).max()) if seen.any() else 0.0
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("head_removal")
     heads = list(ctx.spec.training_heads)
     train_names = dict(ctx.training_model.named_modules())
@@ -129,8 +132,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="head_removal",
     summary="dropping training-only heads leaves the policy output unchanged",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("undeclared_head", "foreign_parameters", "parameters_differ", "head_left",

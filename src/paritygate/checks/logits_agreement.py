@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,10 @@ from paritygate.metrics import (
     scaled_note,
 )
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # fp32 torch vs ONNX Runtime on the demo differ by ~2e-6 at logit magnitude ~10
@@ -98,7 +102,7 @@ def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
     return ""
 
 
-def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("logits_agreement")
     reference = ctx.reference_outputs
     candidate = ctx.candidate_outputs.get(ctx.output_name)
@@ -148,7 +152,7 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("logits_agreement")
     if "hf" not in ctx.spec.engines:
         return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
@@ -195,7 +199,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 
 
 def _tier_thresholds(
-    ctx: Any, m: Measurement, thresholds: Mapping[str, float]
+    ctx: LMContext, m: Measurement, thresholds: Mapping[str, float]
 ) -> dict[str, float | None]:
     """An engine in a lower precision than the trainer is judged by its precision tier (see
     :func:`paritygate.metrics.tiers.logits_thresholds`); values the config sets win."""
@@ -220,17 +224,10 @@ def _tier_thresholds(
     return merged
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    if ctx.family == "causal_lm":
-        return measure_causal_lm(ctx, thresholds)
-    return measure_policy(ctx, thresholds)
-
-
 CHECK = CheckSpec(
     id="logits_agreement",
     summary="the inference path's outputs match the training path's",
-    families=("policy", "causal_lm"),
-    measure=measure,
+    measures={"policy": measure_policy, "causal_lm": measure_causal_lm},
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",

@@ -10,7 +10,7 @@ Thresholds come from the precision tier of (training dtype, engine dtype), see
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from paritygate.check import CheckSpec
 from paritygate.engines.generation import is_processing_trivial
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision_mismatch",
                           "tier_exceeded", "temperature_mismatch")
@@ -42,7 +45,7 @@ DELTA_THRESHOLD_KEYS = (
 
 
 def effective_tier(
-    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_dtype: str
+    ctx: LMContext, check_id: str, thresholds: Mapping[str, float], engine_dtype: str
 ) -> tuple[str, dict[str, float]]:
     """The precision tier's thresholds, with the user's explicit overrides on top."""
     from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
@@ -64,7 +67,7 @@ def effective_tier(
 
 
 def measure_delta(
-    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_name: str
+    ctx: LMContext, check_id: str, thresholds: Mapping[str, float], engine_name: str
 ) -> Measurement:
     """Sample with the engine, recompute on the training side, and judge the delta by tier."""
     from paritygate.metrics.logprob import delta_stats
@@ -176,7 +179,7 @@ def measure_delta(
 
 
 def _temperature_fit(
-    m: Measurement, ctx: Any, generation: Any, logp_infer: Any, mask: Any, training: Any
+    m: Measurement, ctx: LMContext, generation: Any, logp_infer: Any, mask: Any, training: Any
 ) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
     engine's log-probs (the shared teacher-forced forward, only on a breach)."""
@@ -214,7 +217,7 @@ def _temperature_fit(
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     engine = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine is None:
         return Measurement("logprob_delta").skip("no CPU engine configured (engines: vllm only)")
@@ -224,8 +227,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="logprob_delta",
     summary="engine token log-probs match the trainer's teacher-forced recompute",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=KINDS,

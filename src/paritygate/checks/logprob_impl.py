@@ -12,10 +12,13 @@ target is a pad are exactly 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 REFERENCE_FN = "paritygate.families.causal_lm.logprobs:compute_logprobs"
 
@@ -311,7 +314,7 @@ def _suite(
     }
 
 
-def _shift_budget(ctx: Any) -> tuple[str, float]:
+def _shift_budget(ctx: LMContext) -> tuple[str, float]:
     """The precision tier ``logprob_delta`` judges this gate by, and its per-token bound."""
     from paritygate.metrics.tiers import PRECISION_TIERS
 
@@ -341,7 +344,7 @@ def _judge_position_shift(
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     from paritygate.imports import import_callable
 
     m = Measurement("logprob_impl")
@@ -392,8 +395,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="logprob_impl",
     summary="training-side log-prob function: Categorical semantics, t scores t+1, pads excluded",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("nonfinite_logits", "output_shape", "nonfinite_logprobs", "off_by_one",

@@ -11,10 +11,13 @@ the per-layer rows live in precision.json/CSV, the plot and ``<check>.detail.jso
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.base import Context
 
 CHECK_ID = "precision_per_layer"
 
@@ -34,13 +37,6 @@ DEFAULTS: dict[str, float] = {
     # node (epsilon, approximation, scale) shows >= 1e-4.
     "onnx_fp32_rel_l2": 1e-5,
 }
-
-
-def _spec(ctx: Any) -> Any:
-    from paritygate.precision.config import PrecisionSpec
-
-    spec = getattr(getattr(ctx, "config", None), "precision", None)
-    return spec if spec is not None else PrecisionSpec()
 
 
 def _number(value: Any) -> float | None:
@@ -135,7 +131,7 @@ def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     """Measure every layer in each configured low-precision dtype against fp32."""
     from paritygate.precision.analysis import run_precision
     from paritygate.precision.budgets import short_name
@@ -147,7 +143,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if subject.refusal is not None:
         m.fail("not_checkpoint_weights", subject.refusal)
         return m
-    spec = _spec(ctx)
+    spec = ctx.config.precision
     report = run_precision(
         subject,
         spec,
@@ -229,8 +225,7 @@ def _render(result: Any, report_dir: Any) -> Any:
 CHECK = CheckSpec(
     id=CHECK_ID,
     summary="fp16/bf16 error per layer is within budget and no worse than golden",
-    families=("policy", "causal_lm", "hf_model"),
-    measure=measure,
+    measures={"policy": measure, "causal_lm": measure, "hf_model": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     render=_render,

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 EDGE_CASE_KINDS: tuple[str, ...] = ("missing", "extremes", "empty", "long")
 
@@ -152,7 +155,7 @@ def _diagnose(
     return "stats_differ", "normalisation statistics differ (stale stats or another epsilon)"
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("preprocessing_parity")
     if ctx.training_preprocess is None:
         return m.skip("no preprocessing configured (policy.preprocessing)")
@@ -248,8 +251,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="preprocessing_parity",
     summary="training and serving preprocessing produce the same model inputs",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     kinds=("training_raised", "serving_raised", "output_shape", "normalisation_missing",
            "fill_differs", "clip_differs", "stats_differ", "nonfinite_mismatch",

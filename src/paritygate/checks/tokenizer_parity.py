@@ -10,10 +10,13 @@ with a reason) are reported but do not fail.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 ALLOWABLE = (
     "bos_token_id",
@@ -37,7 +40,7 @@ def _first_divergence(reference: list[int], candidate: list[int]) -> int:
     return min(len(reference), len(candidate))
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("tokenizer_parity")
     train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
@@ -153,8 +156,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="tokenizer_parity",
     summary="training and serving tokenizers give the same token ids and special tokens",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=(*(f"{name}_differs" for name in ALLOWABLE), "unknown_allow_field",

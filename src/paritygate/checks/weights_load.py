@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.hf_model.context import HFModelContext
+    from paritygate.families.policy.context import PolicyContext
 
 KNOWN_PREFIXES = {
     "module.": "the 'module.' prefix of DistributedDataParallel (strip it before saving)",
@@ -89,7 +94,7 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
         m.note(f"{label}: tied weights not stored separately (fine): {report.tied[:5]}")
 
 
-def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     m = Measurement("weights_load")
@@ -132,7 +137,7 @@ def value_mismatches(model: Any, state: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     m = Measurement("weights_load")
@@ -236,7 +241,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
+def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
     """Compare the served directory's tensors with the checkpoint's; name every cause."""
     from paritygate.metrics.tiers import canonical_dtype, tier_for
 
@@ -312,7 +317,7 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     return diff
 
 
-def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Measurement:
     """Every model tensor comes from the checkpoint and every checkpoint key is used."""
     m = Measurement("weights_load")
     coverage = ctx.coverage()
@@ -340,19 +345,11 @@ def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    if ctx.family == "hf_model":
-        return measure_hf_model(ctx, thresholds)
-    if ctx.family == "causal_lm":
-        return measure_causal_lm(ctx, thresholds)
-    return measure_policy(ctx, thresholds)
-
-
 CHECK = CheckSpec(
     id="weights_load",
     summary="every checkpoint tensor lands in the model, nothing is left at random init",
-    families=("policy", "causal_lm", "hf_model"),
-    measure=measure,
+    measures={"policy": measure_policy, "causal_lm": measure_causal_lm,
+              "hf_model": measure_hf_model},
     kinds=("nonfinite_checkpoint", "nonfinite_tensor", "wrapper_prefix", "key_renamed",
            "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
            "values_altered", "engine_values_altered", "served_tensors_missing",
