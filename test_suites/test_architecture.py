@@ -289,3 +289,16 @@ def test_family_probes_finds_planted_branches() -> None:
         'z = getattr(ctx.logprob_fn, "convention", "model")\n'  # the user's function: fine
     )
     assert len(family_probes(planted)) == 3
+
+
+def test_only_the_gate_reads_the_configs_thresholds() -> None:
+    """A check learns what the user set from its ``Thresholds``, never from the raw config."""
+    readers = []
+    for name, path in _modules().items():
+        if name in ("paritygate.gate", "paritygate.config"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr == "thresholds"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "config"):
+                readers.append(f"{name}: {ast.unparse(node)}")
+    assert not readers, readers

@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
 from paritygate.errors import InputError, NonFiniteOutput
@@ -99,18 +99,10 @@ class Gate:
             selected = [c for c in selected if c.id in wanted]
         return [c for c in selected if c.id not in self.config.skip_checks]
 
-    def thresholds(self, spec: CheckSpec) -> dict[str, float]:
-        """Effective thresholds; a ``null`` override keeps the default for the check's own
-        diagnostics and makes the metric informational (see :meth:`measure`)."""
-        merged = dict(spec.defaults)
-        merged.update(
-            {k: v for k, v in self.config.thresholds.get(spec.id, {}).items() if v is not None}
-        )
-        return merged
-
-    def informational(self, check_id: str) -> set[str]:
-        """Metrics the config set to ``null``: reported, never judged against a threshold."""
-        return {k for k, v in self.config.thresholds.get(check_id, {}).items() if v is None}
+    def thresholds(self, spec: CheckSpec) -> Thresholds:
+        """The check's defaults and the config's overrides, kept apart (see :class:`Thresholds`);
+        the only place that reads ``thresholds.<check>`` of the config."""
+        return Thresholds(spec.defaults, dict(self.config.thresholds.get(spec.id, {})))
 
     def measure(self, check_id: str) -> Measurement:
         """Run one check's measurement (no verdict)."""
@@ -120,14 +112,15 @@ class Gate:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
+        thresholds = self.thresholds(spec)
         try:
-            measurement = measure(self.context, self.thresholds(spec))
+            measurement = measure(self.context, thresholds)
         except NonFiniteOutput as exc:  # a model's NaN/Inf output fails the check by name
             measurement = Measurement(check_id)
             measurement.fail("nonfinite_output", str(exc))
         if spec.feeds_probes and measurement.skipped is None:
             self.context.note_probes(measurement)  # probe rows left out of the inputs, and why
-        for name in self.informational(check_id) & set(measurement.metrics):
+        for name in thresholds.informational & set(measurement.metrics):  # ``null``: not judged
             measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
         return measurement
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
@@ -73,7 +72,7 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("batchnorm_export")
     bns = _bn_modules(ctx.training_model)
     if not bns:
@@ -152,7 +151,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
     limits, tier_note = ctx.artifact_limits(
-        "batchnorm_export", thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
+        thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(ctx.reference_outputs)

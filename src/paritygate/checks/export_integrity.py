@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
@@ -99,7 +99,7 @@ def _precision_finding(m: Measurement, precision: Any) -> bool:
     return True
 
 
-def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     import onnx
 
     from paritygate.provenance import sha256_file
@@ -157,7 +157,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     undeclared = _precision_finding(m, precision)
     cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
                    and not matches["unmatched"] and not matches["misplaced"])
-    limits, tier_note = ctx.artifact_limits("export_integrity", thresholds,
+    limits, tier_note = ctx.artifact_limits(thresholds,
                                             ["provenance_max_abs_diff"])
     # fp32 rounding grows with the outputs' magnitude: so does the limit
     factor = magnitude_factor(ctx.reference_outputs)

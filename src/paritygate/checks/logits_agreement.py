@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
     diff_stats,
     distribution_stats,
@@ -102,14 +102,14 @@ def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
     return ""
 
 
-def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     reference = ctx.reference_outputs
     candidate = ctx.candidate_outputs.get(ctx.output_name)
     if candidate is None:
         m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
-    limits, tier_note = ctx.artifact_limits("logits_agreement", thresholds, ["max_abs_diff"])
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"])
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
@@ -152,7 +152,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measu
     return m
 
 
-def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     if "hf" not in ctx.spec.engines:
         return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
@@ -178,9 +178,9 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
         return m.skip("the engine generated no tokens for any probe")
     reference = np.concatenate(refs)  # (N, V)
     candidate = np.concatenate(cands)  # (N, V)
-    thresholds = _tier_thresholds(ctx, m, thresholds)
-    stats = compare_logits(m, reference, candidate, thresholds)
-    limit = thresholds["max_abs_diff"]
+    limits = _tier_thresholds(ctx, m, thresholds)
+    stats = compare_logits(m, reference, candidate, limits)
+    limit = limits["max_abs_diff"]
     if stats and limit is not None and stats.get("max_abs", 0.0) > limit:
         m.fail(
             "engine_logits_differ",
@@ -199,7 +199,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
 
 
 def _tier_thresholds(
-    ctx: LMContext, m: Measurement, thresholds: Mapping[str, float]
+    ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
     """An engine in a lower precision than the trainer is judged by its precision tier (see
     :func:`paritygate.metrics.tiers.logits_thresholds`); values the config sets win."""
@@ -215,8 +215,7 @@ def _tier_thresholds(
         return merged  # no tier for this pair: the fp32 defaults (or the config's) apply
     if key == "fp32/fp32":
         return merged
-    overrides = ctx.config.thresholds.get("logits_agreement", {})
-    merged.update({k: v for k, v in logits_thresholds(tier).items() if k not in overrides})
+    merged.update({k: v for k, v in logits_thresholds(tier).items() if not thresholds.is_set(k)})
     m.note(
         f"thresholds from the {key} precision tier (trainer {ctx.spec.training.dtype}, engine "
         f"{ctx.spec.engine.dtype}); argmax and top-k agreement reported, not judged"

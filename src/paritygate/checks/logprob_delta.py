@@ -9,12 +9,11 @@ Thresholds come from the precision tier of (training dtype, engine dtype), see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.generation import is_processing_trivial
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
@@ -45,7 +44,7 @@ DELTA_THRESHOLD_KEYS = (
 
 
 def effective_tier(
-    ctx: LMContext, check_id: str, thresholds: Mapping[str, float], engine_dtype: str
+    ctx: LMContext, thresholds: Thresholds, engine_dtype: str
 ) -> tuple[str, dict[str, float]]:
     """The precision tier's thresholds, with the user's explicit overrides on top."""
     from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
@@ -57,9 +56,8 @@ def effective_tier(
         values = dict(PRECISION_TIERS[key])
     else:
         key, values = tier_for(ctx.spec.training.dtype, engine_dtype)
-    overrides = ctx.config.thresholds.get(check_id, {})
     for name in DELTA_THRESHOLD_KEYS:
-        if name in overrides:
+        if thresholds.is_set(name):
             values[name] = float(thresholds[name])
     if "nonfinite_tokens" in thresholds:
         values["nonfinite_tokens"] = float(thresholds["nonfinite_tokens"])
@@ -67,7 +65,7 @@ def effective_tier(
 
 
 def measure_delta(
-    ctx: LMContext, check_id: str, thresholds: Mapping[str, float], engine_name: str
+    ctx: LMContext, check_id: str, thresholds: Thresholds, engine_name: str
 ) -> Measurement:
     """Sample with the engine, recompute on the training side, and judge the delta by tier."""
     from paritygate.metrics.logprob import delta_stats
@@ -75,7 +73,7 @@ def measure_delta(
 
     m = Measurement(check_id)
     engine_dtype = ctx.spec.engine.dtype
-    tier_key, tier = effective_tier(ctx, check_id, thresholds, engine_dtype)
+    tier_key, tier = effective_tier(ctx, thresholds, engine_dtype)
     generation, serving = ctx.sampled(engine_name)
     training = ctx.training_sampling.spec()
     logp_train, logp_infer, mask = ctx.recompute(generation)
@@ -217,7 +215,7 @@ def _temperature_fit(
         )
 
 
-def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     engine = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine is None:
         return Measurement("logprob_delta").skip("no CPU engine configured (engines: vllm only)")

@@ -6,10 +6,9 @@ Skipped, with the reason, where no CUDA device is visible or vLLM is not install
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks.logprob_delta import KINDS
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
@@ -34,7 +33,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.checks.logprob_delta import measure_delta
 
     reason = unavailable_reason()
