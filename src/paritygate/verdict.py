@@ -30,6 +30,7 @@ from paritygate.result import (
     Measurement,
     Metric,
     Reason,
+    Status,
 )
 
 
@@ -159,7 +160,7 @@ def judge(
     if probe_change is not None:
         reasons.append(Reason("probe_set_changed", probe_change))
 
-    status = "fail" if reasons else "pass"
+    status: Status = "fail" if reasons else "pass"
     if status == "fail":
         key = _failing_key(measurement, [n for n in offending if n in shown], key)
     sentences, fix = _sentences(
@@ -368,8 +369,8 @@ def _sentences(
         out.insert(n_findings, sentence(f"non-finite output (NaN/Inf): {', '.join(nonfinite)}"))
     if plain and n_findings:  # the numbers behind the named cause, in its sentence
         first = out[0][:-1] if out[0].endswith(".") else out[0]
-        numbers = "; ".join(f"{n} {v}, threshold {t}" for n, v, t, _ in plain)
-        out[0] = f"{first} ({numbers})."
+        breaches = "; ".join(f"{n} {v}, threshold {t}" for n, v, t, _ in plain)
+        out[0] = f"{first} ({breaches})."
     else:
         out += [sentence(f"{n} {v} is {side} the threshold {t}") for n, v, t, side in plain]
     for findings in tied.values():  # tied to a metric that did not fail: keep the cause

@@ -127,12 +127,6 @@ class PolicyContext:
     def output_name(self) -> str:
         return self.spec.output_names[0]
 
-    def new_training_model(self) -> Any:
-        factory = import_callable(
-            self.spec.training_factory, self.config.path, "policy.training_factory"
-        )
-        return factory(**factory_kwargs(self.config, self.spec))
-
     def new_inference_model(self) -> Any:
         factory = import_callable(
             self.spec.inference_factory, self.config.path, "policy.inference_factory"
