@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,10 +28,11 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     faulty side), and which model it was measured against."""
     cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
     best = (float("inf"), "the inference model built from this checkpoint")
-    for against, outputs in (
+    sources: tuple[tuple[str, Callable[[], np.ndarray]], ...] = (
         ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
         ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
-    ):
+    )
+    for against, outputs in sources:
         try:
             ref = outputs()
         except Exception:  # a forward that raises is the model checks' to report

@@ -102,7 +102,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     engine_out = ctx.greedy(engine_name)
     if engine_out is None:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
-    probes = list(ctx.probes)
+    probes: list[Any] = list(ctx.probes)  # or stand-ins naming the dump's rollouts
     if engine_name == "dump" or len(probes) != len(engine_out.prompt_ids):
         from types import SimpleNamespace
 

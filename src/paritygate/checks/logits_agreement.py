@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from paritygate.metrics import (
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.hf_generate import HFGenerateEngine
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.policy.context import PolicyContext
 
@@ -113,12 +114,13 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
-    thresholds = {**limits, "max_abs_diff": float(limits["max_abs_diff"] or 0.0) * factor}
+    limit = float(limits["max_abs_diff"] or 0.0) * factor
+    judged = {**limits, "max_abs_diff": limit}
     if factor > 1:
-        m.note(scaled_note({"max_abs_diff": thresholds["max_abs_diff"]}, factor))
-    stats = compare_logits(m, reference, candidate, thresholds,
+        m.note(scaled_note({"max_abs_diff": limit}, factor))
+    stats = compare_logits(m, reference, candidate, judged,
                            continuous=ctx.spec.action_space == "continuous")
-    if stats and stats.get("max_abs", 0) > thresholds["max_abs_diff"]:
+    if stats and stats.get("max_abs", 0) > limit:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
         hint = ""
@@ -157,9 +159,10 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     if "hf" not in ctx.spec.engines:
         return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
     generation = ctx.greedy("hf")
+    assert generation is not None  # only a rollout dump may lack a greedy record
     kept = [i for i, output in enumerate(generation.output_ids) if output]
     teacher = ctx.teacher_forced(generation)  # shared with generation_parity
-    engine = ctx.engine("hf")
+    engine = cast("HFGenerateEngine", ctx.engine("hf"))
     if generation.logits is not None and engine.padding_side == "left":
         # The engine's own KV-cache logits from its greedy generation: left-padded rows decode
         # at the positions of an unpadded decode, so they are the cached decode of these tokens.

@@ -61,7 +61,7 @@ def _diffs_at_clip(compared: list[tuple[np.ndarray, np.ndarray]], limit: float) 
 
     def tops(side: int) -> np.ndarray:
         cols = [np.where(np.isfinite(p[side]), np.abs(p[side]), 0.0).max(0) for p in compared]
-        return np.max(cols, axis=0)
+        return np.asarray(np.max(cols, axis=0))
 
     top_ref, top_cand = tops(0), tops(1)  # (D,)
     any_diff = False
@@ -160,6 +160,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     if ctx.training_preprocess is None:
         return m.skip("no preprocessing configured (policy.preprocessing)")
     pre = ctx.spec.preprocessing
+    assert pre is not None  # both preprocessing callables come from this section
     discrete = list(pre.discrete_features)
     limit = thresholds["max_abs_diff"]
     cases = edge_cases(ctx.raw_probes, ctx.spec.probes.edge_case_kinds)

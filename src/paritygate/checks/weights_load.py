@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.hf_generate import HFGenerateEngine
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.hf_model.context import HFModelContext
     from paritygate.families.policy.context import PolicyContext
@@ -208,7 +209,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     serving = _serving_side(m, ctx, state)
     engine_values: list[str] = []
     if "hf" in ctx.spec.engines:
-        engine_model = ctx.engine("hf").model
+        engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
         served_state = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
         engine_values = value_mismatches(engine_model, served_state)
         if engine_values:

@@ -554,7 +554,7 @@ def measure_model(
     return PrecisionRun(
         dtypes=list(state.dtypes),
         layers=sorted(state.records.values(), key=lambda r: r.index),
-        output=dict(output),
+        output={str(k): v for k, v in output.items()},
         reference_output_nonfinite=ref_nonfinite,
         depth=state.depth,
         errors=state.errors,
