@@ -1,4 +1,4 @@
-"""Gate: `vllm_delta` (see DESIGN.md's checklist)."""
+"""Gate: `vllm_delta`, measured by `paritygate.checks.vllm_delta`."""
 
 import pytest
 

@@ -6,12 +6,15 @@ Skipped, with the reason, where no CUDA device is visible or vLLM is not install
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
+from paritygate.checks.logprob_delta import KINDS
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 # Same sources as logprob_delta: the strictest tier, replaced by the configured dtypes' tier.
 DEFAULTS: dict[str, float] = {**PRECISION_TIERS["fp32/fp32"], "nonfinite_tokens": 0.0}
@@ -30,7 +33,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.checks.logprob_delta import measure_delta
 
     reason = unavailable_reason()
@@ -42,8 +45,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="vllm_delta",
     summary="vLLM token log-probs match the trainer's teacher-forced recompute",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("gpu",),
+    kinds=KINDS,
 )

@@ -102,7 +102,7 @@ def read_tensor(entry: Entry, key: str, as_dtype: torch.dtype | None = None) -> 
         handle.seek(entry.offset)
         if not convert:
             raw = value.reshape(-1).view(torch.uint8).numpy()
-            if handle.readinto(memoryview(raw)) != entry.nbytes:
+            if handle.readinto(memoryview(raw)) != entry.nbytes:  # type: ignore[arg-type]
                 raise InputError(entry.file, key, "file ends before the tensor's data")
             return value
         flat = value.reshape(-1)
@@ -111,7 +111,7 @@ def read_tensor(entry: Entry, key: str, as_dtype: torch.dtype | None = None) -> 
         for start in range(0, numel, step):
             n = min(step, numel - start)
             raw = buffer[:n].view(torch.uint8).numpy()
-            if handle.readinto(memoryview(raw)) != raw.nbytes:
+            if handle.readinto(memoryview(raw)) != raw.nbytes:  # type: ignore[arg-type]
                 raise InputError(entry.file, key, "file ends before the tensor's data")
             flat[start : start + n].copy_(buffer[:n])  # converted in place, as .to rounds
     return value
@@ -123,7 +123,7 @@ def fp32_bytes(index: dict[str, Entry]) -> int:
     for entry in index.values():
         dtype = _DTYPES.get(entry.dtype)
         floating = dtype is not None and dtype.is_floating_point
-        total += entry.nbytes * 4 // dtype.itemsize if floating else entry.nbytes
+        total += entry.nbytes * 4 // dtype.itemsize if floating else entry.nbytes  # type: ignore[union-attr]
     return total
 
 
@@ -163,7 +163,7 @@ def params_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

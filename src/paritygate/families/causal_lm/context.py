@@ -60,6 +60,9 @@ class LMContext:
         regression against a baseline blessed under other settings says so."""
         return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
 
+    def note_probes(self, m: Any) -> None:
+        """Every probe prompt is fed to the models: nothing left out to note."""
+
     @property
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
