@@ -1,11 +1,11 @@
-"""vllm_delta: logprob_delta with vLLM as the inference engine (needs a CUDA device).
+"""vllm_delta: logprob_delta with vLLM as the inference engine (CPU or CUDA, as vLLM reports).
 
-Skipped, with the reason, where no CUDA device is visible or vLLM is not installed.
+Skipped, with vLLM's reason, where vLLM cannot serve the engine's model: not installed, not
+importing, no platform it runs on, or (on CPU) a head size its attention kernels lack.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,25 +17,19 @@ from paritygate.result import Measurement
 DEFAULTS: dict[str, float] = {**PRECISION_TIERS["fp32/fp32"], "nonfinite_tokens": 0.0}
 
 
-def unavailable_reason() -> str | None:
-    """Why vLLM cannot run here, or ``None``."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install 'paritygate[vllm]')"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    return None
+def unavailable_reason(model_dir: Any = None) -> str | None:
+    """Why vLLM cannot serve ``model_dir`` here, or ``None``."""
+    from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+    return vllm_unavailable_reason(model_dir)
 
 
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     from paritygate.checks.logprob_delta import measure_delta
 
-    reason = unavailable_reason()
+    reason = unavailable_reason(ctx.engine_model_dir)
     if reason is not None:
-        return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM on a GPU: {reason}")
+        return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM: {reason}")
     return measure_delta(ctx, "vllm_delta", thresholds, "vllm")
 
 
@@ -45,5 +39,6 @@ CHECK = CheckSpec(
     families=("causal_lm",),
     measure=measure,
     defaults=DEFAULTS,
-    marks=("gpu",),
+    # `vllm`: needs vLLM (its CPU build or CUDA); `gpu` is the earlier name, still selected.
+    marks=("vllm", "gpu"),
 )
