@@ -30,7 +30,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     reason = unavailable_reason(ctx.engine_model_dir)
     if reason is not None:
         return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM: {reason}")
-    return measure_delta(ctx, "vllm_delta", thresholds, "vllm")
+    m = measure_delta(ctx, "vllm_delta", thresholds, "vllm")
+    if ctx.vllm_model_dir() != ctx.engine_model_dir:
+        m.note(
+            f"vLLM serves a copy of {ctx.engine_model_dir} without the training-only heads "
+            f"{list(ctx.spec.training_only_heads)} (vLLM refuses parameters its model class "
+            "lacks; paritygate export writes the same copy)"
+        )
+    return m
 
 
 CHECK = CheckSpec(
