@@ -43,6 +43,7 @@ def shared_engine(demo_lm: Path):
         pytest.skip(f"vLLM cannot serve the demo LM: {reason}")
     live: dict[str, Any] = {}
     build = vllm_engine.VLLMEngine.llm.fget
+    shut_down = vllm_engine.VLLMEngine.close
 
     def shared(self: Any) -> Any:
         if self._llm is None:
@@ -50,7 +51,7 @@ def shared_engine(demo_lm: Path):
             key = repr(sorted((k, v) for k, v in kwargs.items() if k != "max_model_len"))
             if live.get("key") != key or live["len"] < (self.max_model_len or 0):
                 if "engine" in live:
-                    live.pop("engine").close()
+                    shut_down(live.pop("engine"))
                 engine = vllm_engine.VLLMEngine(self.model_dir)
                 engine.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_llm"})
                 build(engine)
@@ -66,7 +67,7 @@ def shared_engine(demo_lm: Path):
         mp.setattr(vllm_engine.VLLMEngine, "close", close)
         yield
         if "engine" in live:
-            vllm_engine.VLLMEngine.close(live.pop("engine"))  # the class's own close
+            shut_down(live.pop("engine"))
     if os.environ.get("PARITYGATE_VLLM_FIGURES"):
         Path(os.environ["PARITYGATE_VLLM_FIGURES"]).write_text(json.dumps(FIGURES, indent=1))
 
@@ -82,7 +83,7 @@ def _record(name: str, check: str, result: Any) -> None:
     FIGURES.setdefault(name, {})[check] = {
         "status": result.status,
         "kinds": sorted(_kinds(result)),
-        **{k: result.metrics[k]["value"] for k in keys if k in result.metrics},
+        **{k: result.metrics[k] for k in keys if k in result.metrics},
     }
 
 

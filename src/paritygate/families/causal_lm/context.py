@@ -195,20 +195,11 @@ class LMContext:
         ``training_only_heads`` (a TRL value head), a temporary copy without them, as
         ``paritygate export`` writes it (vLLM refuses parameters its model class lacks)."""
         if "vllm_model_dir" not in self._cache:
-            import atexit
-            import shutil
-            import tempfile
+            from paritygate.families.causal_lm.export import servable_copy
 
-            from paritygate.families.causal_lm.export import training_only_keys, write_serving_copy
-
-            heads = list(self.spec.training_only_heads)
-            served = self.engine_model_dir
-            if heads and training_only_keys(served, heads):
-                tmp = Path(tempfile.mkdtemp(prefix="paritygate-vllm-"))
-                atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-                write_serving_copy(served, tmp / "model", heads)
-                served = tmp / "model"
-            self._cache["vllm_model_dir"] = served
+            self._cache["vllm_model_dir"] = servable_copy(
+                self.engine_model_dir, list(self.spec.training_only_heads)
+            )
         return self._cache["vllm_model_dir"]
 
     # -- prompts and generations ------------------------------------------------

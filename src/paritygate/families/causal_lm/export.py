@@ -66,6 +66,28 @@ def training_only_keys(model_dir: Path, heads: list[str]) -> list[str]:
     return found
 
 
+_SERVABLE: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+
+def servable_copy(model_dir: Path, heads: list[str]) -> Path:
+    """``model_dir``, or, when it holds keys under ``heads``, a temporary copy without them
+    (written once per process and directory, removed at exit): what an engine that refuses
+    unknown parameters (vLLM) can load."""
+    key = (str(model_dir), tuple(heads))
+    if key not in _SERVABLE:
+        served = model_dir
+        if heads and training_only_keys(model_dir, heads):
+            import atexit
+            import tempfile
+
+            tmp = Path(tempfile.mkdtemp(prefix="paritygate-serving-"))
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+            write_serving_copy(model_dir, tmp / "model", heads)
+            served = tmp / "model"
+        _SERVABLE[key] = served
+    return _SERVABLE[key]
+
+
 def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
     """Write the serving copy of ``config``'s model directory; returns the manifest path."""
     from paritygate.provenance import environment, sha256_file, sha256_files
