@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,9 @@ def shared_engine(demo_lm: Path):
 
 
 def _kinds(result: Any) -> set[str]:
-    """The named causes of a result, without their numbers (the text before the first ':')."""
-    return {reason.split(":")[0].strip() for reason in result.reasons}
+    """The named causes of a result without their numbers: the text before the first ':'
+    (a finding) or '=' (a metric beyond its threshold: the metric's name)."""
+    return {re.split(r"[:=]", reason)[0].strip() for reason in result.reasons}
 
 
 def _record(name: str, check: str, result: Any) -> None:
