@@ -290,3 +290,12 @@ def test_check_flag_runs_only_the_selected_checks(
     wrong_family = paritygate("run", config, "--check", "tokenizer_parity", cwd=tmp_path)
     assert wrong_family.returncode == 2
     assert "--check: tokenizer_parity is not a check this policy gate runs" in wrong_family.stderr
+    # The same mistake in the config is the same answer, naming its key.
+    for key in ("checks", "skip_checks"):
+        text = (out / "configs" / "demo-policy.yaml").read_text()
+        bad = tmp_path / f"bad-{key}.yaml"
+        bad.write_text(text.replace("seed: 0", f"seed: 0\n{key}: [tokenizer_parity]"))
+        proc = paritygate("run", str(bad), cwd=out / "configs")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert f"{key}: tokenizer_parity is not a check this policy gate runs" in proc.stderr

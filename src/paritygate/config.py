@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from paritygate.config_base import StrictModel
 from paritygate.errors import InputError
@@ -64,12 +71,19 @@ class GateConfig(StrictModel):
 
     @field_validator("checks", "skip_checks")
     @classmethod
-    def _known_checks(cls, value: list[str] | None) -> list[str] | None:
-        from paritygate.checks import CHECK_IDS
+    def _known_checks(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        """Every id is a check, and one this family's gate runs (as ``--check`` requires)."""
+        from paritygate.checks import CHECK_IDS, checks_for
 
+        family = info.data.get("family")
+        runs = [c.id for c in checks_for(family)] if family else list(CHECK_IDS)
         for cid in value or []:
             if cid not in CHECK_IDS:
                 raise ValueError(f"unknown check id {cid!r}; known: {', '.join(CHECK_IDS)}")
+            if cid not in runs:
+                raise ValueError(
+                    f"{cid} is not a check this {family} gate runs; its checks: {', '.join(runs)}"
+                )
         return value
 
     @model_validator(mode="after")

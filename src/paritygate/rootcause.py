@@ -148,6 +148,13 @@ GRAPH: tuple[Explanation, ...] = (
                 "the model's tensors are not all the checkpoint's, and precision is never "
                 "measured on such a model",
                 fix="gate a complete save, loaded by the model class it was saved from"),
+    Explanation("export_integrity", "undeclared_precision",
+                r"precision conversion: the artifact stores its weights in",
+                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                "the artifact stores its weights in a lower precision than the config "
+                "declares, so its outputs are held to the float32 limits",
+                fix="declare the artifact's precision (policy.artifact_dtype) or export it "
+                    "in float32"),
     Explanation("export_integrity", "stale_artifact",
                 r"stale artifact|modified after export|differs from the manifest|"
                 r"artifact was not built from this checkpoint",

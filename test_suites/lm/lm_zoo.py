@@ -255,6 +255,20 @@ def _logprob_fn(name: str) -> Patch:
     return patch
 
 
+def _trainer_fn(name: str, *, temperature: float | None = None) -> Patch:
+    """A trainer's own log-prob code (:mod:`trainer_logprobs`), at the demo's temperature or
+    with both sides sampling at ``temperature``."""
+
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        cfg["causal_lm"]["training"]["logprob_fn"] = f"trainer_logprobs:{name}"
+        if temperature is not None:
+            _sampling(cfg, "training", out, temperature=temperature)
+            _sampling(cfg, "serving", out, temperature=temperature)
+
+    patch.__name__ = name
+    return patch
+
+
 def min_p_one_side(cfg: dict[str, Any], model: Path, out: Path) -> None:
     _sampling(cfg, "serving", out, min_p=0.05)
 
@@ -417,9 +431,10 @@ FAULTS += (
         ("logprob_delta",),
     ),
     Fault(
-        "no_position_ids",
-        _logprob_fn("no_position_ids"),
-        {"logprob_impl": "position ids not passed"},
+        "trl_grpo_bf16",
+        _trainer_fn("trl_grpo_bf16"),
+        {"logprob_impl": "computes in bfloat16"},
+        ("logprob_delta",),
     ),
 )
 
@@ -429,6 +444,13 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
     Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
+    # Rotary positions: a function without position ids is off by rounding only.
+    Fault("no_position_ids_rotary", _logprob_fn("no_position_ids"), {}),
+    Fault("trl_grpo", _trainer_fn("trl_grpo"), {}),
+    Fault("trl_grpo_t07", _trainer_fn("trl_grpo", temperature=0.7), {}),
+    Fault("trl_ppo", _trainer_fn("trl_ppo"), {}),
+    Fault("verl_response", _trainer_fn("verl_response"), {}),
+    Fault("verl_response_t07", _trainer_fn("verl_response", temperature=0.7), {}),
 )
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
@@ -437,6 +459,12 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
     "trl_logits_adapter": ("logprob_impl", "logprob_delta"),
+    "no_position_ids_rotary": ("logprob_impl", "logprob_delta"),
+    "trl_grpo": ("logprob_impl", "logprob_delta"),
+    "trl_grpo_t07": ("logprob_impl", "logprob_delta"),
+    "trl_ppo": ("logprob_impl",),
+    "verl_response": ("logprob_impl",),
+    "verl_response_t07": ("logprob_impl", "logprob_delta"),
 }
 
 

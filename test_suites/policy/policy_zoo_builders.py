@@ -447,3 +447,27 @@ def stale_unfolded_no_manifest(clean: Path, out: Path) -> Overrides:
     """Legacy export (tensors keep their names) of a checkpoint 1e-4 away, no manifest."""
     artifact = _export_legacy(_inference_model(_perturbed(_state(clean))), out / "policy.onnx")
     return {"policy": {"artifact": str(artifact)}}
+
+
+def fp16_converted(declared: str | None) -> Builder:
+    """The clean artifact converted to float16 inside, float32 at its inputs and outputs
+    (onnxconverter-common's ``convert_float_to_float16(keep_io_types=True)``, the usual way to
+    halve a policy for serving), without a manifest; ``declared`` is the config's
+    ``policy.artifact_dtype`` (``None``: left at its default)."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        import onnx
+        from onnxconverter_common import float16
+
+        out.mkdir(parents=True, exist_ok=True)
+        artifact = out / "policy.onnx"
+        model = float16.convert_float_to_float16(
+            onnx.load(str(clean / "policy.onnx")), keep_io_types=True)
+        onnx.save(model, str(artifact))
+        policy: dict[str, Any] = {"checkpoint": str(clean / "policy.safetensors"),
+                                  "artifact": str(artifact)}
+        if declared is not None:
+            policy["artifact_dtype"] = declared
+        return {"policy": policy}
+
+    return build

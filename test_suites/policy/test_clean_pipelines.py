@@ -56,6 +56,25 @@ def test_artifact_without_manifest_passes_after_one_bless(
     assert "weight initializers match checkpoint tensors" in notes
 
 
+def test_declared_fp16_conversion_passes_by_its_tier(clean_demo: Path, tmp_path: Path) -> None:
+    """An artifact converted to float16 and declared so is judged by the fp32/fp16 tier and its
+    provenance proven against the checkpoint cast to float16."""
+    overrides = zb.fp16_converted("float16")(clean_demo, tmp_path / "artifact")
+    data = merge(base_config(clean_demo), overrides)
+    data.pop("thresholds", None)  # the demo pins logits_agreement.max_abs_diff to fp32's 2e-5
+    data["name"] = "fp16"
+    (tmp_path / "g").mkdir()
+    gate = Gate(config_from_dict(data, tmp_path / "g" / "fp16.yaml"))
+    results = {cid: gate.evaluate(cid, golden=False) for cid in POLICY_CHECKS}
+    _all_pass({cid: f"{r.status}: {r.message}" for cid, r in results.items()})
+    notes = " ".join(results["export_integrity"].details.get("notes", []))
+    assert "stores float16 weights, as policy.artifact_dtype declares" in notes
+    assert "provenance proven against the checkpoint cast to float16" in notes
+    logits = results["logits_agreement"]
+    assert "limits from the fp16/fp32 precision tier" in " ".join(logits.details["notes"])
+    assert logits.thresholds["max_abs_diff"] > 1e-2  # the tier's, not fp32's 2e-5
+
+
 @pytest.mark.parametrize("pair", [
     ("normalize_training_propagate", "normalize_serving_propagate"),
     ("normalize_training_log", "normalize_serving_log"),

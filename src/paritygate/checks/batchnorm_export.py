@@ -134,9 +134,13 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     else:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
+    limits, tier_note = ctx.artifact_limits(
+        "batchnorm_export", thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
+    if tier_note:
+        m.note(tier_note)
     factor = magnitude_factor(ctx.reference_outputs)
-    dep_limit = thresholds["batch_dependence_max_abs"] * factor
-    limit = thresholds["eval_max_abs_diff"] * factor
+    dep_limit = float(limits["batch_dependence_max_abs"] or 0.0) * factor
+    limit = float(limits["eval_max_abs_diff"] or 0.0) * factor
     if factor > 1:
         m.note(scaled_note({"batch_dependence_max_abs": dep_limit, "eval_max_abs_diff": limit},
                            factor))  # fmt: skip

@@ -69,6 +69,31 @@ def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
     return f"{match_text} (the graph around them differs: see logits_agreement)"
 
 
+def _precision_finding(m: Measurement, precision: Any) -> bool:
+    """Name the artifact's weight precision; a conversion the config does not declare (or a
+    declared one the artifact does not have) is a finding. Returns whether it was one."""
+    stored, declared = precision.stored, precision.declared
+    cast = (f"{precision.share()} weight initializers are this checkpoint's tensors cast to "
+            f"{stored}")
+    if not precision.undeclared:
+        if stored != "float32":
+            m.note(f"precision conversion: the artifact stores {stored} weights, as "
+                   f"policy.artifact_dtype declares ({cast})")
+        return False
+    if stored != "float32":
+        m.fail(f"precision conversion: the artifact stores its weights in {stored} ({cast}, "
+               f"provenance proven against the cast checkpoint), but policy.artifact_dtype is "
+               f"{declared}: set policy.artifact_dtype: {stored} so the gate judges the "
+               f"artifact by its precision tier, or export the artifact in {declared}",
+               metric="undeclared_precision")
+    else:
+        m.fail(f"policy.artifact_dtype declares {declared}, but the artifact's weight "
+               f"initializers are float32: set policy.artifact_dtype: float32 (the gate would "
+               f"judge a float32 artifact by the looser {declared} tier)",
+               metric="undeclared_precision")
+    return True
+
+
 def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     import onnx
 
@@ -117,9 +142,17 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     matches = ctx.initializer_match
     m.details["initializers"] = matches
     match_text = _match_text(matches)
+    precision = ctx.artifact_precision
+    undeclared = _precision_finding(m, precision)
+    cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
+                   and not matches["unmatched"] and not matches["misplaced"])
+    limits, tier_note = ctx.artifact_limits("export_integrity", thresholds,
+                                            ["provenance_max_abs_diff"])
     # fp32 rounding grows with the outputs' magnitude: so does the limit
     factor = magnitude_factor(ctx.reference_outputs)
-    limit = thresholds["provenance_max_abs_diff"] * factor
+    limit = float(limits["provenance_max_abs_diff"] or 0.0) * factor
+    if manifest is None and tier_note:
+        m.note(tier_note)
     if manifest is None and factor > 1:
         m.note(scaled_note({"provenance_max_abs_diff": limit}, factor))
     if manifest is None:
@@ -128,7 +161,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             m.fail(f"{where}: policy.require_manifest is true (build the artifact with "
                    "paritygate export, or write its manifest.json)")
         diff, against = provenance
-        if diff <= limit:
+        if cast_proven:
+            m.note(f"no manifest: provenance proven against the checkpoint cast to "
+                   f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
+                   "(judged by logits_agreement)")
+        elif diff <= limit:
             m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
                    f"{against} ({match_text})")
         elif _another_checkpoint(matches):
@@ -177,7 +214,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.details["provenance"] = "manifest" if manifest is not None else "numeric"
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
-        m.metric("provenance_max_abs_diff", provenance[0], threshold=limit, ratchet=False)
+        m.metric("provenance_max_abs_diff", provenance[0], ratchet=False,
+                 **({"bad": "none"} if cast_proven else {"threshold": limit}))
     else:  # the manifest proves provenance; numeric agreement is logits_agreement's
         m.details["provenance_max_abs_diff"] = provenance[0]
     m.metric("initializers_matched", matches["matched"] + matches["folded"], bad="none",
@@ -185,6 +223,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("misplaced_initializers", len(matches["misplaced"]), threshold=0)
     m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
     m.metric("stale_checkpoint", stale, threshold=0, key=True)
+    m.metric("undeclared_precision", int(undeclared), ratchet=False)
     m.metric("artifact_modified", modified, threshold=0)
     m.metric("batch_axis_baked", int(baked), threshold=0)
     m.metric("batch_failures", len(batch_failures), threshold=0)

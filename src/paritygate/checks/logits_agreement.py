@@ -103,8 +103,11 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if candidate is None:
         m.fail(f"artifact has no output {ctx.output_name!r}")
         return m
+    limits, tier_note = ctx.artifact_limits("logits_agreement", thresholds, ["max_abs_diff"])
+    if tier_note:
+        m.note(tier_note)
     factor = magnitude_factor(reference)
-    thresholds = {**thresholds, "max_abs_diff": thresholds["max_abs_diff"] * factor}
+    thresholds = {**limits, "max_abs_diff": float(limits["max_abs_diff"] or 0.0) * factor}
     if factor > 1:
         m.note(scaled_note({"max_abs_diff": thresholds["max_abs_diff"]}, factor))
     stats = compare_logits(m, reference, candidate, thresholds,
@@ -120,7 +123,13 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                                     np.asarray(candidate, np.float64))
         matches = ctx.initializer_match
         foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
-        if foreign and not hint:
+        precision = ctx.artifact_precision
+        if precision.undeclared and precision.stored != "float32":
+            m.fail(f"artifact logits differ from the training model's by up to "
+                   f"{stats['max_abs']:.3g}: the artifact stores {precision.stored} weights "
+                   f"that policy.artifact_dtype ({precision.declared}) does not declare, so "
+                   "they are judged by the float32 limit", metric="max_abs_diff")
+        elif foreign and not hint:
             m.fail(f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
                    f"(0/{matches['comparable']} of its weight initializers match the "

@@ -208,6 +208,8 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("training_only_keys", len(head_keys), bad="none", ratchet=False)
     m.metric("checkpoint_tensors", len(state), bad="none", ratchet=False)
     m.metric("serving_tensors_differing", len(serving.value_diffs), ratchet=False)
+    m.metric("serving_tensors_missing", len(serving.missing), ratchet=False)
+    m.metric("serving_tensors_extra", len(serving.extra), ratchet=False)
     m.metric("serving_dtype_changes", len(serving.dtype_changes), bad="none", ratchet=False)
     m.details["declared_training_heads"] = heads
     m.details["training_only_keys"] = head_keys
@@ -233,11 +235,22 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     diff = ctx.serving_weights_diff(dict(state))
     where = f"served copy {served_dir}"
     if diff.missing:
-        m.fail(f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}")
+        m.fail(
+            f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}",
+            metric="serving_tensors_missing",
+        )
     if diff.extra:
         m.fail(
             f"{where} holds {len(diff.extra)} tensors the checkpoint does not have: "
-            f"{diff.extra[:5]}"
+            f"{diff.extra[:5]}",
+            metric="serving_tensors_extra",
+        )
+    equal = {k: v for k, v in diff.untied.items() if k not in diff.value_diffs}
+    if equal:
+        pairs = ", ".join(f"{k} = {v}" for k, v in list(equal.items())[:5])
+        m.note(
+            f"{where} stores {len(equal)} tied tensors separately, each equal to the checkpoint "
+            f"tensor it is tied to ({pairs}): the same model"
         )
     for key, (t_shape, s_shape) in list(diff.shape.items())[:5]:
         m.fail(f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
@@ -245,7 +258,11 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
         m.fail(f"{where}: tensor {key!r} has NaN/Inf values")
     if diff.value_diffs:
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
-        named = ", ".join(f"{k} (max diff {v:.3g})" for k, v in worst[:5])
+        named = ", ".join(
+            f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "
+            f"(max diff {v:.3g})"
+            for k, v in worst[:5]
+        )
         cast = " after casting to the served dtype" if diff.dtype_changes else ""
         m.fail(
             f"serving weights differ from the checkpoint under test{cast} (stale or different "

@@ -90,11 +90,12 @@ class LMContext:
     def serving_weights_diff(self, training_state: dict[str, Any] | None = None) -> Any:
         """Tensor-by-tensor comparison of the training and the served weights
         (:class:`paritygate.families.causal_lm.weights.WeightsDiff`)."""
-        from paritygate.families.causal_lm.weights import compare_states
+        from paritygate.families.causal_lm.weights import compare_states, tied_groups
 
         train = self.checkpoint_state() if training_state is None else training_state
         serve = train if self.engine_model_dir == self.model_dir else self.serving_state()
-        return compare_states(train, serve, list(self.spec.training_only_heads))
+        tied = tied_groups(self.reference_model()) if serve is not train else []
+        return compare_states(train, serve, list(self.spec.training_only_heads), tied)
 
     # -- models ------------------------------------------------------------------
     def _load_reference(self) -> tuple[Any, dict[str, Any]]:

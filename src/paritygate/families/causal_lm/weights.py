@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,10 @@ class WeightsDiff:
     cast_exact: list[str] = field(default_factory=list)
     value_diffs: dict[str, float] = field(default_factory=dict)
     nonfinite: list[str] = field(default_factory=list)
+    untied: dict[str, str] = field(default_factory=dict)
+    """Served keys the checkpoint stores as one tied tensor (``lm_head.weight`` of a
+    ``tie_word_embeddings`` model), each mapped to the checkpoint key it is tied to; their
+    values are compared with that tensor like any other (an equal copy is the same model)."""
 
     def served_dtypes(self) -> set[str]:
         """The lower dtypes the served copy stores (empty when none changed)."""
@@ -53,10 +58,27 @@ def is_training_only(key: str, heads: list[str]) -> bool:
     return any(key.startswith(h) for h in heads)
 
 
+def tied_groups(model: Any) -> list[list[str]]:
+    """Parameter names that share one tensor in ``model`` (tied weights), one list per tensor
+    with two or more names."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
 def compare_states(
-    training: dict[str, Any], served: dict[str, Any], training_only: list[str]
+    training: dict[str, Any],
+    served: dict[str, Any],
+    training_only: list[str],
+    tied: Sequence[Sequence[str]] = (),
 ) -> WeightsDiff:
-    """Compare every tensor the served copy should hold with the training checkpoint's."""
+    """Compare every tensor the served copy should hold with the training checkpoint's.
+
+    ``tied``: name groups that are one tensor in the training model (:func:`tied_groups`). A
+    served key the checkpoint lacks but that is tied there to a checkpoint key is compared with
+    that key's tensor instead of counting as extra.
+    """
     import torch
 
     def keep(key: str) -> bool:
@@ -66,9 +88,16 @@ def compare_states(
     serve = {k: v for k, v in served.items() if keep(k)}
     diff = WeightsDiff()
     diff.missing = sorted(set(train) - set(serve))
-    diff.extra = sorted(set(serve) - set(train))
-    for key in sorted(set(train) & set(serve)):
-        t, s = train[key], serve[key]
+    pairs = [(k, k) for k in sorted(set(train) & set(serve))]
+    for key in sorted(set(serve) - set(train)):
+        source = next((n for g in tied if key in g for n in g if n in train), None)
+        if source is None:
+            diff.extra.append(key)
+        else:
+            diff.untied[key] = source
+            pairs.append((source, key))
+    for source, key in pairs:
+        t, s = train[source], serve[key]
         diff.compared += 1
         if tuple(t.shape) != tuple(s.shape):
             diff.shape[key] = (list(t.shape), list(s.shape))

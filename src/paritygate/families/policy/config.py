@@ -86,6 +86,12 @@ class PolicySpec(StrictModel):
     """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
     manifest: str | None = None
     """Defaults to ``manifest.json`` beside the artifact."""
+    artifact_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    """The precision the artifact stores its weights in. A float16/bfloat16 artifact (e.g.
+    onnxconverter-common's ``convert_float_to_float16(keep_io_types=True)``) has its provenance
+    proven against the checkpoint cast to that dtype and its outputs judged by the precision
+    tier ``fp32/fp16`` or ``fp32/bf16``; a converted artifact this key does not declare fails
+    ``export_integrity``."""
     require_manifest: bool = False
     """A missing manifest fails ``export_integrity`` (for pipelines that promise one); by
     default provenance is then proven numerically from the artifact."""

@@ -9,6 +9,7 @@ exports). Checks then share the loaded pieces and the cached forward passes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -102,6 +103,11 @@ class PolicyContext:
                 f"inputs ({total - n} rows used); preprocessing_parity compares them"
             )
 
+    @property
+    def numerics(self) -> dict[str, str]:
+        """Settings that move the numbers by design, recorded with a blessed baseline."""
+        return {"artifact dtype": self.spec.artifact_dtype}
+
     @cached_property
     def probes_sha256(self) -> str:
         """Digest of the raw probe array (values, shape and dtype)."""
@@ -191,6 +197,27 @@ class PolicyContext:
 
         return match_initializers(self.onnx_model, self.state,
                                   self.inference_model.state_dict())
+
+    @cached_property
+    def artifact_precision(self) -> Any:
+        """The artifact's weight precision, declared (``policy.artifact_dtype``) and found
+        (:class:`paritygate.families.policy.export.ArtifactPrecision`)."""
+        from paritygate.families.policy.export import ArtifactPrecision
+
+        match = self.initializer_match
+        return ArtifactPrecision(self.spec.artifact_dtype, match["converted"],
+                                 match["comparable"])
+
+    def artifact_limits(
+        self, check_id: str, thresholds: Mapping[str, float | None], fp32_keys: Sequence[str]
+    ) -> tuple[dict[str, float | None], str | None]:
+        """``check_id``'s thresholds for this artifact's declared precision, and a note naming
+        their tier (:func:`paritygate.families.policy.export.artifact_limits`); values the
+        config sets for the check win."""
+        from paritygate.families.policy.export import artifact_limits
+
+        overrides = self.config.thresholds.get(check_id, {})
+        return artifact_limits(self.artifact_precision, thresholds, fp32_keys, overrides)
 
     def precision_subject(self) -> Any:
         import torch

@@ -13,7 +13,8 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,9 @@ def match_initializers(
     *misplaced* when it equals another checkpoint tensor (a
     tensor exported into the wrong layer) and *drifted* when it has the role tensor's shape
     but other values (``max_rel_drift``: the largest |difference| / max |tensor|). Without
-    a role it matches any checkpoint tensor of its value. ``not_in_model`` names matched
+    a role it matches any checkpoint tensor of its value. A float16 or bfloat16 initializer (a
+    precision-converted artifact) is compared with the checkpoint tensors cast to its dtype;
+    ``converted`` counts those that match or fold, by dtype. ``not_in_model`` names matched
     initializers whose inference-model parameter of the same name holds other values (the
     checkpoint did not load into it). ``comparable`` counts initializers (floating point,
     2+ elements) with a checkpoint tensor of their shape.
@@ -180,9 +183,11 @@ def match_initializers(
     misplaced: dict[str, str] = {}
     not_in_model: list[str] = []
     rel: dict[str, float] = {}
+    low: dict[str, str] = {}  # initializer -> its float16/bfloat16 dtype
     for init in onnx_model.graph.initializer:
+        stored = LOW_PRECISION_INITIALIZERS.get(init.data_type)
         arr = numpy_helper.to_array(init)
-        if arr.dtype.kind != "f" or arr.size < 2:
+        if (stored is None and arr.dtype.kind != "f") or arr.size < 2:
             continue
         arr = arr.astype(np.float32)
         pool = list(by_shape.get(tuple(arr.shape), []))
@@ -191,13 +196,18 @@ def match_initializers(
         if not pool:
             continue
         comparable += 1
+        role = role_fp32 = named.get(init.name)
+        rtol = 1e-5
+        if stored is not None:  # compare with the checkpoint cast to the artifact's dtype
+            pool = [(n, cast_rounded(t, stored)) for n, t in pool]
+            role = None if role is None else cast_rounded(role, stored)
+            rtol = 4 * UNIT_ROUNDOFF[stored]
         equal = [n for n, t in pool if np.array_equal(arr, t)]
-        role = named.get(init.name)
         if role is None:  # no checkpoint tensor of this name: any of its value matches
             (matched if equal else unmatched).append(init.name)
         elif _same(arr, role):
             matched.append(init.name)
-        elif _channel_scaled(arr, role):
+        elif _channel_scaled(arr, role_fp32, rtol):
             folded.append(init.name)
         elif equal and np.ptp(arr) > 0:  # a constant (all ones, zeros) places nothing
             misplaced[init.name] = equal[0]
@@ -210,14 +220,22 @@ def match_initializers(
                 scale = float(np.abs(ref).max()) or 1.0
                 rel[init.name] = float(np.abs(arr - ref).max()) / scale
         own = model.get(init.name)
+        if stored is not None and own is not None:
+            own = cast_rounded(own, stored)
         if init.name in matched and own is not None and not _same(arr, own):
             not_in_model.append(init.name)
+        if stored is not None:
+            low[init.name] = stored
     # A folded layer's bias absorbs the BatchNorm shift: folded with its weight.
     for name in [n for n in unmatched if n.endswith(".bias") and n not in misplaced]:
         if name[: -len("bias")] + "weight" in folded:
             unmatched.remove(name)
             folded.append(name)
     drifted = [n for n in drifted if n in unmatched]
+    converted: dict[str, int] = {}
+    for name in [*matched, *folded]:
+        if name in low:
+            converted[low[name]] = converted.get(low[name], 0) + 1
     return {
         "comparable": comparable,
         "matched": len(matched),
@@ -227,7 +245,95 @@ def match_initializers(
         "drifted": drifted,
         "max_rel_drift": max((rel[n] for n in drifted), default=0.0),
         "not_in_model": not_in_model,
+        "converted": converted,
     }
+
+
+@dataclass(frozen=True)
+class ArtifactPrecision:
+    """The precision an artifact stores its weights in, as declared and as found.
+
+    ``converted`` counts, by dtype, the weight initializers that are checkpoint tensors cast
+    to that dtype (:func:`match_initializers`); ``comparable`` is the number of initializers
+    compared. The artifact *stores* a dtype when at least half of them are converted to it.
+    """
+
+    declared: str
+    converted: Mapping[str, int]
+    comparable: int
+
+    @property
+    def stored(self) -> str:
+        if self.converted:
+            dtype, n = max(self.converted.items(), key=lambda kv: kv[1])
+            if n * 2 >= self.comparable:
+                return dtype
+        return "float32"
+
+    @property
+    def undeclared(self) -> bool:
+        """A conversion the config does not declare (``policy.artifact_dtype``)."""
+        return self.stored != self.declared
+
+    def tier(self) -> tuple[str, dict[str, float]] | None:
+        """The precision tier the artifact's outputs are judged by: training float32 against
+        the declared dtype (``None`` for a float32 artifact: the fp32 defaults apply)."""
+        from paritygate.metrics.tiers import tier_for
+
+        return None if self.declared == "float32" else tier_for("float32", self.declared)
+
+    def share(self) -> str:
+        return f"{self.converted.get(self.stored, 0)}/{self.comparable}"
+
+
+def artifact_limits(
+    precision: ArtifactPrecision,
+    thresholds: Mapping[str, float | None],
+    fp32_keys: Sequence[str],
+    overrides: Collection[str] = (),
+) -> tuple[dict[str, float | None], str | None]:
+    """``thresholds`` with the fp32 torch-vs-ONNX limits named in ``fp32_keys`` (and
+    ``logits_agreement``'s distribution limits, where present) replaced by the declared
+    precision's tier (:func:`paritygate.metrics.tiers.logits_thresholds`), and a note naming
+    the tier; unchanged, with no note, for a float32 artifact. Names in ``overrides`` (set in
+    the config) keep their value."""
+    from paritygate.metrics.tiers import logits_thresholds
+
+    found = precision.tier()
+    if found is None:
+        return dict(thresholds), None
+    key, tier = found
+    limits = logits_thresholds(tier)
+    out = dict(thresholds)
+    for name in fp32_keys:
+        if name not in overrides:
+            out[name] = limits["max_abs_diff"]
+    for name in ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min"):
+        if name in out and name not in overrides:
+            out[name] = limits[name]
+    names = [n for n in [*fp32_keys, "kl_max", "tv_max"] if n in out]
+    kept = [n for n in names if n in overrides]
+    note = (f"limits from the {key} precision tier (policy.artifact_dtype {precision.declared}, "
+            "see paritygate.metrics.tiers): "
+            + ", ".join(f"{n} {out[n]:.3g}" for n in names if n not in overrides))
+    if kept:
+        note += "; set in the config, so not from the tier: " + ", ".join(
+            f"{n} {out[n]:.3g}" for n in kept)
+    return out, note
+
+
+LOW_PRECISION_INITIALIZERS = {10: "float16", 16: "bfloat16"}
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+"""ONNX ``TensorProto`` data types of a precision-converted artifact's weights (FLOAT16,
+BFLOAT16), by the dtype name the config declares."""
+
+
+def cast_rounded(array: Any, dtype: str) -> Any:
+    """``array`` (float32) rounded to ``dtype`` as a conversion tool stores it, back in float32:
+    the checkpoint tensor a converted initializer must equal."""
+    import torch
+
+    return torch.from_numpy(array).to(getattr(torch, dtype)).float().numpy()
 
 
 def _float_arrays(state: dict[str, Any]) -> dict[str, Any]:
@@ -247,8 +353,9 @@ def _same(arr: Any, ref: Any) -> bool:
     return arr.ndim == 2 and arr.shape == ref.shape[::-1] and np.array_equal(arr, ref.T)
 
 
-def _channel_scaled(arr: Any, ref: Any) -> bool:
-    """``arr == ref * s`` with one scale ``s`` per output channel (axis 0), ``ref.ndim >= 2``."""
+def _channel_scaled(arr: Any, ref: Any, rtol: float = 1e-5) -> bool:
+    """``arr == ref * s`` with one scale ``s`` per output channel (axis 0), ``ref.ndim >= 2``,
+    to ``rtol`` of each channel's largest value."""
     import numpy as np
 
     if arr.shape != ref.shape or ref.ndim < 2:
@@ -259,4 +366,4 @@ def _channel_scaled(arr: Any, ref: Any) -> bool:
         return False
     scale = (a * r).sum(1) / norm  # least-squares per-channel scale
     resid = np.abs(a - scale[:, None] * r).max(1)
-    return bool(np.all(resid <= 1e-5 * np.maximum(np.abs(a).max(1), 1e-12)))
+    return bool(np.all(resid <= rtol * np.maximum(np.abs(a).max(1), 1e-12)))
