@@ -357,8 +357,9 @@ FAULTS: tuple[Fault, ...] = (
         bf16_vs_fp32_tier,
         {"logprob_delta": "precision mismatch: trainer float32 vs engine bfloat16"},
         # The declared engine dtype is a precision change, not a sampling difference; the
-        # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound.
-        ("logits_agreement",),
+        # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound, and bf16
+        # flips one greedy token of the demo (probe 'empty', margin 0.036) for generation_parity.
+        ("logits_agreement", "generation_parity"),
     ),
     Fault(
         "value_head_undeclared",
