@@ -9,6 +9,7 @@ shared with ``logits_agreement``, replaces the step-by-step decode; only after a
 divergence or past the engine's last token does the training path decode on alone. The
 first divergent position of each probe is reported; a divergence is excused only at a
 near-tie, where the training path's top-2 logit margin is below ``causal_lm.near_tie_margin``.
+The engine is the first of ``engines`` other than vLLM; with ``engines: [vllm]`` it is vLLM.
 """
 
 from __future__ import annotations
@@ -92,11 +93,25 @@ def greedy_training_path(
             return tokens, margins
 
 
+def greedy_engine(ctx: LMContext) -> tuple[str | None, str | None]:
+    """The engine that decodes greedily: the first of ``engines`` other than vLLM, else vLLM
+    (``engines: [vllm]``), with the reason when vLLM cannot serve here."""
+    engine_name = next((e for e in ctx.spec.engines if e != "vllm"), None)
+    if engine_name is not None or "vllm" not in ctx.spec.engines:
+        return engine_name, None
+    from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason(ctx.engine_model_dir)
+    if reason is not None:
+        return None, f"generation_parity with engines: [vllm] needs vLLM: {reason}"
+    return "vllm", None
+
+
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("generation_parity")
-    engine_name = next((e for e in ctx.spec.engines if e != "vllm"), None)
+    engine_name, reason = greedy_engine(ctx)
     if engine_name is None:
-        return m.skip("no CPU engine configured (engines: vllm only)")
+        return m.skip(reason or "no engine configured")
     training = ctx.training_sampling.spec()
     serving = ctx.serving_sampling.spec()
     engine_out = ctx.greedy(engine_name)

@@ -218,7 +218,9 @@ def _temperature_fit(
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     engine = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine is None:
-        return Measurement("logprob_delta").skip("no CPU engine configured (engines: vllm only)")
+        return Measurement("logprob_delta").skip(
+            "engines: [vllm] only: vllm_delta measures vLLM's log-probs"
+        )
     return measure_delta(ctx, "logprob_delta", thresholds, engine)
 
 
