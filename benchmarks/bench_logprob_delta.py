@@ -28,6 +28,7 @@ def main() -> None:
     import torch
     import yaml
 
+    from paritygate.check import Thresholds
     from paritygate.checks.logprob_delta import CHECK
     from paritygate.config import config_from_dict
     from paritygate.engines.generation import left_pad
@@ -54,7 +55,7 @@ def main() -> None:
         sampling = ctx.serving_sampling.spec()
         prompts = [p for p in ctx.prompts() for _ in range(ctx.spec.generation_samples)]
         pad = ctx.training_tokenizer.pad_token_id
-        thresholds = dict(CHECK.defaults)
+        thresholds = Thresholds(CHECK.defaults)
 
         def minimal() -> None:
             gen = engine.generate(prompts, sampling)
@@ -65,7 +66,7 @@ def main() -> None:
 
         def check() -> None:
             ctx._cache.pop("sampled:hf", None)
-            CHECK.measure(ctx, thresholds)
+            CHECK.measures["causal_lm"](ctx, thresholds)
 
         minimal()
         check()  # warm-up both paths

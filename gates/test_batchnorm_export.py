@@ -1,4 +1,4 @@
-"""Gate: `batchnorm_export` (see DESIGN.md's checklist)."""
+"""Gate: `batchnorm_export`, measured by `paritygate.checks.batchnorm_export`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Gate: `dropout_off` (see DESIGN.md's checklist)."""
+"""Gate: `dropout_off`, measured by `paritygate.checks.dropout_off`."""
 
 import pytest
 

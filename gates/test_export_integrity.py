@@ -1,4 +1,4 @@
-"""Gate: `export_integrity` (see DESIGN.md's checklist)."""
+"""Gate: `export_integrity`, measured by `paritygate.checks.export_integrity`."""
 
 import pytest
 

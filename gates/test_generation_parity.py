@@ -1,4 +1,4 @@
-"""Gate: `generation_parity` (see DESIGN.md's checklist)."""
+"""Gate: `generation_parity`, measured by `paritygate.checks.generation_parity`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Gate: `head_removal` (see DESIGN.md's checklist)."""
+"""Gate: `head_removal`, measured by `paritygate.checks.head_removal`."""
 
 import pytest
 

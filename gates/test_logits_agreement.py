@@ -1,4 +1,4 @@
-"""Gate: `logits_agreement` (see DESIGN.md's checklist)."""
+"""Gate: `logits_agreement`, measured by `paritygate.checks.logits_agreement`."""
 
 import pytest
 

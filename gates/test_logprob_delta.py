@@ -1,4 +1,4 @@
-"""Gate: `logprob_delta` (see DESIGN.md's checklist)."""
+"""Gate: `logprob_delta`, measured by `paritygate.checks.logprob_delta`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Gate: `logprob_impl` (see DESIGN.md's checklist)."""
+"""Gate: `logprob_impl`, measured by `paritygate.checks.logprob_impl`."""
 
 import pytest
 

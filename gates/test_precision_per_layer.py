@@ -1,4 +1,4 @@
-"""Gate: `precision_per_layer` (see DESIGN.md's checklist)."""
+"""Gate: `precision_per_layer`, measured by `paritygate.checks.precision_per_layer`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Gate: `preprocessing_parity` (see DESIGN.md's checklist)."""
+"""Gate: `preprocessing_parity`, measured by `paritygate.checks.preprocessing_parity`."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Gate: `sampling_config` (see DESIGN.md's checklist)."""
+"""Gate: `sampling_config`, measured by `paritygate.checks.sampling_config`."""
 
 import pytest
 

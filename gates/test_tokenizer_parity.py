@@ -1,4 +1,4 @@
-"""Gate: `tokenizer_parity` (see DESIGN.md's checklist)."""
+"""Gate: `tokenizer_parity`, measured by `paritygate.checks.tokenizer_parity`."""
 
 import pytest
 

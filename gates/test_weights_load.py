@@ -1,4 +1,4 @@
-"""Gate: `weights_load` (see DESIGN.md's checklist)."""
+"""Gate: `weights_load`, measured by `paritygate.checks.weights_load`."""
 
 import pytest
 

@@ -160,3 +160,145 @@ def test_every_engine_lives_under_engines() -> None:
 def test_cycle_finder_finds_a_planted_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# --- findings are records: decisions read kinds, never a message's text ----------------------
+
+RENDERERS = ("paritygate.report", "paritygate.precision.render", "paritygate.cli",
+             "paritygate.plugin")
+"""Modules that turn results into text for people; only they may read a message's wording."""
+DECIDERS = ("paritygate.verdict", "paritygate.golden", "paritygate.rootcause",
+            "paritygate.result")
+TEXT_FIELDS = ("message", "cause", "reasons", "findings")
+
+
+def _is_text(node: ast.AST, bound: set[str]) -> bool:
+    """A message or cause, the list of reasons or findings, one of them by index, or a loop
+    variable over them (``r.kind`` of such a variable is a kind, not text)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in TEXT_FIELDS
+    if isinstance(node, ast.Subscript):
+        return _is_text(node.value, bound)
+    if isinstance(node, ast.Name):
+        return node.id in bound
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("lower", "strip", "casefold") and _is_text(node.func.value, bound)
+    return False
+
+
+def _stringish(node: ast.AST) -> bool:
+    """A string literal, an f-string, a constant's NAME, or a collection holding one."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.JoinedStr):
+        return True
+    if isinstance(node, ast.Name):
+        return node.id.isupper()
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return any(_stringish(e) for e in node.elts)
+    return False
+
+
+def text_reads(tree: ast.AST) -> list[str]:
+    """Comparisons, substring and regex tests on a message, a cause, a reason or a finding."""
+    bound: set[str] = set()  # names bound by iterating reasons / findings
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.comprehension, ast.For)) and _is_text(node.iter, set()):
+            bound |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and not all(
+                isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            operands = [node.left, *node.comparators]
+            if any(_is_text(o, bound) for o in operands) and any(map(_stringish, operands)):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if func.attr in ("startswith", "endswith", "find", "index", "count") and \
+                    _is_text(func.value, bound):
+                found.append(ast.unparse(node))
+            if isinstance(func.value, ast.Name) and func.value.id == "re" and \
+                    any(_is_text(a, bound) for a in node.args):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_but_the_renderers_reads_message_text() -> None:
+    reads = {}
+    for name, path in _modules().items():
+        if name.startswith(RENDERERS):
+            continue
+        hits = text_reads(ast.parse(path.read_text(encoding="utf-8")))
+        if hits:
+            reads[name] = hits
+    assert not reads, f"decide on kinds, not on a message's text: {reads}"
+
+
+def test_deciding_modules_use_no_regular_expressions() -> None:
+    for name in DECIDERS:
+        tree = ast.parse(_modules()[name].read_text(encoding="utf-8"))
+        imported = {a.name for n in _runtime_imports(tree) if isinstance(n, ast.Import)
+                    for a in n.names}
+        assert "re" not in imported, f"{name} imports re: match kinds, not text"
+
+
+def test_text_reads_finds_planted_reads() -> None:
+    planted = ast.parse(
+        'regressed = any("golden" in r for r in result.reasons)\n'
+        'only = result.reasons == [NO_GOLDEN]\n'
+        'hit = re.search(pattern, result.message)\n'
+        'fill = m.findings[0].message.startswith("y")\n'
+        'kind = [r.kind for r in result.reasons] == ["no_golden"]\n'  # a kind: fine
+    )
+    assert len(text_reads(planted)) == 4
+
+
+# --- the check-family contract is typed: a check never asks which family it measures --------
+
+
+def family_probes(tree: ast.AST) -> list[str]:
+    """``ctx.family == "..."`` style branches and ``getattr`` / ``hasattr`` probes of the
+    context's (or its config's) members."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and o.attr == "family" for o in operands):
+                found.append(ast.unparse(node))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and node.args
+              and ast.unparse(node.args[0]) in ("ctx", "ctx.config")):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_checks_never_branch_on_a_family_or_probe_the_context() -> None:
+    probes = {}
+    for path in sorted((SRC / "checks").glob("*.py")):
+        hits = family_probes(ast.parse(path.read_text(encoding="utf-8")))
+        if hits:
+            probes[path.name] = hits
+    assert not probes, f"declare one measure per family (CheckSpec.measures) instead: {probes}"
+
+
+def test_family_probes_finds_planted_branches() -> None:
+    planted = ast.parse(
+        'if ctx.family == "causal_lm":\n    pass\n'
+        'x = getattr(ctx, "declared_dtype", None)\n'
+        'y = hasattr(ctx.config, "precision")\n'
+        'z = getattr(ctx.logprob_fn, "convention", "model")\n'  # the user's function: fine
+    )
+    assert len(family_probes(planted)) == 3
+
+
+def test_only_the_gate_reads_the_configs_thresholds() -> None:
+    """A check learns what the user set from its ``Thresholds``, never from the raw config."""
+    readers = []
+    for name, path in _modules().items():
+        if name in ("paritygate.gate", "paritygate.config"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr == "thresholds"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "config"):
+                readers.append(f"{name}: {ast.unparse(node)}")
+    assert not readers, readers

@@ -59,7 +59,7 @@ def test_nan_never_passes_even_without_threshold() -> None:
 
 def test_finding_fails_regardless_of_numbers() -> None:
     m = _measurement(0.0)
-    m.fail("missing key 'fc.weight'")
+    m.fail("missing_keys", "missing key 'fc.weight'")
     r = judge(m, {"metrics": {"err": 0.0}})
     assert r.status == "fail" and "missing key 'fc.weight'" in r.message
 
@@ -272,3 +272,13 @@ def test_regression_against_a_baseline_of_other_numerics_says_so(tmp_path: Path)
     assert moved.fix is not None and "golden.baseline" in moved.fix
     same = check(0.9, fp32)  # the same regression under the blessed numerics: no excuse offered
     assert same.status == "fail" and "numerics" not in same.message
+
+
+def test_thresholds_keep_defaults_and_overrides_apart() -> None:
+    from paritygate.check import Thresholds
+
+    t = Thresholds({"a": 1.0, "b": 2.0}, {"a": 0.5, "b": None, "c": 3.0})
+    assert dict(t) == {"a": 0.5, "b": 2.0, "c": 3.0}  # a null keeps the default for diagnostics
+    assert t.is_set("a") and t.is_set("b") and not Thresholds({"a": 1.0}).is_set("a")
+    assert t.informational == {"b"}
+    assert t.defaults == {"a": 1.0, "b": 2.0}

@@ -310,7 +310,7 @@ def test_check_flag_runs_only_the_selected_checks(
     for key in ("checks", "skip_checks"):
         text = (out / "configs" / "demo-policy.yaml").read_text()
         bad = tmp_path / f"bad-{key}.yaml"
-        bad.write_text(text.replace("seed: 0", f"seed: 0\n{key}: [tokenizer_parity]"))
+        bad.write_text(text.replace("seed: 0", f"seed: 0\n{key}: [tokenizer_parity]", 1))
         proc = paritygate("run", str(bad), cwd=out / "configs")
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stderr.count("\n") == 1, proc.stderr

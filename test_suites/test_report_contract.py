@@ -37,7 +37,7 @@ def _gate(tmp: Path, name: str = "unit") -> SimpleNamespace:
 
 def _weights_nan() -> CheckResult:
     m = Measurement("weights_load")
-    m.fail("checkpoint tensor 'trunk.4.weight' has 1 NaN/Inf values")
+    m.fail("nonfinite_checkpoint", "checkpoint tensor 'trunk.4.weight' has 1 NaN/Inf values")
     m.metric("missing_keys", 0, key=True, ratchet=False)
     m.metric("nonfinite_tensors", 1, ratchet=False)
     return judge(m, None, use_golden=False)
@@ -48,14 +48,15 @@ def _logits(value: float, finding: bool = True) -> CheckResult:
     m.metric("max_abs_diff", value, threshold=2e-5, key=True)
     m.metric("kl_max", value, threshold=1e-6)
     if finding:
-        m.fail(f"artifact logits differ by up to {value:.3g}; stale artifact, low-precision "
-               "layer or changed output scaling", metric="max_abs_diff")
+        m.fail("artifact_outputs_differ", f"artifact logits differ by up to {value:.3g}; stale "
+               "artifact, low-precision layer or changed output scaling", metric="max_abs_diff")
     return judge(m, None, use_golden=False)
 
 
 def _stale() -> CheckResult:
     m = Measurement("export_integrity")
-    m.fail("stale artifact: manifest says it was exported from checkpoint sha256 c395553b59e0")
+    m.fail("stale_manifest",
+           "stale artifact: manifest says it was exported from checkpoint sha256 c395553b59e0")
     m.metric("stale_checkpoint", 1, threshold=0, key=True)
     return judge(m, None, use_golden=False)
 
@@ -157,8 +158,8 @@ def test_one_sentence_per_failure_no_semicolon_runs() -> None:
 def test_tightened_threshold_drops_the_generic_hint() -> None:
     m = Measurement("logits_agreement")
     m.metric("max_abs_diff", 3e-6, threshold=1e-6, key=True)
-    m.fail("artifact logits differ by up to 3e-06; stale artifact, low-precision layer or "
-           "changed output scaling", metric="max_abs_diff")
+    m.fail("artifact_outputs_differ", "artifact logits differ by up to 3e-06; stale artifact, "
+           "low-precision layer or changed output scaling", metric="max_abs_diff")
     r = judge(m, {"metrics": {"max_abs_diff": 3.1e-6}})
     assert r.status == "fail"
     assert "stale artifact" not in r.message and "tightened" in r.message

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from paritygate.result import NO_GOLDEN, CheckResult
+from paritygate.result import NO_GOLDEN, CheckResult, Reason
 from paritygate.rootcause import explain
 
 
-def _failing(cid: str, message: str, failed: dict[str, float], **details: Any) -> CheckResult:
+def _failing(cid: str, kind: str | None, message: str, failed: dict[str, float],
+             **details: Any) -> CheckResult:
+    """A failed check: by a finding of ``kind``, or (``None``) by its first metric's breach."""
+    reason = (Reason("finding", message, finding=kind) if kind is not None
+              else Reason("breach", message, next(iter(failed))))
     return CheckResult(cid, "fail", message, dict(failed), None, dict.fromkeys(failed, 1e-5),
-                       key_metric=next(iter(failed)), details=details, reasons=[message],
+                       key_metric=next(iter(failed)), details=details, reasons=[reason],
                        failed_metrics=list(failed))
 
 
@@ -25,8 +29,9 @@ def _inits(**over: Any) -> dict[str, Any]:
 
 
 def _provenance(diff: float, inits: dict[str, Any]) -> CheckResult:
-    return _failing("export_integrity", "no manifest and provenance unproven",
-                    {"provenance_max_abs_diff": diff}, initializers=inits)
+    return _failing("export_integrity", "provenance_unproven",
+                    "no manifest and provenance unproven", {"provenance_max_abs_diff": diff},
+                    initializers=inits)
 
 
 def _links(results: list[CheckResult]) -> dict[str, str | None]:
@@ -34,16 +39,20 @@ def _links(results: list[CheckResult]) -> dict[str, str | None]:
     return {r.id: r.consequence_of for r in explained}
 
 
-NOT_LOADED = _failing("weights_load", "checkpoint keys carry the 'module.' prefix",
-                      {"missing_keys": 17.0})
-BN_TRAINING = _failing("batchnorm_export", "BatchNormalization exported in training mode",
+NOT_LOADED = _failing("weights_load", "wrapper_prefix",
+                      "checkpoint keys carry the 'module.' prefix", {"missing_keys": 17.0})
+BN_TRAINING = _failing("batchnorm_export", "training_mode_export",
+                       "BatchNormalization exported in training mode",
                        {"batch_dependence_max_abs": 6.7})
-LOGITS = _failing("logits_agreement", "artifact logits differ from the training model's by up "
-                  "to 0.73", {"max_abs_diff": 0.7301})
-DROPOUT = _failing("dropout_off", "torch eval forward is not deterministic",
-                   {"torch_repeat_max_abs_diff": 3.08})
-ONNX_TIER = _failing("precision_per_layer", "onnx/output_rel_l2 0.17", {"onnx/output_rel_l2": 0.17})
-LAYER_OVER = _failing("precision_per_layer", "float16: first divergent layer 'trunk.fc2'",
+LOGITS = _failing("logits_agreement", "artifact_outputs_differ",
+                  "artifact logits differ from the training model's by up to 0.73",
+                  {"max_abs_diff": 0.7301})
+DROPOUT = _failing("dropout_off", "torch_nondeterministic",
+                   "torch eval forward is not deterministic", {"torch_repeat_max_abs_diff": 3.08})
+ONNX_TIER = _failing("precision_per_layer", None, "onnx/output_rel_l2 0.17",
+                     {"onnx/output_rel_l2": 0.17})
+LAYER_OVER = _failing("precision_per_layer", "first_divergent_layer",
+                      "float16: first divergent layer 'trunk.fc2'",
                       {"fp16/layers_over_budget": 3.0, "onnx/output_rel_l2": 0.2})
 
 
@@ -73,7 +82,7 @@ def test_logits_explains_provenance_when_it_is_the_same_gap() -> None:
 
 
 def test_dropout_explains_precision_only_without_a_layer_over_budget() -> None:
-    noisy = _failing("precision_per_layer", "fp16/output_rel_l2 0.19",
+    noisy = _failing("precision_per_layer", None, "fp16/output_rel_l2 0.19",
                      {"fp16/output_rel_l2": 0.19, "bf16/output_rel_l2": 0.17})
     assert _links([DROPOUT, noisy])["precision_per_layer"] == "dropout_off"
     assert _links([DROPOUT, LAYER_OVER])["precision_per_layer"] is None
@@ -81,12 +90,12 @@ def test_dropout_explains_precision_only_without_a_layer_over_budget() -> None:
 
 def _unblessed(cid: str, value: float) -> CheckResult:
     return CheckResult(cid, "fail", "no golden baseline.", {"m": value}, None, {},
-                       key_metric="m", reasons=[NO_GOLDEN])
+                       key_metric="m", reasons=[Reason("no_golden", NO_GOLDEN)])
 
 
 def test_a_missing_baseline_neither_explains_nor_is_explained() -> None:
     tokenizer = _unblessed("tokenizer_parity", 0.0)
-    sampling = _failing("sampling_config", "temperature differs: 1.0 vs 0.7",
+    sampling = _failing("sampling_config", "field_differs", "temperature differs: 1.0 vs 0.7",
                         {"fields_differing": 1.0})
     delta = _unblessed("logprob_delta", 1e-7)
     explained, root = explain([tokenizer, sampling, delta])
@@ -108,9 +117,11 @@ def test_a_check_failing_only_against_its_baseline_is_not_the_root_before_a_find
     logits = CheckResult(
         "logits_agreement", "fail", "max_abs_diff regressed vs golden: 0.0059 > 1.5e-07",
         {"max_abs_diff": 0.0059}, None, {"max_abs_diff": 0.06}, key_metric="max_abs_diff",
-        reasons=["max_abs_diff regressed vs golden: 0.0059 > 1.5e-07 (+0.003 margin)"],
+        reasons=[Reason("regression", "max_abs_diff regressed vs golden: 0.0059 > 1.5e-07 "
+                        "(+0.003 margin)", "max_abs_diff")],
         failed_metrics=["max_abs_diff"])  # fmt: skip
-    overflow = _failing("precision_per_layer", "float16: first divergent layer 'trunk.2'",
+    overflow = _failing("precision_per_layer", "first_divergent_layer",
+                        "float16: first divergent layer 'trunk.2'",
                         {"fp16/layers_over_budget": 2.0})
     _, root = explain([logits, overflow])
     assert root is not None and root.check == "precision_per_layer"

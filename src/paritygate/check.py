@@ -2,12 +2,53 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritygate.result import CheckResult, Measurement
+from paritygate.result import CheckResult, Measurement, declare_kinds
+
+
+@dataclass(frozen=True)
+class Thresholds(Mapping[str, float]):
+    """A check's thresholds: its ``defaults`` and the user's ``overrides`` kept apart.
+
+    Reading a name gives the effective value (the override, else the default). An override of
+    ``None`` (``null`` in the config) makes the metric informational: the check still reads the
+    default for its own diagnostics, and the gate drops the metric's threshold after measuring
+    (:attr:`informational`). A check that derives its limits elsewhere (a precision tier) asks
+    :meth:`is_set` which of them the user chose.
+    """
+
+    defaults: Mapping[str, float]
+    overrides: Mapping[str, float | None] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> float:
+        value = self.overrides.get(name)
+        return float(value) if value is not None else self.defaults[name]
+
+    def __iter__(self) -> Iterator[str]:
+        set_ = [k for k, v in self.overrides.items() if v is not None and k not in self.defaults]
+        return iter([*self.defaults, *set_])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+    def is_set(self, name: str) -> bool:
+        """The config names this threshold (a number or ``null``)."""
+        return name in self.overrides
+
+    @property
+    def informational(self) -> frozenset[str]:
+        """Metrics the config set to ``null``: reported, never judged against a threshold."""
+        return frozenset(k for k, v in self.overrides.items() if v is None)
+
+
+Measure = Callable[[Any, Thresholds], Measurement]
+"""One family's measurement, ``measure(ctx, thresholds)``. Each check types its function on
+that family's context (``PolicyContext``, ``LMContext``, ``HFModelContext``); the gate hands
+it the context built for the config's family."""
 
 
 @dataclass
@@ -23,16 +64,16 @@ class Rendered:
 class CheckSpec:
     """One checklist item.
 
-    ``measure(ctx, thresholds)`` receives the family context (a loaded policy or
-    language model) and the effective thresholds (``defaults`` overridden by the
-    config) and returns a :class:`~paritygate.result.Measurement`. It never
-    asserts, prints or reads the golden file.
+    ``measures`` holds one measurement per family the check applies to: ``measure(ctx,
+    thresholds)`` receives that family's context (a loaded policy or language model) and the
+    effective thresholds (``defaults`` overridden by the config) and returns a
+    :class:`~paritygate.result.Measurement`. It never asserts, prints, reads the golden file
+    or asks which family it is measuring.
     """
 
     id: str
     summary: str
-    families: tuple[str, ...]
-    measure: Callable[[Any, Mapping[str, float]], Measurement]
+    measures: Mapping[str, Measure]
     defaults: Mapping[str, float] = field(default_factory=dict)
     marks: tuple[str, ...] = ("fast",)
     render: Callable[[CheckResult, Path], Rendered] | None = None
@@ -40,3 +81,14 @@ class CheckSpec:
     feeds_probes: bool = False
     """The check runs the models on the family's model-input probes: its record says how
     many probe rows the context left out of them (NaN/Inf observations) and why."""
+    kinds: tuple[str, ...] = ()
+    """The finding kinds the check records (``Measurement.fail(kind, ...)``); registering the
+    spec declares them, and recording any other kind raises."""
+
+    def __post_init__(self) -> None:
+        declare_kinds(self.id, self.kinds)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families the check applies to, in declaration order."""
+        return tuple(self.measures)

@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "-m",
         dest="markexpr",
         default=None,
-        help="pytest mark expression selecting checks, e.g. 'fast' or 'not gpu'",
+        help="pytest mark expression selecting checks, e.g. 'fast' or 'not vllm'",
     )
     run.add_argument(
         "-n",

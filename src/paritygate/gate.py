@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
 from paritygate.errors import InputError, NonFiniteOutput
@@ -26,6 +26,9 @@ from paritygate.golden import GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
+
+if TYPE_CHECKING:
+    from paritygate.families.base import Context
 
 
 class Gate:
@@ -62,7 +65,7 @@ class Gate:
         return cls(load_config(path), update_golden=update_golden, report_dir=report_dir)
 
     @cached_property
-    def context(self) -> Any:
+    def context(self) -> Context:
         """The family context, built once; raises :class:`InputError` on bad input."""
         from paritygate import IMPORTED_AT
         from paritygate.families import build_context
@@ -96,35 +99,28 @@ class Gate:
             selected = [c for c in selected if c.id in wanted]
         return [c for c in selected if c.id not in self.config.skip_checks]
 
-    def thresholds(self, spec: CheckSpec) -> dict[str, float]:
-        """Effective thresholds; a ``null`` override keeps the default for the check's own
-        diagnostics and makes the metric informational (see :meth:`measure`)."""
-        merged = dict(spec.defaults)
-        merged.update(
-            {k: v for k, v in self.config.thresholds.get(spec.id, {}).items() if v is not None}
-        )
-        return merged
-
-    def informational(self, check_id: str) -> set[str]:
-        """Metrics the config set to ``null``: reported, never judged against a threshold."""
-        return {k for k, v in self.config.thresholds.get(check_id, {}).items() if v is None}
+    def thresholds(self, spec: CheckSpec) -> Thresholds:
+        """The check's defaults and the config's overrides, kept apart (see :class:`Thresholds`);
+        the only place that reads ``thresholds.<check>`` of the config."""
+        return Thresholds(spec.defaults, dict(self.config.thresholds.get(spec.id, {})))
 
     def measure(self, check_id: str) -> Measurement:
         """Run one check's measurement (no verdict)."""
         spec = get_check(check_id)
-        if self.config.family not in spec.families:
+        measure = spec.measures.get(self.config.family)
+        if measure is None:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
+        thresholds = self.thresholds(spec)
         try:
-            measurement = spec.measure(self.context, self.thresholds(spec))
+            measurement = measure(self.context, thresholds)
         except NonFiniteOutput as exc:  # a model's NaN/Inf output fails the check by name
             measurement = Measurement(check_id)
-            measurement.fail(str(exc))
-        note = getattr(self.context, "note_probes", None)
-        if spec.feeds_probes and note is not None and measurement.skipped is None:
-            note(measurement)  # probe rows left out of the model inputs, and why
-        for name in self.informational(check_id) & set(measurement.metrics):
+            measurement.fail("nonfinite_output", str(exc))
+        if spec.feeds_probes and measurement.skipped is None:
+            self.context.note_probes(measurement)  # probe rows left out of the inputs, and why
+        for name in thresholds.informational & set(measurement.metrics):  # ``null``: not judged
             measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
         return measurement
 
@@ -143,7 +139,7 @@ class Gate:
 
     def numerics(self) -> dict[str, Any]:
         """The context's settings that move numbers by design (empty for families without)."""
-        return dict(getattr(self.context, "numerics", None) or {})
+        return dict(self.context.numerics)
 
     def bless_command(self) -> str:
         try:

@@ -4,8 +4,8 @@
 per-item metrics (one per layer, :attr:`~paritygate.result.Metric.detail`) sit beside it in
 ``<check_id>.detail.json`` as ``{"metrics": {...}}``.
 :func:`regression_check` owns the cycle: load the baseline, judge the measurement
-against thresholds and golden (:func:`paritygate.verdict.judge`), fail when the probe
-set changed since blessing, then either bless (``--update-golden``, atomic, passing
+against thresholds and golden (:func:`paritygate.verdict.judge`, which also fails a
+baseline blessed on another probe set), then either bless (``--update-golden``, atomic, passing
 checks only) or, when a baseline is missing or a metric regressed, write the obtained
 metrics beside it as ``<check_id>.obtained.json`` with the command that blesses them.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paritygate.result import NO_GOLDEN, CheckResult, Measurement
+from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
 
 
@@ -184,39 +184,6 @@ class GoldenStore:
         return p
 
 
-def _probe_set_changed(result: CheckResult, expected: dict[str, Any], current: str) -> None:
-    """Golden numbers are only comparable on the probes they were blessed with."""
-    blessed = (expected.get("provenance") or {}).get("probes_sha256")
-    if blessed and blessed != current:
-        reason = (
-            f"probe set changed since the golden baseline was blessed (sha256 "
-            f"{blessed[:12]} -> {current[:12]})"
-        )
-        was_passing = result.status == "pass"
-        result.reasons.append(reason)
-        result.status = "fail"
-        result.message = f"{reason}." if was_passing else f"{result.message} {reason}."
-
-
-def _numerics_changed(
-    result: CheckResult, expected: dict[str, Any], current: dict[str, Any]
-) -> None:
-    """A regression against a baseline blessed under other numerics (a serving dtype, say)
-    is expected of that change: say so, and that the baseline is the thing to renew."""
-    blessed = (expected.get("provenance") or {}).get("numerics") or {}
-    changed = [f"{k} {blessed[k]} -> {current[k]}" for k in current
-               if k in blessed and blessed[k] != current[k]]  # fmt: skip
-    regressed = any("golden" in r for r in result.reasons)
-    if not changed or not regressed or result.status != "fail":
-        return
-    why = (f"the golden baseline was blessed with other numerics ({', '.join(changed)}); "
-           "its numbers are not this configuration's")  # fmt: skip
-    result.message = f"{result.message} {why[0].upper()}{why[1:]}."
-    result.fix = ("bless a baseline for this configuration under its own golden.baseline "
-                  "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
-    result.details["numerics_changed"] = changed
-
-
 def regression_check(
     measurement: Measurement,
     store: GoldenStore,
@@ -234,13 +201,14 @@ def regression_check(
     """
     check_id = measurement.check_id
     expected = store.load(check_id)
-    result = judge(measurement, expected, margin=margin, blessing=blessing)
+    compared = expected is not None and not blessing and measurement.skipped is None
+    result = judge(
+        measurement, expected, margin=margin, blessing=blessing,
+        probes_sha256=probes_sha256() if compared else None,
+        numerics=numerics() if compared and numerics is not None else None,
+    )
     if result.status not in ("pass", "fail"):
         return result
-    if expected is not None and not blessing:
-        _probe_set_changed(result, expected, probes_sha256())
-        if numerics is not None:
-            _numerics_changed(result, expected, numerics())
     ratcheted = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and not m.detail}
     detail = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and m.detail}
     if blessing:
@@ -250,15 +218,16 @@ def regression_check(
         else:
             result.message += " (not blessed: the check fails its thresholds)"
         return result
+    against_golden = {"no_golden", "regression", "probe_set_changed"}
     if result.status == "fail" and (
-        result.golden is None or any("golden" in r for r in result.reasons)
+        result.golden is None or any(r.kind in against_golden for r in result.reasons)
     ):
         path = store.write_obtained(check_id, ratcheted, provenance(), detail)
         result.details["obtained_path"] = str(path)
         result.message += f" Obtained metrics written to {path.name} beside the golden."
         # Only a missing baseline is a reason to bless; a run that fails against an existing
         # baseline (or its thresholds) is never offered for blessing.
-        if expected is None and result.reasons == [NO_GOLDEN]:
+        if expected is None and [r.kind for r in result.reasons] == ["no_golden"]:
             result.message += f" Bless with: {bless_command}"
             result.fix = f"bless with: {bless_command}"
     return result

@@ -73,7 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in (
         "fast: quick checks, run on every artifact",
         "slow: expensive checks",
-        "gpu: needs a CUDA device (and vLLM where named)",
+        "vllm: needs vLLM (its CPU build or CUDA): vllm_delta",
+        "gpu: the vllm mark's earlier name, kept so -m gpu still selects the vLLM checks",
     ):
         config.addinivalue_line("markers", line)
     config._paritygate_results = []  # type: ignore[attr-defined]

@@ -2,10 +2,11 @@
 
 A check measures; it never decides. It returns a :class:`Measurement` holding
 named :class:`Metric` values (each knowing which direction is bad and its
-absolute threshold), *findings* (named causes that fail the check whatever the
-numbers say, e.g. "missing key 'fc.weight'"), and free-form *details* (tables
-for the report). :mod:`paritygate.verdict` turns a measurement plus the golden
-baseline into a :class:`CheckResult`.
+absolute threshold), :class:`Finding` records (named causes that fail the check
+whatever the numbers say: a declared ``kind`` that code acts on and a ``message``
+that users read), and free-form *details* (tables for the report).
+:mod:`paritygate.verdict` turns a measurement plus the golden baseline into a
+:class:`CheckResult`, whose :class:`Reason` records say which rule failed.
 """
 
 from __future__ import annotations
@@ -26,10 +27,79 @@ Status = Literal["pass", "fail", "skip", "error"]
 
 
 NO_GOLDEN = "no golden baseline"
-"""The reason recorded when a check has no baseline yet: bookkeeping, not a finding."""
+"""The message of a missing-baseline reason: bookkeeping, not a finding."""
 REGRESSED = "regressed vs golden"
 CHANGED = "changed: golden"
 """How the verdict words a failure found only against the baseline (:mod:`paritygate.verdict`)."""
+
+ReasonKind = Literal[
+    "finding", "breach", "regression", "nonfinite", "no_golden", "probe_set_changed"
+]
+"""Which verdict rule a :class:`Reason` records (see :mod:`paritygate.verdict`)."""
+REASON_KINDS: tuple[ReasonKind, ...] = (
+    "finding", "breach", "regression", "nonfinite", "no_golden", "probe_set_changed"
+)
+
+COMMON_KINDS: tuple[str, ...] = ("nonfinite_output",)
+"""Finding kinds every check may record: a compared output holds NaN/Inf (the gate records
+it for a check whose model raised :class:`~paritygate.errors.NonFiniteOutput`)."""
+
+def _is_kind(name: str) -> bool:
+    """snake_case: ASCII lower-case letters, digits and underscores, starting with a letter."""
+    return (name[:1].isalpha() and name.isascii() and name == name.lower()
+            and name.replace("_", "").isalnum())
+
+
+_DECLARED: dict[str, frozenset[str]] = {}
+"""check id -> its declared finding kinds, filled by :func:`declare_kinds`."""
+
+
+def declare_kinds(check_id: str, kinds: tuple[str, ...]) -> None:
+    """Register ``check_id``'s vocabulary of finding kinds (done by its
+    :class:`~paritygate.check.CheckSpec`); a kind must be snake_case and unique."""
+    bad = [k for k in kinds if not _is_kind(k)]
+    if bad:
+        raise ValueError(f"{check_id}: finding kinds must be snake_case: {bad}")
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"{check_id}: finding kinds declared twice: {sorted(kinds)}")
+    _DECLARED[check_id] = frozenset(kinds) | frozenset(COMMON_KINDS)
+
+
+def declared_kinds(check_id: str) -> frozenset[str] | None:
+    """The finding kinds ``check_id`` may record, or ``None`` for an unregistered id."""
+    return _DECLARED.get(check_id)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A named cause that fails a check: ``kind`` is for code, ``message`` for people."""
+
+    kind: str
+    message: str
+    metric: str | None = None
+    """The metric whose breach this finding explains (the verdict states both in one sentence)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "metric": self.metric}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One failed verdict rule: its ``kind``, the sentence users read, the metric it is about
+    and, for a finding, the finding's own kind."""
+
+    kind: ReasonKind
+    message: str
+    metric: str | None = None
+    finding: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "metric": self.metric,
+                "finding": self.finding}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Reason:
+        return cls(data["kind"], data["message"], data.get("metric"), data.get("finding"))
 
 
 @dataclass(frozen=True)
@@ -76,12 +146,10 @@ class Measurement:
 
     check_id: str
     metrics: dict[str, Metric] = field(default_factory=dict)
-    findings: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
-    finding_metrics: dict[str, str] = field(default_factory=dict)
-    """Finding -> the metric it explains (the verdict folds that metric's breach into it)."""
 
     def metric(
         self,
@@ -104,17 +172,25 @@ class Measurement:
         self.metrics[name] = m
         return m
 
-    def fail(self, cause: str, *, metric: str | None = None) -> None:
+    def fail(self, kind: str, message: str, *, metric: str | None = None) -> Finding:
         """Record a named cause that fails the check regardless of thresholds.
 
-        ``metric`` ties the cause to the metric whose breach it explains: the verdict
-        then states breach and cause in one sentence, and drops the cause when the
-        golden baseline shows the metric unchanged (only the threshold was tightened).
+        ``kind`` must be one the check declares (:attr:`~paritygate.check.CheckSpec.kinds`):
+        the root-cause graph and the verdict act on it, never on ``message``. ``metric`` ties
+        the cause to the metric whose breach it explains: the verdict then states breach and
+        cause in one sentence, and drops the cause when the golden baseline shows the metric
+        unchanged (only the threshold was tightened).
         """
-        if cause not in self.findings:
-            self.findings.append(cause)
-        if metric is not None:
-            self.finding_metrics[cause] = metric
+        declared = declared_kinds(self.check_id)
+        if declared is not None and kind not in declared:
+            raise ValueError(f"{self.check_id} records the undeclared finding kind {kind!r} "
+                             f"(declared: {', '.join(sorted(declared))})")
+        if not _is_kind(kind):
+            raise ValueError(f"finding kind {kind!r} is not snake_case")
+        finding = Finding(kind, message, metric)
+        if finding not in self.findings:
+            self.findings.append(finding)
+        return finding
 
     def note(self, text: str) -> None:
         """Record context for the report that is not a failure."""
@@ -138,7 +214,7 @@ class CheckResult:
     key_metric: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[Reason] = field(default_factory=list)
     cause: str | None = None
     """The first failure sentence: what differs, by how much (``None`` when passing)."""
     fix: str | None = None
@@ -147,6 +223,10 @@ class CheckResult:
     """Id of the check whose failure explains this one (set by :mod:`paritygate.rootcause`)."""
     failed_metrics: list[str] = field(default_factory=list)
     """Metrics that breached a threshold, regressed against golden or are non-finite."""
+
+    def finding_kinds(self) -> list[str]:
+        """The kinds of the check's findings, in verdict order."""
+        return [r.finding for r in self.reasons if r.kind == "finding" and r.finding]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,7 +241,7 @@ class CheckResult:
             "golden": self.golden,
             "thresholds": self.thresholds,
             "key_metric": self.key_metric,
-            "reasons": self.reasons,
+            "reasons": [r.to_json() for r in self.reasons],
             "duration_s": round(self.duration_s, 4),
             "details": self.details,
         }
@@ -178,7 +258,7 @@ class CheckResult:
             key_metric=data.get("key_metric"),
             details=data.get("details", {}),
             duration_s=data.get("duration_s", 0.0),
-            reasons=data.get("reasons", []),
+            reasons=[Reason.from_json(r) for r in data.get("reasons", [])],
             cause=data.get("cause"),
             fix=data.get("fix"),
             consequence_of=data.get("consequence_of"),

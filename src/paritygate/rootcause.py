@@ -3,7 +3,7 @@
 A single fault usually fails several checks: a checkpoint saved with DDP's
 ``module.`` prefix fails ``weights_load`` and then every check that ran on the
 random-init tensors left behind. :func:`explain` walks a declared explanation
-graph (:data:`GRAPH`: a failing check, the kind of finding that identifies the
+graph (:data:`GRAPH`: a failing check, the kinds of its findings that identify the
 fault, and the checks that fault makes fail too) over a run's results and
 
 * names the root cause (``RootCause``: the check, the finding kind, its message);
@@ -12,30 +12,33 @@ fault, and the checks that fault makes fail too) over a run's results and
   it no longer offers its own guess.
 
 It is a pure function over ``CheckResult`` records (copies are returned) and runs
-after the verdict: statuses never change, only how the failures are explained.
+after the verdict: statuses never change, only how the failures are explained. It
+decides from the records' kinds (``(check, finding kind)``) and measured values,
+never from message text, so a message can be reworded freely.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paritygate.result import CHANGED, NO_GOLDEN, REGRESSED, CheckResult
+from paritygate.result import CheckResult, Reason
 
 FAILED = ("fail", "error")
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """An edge set of the graph: ``check``'s finding of ``kind`` explains ``explains``."""
+    """An edge set of the graph: ``check``'s finding of one of ``finding_kinds`` (the root-cause
+    ``kind`` it identifies) explains ``explains``."""
 
     check: str
     kind: str
-    pattern: str
-    """Regular expression matched against the root's reasons (its findings and breaches)."""
+    finding_kinds: tuple[str, ...] | None
+    """Finding kinds of ``check`` that identify the fault; ``None``: any failed rule of the
+    check (a finding, breach, regression or non-finite metric) does."""
     explains: tuple[str, ...]
     why: str
     """Why the explained checks fail too (one clause, written into their messages)."""
@@ -104,37 +107,35 @@ _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation
 
 GRAPH: tuple[Explanation, ...] = (
     # Earlier edges win: a check explained by one edge is never the root of a later one.
-    Explanation("weights_load", "nonfinite_checkpoint", r"has \d+ NaN/Inf values",
+    Explanation("weights_load", "nonfinite_checkpoint", ("nonfinite_checkpoint",),
                 _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
                 "the checkpoint's NaN/Inf tensors propagate into every output",
                 fix="do not release this checkpoint: resume from the last finite one"),
     Explanation("head_removal", "structure_mismatch",
-                r"inference model has parameters the training model lacks",
+                ("foreign_parameters",),
                 ("weights_load",),
                 "the inference model's structure differs, so its keys do not match the "
                 "checkpoint"),
     Explanation("weights_load", "served_precision_change",
-                r"precision change: the served copy stores",
+                ("precision_change",),
                 _DOWNSTREAM_LM,
                 "the served copy stores its weights in a lower precision than the gate judges",
                 fix="declare the served dtype (causal_lm.serving.dtype) or serve the "
                     "full-precision weights"),
     Explanation("weights_load", "served_copy_incomplete",
-                r"served copy .* (lacks \d+ checkpoint tensors|holds \d+ tensors the checkpoint|"
-                r"shape of .* differs)",
+                ("served_tensors_missing", "served_tensors_extra", "served_shape_mismatch"),
                 _DOWNSTREAM_LM,
                 "the served copy is not this checkpoint's tensors",
                 fix="re-export the serving copy from the checkpoint under test "
                     "(paritygate export CONFIG)"),
     Explanation("weights_load", "stale_engine_weights",
-                r"stale or different checkpoint|inference model: \d+ tensors differ from the "
-                r"checkpoint under test",
+                ("stale_served_weights",),
                 _DOWNSTREAM_LM,
                 "the inference engine serves other weights than the checkpoint under test",
                 fix="point the engine at the checkpoint under test"),
     Explanation("weights_load", "weights_not_loaded",
-                r"prefix|key renamed|missing from the checkpoint|unexpected checkpoint keys|"
-                r"shape mismatch|differ from the file after loading|load_state_dict raised",
+                ("wrapper_prefix", "key_renamed", "missing_keys", "unexpected_keys",
+                 "shape_mismatch", "values_altered", "load_error"),
                 _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
                 "part of the model runs on tensors the checkpoint did not provide "
                 "(random init)",
@@ -142,45 +143,43 @@ GRAPH: tuple[Explanation, ...] = (
                     "prefixes) and load it strictly",
                 only_if=(("export_integrity", _not_loaded_explains_provenance),)),
     Explanation("weights_load", "weights_not_loaded",
-                r"with no checkpoint tensor, left at random init|checkpoint tensors? unused by "
-                r"the model",
+                ("checkpoint_coverage",),
                 ("precision_per_layer",),
                 "the model's tensors are not all the checkpoint's, and precision is never "
                 "measured on such a model",
                 fix="gate a complete save, loaded by the model class it was saved from"),
     Explanation("export_integrity", "undeclared_precision",
-                r"precision conversion: the artifact stores its weights in",
+                ("undeclared_precision",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
                 "the artifact stores its weights in a lower precision than the config "
                 "declares, so its outputs are held to the float32 limits",
                 fix="declare the artifact's precision (policy.artifact_dtype) or export it "
                     "in float32"),
     Explanation("export_integrity", "stale_artifact",
-                r"stale artifact|modified after export|differs from the manifest|"
-                r"artifact was not built from this checkpoint",
+                ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
                 "the artifact was not exported from the checkpoint under test",
                 fix="re-export the artifact from the gated checkpoint "
                     "(paritygate export CONFIG)"),
-    Explanation("export_integrity", "misplaced_tensor", r"sit in the wrong layer",
+    Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer"),
                 "the artifact carries a checkpoint tensor in another layer's place",
                 fix="load the state_dict into the export model by key name, strictly, "
                     "and re-export",
                 only_if=(("precision_per_layer", _artifact_tier_only),)),
-    Explanation("export_integrity", "batch_axis", r"batch axis .* is baked|does not run at "
-                r"every batch size", ("batchnorm_export", "logits_agreement"),
+    Explanation("export_integrity", "batch_axis", ("batch_axis_baked", "batch_sizes_fail"),
+                ("batchnorm_export", "logits_agreement"),
                 "the artifact only runs at its baked batch size",
                 fix="export with a dynamic batch axis"),
-    Explanation("head_removal", "undeclared_outputs", r"undeclared outputs",
+    Explanation("head_removal", "undeclared_outputs", ("undeclared_outputs",),
                 ("export_integrity", "logits_agreement"),
                 "a training head was exported with the policy",
                 fix="export only the inference model's declared outputs"),
-    Explanation("head_removal", "step_removed", r"a step \(shared norm, activation\) was removed",
+    Explanation("head_removal", "step_removed", ("step_removed",),
                 ("batchnorm_export", "logits_agreement"),
                 "the inference model lacks a step of the training forward"),
     Explanation("batchnorm_export", "training_mode_export",
-                r"BatchNormalization exported in training mode",
+                ("training_mode_export",),
                 ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
                  "precision_per_layer"),
                 "the artifact was exported in training mode",
@@ -188,37 +187,38 @@ GRAPH: tuple[Explanation, ...] = (
                 only_if=(("export_integrity", _bn_stats_explain_provenance),
                          ("precision_per_layer", _artifact_tier_only))),
     Explanation("batchnorm_export", "stats_reset",
-                r"match no BatchNorm running|statistics reset before export|default running "
-                r"statistics|not in the checkpoint",
+                ("stats_missing", "default_stats", "stats_mismatch", "stats_reset"),
                 ("logits_agreement", "export_integrity", "precision_per_layer"),
                 "the artifact normalises with other BatchNorm statistics than the checkpoint's",
                 only_if=(("export_integrity", _bn_stats_explain_provenance),
                          ("precision_per_layer", _artifact_tier_only))),
     Explanation("dropout_off", "nondeterministic",
-                r"still in training mode|not deterministic|random operators|Dropout in training",
+                ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
+                 "random_operators"),
                 ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer"),
                 "randomness in the forward changes every output it feeds",
                 fix="put the model in eval mode before exporting or serving (no dropout or "
                     "sampling on the inference path)",
                 only_if=(("precision_per_layer", _no_layer_over_budget),)),
-    Explanation("logits_agreement", "artifact_outputs_differ", r"artifact logits differ",
+    Explanation("logits_agreement", "artifact_outputs_differ",
+                ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
                 ("batchnorm_export", "export_integrity", "precision_per_layer"),
                 "the artifact's outputs differ from torch eval (the cause is named by "
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
                          ("precision_per_layer", _artifact_tier_only))),
-    Explanation("logprob_impl", "logprob_recompute", r".",
+    Explanation("logprob_impl", "logprob_recompute", None,
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
-    Explanation("logprob_delta", "pinned_tier_mismatch", r"precision mismatch: trainer",
+    Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
                 ("logits_agreement",),
                 "the engine computes in another precision than the pinned tier judges",
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision"),
-    Explanation("tokenizer_parity", "tokenizer", r".",
+    Explanation("tokenizer_parity", "tokenizer", None,
                 ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
                 "the serving tokenizer encodes prompts differently from training"),
-    Explanation("sampling_config", "sampling_protocol", r".",
+    Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
                 "training and serving sample under different settings"),
 )
@@ -244,21 +244,24 @@ class RootCause:
         }
 
 
-def _findings(result: CheckResult) -> list[str]:
+def _findings(result: CheckResult) -> list[Reason]:
     """What the check found wrong: its reasons less a missing baseline (not a finding)."""
-    return [text for text in result.reasons if text != NO_GOLDEN]
+    return [r for r in result.reasons if r.kind != "no_golden"]
 
 
 def _baseline_only(result: CheckResult) -> bool:
     """Failed only by being worse than (or changed from) its baseline: nothing is wrong on this
     run alone. A check with a finding or a threshold breach is the likelier root cause."""
     found = _findings(result)
-    return bool(found) and all(REGRESSED in text or CHANGED in text for text in found)
+    return bool(found) and all(r.kind == "regression" for r in found)
 
 
-def _matches(result: CheckResult, pattern: str) -> bool:
-    texts = _findings(result) if result.reasons else [result.message]
-    return any(re.search(pattern, text) for text in texts)
+def _matches(result: CheckResult, edge: Explanation) -> bool:
+    """The root failed by one of the edge's finding kinds (any failed rule for ``None``)."""
+    found = _findings(result)
+    if edge.finding_kinds is None:
+        return bool(found) or not result.reasons
+    return any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found)
 
 
 def _own_measurement(result: CheckResult) -> str:
@@ -294,7 +297,7 @@ def explain(
     if not failing:
         return [dataclasses.replace(r) for r in results], None
     by: dict[str, tuple[str, Explanation]] = {
-        r.id: (r.consequence_of, Explanation(r.consequence_of, "", "", (), ""))
+        r.id: (r.consequence_of, Explanation(r.consequence_of, "", (), (), ""))
         for r in failing.values() if r.consequence_of
     }
     matched: dict[str, Explanation] = {}  # check -> edge of its first matching finding
@@ -305,7 +308,7 @@ def explain(
         root = linkable.get(edge.check)
         if root is None or root.status != "fail" or root.id in by:
             continue
-        if not _matches(root, edge.pattern):
+        if not _matches(root, edge):
             continue
         matched.setdefault(root.id, edge)
         for cid in edge.explains:

@@ -8,16 +8,30 @@ Rules, in order (every failing rule contributes a reason):
    margin is ``rel_margin * |golden| + threshold_fraction * threshold`` (the
    second term keeps near-zero baselines from turning float noise into failures);
    metrics with ``bad="change"`` fail on any difference.
-No golden baseline fails too, unless the run is blessing baselines.
+No golden baseline fails too, unless the run is blessing baselines, and so does a
+baseline blessed on another probe set than the run's. Each failing rule is a
+:class:`~paritygate.result.Reason` record whose ``kind`` names the rule: later steps
+(golden's life cycle, the root-cause graph) act on kinds, never on the wording.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from paritygate.result import CHANGED, NO_GOLDEN, REGRESSED, CheckResult, Measurement, Metric
+from paritygate.result import (
+    CHANGED,
+    NO_GOLDEN,
+    REGRESSED,
+    CheckResult,
+    Finding,
+    Measurement,
+    Metric,
+    Reason,
+    Status,
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,14 @@ def judge(
     margin: Margin = Margin(),
     use_golden: bool = True,
     blessing: bool = False,
+    probes_sha256: str | None = None,
+    numerics: Mapping[str, Any] | None = None,
 ) -> CheckResult:
-    """Apply the rules above; ``golden`` is the blessed record or ``None``."""
+    """Apply the rules above; ``golden`` is the blessed record or ``None``.
+
+    ``probes_sha256`` (the run's probe set) fails a check judged against a baseline blessed
+    on other probes; ``numerics`` (the run's settings that move numbers by design) explains
+    a regression against a baseline blessed under other ones."""
     shown = {name: m for name, m in measurement.metrics.items() if not m.detail}
     metrics = {name: m.value for name, m in shown.items()}
     thresholds = {name: m.threshold for name, m in shown.items() if m.threshold is not None}
@@ -103,44 +123,61 @@ def judge(
             details,
         )
 
-    reasons: list[str] = list(measurement.findings)
+    reasons: list[Reason] = [
+        Reason("finding", f.message, f.metric, f.kind) for f in measurement.findings
+    ]
     offending: list[str] = []  # metrics that fail, first one shown as the key metric
     breached: set[str] = set()
     regressed: dict[str, str] = {}
     for m in measurement.metrics.values():
         if not m.is_finite():
-            reasons.append(f"{m.name} is {m.value} (non-finite output)")
+            reasons.append(Reason("nonfinite", f"{m.name} is {m.value} (non-finite output)",
+                                  m.name))
             offending.append(m.name)
         elif m.breaches():
             op = ">" if m.bad == "higher" else "<"
-            reasons.append(f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}")
+            reasons.append(Reason(
+                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
             offending.append(m.name)
             breached.add(m.name)
     no_golden = False
     if use_golden and not blessing:
         if expected is None:
-            reasons.append(NO_GOLDEN)
+            reasons.append(Reason("no_golden", NO_GOLDEN))
             no_golden = True
         else:
             for m in measurement.metrics.values():
                 reason = golden_regression(m, expected.get(m.name), margin)
                 if reason:
-                    reasons.append(reason)
+                    reasons.append(Reason("regression", reason, m.name))
                     regressed[m.name] = reason
                     if m.name not in offending:
                         offending.append(m.name)
             unguarded = _unguarded(measurement, expected)
             if unguarded:
                 details["notes"] = [*details.get("notes", []), unguarded]
+    probe_change = _probe_set_changed(golden, probes_sha256) if expected is not None else None
+    if probe_change is not None:
+        reasons.append(Reason("probe_set_changed", probe_change))
 
-    status = "fail" if reasons else "pass"
+    status: Status = "fail" if reasons else "pass"
     if status == "fail":
         key = _failing_key(measurement, [n for n in offending if n in shown], key)
     sentences, fix = _sentences(
         measurement, offending, breached, regressed, expected, no_golden
     )
+    if probe_change is not None:
+        sentences.append(sentence(probe_change))
+    changed = _numerics_changed(golden, numerics) if regressed and expected is not None else []
+    if changed:
+        fix = ("bless a baseline for this configuration under its own golden.baseline "
+               "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
+        details["numerics_changed"] = changed
     if reasons:
         message = " ".join(sentences)
+        if changed:
+            message += (f" The golden baseline was blessed with other numerics "
+                        f"({', '.join(changed)}); its numbers are not this configuration's.")
     elif key is not None:
         km = measurement.metrics[key]
         message = f"{key}={_fmt(km.value)}" + (
@@ -164,6 +201,25 @@ def judge(
         result.fix = fix
         result.failed_metrics = list(offending)
     return result
+
+
+def _probe_set_changed(golden: dict[str, Any] | None, current: str | None) -> str | None:
+    """Golden numbers are only comparable on the probes they were blessed with."""
+    blessed = ((golden or {}).get("provenance") or {}).get("probes_sha256")
+    if current is None or not blessed or blessed == current:
+        return None
+    return (f"probe set changed since the golden baseline was blessed (sha256 "
+            f"{blessed[:12]} -> {current[:12]})")
+
+
+def _numerics_changed(
+    golden: dict[str, Any] | None, current: Mapping[str, Any] | None
+) -> list[str]:
+    """Settings that move numbers by design (a serving dtype, say) and differ from the
+    baseline's: a regression against it is expected of that change."""
+    blessed = ((golden or {}).get("provenance") or {}).get("numerics") or {}
+    return [f"{k} {blessed[k]} -> {v}" for k, v in (current or {}).items()
+            if k in blessed and blessed[k] != v]  # fmt: skip
 
 
 def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None:
@@ -212,8 +268,8 @@ def _failing_key(measurement: Measurement, offending: list[str], key: str | None
     """
     if offending:
         return key if key in offending else offending[0]
-    for name in measurement.finding_metrics.values():
-        if name in measurement.metrics:
+    for name in (f.metric for f in measurement.findings):
+        if name is not None and name in measurement.metrics:
             return name
     metrics = measurement.metrics
     if key is not None and _is_bad_count(metrics[key]):
@@ -260,15 +316,15 @@ def _sentences(
     golden value breaches the threshold as well (the model did not change, the
     threshold was tightened), the check's generic explanation is dropped.
     """
-    tied: dict[str, list[str]] = {}
+    tied: dict[str, list[Finding]] = {}
     out: list[str] = []
     fix: str | None = None
     for finding in measurement.findings:
-        name = measurement.finding_metrics.get(finding)
-        if name in measurement.metrics:
+        name = finding.metric
+        if name is not None and name in measurement.metrics:
             tied.setdefault(name, []).append(finding)
         else:
-            out.append(sentence(finding))
+            out.append(sentence(finding.message))
     n_findings = len(out)
     nonfinite: list[str] = []
     plain: list[tuple[str, str, str, str]] = []  # (name, value, threshold, side): bare breaches
@@ -297,7 +353,7 @@ def _sentences(
             numbers.append(f"golden {_fmt(gold)}")
         if name in tied:
             for finding in tied.pop(name):
-                text = f"{finding} ({name} {value}, {', '.join(numbers)})"
+                text = f"{finding.message} ({name} {value}, {', '.join(numbers)})"
                 out.insert(n_findings, sentence(text))
                 n_findings += 1
             continue
@@ -313,12 +369,12 @@ def _sentences(
         out.insert(n_findings, sentence(f"non-finite output (NaN/Inf): {', '.join(nonfinite)}"))
     if plain and n_findings:  # the numbers behind the named cause, in its sentence
         first = out[0][:-1] if out[0].endswith(".") else out[0]
-        numbers = "; ".join(f"{n} {v}, threshold {t}" for n, v, t, _ in plain)
-        out[0] = f"{first} ({numbers})."
+        breaches = "; ".join(f"{n} {v}, threshold {t}" for n, v, t, _ in plain)
+        out[0] = f"{first} ({breaches})."
     else:
         out += [sentence(f"{n} {v} is {side} the threshold {t}") for n, v, t, side in plain]
     for findings in tied.values():  # tied to a metric that did not fail: keep the cause
-        out += [sentence(f) for f in findings]
+        out += [sentence(f.message) for f in findings]
     if no_golden:
         out.append("no golden baseline.")
         fix = fix or "bless a baseline once every check passes"

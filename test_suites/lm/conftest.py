@@ -21,7 +21,7 @@ class Variants:
         self._results: dict[tuple[str, str], Any] = {}
 
     def gate(self, name: str) -> Any:
-        from lm_zoo import CLEAN_VARIANTS, FAULTS, variant_config
+        from lm_zoo import CLEAN_VARIANTS, FAULTS, VLLM_ONLY_FAULTS, variant_config
 
         from paritygate.config import config_from_dict
         from paritygate.gate import Gate
@@ -30,7 +30,9 @@ class Variants:
             fault = (
                 None
                 if name == "clean"
-                else next(f for f in FAULTS + CLEAN_VARIANTS if f.name == name)
+                else next(
+                    f for f in FAULTS + CLEAN_VARIANTS + VLLM_ONLY_FAULTS if f.name == name
+                )
             )
             out = self.root / name
             out.mkdir(parents=True, exist_ok=True)
@@ -48,10 +50,25 @@ class Variants:
 
 @pytest.fixture(scope="session")
 def demo_lm(build_once: Any) -> Path:
-    """The demo LM, trained once per test run (shared by xdist workers); read-only."""
-    from paritygate.demo.causal_lm import build
+    """The demo LM, trained once per test run (shared by xdist workers); read-only.
+    ``PARITYGATE_TEST_DEMO_LM=DIR`` reuses the model directory ``paritygate demo --only lm``
+    built from this checkout (``DIR`` = ``demo/lm/model``), as the opt-in vLLM run does (its
+    shape is checked against this checkout's demo)."""
+    import os
 
-    return build_once("demo-lm", build, seed=0) / "model"
+    from paritygate.demo import causal_lm
+
+    prebuilt = os.environ.get("PARITYGATE_TEST_DEMO_LM")
+    if prebuilt:
+        import json
+
+        config = json.loads((Path(prebuilt) / "config.json").read_text(encoding="utf-8"))
+        shape = (config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"])
+        assert shape == (causal_lm.HIDDEN, causal_lm.HEADS, causal_lm.LAYERS), (
+            f"PARITYGATE_TEST_DEMO_LM={prebuilt} is another demo build: rebuild it"
+        )
+        return Path(prebuilt)
+    return build_once("demo-lm", causal_lm.build, seed=0) / "model"
 
 
 @pytest.fixture(scope="session")

@@ -278,6 +278,13 @@ def eos_as_stop(cfg: dict[str, Any], model: Path, out: Path) -> None:
     _sampling(cfg, "serving", out, stop=["</s>"])
 
 
+def temperature_ignored_sampled(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Both sides sample at T=0.8, but the trainer's log-prob function ignores temperature."""
+    _sampling(cfg, "training", out, temperature=0.8)
+    _sampling(cfg, "serving", out, temperature=0.8)
+    cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:temperature_ignored"
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault, the checks it must fail with the cause each names, and the other checks
@@ -350,8 +357,9 @@ FAULTS: tuple[Fault, ...] = (
         bf16_vs_fp32_tier,
         {"logprob_delta": "precision mismatch: trainer float32 vs engine bfloat16"},
         # The declared engine dtype is a precision change, not a sampling difference; the
-        # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound.
-        ("logits_agreement",),
+        # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound, and bf16
+        # flips one greedy token of the demo (probe 'empty', margin 0.036) for generation_parity.
+        ("logits_agreement", "generation_parity"),
     ),
     Fault(
         "value_head_undeclared",
@@ -466,3 +474,17 @@ def variant_config(model_dir: Path, out: Path, fault: Fault | None) -> dict[str,
     if fault is not None:
         fault.patch(cfg, model_dir, out)
     return cfg
+
+
+VLLM_FAULTS: tuple[str, ...] = (
+    "temperature_differs",
+    "temperature_ignored_sampled",
+    "stale_serving",
+    "bf16_serving_copy",
+)
+"""Served faults ``vllm_delta`` must catch with the causes ``logprob_delta`` (HF engine) names
+(test_vllm_real.py; the HF side of each is in FAULTS, or below)."""
+VLLM_ONLY_FAULTS: tuple[Fault, ...] = (
+    Fault("temperature_ignored_sampled", temperature_ignored_sampled, {}),
+)
+"""Variants only the vLLM comparison runs (looked up by name with FAULTS)."""

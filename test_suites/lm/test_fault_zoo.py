@@ -18,7 +18,8 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
 - serving_eos_differs (sampling_config): generation_parity, the engine stops at the served
   generation config's EOS ('.'), the training path at the tokenizer's.
 - bf16_vs_fp32_tier (logprob_delta): logits_agreement (the pinned fp32/fp32 tier holds bf16
-  logits to the fp32 bound); the declared engine dtype is not a sampling difference.
+  logits to the fp32 bound) and generation_parity (bf16 flips one greedy token of the demo at
+  a 0.036 margin); the declared engine dtype is not a sampling difference.
 - value_head_undeclared (weights_load): nothing else; only loading sees the extra keys.
 - nan_weight (weights_load, logprob_impl, logprob_delta, generation_parity: each names the
   non-finite logits instead of erroring): logits_agreement, NaN logits on both sides.

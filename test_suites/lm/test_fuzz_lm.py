@@ -1,5 +1,5 @@
 """Bad inputs of the causal-LM family beyond the config: model dirs, tokenizers, sampling
-files, probes, the log-prob function, golden files and report dirs, each through the real
+files, probes, the log-prob function, golden files and report dirs, each through the
 CLI (``fuzz_contract``).
 
 Every case copies what it breaks into its own folder; the clean demo LM is built once per

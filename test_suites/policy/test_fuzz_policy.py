@@ -1,5 +1,5 @@
 """Bad inputs of the policy family beyond the config: checkpoints, artifacts, probes,
-factories, golden files and report dirs, each through the real CLI (``fuzz_contract``).
+factories, golden files and report dirs, each through the CLI (``fuzz_contract``).
 
 Every case writes its faulty inputs into its own folder beside a config pointing at them;
 the clean demo is built once per session and only read.

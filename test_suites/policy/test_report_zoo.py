@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from policy_zoo import FAULTS, POLICY_CHECKS
+from rewording import decisions, reworded
 
 from paritygate.gate import Gate
 from paritygate.report import validate_report, write_reports
@@ -45,3 +46,11 @@ def test_zoo_report_leads_with_root_cause(zoo, fault, tmp_path: Path) -> None:
         assert checks[cid]["message"].startswith(f"see {expected}: ")
     html = (tmp_path / "report.html").read_text()
     assert html.index(f"Root cause: <a href=\"#{expected}\">") < html.index("<table>")
+
+
+@pytest.mark.parametrize("fault", _params())
+def test_reworded_messages_change_no_decision(zoo, fault) -> None:
+    """Every message reworded: the root cause, each status and each link stay the same (the
+    graph reads finding kinds and measured values, never text)."""
+    results = [zoo.results(fault.id)[c] for c in POLICY_CHECKS]
+    assert decisions(reworded(results)) == decisions(results)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from paritygate.check import Thresholds
 from paritygate.checks.precision_per_layer import CHECK
 from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.subject import PrecisionSubject
@@ -123,4 +124,4 @@ def export_onnx(model: nn.Module, path: Path) -> Path:
 
 def measure(ctx: FakeContext) -> Measurement:
     """The check's measurement with its default thresholds."""
-    return CHECK.measure(ctx, dict(CHECK.defaults))
+    return CHECK.measures[ctx.family](ctx, Thresholds(CHECK.defaults))

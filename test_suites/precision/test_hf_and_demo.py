@@ -215,7 +215,8 @@ def test_a_suggestion_holding_most_of_the_model_says_the_fix_is_the_scale(
     m = measure(FakeContext(hf_subject(directory, IDS, pad_token_id=0)))
     mixed = m.details["precision"]["summary"]["float16"]["mixed"]
     assert mixed["verified"] and mixed["large"] and mixed["share"] > 0.5, mixed
-    finding = next(f for f in m.findings if f.startswith("float16: first divergent layer"))
+    finding = next(f.message for f in m.findings
+                   if f.kind == "first_divergent_layer" and f.message.startswith("float16"))
     assert "model.layers.1.mlp.up_proj" in finding
     assert "in fp32 verifies: every smaller set hands float16 values beyond its range" in finding
     assert "the fix is the scale of the first divergent layer" in finding

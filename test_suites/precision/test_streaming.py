@@ -173,7 +173,7 @@ def test_gate_streams_with_a_note_and_names_a_missing_tensor(
     config.write_text(config.read_text().replace(str(llama_dir), str(broken)))
     result = Gate(load_config(config)).evaluate("precision_per_layer", golden=False)
     assert result.status == "fail"
-    assert any("model.layers.1.mlp.up_proj.weight" in f for f in result.reasons)
+    assert any("model.layers.1.mlp.up_proj.weight" in r.message for r in result.reasons)
 
 
 def test_auto_streams_only_when_the_model_is_large_for_memory(

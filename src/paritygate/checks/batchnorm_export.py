@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # A row's output must not depend on its batch-mates. fp32 GEMM on different batch
@@ -49,7 +51,7 @@ def _batch_dependence(engine: Any, name: str, out: str, x: np.ndarray, sizes: li
     return worst
 
 
-def _diff_with_reset_stats(ctx: Any, candidate: np.ndarray) -> float:
+def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     """Max |artifact - torch eval with every BatchNorm reset to mean 0 / var 1|."""
     import copy
 
@@ -70,33 +72,41 @@ def _diff_with_reset_stats(ctx: Any, candidate: np.ndarray) -> float:
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("batchnorm_export")
     bns = _bn_modules(ctx.training_model)
     if not bns:
         m.note("the training model has no BatchNorm layers; batch-independence is still checked")
     for name, mod in bns:
         if not mod.track_running_stats or mod.running_mean is None:
-            m.fail(f"BatchNorm {name!r} does not track running statistics: it normalises with "
-                   "batch statistics at inference")
+            m.fail(
+                "no_running_stats",
+                f"BatchNorm {name!r} does not track running statistics: it normalises with "
+                "batch statistics at inference")
             continue
         keys = [f"{name}.running_mean", f"{name}.running_var"]
         absent = [k for k in keys if k not in ctx.state]
         if absent:
-            m.fail(f"BatchNorm {name!r} running statistics are not in the checkpoint ({absent}); "
-                   "non-persistent buffers or dropped before saving")
+            m.fail(
+                "stats_missing",
+                f"BatchNorm {name!r} running statistics are not in the checkpoint ({absent}); "
+                "non-persistent buffers or dropped before saving")
             continue
         mean, var = ctx.state[keys[0]], ctx.state[keys[1]]
         if bool((mean == 0).all()) and bool((var == 1).all()):
-            m.fail(f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
-                   "before saving or never updated")
+            m.fail(
+                "default_stats",
+                f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
+                "before saving or never updated")
 
     from paritygate.onnx_lint import batchnorm_initializers, batchnorm_training_nodes
 
     onnx_model = ctx.onnx_model
     training_nodes = batchnorm_training_nodes(onnx_model)
     if training_nodes:
-        m.fail(f"artifact has BatchNormalization exported in training mode: {training_nodes[:3]}")
+        m.fail(
+            "training_mode_export",
+            f"artifact has BatchNormalization exported in training mode: {training_nodes[:3]}")
     torch_stats = [(n, mod.running_mean.detach().numpy(), mod.running_var.detach().numpy())
                    for n, mod in bns if mod.running_mean is not None]
     stats_diff = 0.0
@@ -107,9 +117,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         best = min(candidates, key=lambda c: c[1]) if candidates else (None, float("inf"))
         stats_diff = max(stats_diff, best[1])
         if best[1] > thresholds["stats_max_abs_diff"]:
-            m.fail(f"artifact BatchNormalization {label!r} statistics match no BatchNorm running "
-                   f"statistics in the checkpoint (closest {best[0]!r}, diff {best[1]:.3g}): "
-                   "stats reset or taken from another model before export")
+            m.fail(
+                "stats_mismatch",
+                f"artifact BatchNormalization {label!r} statistics match no BatchNorm running "
+                f"statistics in the checkpoint (closest {best[0]!r}, diff {best[1]:.3g}): "
+                "stats reset or taken from another model before export")
     if not onnx_bns and bns:
         m.note("BatchNorm folded into neighbouring layers in the artifact; verified numerically")
 
@@ -120,22 +132,26 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                                                    ctx.output_name, x, sizes, ctx.config.seed)
     except ValueError as exc:  # the engine refuses batch sizes its fixed batch axis cannot run
         cand_dep = None
-        m.fail(f"cannot measure the artifact's batch independence: {exc} (see export_integrity)")
+        m.fail(
+            "batch_dependence_unmeasured",
+            f"cannot measure the artifact's batch independence: {exc} (see export_integrity)")
     ref_dep = _batch_dependence(ctx.reference, ctx.input_name, ctx.output_name, x, sizes,
                                 ctx.config.seed)
     cand = ctx.candidate_outputs[ctx.output_name]
     bad = finite_report("candidate output", cand)
     if bad:
-        m.fail(bad)
+        m.fail("nonfinite_output", bad)
     if cand.shape != ctx.reference_outputs.shape:
-        m.fail(f"artifact output shape {list(cand.shape)} differs from the training model's "
-               f"{list(ctx.reference_outputs.shape)} (see weights_load / export_integrity)")
+        m.fail(
+            "output_shape",
+            f"artifact output shape {list(cand.shape)} differs from the training model's "
+            f"{list(ctx.reference_outputs.shape)} (see weights_load / export_integrity)")
         eval_diff = None
     else:
         eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
     limits, tier_note = ctx.artifact_limits(
-        "batchnorm_export", thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
+        thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(ctx.reference_outputs)
@@ -160,24 +176,30 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         folded = " (BatchNorm is folded into the artifact's Conv/Gemm weights)" if (
             not onnx_bns) else ""
         if reset_diff <= limit:
-            m.fail(f"BatchNorm statistics reset before export{folded}: the artifact matches the "
-                   f"model with default running statistics (max diff {reset_diff:.3g}), not the "
-                   f"checkpoint's (max diff {eval_diff:.3g})")
+            m.fail(
+                "stats_reset",
+                f"BatchNorm statistics reset before export{folded}: the artifact matches the "
+                f"model with default running statistics (max diff {reset_diff:.3g}), not the "
+                f"checkpoint's (max diff {eval_diff:.3g})")
         else:
             m.note(f"artifact differs from torch eval by {eval_diff:.3g} and also from the "
                    f"model with reset BatchNorm statistics ({reset_diff:.3g}): the cause is not "
                    "BatchNorm alone (see logits_agreement and export_integrity)")
     if cand_dep is not None and cand_dep > dep_limit:
-        m.fail(f"artifact output of a row depends on its batch-mates (max {cand_dep:.3g}): "
-               "BatchNorm uses batch statistics (exported in training mode?)")
+        m.fail(
+            "batch_dependence",
+            f"artifact output of a row depends on its batch-mates (max {cand_dep:.3g}): "
+            "BatchNorm uses batch statistics (exported in training mode?)")
     return m
 
 
 CHECK = CheckSpec(
     id="batchnorm_export",
     summary="BatchNorm running statistics survive into the artifact",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("no_running_stats", "stats_missing", "default_stats", "training_mode_export",
+           "stats_mismatch", "batch_dependence_unmeasured", "output_shape", "stats_reset",
+           "batch_dependence"),
 )

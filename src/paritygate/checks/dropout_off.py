@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS: dict[str, float] = {
     # Deterministic inference repeated on identical inputs is bitwise identical on CPU
@@ -31,7 +34,7 @@ def _repeat_spread(engine: Any, name: str, out: str, x: np.ndarray, k: int) -> f
     return worst
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     from paritygate.engines.torch_engine import TorchEngine
@@ -45,8 +48,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         fresh_eval = [n or "<root>" for n, mod in model.named_modules() if mod.training]
         in_training += [f"{label}:{n}" for n in fresh_eval]
     if in_training:
-        m.fail(f"modules still in training mode after eval(): {in_training[:5]} "
-               "(train()/eval() overridden or mode forced)")
+        m.fail(
+            "training_modules",
+            f"modules still in training mode after eval(): {in_training[:5]} "
+            "(train()/eval() overridden or mode forced)")
     # Reset the seed so a stochastic forward cannot be mistaken for determinism by luck.
     torch.manual_seed(ctx.config.seed)
     inference = TorchEngine(ctx.inference_model, input_name=ctx.input_name,
@@ -56,17 +61,23 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         _repeat_spread(ctx.reference, ctx.input_name, ctx.output_name, ctx.probes, k),
     )
     if torch_spread > thresholds["repeat_max_abs_diff"]:
-        m.fail(f"torch eval forward is not deterministic: {k} repeated runs differ by up to "
-               f"{torch_spread:.3g} (dropout with training=True, stochastic depth, or sampling in "
-               "forward)")
+        m.fail(
+            "torch_nondeterministic",
+            f"torch eval forward is not deterministic: {k} repeated runs differ by up to "
+            f"{torch_spread:.3g} (dropout with training=True, stochastic depth, or sampling in "
+            "forward)")
     artifact_spread = _repeat_spread(ctx.candidate, ctx.input_name, ctx.output_name, ctx.probes, k)
     if artifact_spread > thresholds["repeat_max_abs_diff"]:
-        m.fail(f"artifact is not deterministic: {k} repeated runs differ by up to "
-               f"{artifact_spread:.3g}")
+        m.fail(
+            "artifact_nondeterministic",
+            f"artifact is not deterministic: {k} repeated runs differ by up to "
+            f"{artifact_spread:.3g}")
     random_ops = random_nodes(ctx.onnx_model)
     if random_ops:
-        m.fail(f"artifact contains random operators: {random_ops[:5]} (dropout exported in "
-               "training mode: call model.eval() before exporting)")
+        m.fail(
+            "random_operators",
+            f"artifact contains random operators: {random_ops[:5]} (dropout exported in "
+            "training mode: call model.eval() before exporting)")
     m.metric("torch_repeat_max_abs_diff", torch_spread,
              threshold=thresholds["repeat_max_abs_diff"], key=True)
     m.metric("artifact_repeat_max_abs_diff", artifact_spread,
@@ -80,8 +91,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="dropout_off",
     summary="nothing random is left on the inference path",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
+           "random_operators"),
 )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import magnitude_factor, scaled_note
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the
@@ -19,16 +22,17 @@ DEFAULTS = {
 }
 
 
-def _numeric_provenance(ctx: Any) -> tuple[float, str]:
+def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     """Max |artifact - inference model built from the checkpoint| on the probes (or the
     training model's policy output, when that is closer: the inference model may be the
     faulty side), and which model it was measured against."""
     cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
     best = (float("inf"), "the inference model built from this checkpoint")
-    for against, outputs in (
+    sources: tuple[tuple[str, Callable[[], np.ndarray]], ...] = (
         ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
         ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
-    ):
+    )
+    for against, outputs in sources:
         try:
             ref = outputs()
         except Exception:  # a forward that raises is the model checks' to report
@@ -81,20 +85,22 @@ def _precision_finding(m: Measurement, precision: Any) -> bool:
                    f"policy.artifact_dtype declares ({cast})")
         return False
     if stored != "float32":
-        m.fail(f"precision conversion: the artifact stores its weights in {stored} ({cast}, "
+        m.fail("undeclared_precision",
+               f"precision conversion: the artifact stores its weights in {stored} ({cast}, "
                f"provenance proven against the cast checkpoint), but policy.artifact_dtype is "
                f"{declared}: set policy.artifact_dtype: {stored} so the gate judges the "
                f"artifact by its precision tier, or export the artifact in {declared}",
                metric="undeclared_precision")
     else:
-        m.fail(f"policy.artifact_dtype declares {declared}, but the artifact's weight "
+        m.fail("precision_not_stored",
+               f"policy.artifact_dtype declares {declared}, but the artifact's weight "
                f"initializers are float32: set policy.artifact_dtype: float32 (the gate would "
                f"judge a float32 artifact by the looser {declared} tier)",
                metric="undeclared_precision")
     return True
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     import onnx
 
     from paritygate.provenance import sha256_file
@@ -106,23 +112,29 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         checker_ok = True
     except Exception as exc:
         checker_ok = False
-        m.fail(f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
+        m.fail(
+            "onnx_invalid",
+            f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
 
     inputs = {i.name: i for i in model.graph.input}
     init_names = {i.name for i in model.graph.initializer}
     real_inputs = [n for n in inputs if n not in init_names]
     if real_inputs != [ctx.input_name]:
-        m.fail(f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
+        m.fail(
+            "inputs_differ",
+            f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
     outputs = [o.name for o in model.graph.output]
     if outputs != list(ctx.spec.output_names):
-        m.fail(f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
+        m.fail(
+            "outputs_differ",
+            f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
     baked = False
     if ctx.input_name in inputs:
         dim0 = inputs[ctx.input_name].type.tensor_type.shape.dim[0]
         if dim0.HasField("dim_value"):
             baked = True
-            m.fail(f"batch axis of input {ctx.input_name!r} is baked to the constant "
-                   f"{dim0.dim_value}; export with a dynamic batch axis")
+            m.fail("batch_axis_baked", f"batch axis of input {ctx.input_name!r} is baked to "
+                   f"the constant {dim0.dim_value}; export with a dynamic batch axis")
 
     session = ctx.candidate.session
     batch_failures = []
@@ -134,7 +146,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         except Exception as exc:
             batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
     if batch_failures:
-        m.fail(f"artifact does not run at every batch size: {batch_failures}")
+        m.fail("batch_sizes_fail", f"artifact does not run at every batch size: {batch_failures}")
 
     manifest = ctx.manifest()
     stale = modified = 0
@@ -146,7 +158,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     undeclared = _precision_finding(m, precision)
     cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
                    and not matches["unmatched"] and not matches["misplaced"])
-    limits, tier_note = ctx.artifact_limits("export_integrity", thresholds,
+    limits, tier_note = ctx.artifact_limits(thresholds,
                                             ["provenance_max_abs_diff"])
     # fp32 rounding grows with the outputs' magnitude: so does the limit
     factor = magnitude_factor(ctx.reference_outputs)
@@ -158,8 +170,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if manifest is None:
         where = f"no manifest at {ctx.manifest_path}"
         if ctx.spec.require_manifest:
-            m.fail(f"{where}: policy.require_manifest is true (build the artifact with "
-                   "paritygate export, or write its manifest.json)")
+            m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
+                   "artifact with paritygate export, or write its manifest.json)")
         diff, against = provenance
         if cast_proven:
             m.note(f"no manifest: provenance proven against the checkpoint cast to "
@@ -170,47 +182,63 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                    f"{against} ({match_text})")
         elif _another_checkpoint(matches):
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
-                   f"{matches['comparable']} weight initializers have the shape of the "
-                   f"checkpoint tensor of their name but values up to "
-                   f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
-                   f"weights are another checkpoint's (an earlier or later step?) ({where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
+                f"{matches['comparable']} weight initializers have the shape of the "
+                f"checkpoint tensor of their name but values up to "
+                f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
+                f"weights are another checkpoint's (an earlier or later step?) ({where})")
         elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against} and {match_text} ({where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against} and {match_text} ({where})")
         elif not matches["comparable"]:
             stale = 1
-            m.fail(f"artifact was not built from this checkpoint: its outputs differ by up to "
-                   f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
+            m.fail(
+                "not_from_checkpoint",
+                f"artifact was not built from this checkpoint: its outputs differ by up to "
+                f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
         elif matches["not_in_model"]:
-            m.fail(f"{where} and provenance unproven: the inference model built from this "
-                   f"checkpoint does not hold the checkpoint's tensors "
-                   f"({len(matches['not_in_model'])} of its parameters differ from the "
-                   "artifact's initializers of the same name, which are checkpoint tensors: "
-                   "the checkpoint did not load, see weights_load), so its outputs (up to "
-                   f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
+            m.fail(
+                "provenance_not_loaded",
+                f"{where} and provenance unproven: the inference model built from this "
+                f"checkpoint does not hold the checkpoint's tensors "
+                f"({len(matches['not_in_model'])} of its parameters differ from the "
+                "artifact's initializers of the same name, which are checkpoint tensors: "
+                "the checkpoint did not load, see weights_load), so its outputs (up to "
+                f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
         elif not matches["misplaced"]:
-            m.fail(f"{where} and provenance unproven: the artifact's outputs differ by up to "
-                   f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+            m.fail(
+                "provenance_unproven",
+                f"{where} and provenance unproven: the artifact's outputs differ by up to "
+                f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
     else:
         recorded = manifest.get("checkpoint_sha256")
         if recorded != ctx.checkpoint_sha256:
             stale = 1
-            m.fail(f"stale artifact: manifest says it was exported from checkpoint sha256 "
-                   f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
+            m.fail(
+                "stale_manifest",
+                f"stale artifact: manifest says it was exported from checkpoint sha256 "
+                f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
         artifact_sha = sha256_file(ctx.artifact_path)
         if manifest.get("artifact_sha256") != artifact_sha:
             modified = 1
-            m.fail(f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
-                   f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
+            m.fail(
+                "artifact_modified",
+                f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
+                f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
         m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
     if matches["misplaced"]:
         pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
-        m.fail(f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
-               "checkpoint tensor exported into another layer's place: a shifted key or "
-               "head index in the export script)")
+        m.fail(
+            "misplaced_tensor",
+            f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
+            "checkpoint tensor exported into another layer's place: a shifted key or "
+            "head index in the export script)")
     m.details["provenance"] = "manifest" if manifest is not None else "numeric"
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
@@ -236,8 +264,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="export_integrity",
     summary="the artifact is well formed and built from this checkpoint",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("onnx_invalid", "inputs_differ", "outputs_differ", "batch_axis_baked",
+           "batch_sizes_fail", "manifest_required", "not_from_checkpoint", "provenance_not_loaded",
+           "provenance_unproven", "stale_manifest", "artifact_modified", "misplaced_tensor",
+           "undeclared_precision", "precision_not_stored"),
 )

@@ -9,17 +9,21 @@ shared with ``logits_agreement``, replaces the step-by-step decode; only after a
 divergence or past the engine's last token does the training path decode on alone. The
 first divergent position of each probe is reported; a divergence is excused only at a
 near-tie, where the training path's top-2 logit margin is below ``causal_lm.near_tie_margin``.
+The engine is the first of ``engines`` other than vLLM; with ``engines: [vllm]`` it is vLLM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 # Greedy decoding is deterministic: any divergence that is not a near-tie is a bug.
 DEFAULTS: dict[str, float] = {"unexcused_divergences": 0.0}
@@ -89,17 +93,31 @@ def greedy_training_path(
             return tokens, margins
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    m = Measurement("generation_parity")
+def greedy_engine(ctx: LMContext) -> tuple[str | None, str | None]:
+    """The engine that decodes greedily: the first of ``engines`` other than vLLM, else vLLM
+    (``engines: [vllm]``), with the reason when vLLM cannot serve here."""
     engine_name = next((e for e in ctx.spec.engines if e != "vllm"), None)
+    if engine_name is not None or "vllm" not in ctx.spec.engines:
+        return engine_name, None
+    from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason(ctx.engine_model_dir)
+    if reason is not None:
+        return None, f"generation_parity with engines: [vllm] needs vLLM: {reason}"
+    return "vllm", None
+
+
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("generation_parity")
+    engine_name, reason = greedy_engine(ctx)
     if engine_name is None:
-        return m.skip("no CPU engine configured (engines: vllm only)")
+        return m.skip(reason or "no engine configured")
     training = ctx.training_sampling.spec()
     serving = ctx.serving_sampling.spec()
     engine_out = ctx.greedy(engine_name)
     if engine_out is None:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
-    probes = list(ctx.probes)
+    probes: list[Any] = list(ctx.probes)  # or stand-ins naming the dump's rollouts
     if engine_name == "dump" or len(probes) != len(engine_out.prompt_ids):
         from types import SimpleNamespace
 
@@ -134,6 +152,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             row["first_divergence"] = at
             unexcused += 1
             m.fail(
+                "length_drift",
                 f"probe {probe.id!r}: length drift: engine stopped after {len(cand)} tokens, "
                 f"training path after {len(ref)} (max_new_tokens training "
                 f"{training.max_new_tokens} vs serving {serving.max_new_tokens}, stop "
@@ -155,6 +174,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             else:
                 unexcused += 1
                 m.fail(
+                    "greedy_divergence",
                     f"probe {probe.id!r}: greedy decoding diverges at token {at}: training "
                     f"{tok.decode([ref[at]])!r} vs engine {tok.decode([cand[at]])!r} "
                     f"(logit margin {margins[at]:.3g} >= near-tie tolerance {tol:g})"
@@ -172,8 +192,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="generation_parity",
     summary="greedy decoding agrees between the training path and the engine",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("length_drift", "greedy_divergence"),
 )

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # Training and inference models run the same fp32 ops on the same weights, so the
@@ -26,18 +29,22 @@ def _spread(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[seen].astype(np.float64) - b[seen]).max()) if seen.any() else 0.0
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("head_removal")
     heads = list(ctx.spec.training_heads)
     train_names = dict(ctx.training_model.named_modules())
     for head in heads:
         if head not in train_names:
-            m.fail(f"declared training head {head!r} is not a module of the training model")
+            m.fail(
+                "undeclared_head",
+                f"declared training head {head!r} is not a module of the training model")
     infer_state = ctx.inference_model.state_dict()
     train_state = ctx.training_model.state_dict()
     foreign = [k for k in infer_state if k not in train_state]
     if foreign:
-        m.fail(f"inference model has parameters the training model lacks: {foreign[:5]}")
+        m.fail(
+            "foreign_parameters",
+            f"inference model has parameters the training model lacks: {foreign[:5]}")
     differing = [
         k
         for k in infer_state
@@ -48,10 +55,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         )
     ]
     if differing:
-        m.fail(f"inference parameters differ from the training model's: {differing[:5]}")
+        m.fail(
+            "parameters_differ",
+            f"inference parameters differ from the training model's: {differing[:5]}")
     leftover = [k for k in infer_state if any(k.startswith(h + ".") for h in heads)]
     if leftover:
-        m.fail(f"training-only head parameters remain in the inference model: {leftover[:5]}")
+        m.fail(
+            "head_left",
+            f"training-only head parameters remain in the inference model: {leftover[:5]}")
 
     reference = ctx.reference_outputs
     candidate = ctx.inference_outputs
@@ -61,7 +72,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     ):
         bad = finite_report(label, arr)
         if bad:
-            m.fail(bad)
+            m.fail("nonfinite_output", bad)
     # A forward that disagrees with itself cannot be compared with another one: name the
     # randomness instead of blaming a removed step (dropout_off measures it).
     again = {
@@ -76,12 +87,14 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if spread > 0:
             random_sides.append(side)
             m.fail(
+                "nondeterministic",
                 f"{side} is not deterministic: two forwards on the same probes differ by up to "
                 f"{spread:.3g} (randomness on the policy path: dropout with training=True or "
                 "sampling in forward; see dropout_off), so head removal cannot be compared"
             )
     if candidate.shape != reference.shape:
         m.fail(
+            "output_shape",
             f"inference output shape {list(candidate.shape)} differs from the training policy "
             f"output {list(reference.shape)}"
         )
@@ -96,6 +109,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         and not random_sides
     ):
         m.fail(
+            "step_removed",
             "inference forward differs from the training model's policy path with identical "
             "weights: a step (shared norm, activation) was removed with the heads or skipped"
         )
@@ -105,9 +119,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     extra = [o for o in exposed if o not in declared]
     absent = [o for o in declared if o not in exposed]
     if extra:
-        m.fail(f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
+        m.fail(
+            "undeclared_outputs",
+            f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
     if absent:
-        m.fail(f"artifact lacks declared outputs {absent}")
+        m.fail("missing_outputs", f"artifact lacks declared outputs {absent}")
     m.metric("undeclared_outputs", len(extra), threshold=0)
     m.metric("differing_parameters", len(differing) + len(foreign), threshold=0)
     return m
@@ -116,8 +132,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="head_removal",
     summary="dropping training-only heads leaves the policy output unchanged",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("undeclared_head", "foreign_parameters", "parameters_differ", "head_left",
+           "nondeterministic", "output_shape", "step_removed", "undeclared_outputs",
+           "missing_outputs"),
 )

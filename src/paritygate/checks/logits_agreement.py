@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
     diff_stats,
     distribution_stats,
@@ -16,6 +16,11 @@ from paritygate.metrics import (
     scaled_note,
 )
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.engines.hf_generate import HFGenerateEngine
+    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
     # fp32 torch vs ONNX Runtime on the demo differ by ~2e-6 at logit magnitude ~10
@@ -43,10 +48,12 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     for label, arr in (("reference output", reference), ("candidate output", candidate)):
         bad = finite_report(label, arr)
         if bad:
-            m.fail(bad)
+            m.fail("nonfinite_output", bad)
     if reference.shape != candidate.shape:
-        m.fail(f"output shapes differ: reference {list(reference.shape)} vs candidate "
-               f"{list(candidate.shape)}")
+        m.fail(
+            "output_shape",
+            f"output shapes differ: reference {list(reference.shape)} vs candidate "
+            f"{list(candidate.shape)}")
         return {}
     diff = diff_stats(reference, candidate)
     m.metric("max_abs_diff", diff["max_abs"], threshold=thresholds["max_abs_diff"], key=True)
@@ -96,23 +103,24 @@ def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
     return ""
 
 
-def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     reference = ctx.reference_outputs
     candidate = ctx.candidate_outputs.get(ctx.output_name)
     if candidate is None:
-        m.fail(f"artifact has no output {ctx.output_name!r}")
+        m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
-    limits, tier_note = ctx.artifact_limits("logits_agreement", thresholds, ["max_abs_diff"])
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"])
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
-    thresholds = {**limits, "max_abs_diff": float(limits["max_abs_diff"] or 0.0) * factor}
+    limit = float(limits["max_abs_diff"] or 0.0) * factor
+    judged = {**limits, "max_abs_diff": limit}
     if factor > 1:
-        m.note(scaled_note({"max_abs_diff": thresholds["max_abs_diff"]}, factor))
-    stats = compare_logits(m, reference, candidate, thresholds,
+        m.note(scaled_note({"max_abs_diff": limit}, factor))
+    stats = compare_logits(m, reference, candidate, judged,
                            continuous=ctx.spec.action_space == "continuous")
-    if stats and stats.get("max_abs", 0) > thresholds["max_abs_diff"]:
+    if stats and stats.get("max_abs", 0) > limit:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
         hint = ""
@@ -125,32 +133,36 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
         precision = ctx.artifact_precision
         if precision.undeclared and precision.stored != "float32":
-            m.fail(f"artifact logits differ from the training model's by up to "
+            m.fail("undeclared_precision",
+                   f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact stores {precision.stored} weights "
                    f"that policy.artifact_dtype ({precision.declared}) does not declare, so "
                    "they are judged by the float32 limit", metric="max_abs_diff")
         elif foreign and not hint:
-            m.fail(f"artifact logits differ from the training model's by up to "
+            m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
                    f"(0/{matches['comparable']} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         else:
-            m.fail(f"artifact logits differ from the training model's by up to "
-                   f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
-                   "changed output scaling", metric="max_abs_diff")
+            m.fail(
+                "artifact_outputs_differ",
+                f"artifact logits differ from the training model's by up to "
+                f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
+                "changed output scaling", metric="max_abs_diff")
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m
 
 
-def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     if "hf" not in ctx.spec.engines:
         return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
     generation = ctx.greedy("hf")
+    assert generation is not None  # only a rollout dump may lack a greedy record
     kept = [i for i, output in enumerate(generation.output_ids) if output]
     teacher = ctx.teacher_forced(generation)  # shared with generation_parity
-    engine = ctx.engine("hf")
+    engine = cast("HFGenerateEngine", ctx.engine("hf"))
     if generation.logits is not None and engine.padding_side == "left":
         # The engine's own KV-cache logits from its greedy generation: left-padded rows decode
         # at the positions of an unpadded decode, so they are the cached decode of these tokens.
@@ -169,11 +181,12 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         return m.skip("the engine generated no tokens for any probe")
     reference = np.concatenate(refs)  # (N, V)
     candidate = np.concatenate(cands)  # (N, V)
-    thresholds = _tier_thresholds(ctx, m, thresholds)
-    stats = compare_logits(m, reference, candidate, thresholds)
-    limit = thresholds["max_abs_diff"]
+    limits = _tier_thresholds(ctx, m, thresholds)
+    stats = compare_logits(m, reference, candidate, limits)
+    limit = limits["max_abs_diff"]
     if stats and limit is not None and stats.get("max_abs", 0.0) > limit:
         m.fail(
+            "engine_logits_differ",
             f"cached engine logits differ from the trainer's forward by up to "
             f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
             f"{ctx.spec.engine.dtype}, trainer in {ctx.spec.training.dtype}): stale checkpoint, "
@@ -189,7 +202,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 
 
 def _tier_thresholds(
-    ctx: Any, m: Measurement, thresholds: Mapping[str, float]
+    ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
     """An engine in a lower precision than the trainer is judged by its precision tier (see
     :func:`paritygate.metrics.tiers.logits_thresholds`); values the config sets win."""
@@ -205,8 +218,7 @@ def _tier_thresholds(
         return merged  # no tier for this pair: the fp32 defaults (or the config's) apply
     if key == "fp32/fp32":
         return merged
-    overrides = ctx.config.thresholds.get("logits_agreement", {})
-    merged.update({k: v for k, v in logits_thresholds(tier).items() if k not in overrides})
+    merged.update({k: v for k, v in logits_thresholds(tier).items() if not thresholds.is_set(k)})
     m.note(
         f"thresholds from the {key} precision tier (trainer {ctx.spec.training.dtype}, engine "
         f"{ctx.spec.engine.dtype}); argmax and top-k agreement reported, not judged"
@@ -214,17 +226,12 @@ def _tier_thresholds(
     return merged
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    if ctx.family == "causal_lm":
-        return measure_causal_lm(ctx, thresholds)
-    return measure_policy(ctx, thresholds)
-
-
 CHECK = CheckSpec(
     id="logits_agreement",
     summary="the inference path's outputs match the training path's",
-    families=("policy", "causal_lm"),
-    measure=measure,
+    measures={"policy": measure_policy, "causal_lm": measure_causal_lm},
     defaults=DEFAULTS,
     feeds_probes=True,
+    kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
+           "undeclared_precision", "engine_logits_differ"),
 )

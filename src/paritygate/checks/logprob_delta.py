@@ -9,15 +9,21 @@ Thresholds come from the precision tier of (training dtype, engine dtype), see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.generation import is_processing_trivial
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
+
+KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision_mismatch",
+                          "tier_exceeded", "temperature_mismatch")
+"""Finding kinds of a token log-prob delta (shared by logprob_delta and vllm_delta)."""
 
 # Defaults are the strictest tier (fp32/fp32, sources in paritygate.metrics.tiers); at run time
 # the tier of the configured dtypes replaces them unless the config overrides a value.
@@ -38,7 +44,7 @@ DELTA_THRESHOLD_KEYS = (
 
 
 def effective_tier(
-    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_dtype: str
+    ctx: LMContext, thresholds: Thresholds, engine_dtype: str
 ) -> tuple[str, dict[str, float]]:
     """The precision tier's thresholds, with the user's explicit overrides on top."""
     from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
@@ -50,9 +56,8 @@ def effective_tier(
         values = dict(PRECISION_TIERS[key])
     else:
         key, values = tier_for(ctx.spec.training.dtype, engine_dtype)
-    overrides = ctx.config.thresholds.get(check_id, {})
     for name in DELTA_THRESHOLD_KEYS:
-        if name in overrides:
+        if thresholds.is_set(name):
             values[name] = float(thresholds[name])
     if "nonfinite_tokens" in thresholds:
         values["nonfinite_tokens"] = float(thresholds["nonfinite_tokens"])
@@ -60,7 +65,7 @@ def effective_tier(
 
 
 def measure_delta(
-    ctx: Any, check_id: str, thresholds: Mapping[str, float], engine_name: str
+    ctx: LMContext, check_id: str, thresholds: Thresholds, engine_name: str
 ) -> Measurement:
     """Sample with the engine, recompute on the training side, and judge the delta by tier."""
     from paritygate.metrics.logprob import delta_stats
@@ -68,7 +73,7 @@ def measure_delta(
 
     m = Measurement(check_id)
     engine_dtype = ctx.spec.engine.dtype
-    tier_key, tier = effective_tier(ctx, check_id, thresholds, engine_dtype)
+    tier_key, tier = effective_tier(ctx, thresholds, engine_dtype)
     generation, serving = ctx.sampled(engine_name)
     training = ctx.training_sampling.spec()
     logp_train, logp_infer, mask = ctx.recompute(generation)
@@ -116,6 +121,7 @@ def measure_delta(
         processed = serving if engine_mode == "processed" else training
         side = "engine" if engine_mode == "processed" else "trainer"
         m.fail(
+            "logprob_modes_differ",
             f"log-prob modes differ: trainer scores {train_mode} log-probs, engine reports "
             f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
             f"top_p {processed.top_p:g} applied on the {side} side only)"
@@ -127,6 +133,7 @@ def measure_delta(
                 source = ("as its dump records say" if "dump" in ctx.spec.engines
                           else "see sampling_config")  # fmt: skip
                 m.fail(
+                    "sampling_differs",
                     f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
                     f"{s_val:g} ({source})"
                 )
@@ -134,6 +141,7 @@ def measure_delta(
         actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
         if actual != tier_key and actual[::-1] != tier_key:
             m.fail(
+                "precision_mismatch",
                 f"precision mismatch: trainer {ctx.spec.training.dtype} vs engine "
                 f"{engine_dtype}, but the gate's precision tier is {tier_key}"
             )
@@ -148,7 +156,9 @@ def measure_delta(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
             for w in stats.worst[:3]
         )
-        m.fail(f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; worst: {worst}")
+        m.fail(
+            "tier_exceeded",
+            f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; worst: {worst}")
     m.note(f"diagnosis: {stats.diagnosis}")
     m.details["tier"] = {"name": tier_key, **tier}
     details = stats.to_details()
@@ -167,7 +177,7 @@ def measure_delta(
 
 
 def _temperature_fit(
-    m: Measurement, ctx: Any, generation: Any, logp_infer: Any, mask: Any, training: Any
+    m: Measurement, ctx: LMContext, generation: Any, logp_infer: Any, mask: Any, training: Any
 ) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
     engine's log-probs (the shared teacher-forced forward, only on a breach)."""
@@ -198,24 +208,27 @@ def _temperature_fit(
     m.details["temperature_fit"] = {"ratio": ratio, "explained": explained}
     if explained >= TEMPERATURE_EXPLAINED and abs(ratio - 1.0) > TEMPERATURE_MIN_CHANGE:
         m.fail(
+            "temperature_mismatch",
             f"temperature mismatch: the engine's log-probs are the trainer's logits at "
             f"temperature {ratio * t_train:.3g} instead of {t_train:g} (fitted ratio "
             f"T_engine / T_trainer = {ratio:.3g}, explains {explained:.0%} of the squared delta)"
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     engine = next((e for e in ctx.spec.engines if e != "vllm"), None)
     if engine is None:
-        return Measurement("logprob_delta").skip("no CPU engine configured (engines: vllm only)")
+        return Measurement("logprob_delta").skip(
+            "engines: [vllm] only: vllm_delta measures vLLM's log-probs"
+        )
     return measure_delta(ctx, "logprob_delta", thresholds, engine)
 
 
 CHECK = CheckSpec(
     id="logprob_delta",
     summary="engine token log-probs match the trainer's teacher-forced recompute",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=KINDS,
 )

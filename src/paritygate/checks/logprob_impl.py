@@ -12,10 +12,13 @@ target is a pad are exactly 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 REFERENCE_FN = "paritygate.families.causal_lm.logprobs:compute_logprobs"
 
@@ -84,6 +87,15 @@ def _low_precision_cause(err: float, low: Mapping[str, float], out_dtype: Any) -
     )
 
 
+def _categorical_log_prob(logits: Any, ids: Any) -> Any:
+    """``Categorical(logits=logits).log_prob(ids)``: the reference semantics (torch leaves
+    the distribution's methods unannotated)."""
+    import torch
+
+    dist = torch.distributions.Categorical(logits=logits)
+    return dist.log_prob(ids)  # type: ignore[no-untyped-call]
+
+
 def _single(fn: Callable[..., Any], model: Any, seq: list[int], **kw: Any) -> Any:
     import torch
 
@@ -146,7 +158,7 @@ def _suite(
 
     from paritygate.engines.generation import left_pad
 
-    causes: list[str] = []
+    causes: list[tuple[str, str]] = []  # (finding kind, text)
     logits = _unpadded_logits(model, seqs)  # per sequence (T, V)
     if not all(bool(torch.isfinite(lg).all()) for lg in logits):
         return {"causes": causes, "nonfinite_logits": (
@@ -161,42 +173,46 @@ def _suite(
         ids1 = torch.tensor([seq])
         full = fn(model, ids1, torch.ones_like(ids1), mode="raw")
         if tuple(full.shape) != (1, len(seq) - 1):
-            causes.append(
+            causes.append((
+                "output_shape",
                 f"returns shape {tuple(full.shape)} for a (1, {len(seq)}) input; expected "
-                f"(1, {len(seq) - 1}): position t must score token t+1"
-            )
+                f"(1, {len(seq) - 1}): position t must score token t+1",
+            ))
             return {"causes": causes}
         out_dtype = full.dtype
         out = full[0].detach().float()
         ids = torch.tensor(seq)
-        expected = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[1:])  # (T-1,)
+        expected = _categorical_log_prob(lg[:-1], ids[1:])  # (T-1,)
         for dtype in LOW_PRECISIONS:
             low_ref = _low_precision_reference(lg[:-1], ids[1:], dtype)  # (T-1,)
             low[dtype] = max(low[dtype], float((out - low_ref).abs().max()))
-        form_b = torch.distributions.Categorical(logits=lg[:-1]).log_prob(ids[:-1])
-        form_a = torch.distributions.Categorical(logits=lg[1:]).log_prob(ids[1:])
+        form_b = _categorical_log_prob(lg[:-1], ids[:-1])
+        form_a = _categorical_log_prob(lg[1:], ids[1:])
         cat_err = max(cat_err, float((out - expected).abs().max()))
         shift_b = max(shift_b, float((out - form_b).abs().max()))
         shift_a = max(shift_a, float((out - form_a).abs().max()))
         singles.append(out)
     tol = DEFAULTS["categorical_max_abs"]
     if not all(torch.isfinite(s).all() for s in singles):
-        causes.append("log-prob function returns NaN/Inf on unpadded sequences")
+        causes.append(
+            ("nonfinite_logprobs", "log-prob function returns NaN/Inf on unpadded sequences"))
     temp_check = cat_err <= tol  # an already wrong function is not judged on temperature
     if cat_err > tol and shift_b <= tol:
-        causes.append(
+        causes.append((
+            "off_by_one",
             "off-by-one shift: position t scores token t instead of token t+1 "
-            "(labels input_ids[:, :-1])"
-        )
+            "(labels input_ids[:, :-1])",
+        ))
     elif cat_err > tol and shift_a <= tol:
-        causes.append(
+        causes.append((
+            "off_by_one",
             "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:] (each token "
-            "scored by its own position's logits instead of the previous position's)"
-        )
+            "scored by its own position's logits instead of the previous position's)",
+        ))
     elif cat_err > tol:
         low_cause = _low_precision_cause(cat_err, low, out_dtype)
         if low_cause:
-            causes.append(low_cause)
+            causes.append(("low_precision", low_cause))
 
     # Processed mode: temperature must divide the logits.
     temp_err = 0.0
@@ -204,7 +220,7 @@ def _suite(
     for seq, lg, raw in zip(seqs, logits, singles, strict=True):
         out = _single(fn, model, seq, mode="processed", temperature=temperature)
         ids = torch.tensor(seq)
-        expected = torch.distributions.Categorical(logits=lg[:-1] / temperature).log_prob(ids[1:])
+        expected = _categorical_log_prob(lg[:-1] / temperature, ids[1:])
         if out.shape != expected.shape:
             continue
         err = float((out - expected).abs().max())
@@ -212,15 +228,17 @@ def _suite(
         if err > tol and float((out - raw).abs().max()) <= tol:
             temp_ignored = True
     if temp_ignored and temp_check:
-        causes.append(
+        causes.append((
+            "temperature_ignored",
             f"temperature ignored: processed mode with temperature {temperature:g} returns the "
-            "temperature-1 log-probs (divide the logits by the sampling temperature)"
-        )
+            "temperature-1 log-probs (divide the logits by the sampling temperature)",
+        ))
     elif temp_err > tol and temp_check:
-        causes.append(
+        causes.append((
+            "temperature_wrong",
             f"processed log-probs at temperature {temperature:g} differ from "
-            f"log_softmax(logits / T) by up to {temp_err:.3g}"
-        )
+            f"log_softmax(logits / T) by up to {temp_err:.3g}",
+        ))
 
     pad_err = batch_err = 0.0
     pos_err = 0.0
@@ -259,15 +277,17 @@ def _suite(
                 batch_err = max(batch_err, err)
             pad_nonzero += int((out[row, : max(p - 1, 0)] != 0).sum())
     if pad_nonzero:
-        causes.append(
+        causes.append((
+            "pads_counted",
             f"pads counted: {pad_nonzero} positions whose target is a pad token "
-            "have nonzero log-probs"
-        )
+            "have nonzero log-probs",
+        ))
     if pad_err > DEFAULTS["padding_max_abs"]:
-        causes.append(
+        causes.append((
+            "padding_leak",
             f"left padding changes the log-probs of real tokens (max {pad_err:.3g}): "
-            "the attention mask is not applied"
-        )
+            "the attention mask is not applied",
+        ))
 
     # The RL batch layout: left-padded prompts, completions right-padded after EOS.
     ids, mask, lens = _rl_batch(seqs, pad, eos)
@@ -284,11 +304,12 @@ def _suite(
         if got.shape == ref.shape:
             rl_err = max(rl_err, float((got - ref).abs().max()))
     if after_eos:
-        causes.append(
+        causes.append((
+            "pads_after_eos",
             f"pads after EOS scored: {after_eos} positions whose target is a right pad after "
             "the completion's EOS have nonzero log-probs (a mask built from the prompt only? "
-            "use the prompt and completion attention mask)"
-        )
+            "use the prompt and completion attention mask)",
+        ))
     return {
         "categorical_max_abs": cat_err,
         "padding_max_abs": pad_err,
@@ -302,7 +323,7 @@ def _suite(
     }
 
 
-def _shift_budget(ctx: Any) -> tuple[str, float]:
+def _shift_budget(ctx: LMContext) -> tuple[str, float]:
     """The precision tier ``logprob_delta`` judges this gate by, and its per-token bound."""
     from paritygate.metrics.tiers import PRECISION_TIERS
 
@@ -318,6 +339,7 @@ def _judge_position_shift(
     m.metric("position_shift_max_abs", shift, threshold=limit, ratchet=False)
     if shift > limit:
         m.fail(
+            "position_ids",
             f"{name}: position ids not passed: left padding shifts the positions of real "
             f"tokens, moving their log-probs by up to {shift:.3g} > {limit:g}, the "
             f"{tier} tier's {SHIFT_BUDGET_METRIC} (pass position_ids = cumsum(attention_mask) "
@@ -331,7 +353,7 @@ def _judge_position_shift(
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     from paritygate.imports import import_callable
 
     m = Measurement("logprob_impl")
@@ -357,10 +379,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             logits_level=getattr(fn, "convention", "model") == "logits",
         )
         if "nonfinite_logits" in res:  # the model, not a function: one cause, no metrics
-            m.fail(res["nonfinite_logits"])
+            m.fail("nonfinite_logits", res["nonfinite_logits"])
             break
-        for cause in res["causes"]:
-            m.fail(f"{name}: {cause}")
+        for kind, cause in res["causes"]:
+            m.fail(kind, f"{name}: {cause}")
         if not prefix and "position_shift_max_abs" in res:
             _judge_position_shift(m, name, float(res["position_shift_max_abs"]), shift_budget)
         for key in DEFAULTS:
@@ -382,8 +404,10 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="logprob_impl",
     summary="training-side log-prob function: Categorical semantics, t scores t+1, pads excluded",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("nonfinite_logits", "output_shape", "nonfinite_logprobs", "off_by_one",
+           "temperature_ignored", "temperature_wrong", "low_precision", "pads_counted",
+           "padding_leak", "pads_after_eos", "position_ids"),
 )

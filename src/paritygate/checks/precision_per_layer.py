@@ -11,10 +11,13 @@ the per-layer rows live in precision.json/CSV, the plot and ``<check>.detail.jso
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.base import Context
 
 CHECK_ID = "precision_per_layer"
 
@@ -36,19 +39,10 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _spec(ctx: Any) -> Any:
-    from paritygate.precision.config import PrecisionSpec
-
-    spec = getattr(getattr(ctx, "config", None), "precision", None)
-    return spec if spec is not None else PrecisionSpec()
-
-
 def _number(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        return float(value)  # "inf" / "nan" stay non-finite and fail by name
-    return float(value)
+    return float(value)  # "inf" / "nan" strings stay non-finite and fail by name
 
 
 def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None:
@@ -74,6 +68,7 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
         fix = f"; no set of layers kept in fp32 passed within {mixed['runs']} verification runs"
     if first is not None:
         m.fail(
+            "first_divergent_layer",
             f"{dtype}: first divergent layer {first['layer']!r} ({first['type']}, "
             f"#{first['index']} in execution order): {first['reason']}; "
             f"{summary['layers_over_budget']} layer(s) over budget{fix}"
@@ -82,6 +77,7 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
         m.note(f"{dtype}: output over budget with every layer inside its own budget{fix}")
     if summary["output_nan"] or summary["output_inf"]:
         m.fail(
+            "lowp_nonfinite",
             f"{dtype} output has {summary['output_nan']} NaN and {summary['output_inf']} Inf "
             "values where the fp32 output is finite"
         )
@@ -89,7 +85,7 @@ def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None
 
 def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
     if onnx.get("output_error"):
-        m.fail(f"ONNX artifact cannot be compared: {onnx['output_error']}")
+        m.fail("onnx_uncomparable", f"ONNX artifact cannot be compared: {onnx['output_error']}")
         return
     m.metric(
         "onnx/output_rel_l2",
@@ -113,12 +109,14 @@ def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
     if first is not None:
         row = next(r for r in onnx["rows"] if r["layer"] == first["layer"])
         m.fail(
+            "onnx_divergent_layer",
             f"ONNX artifact ({onnx['dtype']}): first divergent layer {first['layer']!r} "
             f"(value {row['onnx_value']!r}): rel L2 error {_number(first['rel_l2']):.3g} "
             f"vs torch fp32 exceeds its budget {first['budget']:.3g}"
         )
     if onnx["output_nan"] or onnx["output_inf"]:
         m.fail(
+            "onnx_nonfinite",
             f"ONNX artifact output {onnx['output_name']!r} has {onnx['output_nan']} NaN and "
             f"{onnx['output_inf']} Inf values"
         )
@@ -131,7 +129,7 @@ def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
         )
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     """Measure every layer in each configured low-precision dtype against fp32."""
     from paritygate.precision.analysis import run_precision
     from paritygate.precision.budgets import short_name
@@ -141,9 +139,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if subject is None:
         return m.skip("this model family provides no per-layer precision subject")
     if subject.refusal is not None:
-        m.fail(subject.refusal)
+        m.fail("not_checkpoint_weights", subject.refusal)
         return m
-    spec = _spec(ctx)
+    spec = ctx.config.precision
     report = run_precision(
         subject,
         spec,
@@ -154,7 +152,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     report["headroom_max"] = float(thresholds["headroom_max"])  # its plot marks the threshold
     m.details["precision"] = report
     if report["reference_output_nonfinite"]:
-        m.fail(f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
+        m.fail(
+            "reference_nonfinite",
+            f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
     skipped = {d: s["error"] for d, s in report["summary"].items() if s["error"]}
     for dtype, reason in skipped.items():
         m.note(f"{dtype} skipped: the model does not run in {dtype}: {reason}")
@@ -223,9 +223,11 @@ def _render(result: Any, report_dir: Any) -> Any:
 CHECK = CheckSpec(
     id=CHECK_ID,
     summary="fp16/bf16 error per layer is within budget and no worse than golden",
-    families=("policy", "causal_lm", "hf_model"),
-    measure=measure,
+    measures={"policy": measure, "causal_lm": measure, "hf_model": measure},
     defaults=DEFAULTS,
     marks=("fast",),
     render=_render,
+    kinds=("first_divergent_layer", "lowp_nonfinite", "onnx_uncomparable",
+           "onnx_divergent_layer", "onnx_nonfinite", "not_checkpoint_weights",
+           "reference_nonfinite"),
 )

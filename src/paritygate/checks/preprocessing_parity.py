@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
 
 EDGE_CASE_KINDS: tuple[str, ...] = ("missing", "extremes", "empty", "long")
 
@@ -58,7 +61,7 @@ def _diffs_at_clip(compared: list[tuple[np.ndarray, np.ndarray]], limit: float) 
 
     def tops(side: int) -> np.ndarray:
         cols = [np.where(np.isfinite(p[side]), np.abs(p[side]), 0.0).max(0) for p in compared]
-        return np.max(cols, axis=0)
+        return np.asarray(np.max(cols, axis=0))
 
     top_ref, top_cand = tops(0), tops(1)  # (D,)
     any_diff = False
@@ -139,23 +142,25 @@ def _fill_cause(cases: list[_Case], limit: float) -> str | None:
 
 def _diagnose(
     cases: list[_Case], limit: float, raw_passthrough: bool, at_clip: bool
-) -> str:
-    """Name the likely cause from which inputs differ and where."""
+) -> tuple[str, str]:
+    """Name the likely cause from which inputs differ and where: ``(finding kind, text)``."""
     if raw_passthrough:
-        return "the serving side returns the raw input: normalisation missing"
+        return ("normalisation_missing",
+                "the serving side returns the raw input: normalisation missing")
     fill = _fill_cause(cases, limit)
     if fill is not None:
-        return fill
+        return "fill_differs", fill
     if at_clip:
-        return "another clip range (only saturated values differ)"
-    return "normalisation statistics differ (stale stats or another epsilon)"
+        return "clip_differs", "another clip range (only saturated values differ)"
+    return "stats_differ", "normalisation statistics differ (stale stats or another epsilon)"
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("preprocessing_parity")
     if ctx.training_preprocess is None:
         return m.skip("no preprocessing configured (policy.preprocessing)")
     pre = ctx.spec.preprocessing
+    assert pre is not None  # both preprocessing callables come from this section
     discrete = list(pre.discrete_features)
     limit = thresholds["max_abs_diff"]
     cases = edge_cases(ctx.raw_probes, ctx.spec.probes.edge_case_kinds)
@@ -168,16 +173,22 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         try:
             ref = _as_array(ctx.training_preprocess(raw.copy())).astype(np.float64)
         except Exception as exc:
-            m.fail(f"training preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
+            m.fail(
+                "training_raised",
+                f"training preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
             continue
         try:
             cand = _as_array(ctx.serving_preprocess(raw.copy())).astype(np.float64)
         except Exception as exc:
-            m.fail(f"serving preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
+            m.fail(
+                "serving_raised",
+                f"serving preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
             continue
         if ref.shape != cand.shape:
-            m.fail(f"{label}: output shapes differ: training {list(ref.shape)} vs serving "
-                   f"{list(cand.shape)}")
+            m.fail(
+                "output_shape",
+                f"{label}: output shapes differ: training {list(ref.shape)} vs serving "
+                f"{list(cand.shape)}")
             continue
         if ref.size == 0:
             continue
@@ -200,15 +211,16 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     n_mismatch = int(sum(c.nonfinite_mismatch.sum() for c in compared))
     if worst_diff > limit or mismatched:
         at_clip = _diffs_at_clip([(c.ref, c.cand) for c in compared], limit)
-        cause = _diagnose(compared, limit, raw_passthrough, at_clip)
+        kind, cause = _diagnose(compared, limit, raw_passthrough, at_clip)
         if worst_diff > limit:
             m.fail(
+                kind,
                 f"feature {worst_feature} differs by {worst_diff:.3g} between training and "
                 f"serving preprocessing (worst on {worst_case} input): {cause}"
             )
-        elif cause.startswith("missing-value fill differs"):
-            m.fail(cause)
-        if not cause.startswith("missing-value fill differs"):
+        elif kind == "fill_differs":
+            m.fail(kind, cause)
+        if kind != "fill_differs":
             for c in mismatched[:3]:
                 sides = []
                 for side, arr in (("training", c.ref), ("serving", c.cand)):
@@ -216,6 +228,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
                     if len(cols):
                         sides.append(f"{side} at features {[int(j) for j in cols[:12]]}")
                 m.fail(
+                    "nonfinite_mismatch",
                     f"non-finite values at different positions on {c.label} input: "
                     f"NaN/Inf on one side only ({'; '.join(sides) or 'different kinds'})"
                 )
@@ -223,7 +236,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     if agreeing:
         m.note(f"both sides give the same NaN/Inf at {agreeing} positions (agreement)")
     if discrete_mismatch:
-        m.fail(f"{discrete_mismatch} discrete feature values differ (features {discrete})")
+        m.fail(
+            "discrete_mismatch",
+            f"{discrete_mismatch} discrete feature values differ (features {discrete})")
     m.metric("max_abs_diff", worst_diff, threshold=limit, key=True)
     m.metric("nonfinite_mismatches", n_mismatch, threshold=0)
     m.metric("discrete_mismatches", discrete_mismatch, threshold=0)
@@ -237,7 +252,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="preprocessing_parity",
     summary="training and serving preprocessing produce the same model inputs",
-    families=("policy",),
-    measure=measure,
+    measures={"policy": measure},
     defaults=DEFAULTS,
+    kinds=("training_raised", "serving_raised", "output_shape", "normalisation_missing",
+           "fill_differs", "clip_differs", "stats_differ", "nonfinite_mismatch",
+           "discrete_mismatch"),
 )

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 # Any unexplained difference changes the sampled distribution or the response length,
 # so the importance ratio no longer describes the rollouts: zero tolerance.
@@ -80,12 +83,12 @@ def declared_dtype_reason(spec: Any, key: str, dtype: str) -> str:
     return f"declared by {key}; the {tier} precision tier judges logits_agreement and logprob_delta"
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
     compared = training.compared_fields
     allow = {entry.field: entry.reason for entry in ctx.spec.sampling.allow}
-    declared = getattr(ctx, "declared_dtype", None)
+    declared = ctx.declared_dtype
     if (
         declared
         and "dtype" not in allow
@@ -95,11 +98,11 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         allow["dtype"] = declared_dtype_reason(ctx.spec, *declared)
     for name in allow:
         if name not in compared:
-            m.fail(f"allow-list names unknown sampling field {name!r}")
+            m.fail("unknown_allow_field", f"allow-list names unknown sampling field {name!r}")
     for label, side in (("training", training), ("serving", serving)):
         contradiction = side.contradiction()
         if contradiction:
-            m.fail(f"{label} sampling config in the wrong format: {contradiction}")
+            m.fail("wrong_format", f"{label} sampling config in the wrong format: {contradiction}")
         m.note(f"{label} sampling config {side.path.name}: {side.format} ({side.detection})")
     not_compared = {
         name: {
@@ -117,6 +120,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     unexplained = [d for d in diffs if d.allowed_reason is None]
     for d in unexplained:
         m.fail(
+            "field_differs",
             f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
             f"({training.source(d.field)} vs {serving.source(d.field)})"
         )
@@ -153,8 +157,8 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="sampling_config",
     summary="training sampler and serving use one sampling protocol",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=("unknown_allow_field", "wrong_format", "field_differs"),
 )

@@ -10,10 +10,13 @@ with a reason) are reported but do not fail.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 ALLOWABLE = (
     "bos_token_id",
@@ -37,13 +40,14 @@ def _first_divergence(reference: list[int], candidate: list[int]) -> int:
     return min(len(reference), len(candidate))
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("tokenizer_parity")
     train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
     for name in allow:
         if name not in ALLOWABLE:
             m.fail(
+                "unknown_allow_field",
                 f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}"
             )
 
@@ -51,7 +55,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         if field in allow:
             m.note(f"{cause} (allowed: {allow[field]})")
         else:
-            m.fail(cause)
+            m.fail(f"{field}_differs", cause)
 
     special_mismatch = 0
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -76,6 +80,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 
     if serve.padding_side != "left":
         m.fail(
+            "padding_side",
             f"serving tokenizer pads on the {serve.padding_side}: batched generation needs "
             "left padding (the first new token would follow pad tokens)"
         )
@@ -114,6 +119,7 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
             if "token_ids" not in allow:
                 mismatched += 1
                 m.fail(
+                    "tokenization_differs",
                     f"probe {probe.id!r} tokenizes differently at token {at}: training "
                     f"{t_seq[at : at + 3]} vs serving {s_seq[at : at + 3]}"
                 )
@@ -123,7 +129,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         and "chat_template" not in allow
         and not any(p.is_chat for p in ctx.probes)
     ):
-        m.fail("chat template differs between the training and the serving tokenizer")
+        m.fail(
+            "chat_template_differs",
+            "chat template differs between the training and the serving tokenizer")
 
     m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
     m.metric(
@@ -148,8 +156,9 @@ def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
 CHECK = CheckSpec(
     id="tokenizer_parity",
     summary="training and serving tokenizers give the same token ids and special tokens",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    kinds=(*(f"{name}_differs" for name in ALLOWABLE), "unknown_allow_field",
+           "padding_side", "tokenization_differs"),
 )

@@ -1,49 +1,54 @@
-"""vllm_delta: logprob_delta with vLLM as the inference engine (needs a CUDA device).
+"""vllm_delta: logprob_delta with vLLM as the inference engine (CPU or CUDA, as vLLM reports).
 
-Skipped, with the reason, where no CUDA device is visible or vLLM is not installed.
+Skipped, with vLLM's reason, where vLLM cannot serve the engine's model: not installed, not
+importing, no platform it runs on, or (on CPU) a head size its attention kernels lack.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
+from paritygate.checks.logprob_delta import KINDS
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.context import LMContext
 
 # Same sources as logprob_delta: the strictest tier, replaced by the configured dtypes' tier.
 DEFAULTS: dict[str, float] = {**PRECISION_TIERS["fp32/fp32"], "nonfinite_tokens": 0.0}
 
 
-def unavailable_reason() -> str | None:
-    """Why vLLM cannot run here, or ``None``."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install 'paritygate[vllm]')"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    return None
+def unavailable_reason(model_dir: Any = None) -> str | None:
+    """Why vLLM cannot serve ``model_dir`` here, or ``None``."""
+    from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+    return vllm_unavailable_reason(model_dir)
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.checks.logprob_delta import measure_delta
 
-    reason = unavailable_reason()
+    reason = unavailable_reason(ctx.engine_model_dir)
     if reason is not None:
-        return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM on a GPU: {reason}")
-    return measure_delta(ctx, "vllm_delta", thresholds, "vllm")
+        return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM: {reason}")
+    m = measure_delta(ctx, "vllm_delta", thresholds, "vllm")
+    if ctx.vllm_model_dir() != ctx.engine_model_dir:
+        m.note(
+            f"vLLM serves a copy of {ctx.engine_model_dir} without the training-only heads "
+            f"{list(ctx.spec.training_only_heads)} (vLLM refuses parameters its model class "
+            "lacks; paritygate export writes the same copy)"
+        )
+    return m
 
 
 CHECK = CheckSpec(
     id="vllm_delta",
     summary="vLLM token log-probs match the trainer's teacher-forced recompute",
-    families=("causal_lm",),
-    measure=measure,
+    measures={"causal_lm": measure},
     defaults=DEFAULTS,
-    marks=("gpu",),
+    # `vllm`: needs vLLM (its CPU build or CUDA); `gpu` is the earlier name, still selected.
+    marks=("vllm", "gpu"),
+    kinds=KINDS,
 )

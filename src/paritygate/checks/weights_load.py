@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
 from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.engines.hf_generate import HFGenerateEngine
+    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.hf_model.context import HFModelContext
+    from paritygate.families.policy.context import PolicyContext
 
 KNOWN_PREFIXES = {
     "module.": "the 'module.' prefix of DistributedDataParallel (strip it before saving)",
@@ -20,16 +26,17 @@ def _explain(
     unexpected: list[str],
     shapes: dict[str, tuple[int, ...]],
     file_shapes: dict[str, tuple[int, ...]],
-) -> list[str]:
-    """Name the known causes behind a set of missing / unexpected keys."""
+) -> list[tuple[str, str]]:
+    """Name the known causes behind a set of missing / unexpected keys: ``(kind, text)``."""
     causes = []
     for prefix, cause in KNOWN_PREFIXES.items():
         stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped and stripped & set(missing):
-            causes.append(
+            causes.append((
+                "wrapper_prefix",
                 f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
-                "after stripping it"
-            )
+                "after stripping it",
+            ))
     for m in missing:
         same = [
             u
@@ -38,9 +45,10 @@ def _explain(
             and not any(u.startswith(p) for p in KNOWN_PREFIXES)
         ]
         if len(same) == 1:
-            causes.append(
-                f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the same shape"
-            )
+            causes.append((
+                "key_renamed",
+                f"key renamed? model expects {m!r}, checkpoint has {same[0]!r} with the same shape",
+            ))
     return causes
 
 
@@ -48,32 +56,37 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
     model_state = model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in model_state.items()}
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
-    for cause in _explain(report.missing, report.unexpected, shapes, file_shapes):
-        m.fail(f"{label}: {cause}")
+    for kind, cause in _explain(report.missing, report.unexpected, shapes, file_shapes):
+        m.fail(kind, f"{label}: {cause}")
     if report.missing:
         m.fail(
+            "missing_keys",
             f"{label}: {len(report.missing)} model tensors missing from the checkpoint, left at "
             f"their initial values: {report.missing[:5]}"
         )
     if report.unexpected:
         m.fail(
+            "unexpected_keys",
             f"{label}: {len(report.unexpected)} unexpected checkpoint keys (not in the model and "
             f"not a declared training head): {report.unexpected[:5]}"
         )
     for name, file_shape, model_shape in report.shape_mismatch[:5]:
         m.fail(
+            "shape_mismatch",
             f"{label}: shape mismatch for {name!r}: checkpoint {list(file_shape)} vs model "
             f"{list(model_shape)}"
         )
     for name, file_dtype, model_dtype in report.dtype_mismatch[:5]:
         m.fail(
+            "dtype_mismatch",
             f"{label}: dtype mismatch for {name!r}: checkpoint {file_dtype} vs model "
             f"{model_dtype} (the load casts it; the saved values are not the ones served)"
         )
     if report.load_error:
-        m.fail(f"{label}: load_state_dict raised {report.load_error}")
+        m.fail("load_error", f"{label}: load_state_dict raised {report.load_error}")
     if report.value_mismatch:
         m.fail(
+            "values_altered",
             f"{label}: {len(report.value_mismatch)} tensors differ from the file after loading "
             f"(a load hook or non-strict loader dropped or altered them): "
             f"{report.value_mismatch[:5]}"
@@ -82,7 +95,7 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
         m.note(f"{label}: tied weights not stored separately (fine): {report.tied[:5]}")
 
 
-def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     m = Measurement("weights_load")
@@ -93,7 +106,7 @@ def measure_policy(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     )
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
-        m.fail(f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
+        m.fail("nonfinite_checkpoint", f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
     _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
     _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
     tl, il = ctx.training_load, ctx.inference_load
@@ -125,7 +138,7 @@ def value_mismatches(model: Any, state: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
     m = Measurement("weights_load")
@@ -136,6 +149,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     )
     for name in nonfinite[:5]:
         m.fail(
+            "nonfinite_checkpoint",
             f"checkpoint tensor {name!r} has {int((~torch.isfinite(state[name])).sum())} "
             "NaN/Inf values"
         )
@@ -158,26 +172,30 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
         stripped = {k[len(prefix) :] for k in unexpected if k.startswith(prefix)}
         if stripped & set(missing):
             m.fail(
+                "wrapper_prefix",
                 f"checkpoint keys carry {cause}: {len(stripped & set(missing))} keys match "
                 "after stripping it"
             )
     if missing:
         m.fail(
+            "missing_keys",
             f"training model: {len(missing)} tensors missing from the checkpoint, left at "
             f"their initial values: {missing[:5]}"
         )
     undeclared = sorted({k.split(".")[0] + "." for k in unexpected})
     if unexpected:
         m.fail(
+            "unexpected_keys",
             f"training model: {len(unexpected)} unexpected checkpoint keys {unexpected[:4]} "
             f"are not in the model and not declared training-only (add {undeclared} to "
             "causal_lm.training_only_heads if they are a training head such as TRL's v_head)"
         )
     for entry in mismatched[:5]:
-        m.fail(f"training model: shape mismatch {entry}")
+        m.fail("shape_mismatch", f"training model: shape mismatch {entry}")
     values = value_mismatches(model, state)
     if values:
         m.fail(
+            "values_altered",
             f"training model: {len(values)} tensors differ from the file after loading: "
             f"{values[:5]}"
         )
@@ -191,11 +209,12 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     serving = _serving_side(m, ctx, state)
     engine_values: list[str] = []
     if "hf" in ctx.spec.engines:
-        engine_model = ctx.engine("hf").model
+        engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
         served_state = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
         engine_values = value_mismatches(engine_model, served_state)
         if engine_values:
             m.fail(
+                "engine_values_altered",
                 f"inference model: {len(engine_values)} tensors differ from the served "
                 f"directory's file after loading: {engine_values[:5]}"
             )
@@ -223,7 +242,7 @@ def measure_causal_lm(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
+def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
     """Compare the served directory's tensors with the checkpoint's; name every cause."""
     from paritygate.metrics.tiers import canonical_dtype, tier_for
 
@@ -236,11 +255,13 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     where = f"served copy {served_dir}"
     if diff.missing:
         m.fail(
+            "served_tensors_missing",
             f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}",
             metric="serving_tensors_missing",
         )
     if diff.extra:
         m.fail(
+            "served_tensors_extra",
             f"{where} holds {len(diff.extra)} tensors the checkpoint does not have: "
             f"{diff.extra[:5]}",
             metric="serving_tensors_extra",
@@ -253,9 +274,11 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
             f"tensor it is tied to ({pairs}): the same model"
         )
     for key, (t_shape, s_shape) in list(diff.shape.items())[:5]:
-        m.fail(f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
+        m.fail(
+            "served_shape_mismatch",
+            f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
     for key in diff.nonfinite[:5]:
-        m.fail(f"{where}: tensor {key!r} has NaN/Inf values")
+        m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
     if diff.value_diffs:
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(
@@ -265,6 +288,7 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
         )
         cast = " after casting to the served dtype" if diff.dtype_changes else ""
         m.fail(
+            "stale_served_weights",
             f"serving weights differ from the checkpoint under test{cast} (stale or different "
             f"checkpoint): {len(worst)} of {diff.compared} tensors: {named}"
         )
@@ -286,6 +310,7 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
             m.note(f"{text}, as the serving dtype {ctx.spec.engine.dtype} declares")
         else:
             m.fail(
+                "precision_change",
                 f"{text}, but the serving dtype is {ctx.spec.engine.dtype}: set "
                 f"causal_lm.serving.dtype to {stored[0]} so the gate judges tier {implied}, or "
                 "serve the full-precision weights"
@@ -293,17 +318,18 @@ def _serving_side(m: Measurement, ctx: Any, state: Mapping[str, Any]) -> Any:
     return diff
 
 
-def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
+def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Measurement:
     """Every model tensor comes from the checkpoint and every checkpoint key is used."""
     m = Measurement("weights_load")
     coverage = ctx.coverage()
     for name in coverage.nonfinite[:5]:
-        m.fail(f"checkpoint tensor {name!r} has NaN/Inf values")
+        m.fail("nonfinite_tensor", f"checkpoint tensor {name!r} has NaN/Inf values")
     finding = coverage.finding()
     if finding is not None:
-        m.fail(f"{ctx.class_reason}: {finding}")
+        m.fail("checkpoint_coverage", f"{ctx.class_reason}: {finding}")
     if coverage.differ:
         m.fail(
+            "values_altered",
             f"{len(coverage.differ)} tensors differ from the file after loading: "
             f"{coverage.differ[:5]}"
         )
@@ -320,17 +346,14 @@ def measure_hf_model(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def measure(ctx: Any, thresholds: Mapping[str, float]) -> Measurement:
-    if ctx.family == "hf_model":
-        return measure_hf_model(ctx, thresholds)
-    if ctx.family == "causal_lm":
-        return measure_causal_lm(ctx, thresholds)
-    return measure_policy(ctx, thresholds)
-
-
 CHECK = CheckSpec(
     id="weights_load",
     summary="every checkpoint tensor lands in the model, nothing is left at random init",
-    families=("policy", "causal_lm", "hf_model"),
-    measure=measure,
+    measures={"policy": measure_policy, "causal_lm": measure_causal_lm,
+              "hf_model": measure_hf_model},
+    kinds=("nonfinite_checkpoint", "nonfinite_tensor", "wrapper_prefix", "key_renamed",
+           "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
+           "values_altered", "engine_values_altered", "served_tensors_missing",
+           "served_tensors_extra", "served_shape_mismatch", "served_nonfinite",
+           "stale_served_weights", "precision_change", "checkpoint_coverage"),
 )

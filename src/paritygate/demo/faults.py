@@ -171,7 +171,7 @@ class HardDropoutInference(InferencePolicy):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         t = self.trunk
         h = t[2](t[1](t[0](obs)))  # (B, H)
-        h = F.dropout(h, p=t[3].p, training=True)
+        h = F.dropout(h, p=t[3].p, training=True)  # type: ignore[arg-type]  # nn.Dropout.p
         h = t[6](t[5](t[4](h)))
         return self.policy_head(h)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal
 
 LogprobsMode = Literal["raw", "processed"]
@@ -75,17 +74,6 @@ class SamplingSpec:
         if "temperature" in kwargs and kwargs["temperature"] == 0.0 and "do_sample" not in data:
             kwargs["do_sample"] = False
         return cls(**kwargs)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> SamplingSpec:
-        """Read a sampling YAML file (a flat mapping of the fields above)."""
-        import yaml
-
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path}: expected a mapping of sampling fields")
-        return cls.from_dict(data)
 
     def greedy(self, max_new_tokens: int | None = None) -> SamplingSpec:
         """The same protocol with sampling switched off (argmax decoding)."""

@@ -175,7 +175,8 @@ class HFGenerateEngine:
                 if top_idx is not None:
                     out_top.append(
                         [
-                            dict(zip(top_idx[i, j].tolist(), top_vals[i, j].tolist(), strict=True))
+                            dict(zip(top_idx[i, j].tolist(), top_vals[i, j].tolist(),  # type: ignore[index]
+                                     strict=True))
                             for j in range(n)
                         ]
                     )

@@ -68,7 +68,8 @@ def load_causal_lm(
     extra = load_kwargs(device_map)
     try:
         with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(
+            # output_loading_info=True makes it a (model, info) pair
+            model, info = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
                 directory,
                 dtype=torch_dtype(dtype),
                 trust_remote_code=trust_remote_code,
@@ -78,8 +79,8 @@ def load_causal_lm(
             )
     except Exception as exc:
         raise InputError(directory, "model", f"cannot load model: {exc}") from None
-    model.eval()
-    return model, info
+    model.eval()  # type: ignore[has-type]
+    return model, info  # type: ignore[has-type]
 
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")

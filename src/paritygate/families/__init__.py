@@ -12,10 +12,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
+    from paritygate.families.base import Context
 
 FAMILIES: tuple[str, ...] = ("policy", "causal_lm", "hf_model")
 
@@ -27,15 +28,16 @@ def family_package(family: str) -> ModuleType:
     return importlib.import_module(f"paritygate.families.{family}")
 
 
-def build_context(config: GateConfig) -> Any:
+def build_context(config: GateConfig) -> Context:
     """Load and validate every input of ``config``'s family; raises ``InputError``, naming
     the config key of the file it is about (:meth:`GateConfig.key_error`)."""
     from paritygate.errors import InputError
 
     try:
-        return family_package(config.family).build_context(config)
+        context: Context = family_package(config.family).build_context(config)
     except InputError as exc:
         raise config.key_error(exc) from None
+    return context
 
 
 def export(config: GateConfig, out_dir: Path) -> Path:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
     from paritygate.precision.subject import PrecisionSubject
+    from paritygate.result import Measurement
 
 
 class Context(Protocol):
@@ -15,13 +17,32 @@ class Context(Protocol):
 
     Built once per process by :class:`paritygate.gate.Gate`; building it
     validates every input and raises :class:`paritygate.errors.InputError`.
+    A check's measurement is typed on its own family's context, which has more.
     """
 
-    family: str
-    config: GateConfig
-    checkpoint_path: Path
-    checkpoint_sha256: str
-    probes_sha256: str
-    """Digest of the probe set; golden baselines record it so drift is caught."""
+    @property
+    def config(self) -> GateConfig: ...
 
-    def precision_subject(self) -> PrecisionSubject: ...
+    @property
+    def checkpoint_path(self) -> Path: ...
+
+    @property
+    def checkpoint_sha256(self) -> str: ...
+
+    @property
+    def probes_sha256(self) -> str:
+        """Digest of the probe set; golden baselines record it so drift is caught."""
+        ...
+
+    @property
+    def numerics(self) -> Mapping[str, str]:
+        """Settings that move numbers by design (a serving dtype), recorded with a baseline;
+        empty for a family without such settings."""
+        ...
+
+    def note_probes(self, m: Measurement) -> None:
+        """Tell a measurement of a check that feeds the model-input probes which probe rows
+        the context left out of them, and why (nothing to say for most families)."""
+        ...
+
+    def precision_subject(self) -> PrecisionSubject | None: ...

@@ -11,14 +11,6 @@ from typing import Any
 import numpy as np
 
 
-def nonfinite_count(array: np.ndarray) -> int:
-    """Number of NaN or Inf entries."""
-    arr = np.asarray(array)
-    if not np.issubdtype(arr.dtype, np.floating):
-        return 0
-    return int(arr.size - np.count_nonzero(np.isfinite(arr)))
-
-
 def finite_report(name: str, array: np.ndarray) -> str | None:
     """A cause line when ``array`` holds NaN or Inf, else ``None``."""
     arr = np.asarray(array)

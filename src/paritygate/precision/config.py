@@ -19,7 +19,7 @@ class PrecisionSpec(StrictModel):
     dtypes; see :mod:`paritygate.precision.budgets` for the formula.
     """
 
-    dtypes: list[LowDtype] = Field(default_factory=lambda: ["float16", "bfloat16"])
+    dtypes: list[LowDtype] = Field(default_factory=lambda: list[LowDtype](["float16", "bfloat16"]))
     budgets: dict[str, float] = Field(default_factory=dict)
     """Per-layer local budget overrides, ``{glob: k}`` meaning budget = k * u.
 

@@ -239,7 +239,7 @@ def hf_subject(
         batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
     try:
-        model, info = loader.from_pretrained(
+        model, info = loader.from_pretrained(  # type: ignore[misc]  # (model, loading info)
             model_dir,
             dtype=torch.float32,
             use_safetensors=True,

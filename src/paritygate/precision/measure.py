@@ -122,7 +122,7 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
     return out
 
 
-def _same(entry: tuple[Any, int, Any] | None, t: torch.Tensor) -> bool:
+def _same(entry: tuple[Any, ...] | None, t: torch.Tensor) -> bool:
     """Whether a memo entry ``(weak reference, version, ...)`` still stands for ``t``: the same
     live tensor, unchanged since (an id alone may be reused by a later tensor)."""
     return entry is not None and entry[0]() is t and entry[1] == t._version
@@ -552,9 +552,9 @@ def measure_model(
         finally:
             state.end_batch()
     return PrecisionRun(
-        dtypes=state.dtypes,
+        dtypes=list(state.dtypes),
         layers=sorted(state.records.values(), key=lambda r: r.index),
-        output=output,
+        output={str(k): v for k, v in output.items()},
         reference_output_nonfinite=ref_nonfinite,
         depth=state.depth,
         errors=state.errors,

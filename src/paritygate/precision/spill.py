@@ -40,7 +40,7 @@ class SpillFile:
     def write(self, t: torch.Tensor) -> Spilled:
         raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         self._file.seek(self._end)
-        self._file.write(memoryview(raw))
+        self._file.write(memoryview(raw))  # type: ignore[arg-type]  # numpy arrays are buffers
         entry = Spilled(self, self._end, t.shape, t.dtype)
         self._end += raw.nbytes
         return entry
@@ -49,7 +49,7 @@ class SpillFile:
         value = torch.empty(entry.shape, dtype=entry.dtype)
         raw = value.reshape(-1).view(torch.uint8).numpy()
         self._file.seek(entry.offset)
-        self._file.readinto(memoryview(raw))
+        self._file.readinto(memoryview(raw))  # type: ignore[arg-type]
         return value
 
     def close(self) -> None:

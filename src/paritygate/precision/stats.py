@@ -14,6 +14,7 @@ the same tensors give the same numbers.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,7 +259,7 @@ class ActivationStats:
     sampled: int = 0
     underflow: dict[str, int] = field(default_factory=dict)
 
-    def update(self, reference: Any, dtypes: list[str]) -> None:
+    def update(self, reference: Any, dtypes: Sequence[str]) -> None:
         """Fold one fp32 output: its largest magnitude, values below each format's normal range."""
         torch = _torch()
         values = reference.detach().reshape(-1).to(torch.float32)

@@ -116,7 +116,7 @@ def fp32_bytes(index: dict[str, Entry]) -> int:
     for entry in index.values():
         dtype = _DTYPES.get(entry.dtype)
         floating = dtype is not None and dtype.is_floating_point
-        total += entry.nbytes * 4 // dtype.itemsize if floating else entry.nbytes
+        total += entry.nbytes * 4 // dtype.itemsize if floating else entry.nbytes  # type: ignore[union-attr]
     return total
 
 
@@ -156,7 +156,7 @@ def params_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -11,7 +11,7 @@ from typing import Any
 
 from paritygate.report.model import SCHEMA_VERSION
 from paritygate.result import CheckResult
-from paritygate.rootcause import RootCause, explain
+from paritygate.rootcause import explain
 
 NOTHING_VERIFIED = "nothing_verified"
 
@@ -99,11 +99,6 @@ def artifact_url() -> str | None:
     if server and repo and run:
         return f"{server.rstrip('/')}/{repo}/actions/runs/{run}"
     return None
-
-
-def root_cause(results: list[CheckResult]) -> tuple[list[CheckResult], RootCause | None]:
-    """Results with consequences explained, and the run's root cause (see rootcause)."""
-    return explain(results)
 
 
 def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:

@@ -54,6 +54,15 @@ class RootCauseRecord(_Strict):
     fix: str | None
 
 
+class ReasonRecord(_Strict):
+    kind: Literal["finding", "breach", "regression", "nonfinite", "no_golden",
+                  "probe_set_changed"] = Field(description="the verdict rule that failed")
+    message: str
+    metric: str | None = Field(description="the metric the rule is about, if any")
+    finding: str | None = Field(description="the check's finding kind (kind finding only), "
+                                            "e.g. wrapper_prefix, stale_manifest")
+
+
 class CheckRecord(_Strict):
     id: str
     status: Literal["pass", "fail", "skip", "error"]
@@ -66,7 +75,7 @@ class CheckRecord(_Strict):
     golden: dict[str, Any] | None
     thresholds: dict[str, Number]
     key_metric: str | None
-    reasons: list[str] = Field(description="every rule that failed, in verdict order")
+    reasons: list[ReasonRecord] = Field(description="every rule that failed, in verdict order")
     duration_s: float
     details: dict[str, Any]
 

@@ -133,7 +133,8 @@ class CausalLMSpec(StrictModel):
     probes: str
     """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
     max_prompt_tokens: int = Field(128, ge=1)
-    engines: list[Literal["hf", "vllm", "dump"]] = Field(default_factory=lambda: ["hf"])
+    engines: list[Literal["hf", "vllm", "dump"]] = Field(
+        default_factory=lambda: list[Literal["hf", "vllm", "dump"]](["hf"]))
     """Engines ``logprob_delta`` and ``generation_parity`` compare; vLLM is ``vllm_delta``'s."""
     training: TrainingSide = TrainingSide()
     engine: EngineSpec = EngineSpec()

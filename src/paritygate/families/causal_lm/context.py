@@ -60,6 +60,9 @@ class LMContext:
         regression against a baseline blessed under other settings says so."""
         return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
 
+    def note_probes(self, m: Any) -> None:
+        """Every probe prompt is fed to the models: nothing left out to note."""
+
     @property
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
@@ -175,7 +178,7 @@ class LMContext:
 
                 tok_dir = self.spec.tokenizer.serving
                 self._cache[key] = VLLMEngine(
-                    self.engine_model_dir,
+                    self.vllm_model_dir(),
                     tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
                     dtype=eng.dtype,
                     seed=self.config.seed,
@@ -190,6 +193,18 @@ class LMContext:
             else:
                 raise ValueError(f"unknown engine {name!r}")
         return self._cache[key]
+
+    def vllm_model_dir(self) -> Path:
+        """The directory vLLM serves: the engine's, or, when it holds keys under
+        ``training_only_heads`` (a TRL value head), a temporary copy without them, as
+        ``paritygate export`` writes it (vLLM refuses parameters its model class lacks)."""
+        if "vllm_model_dir" not in self._cache:
+            from paritygate.families.causal_lm.export import servable_copy
+
+            self._cache["vllm_model_dir"] = servable_copy(
+                self.engine_model_dir, list(self.spec.training_only_heads)
+            )
+        return self._cache["vllm_model_dir"]
 
     # -- prompts and generations ------------------------------------------------
     def prompts(self, side: str = "serving") -> list[list[int]]:

@@ -22,25 +22,16 @@ if TYPE_CHECKING:
     from paritygate.config import GateConfig
 
 
-def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
-    """Write the serving copy of ``config``'s model directory; returns the manifest path."""
+def write_serving_copy(source: Path, target: Path, heads: list[str]) -> list[str]:
+    """Copy the HF directory ``source`` into ``target`` without the keys under ``heads``
+    (tensors bit-identical, every other file as is); returns the removed keys."""
     from safetensors import safe_open
     from safetensors.torch import save
 
-    from paritygate.provenance import environment, sha256_file, sha256_files
-
-    spec = config.causal_lm
-    assert spec is not None
-    source = config.resolve(spec.model_dir)
-    shards = safetensors_files(source)
-    if not shards:
-        raise InputError(source, "causal_lm.model_dir", "no safetensors weights in the directory")
-    target = out_dir / "model"
     target.mkdir(parents=True, exist_ok=True)
-    heads = list(spec.training_only_heads)
     removed: list[str] = []
     weight_map: dict[str, str] = {}
-    for shard in shards:
+    for shard in safetensors_files(source):
         kept: dict[str, Any] = {}
         with safe_open(str(shard), framework="pt") as fh:
             metadata = fh.metadata()
@@ -61,6 +52,54 @@ def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
         data = json.loads(index.read_text(encoding="utf-8"))
         data["weight_map"] = dict(sorted(weight_map.items()))
         atomic_write_text(target / index.name, json.dumps(data, indent=2) + "\n")
+    return removed
+
+
+def training_only_keys(model_dir: Path, heads: list[str]) -> list[str]:
+    """Keys of ``model_dir``'s safetensors files under ``heads`` (headers only, no tensors)."""
+    from safetensors import safe_open
+
+    found: list[str] = []
+    for shard in safetensors_files(model_dir):
+        with safe_open(str(shard), framework="pt") as fh:
+            found += [k for k in fh.keys() if is_training_only(k, heads)]  # noqa: SIM118
+    return found
+
+
+_SERVABLE: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+
+def servable_copy(model_dir: Path, heads: list[str]) -> Path:
+    """``model_dir``, or, when it holds keys under ``heads``, a temporary copy without them
+    (written once per process and directory, removed at exit): what an engine that refuses
+    unknown parameters (vLLM) can load."""
+    key = (str(model_dir), tuple(heads))
+    if key not in _SERVABLE:
+        served = model_dir
+        if heads and training_only_keys(model_dir, heads):
+            import atexit
+            import tempfile
+
+            tmp = Path(tempfile.mkdtemp(prefix="paritygate-serving-"))
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+            write_serving_copy(model_dir, tmp / "model", heads)
+            served = tmp / "model"
+        _SERVABLE[key] = served
+    return _SERVABLE[key]
+
+
+def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
+    """Write the serving copy of ``config``'s model directory; returns the manifest path."""
+    from paritygate.provenance import environment, sha256_file, sha256_files
+
+    spec = config.causal_lm
+    assert spec is not None
+    source = config.resolve(spec.model_dir)
+    shards = safetensors_files(source)
+    if not shards:
+        raise InputError(source, "causal_lm.model_dir", "no safetensors weights in the directory")
+    target = out_dir / "model"
+    removed = write_serving_copy(source, target, list(spec.training_only_heads))
     files = sorted(p.name for p in target.iterdir() if p.is_file())
     manifest = {
         "artifact": "model",

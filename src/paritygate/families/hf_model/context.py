@@ -47,6 +47,14 @@ class HFModelContext:
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
+    def numerics(self) -> dict[str, str]:
+        """No setting of an hf_model gate moves its numbers by design."""
+        return {}
+
+    def note_probes(self, m: Any) -> None:
+        """Every probe batch is fed to the model: nothing left out to note."""
+
+    @property
     def probes_sha256(self) -> str:
         """Digest of the probe file."""
         return sha256_file(self.config.resolve(self.spec.probes))

@@ -9,7 +9,7 @@ exports). Checks then share the loaded pieces and the cached forward passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,6 +28,7 @@ from paritygate.families.policy.probes import (
 from paritygate.imports import import_callable
 
 if TYPE_CHECKING:
+    from paritygate.check import Thresholds
     from paritygate.config import GateConfig
     from paritygate.families.policy.config import PolicySpec
 
@@ -126,12 +127,6 @@ class PolicyContext:
     def output_name(self) -> str:
         return self.spec.output_names[0]
 
-    def new_training_model(self) -> Any:
-        factory = import_callable(
-            self.spec.training_factory, self.config.path, "policy.training_factory"
-        )
-        return factory(**factory_kwargs(self.config, self.spec))
-
     def new_inference_model(self) -> Any:
         factory = import_callable(
             self.spec.inference_factory, self.config.path, "policy.inference_factory"
@@ -209,15 +204,15 @@ class PolicyContext:
                                  match["comparable"])
 
     def artifact_limits(
-        self, check_id: str, thresholds: Mapping[str, float | None], fp32_keys: Sequence[str]
+        self, thresholds: Thresholds, fp32_keys: Sequence[str]
     ) -> tuple[dict[str, float | None], str | None]:
-        """``check_id``'s thresholds for this artifact's declared precision, and a note naming
+        """A check's thresholds for this artifact's declared precision, and a note naming
         their tier (:func:`paritygate.families.policy.export.artifact_limits`); values the
         config sets for the check win."""
         from paritygate.families.policy.export import artifact_limits
 
-        overrides = self.config.thresholds.get(check_id, {})
-        return artifact_limits(self.artifact_precision, thresholds, fp32_keys, overrides)
+        return artifact_limits(self.artifact_precision, thresholds, fp32_keys,
+                               thresholds.overrides)
 
     def precision_subject(self) -> Any:
         import torch

@@ -76,6 +76,7 @@ def export_onnx(
             external_data=False,
             verbose=False,
         )
+        assert program is not None  # dynamo=True always returns the program
         program.save(str(tmp_path))
         atomic_write_bytes(path, tmp_path.read_bytes())
     return path
@@ -179,7 +180,11 @@ def match_initializers(
     by_shape: dict[tuple[int, ...], list[tuple[str, np.ndarray]]] = {}
     for name, arr in named.items():
         by_shape.setdefault(tuple(arr.shape), []).append((name, arr))
-    matched, folded, unmatched, drifted, comparable = [], [], [], [], 0
+    matched: list[str] = []
+    folded: list[str] = []
+    unmatched: list[str] = []
+    drifted: list[str] = []
+    comparable = 0
     misplaced: dict[str, str] = {}
     not_in_model: list[str] = []
     rel: dict[str, float] = {}

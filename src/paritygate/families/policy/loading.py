@@ -87,8 +87,3 @@ def load_into(
             report.value_mismatch.append(name)
     return report
 
-
-def strip_heads(state: dict[str, Any], heads: list[str]) -> dict[str, Any]:
-    return {
-        k: v for k, v in state.items() if not any(k == h or k.startswith(h + ".") for h in heads)
-    }
