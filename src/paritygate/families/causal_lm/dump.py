@@ -19,10 +19,12 @@ def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
     from paritygate.engines.rollout_dump import dump_records, write_dump
     from paritygate.errors import InputError
     from paritygate.families import build_context
+    from paritygate.families.causal_lm.context import LMContext
 
     if config.family != "causal_lm":
         raise InputError(config.path, "family", "paritygate dump needs a causal_lm gate")
     ctx = build_context(config)
+    assert isinstance(ctx, LMContext)  # family causal_lm builds an LMContext
     generation, sampling = ctx.sampled(engine)
     greedy = ctx.greedy(engine)
     records = dump_records(generation, sampling)
