@@ -67,9 +67,14 @@ def _another_checkpoint(matches: Mapping[str, Any]) -> bool:
 
 def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
     """What the initializers say about outputs that differ although most weights match."""
-    if matches["unmatched"]:
-        return (f"{match_text}; those that do not: {matches['unmatched'][:4]} (see the check "
-                "that names them, e.g. batchnorm_export for BatchNorm statistics)")
+    unmatched = matches["unmatched"]
+    if unmatched and all(n.endswith((".running_mean", ".running_var")) for n in unmatched):
+        return (f"{match_text}; those that do not: {unmatched[:4]} are BatchNorm statistics "
+                "(see batchnorm_export)")
+    if unmatched:
+        return (f"{match_text}; those that do not hold other values than the checkpoint's "
+                f"tensors of their name: {unmatched[:4]} (a layer exported from another "
+                "checkpoint, or changed after export)")
     return f"{match_text} (the graph around them differs: see logits_agreement)"
 
 
