@@ -9,7 +9,6 @@ judges it against thresholds and golden and runs the baseline's life cycle.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 import traceback
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from paritygate.check import CheckSpec
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
 from paritygate.errors import InputError, NonFiniteOutput
+from paritygate.files import unwritable_reason
 from paritygate.golden import GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
@@ -73,20 +73,16 @@ class Gate:
 
     def check_writable(self, report_dir: Path | None = None) -> None:
         """The report and golden folders must be creatable and writable: checked before any
-        check runs, so a run never measures everything and then fails to write."""
+        check runs, so a run never measures everything and then fails to write. Decided on the
+        resolved paths: a link onto a read-only mount or a missing folder is caught here."""
         targets = [
             (report_dir or self.config.default_report_dir(), "report_dir"),
             (self.golden.directory, "golden.dir"),
         ]
         for target, key in targets:
-            probe = Path(target)
-            while not probe.exists() and probe != probe.parent:
-                probe = probe.parent
-            if not probe.is_dir():
-                where = "is a file" if probe == Path(target) else f"is under a regular file {probe}"
-                raise InputError(target, key, f"cannot write here: the folder {where}")
-            if not os.access(probe, os.W_OK | os.X_OK):
-                raise InputError(target, key, f"cannot write here: {probe} is not writable")
+            why = unwritable_reason(Path(target))
+            if why is not None:
+                raise InputError(target, key, f"cannot write here: {why}")
 
     def checks(self) -> list[CheckSpec]:
         """Checks this gate runs, in checklist order."""

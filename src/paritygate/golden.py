@@ -13,90 +13,13 @@ metrics beside it as ``<check_id>.obtained.json`` with the command that blesses 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paritygate.files import atomic_write_text, dump_json
 from paritygate.result import NO_GOLDEN, CheckResult, Measurement
 from paritygate.verdict import Margin, judge
-
-
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-STALE_TMP_S = 60.0
-"""A temp file older than this is a leftover of a killed writer: a live write takes
-milliseconds, so a concurrent writer (pytest-xdist) is never raced."""
-
-
-def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[Path]:
-    """Remove ``.<name>.*.tmp`` leftovers of ``path`` that a killed writer left behind."""
-    import time
-
-    removed = []
-    now = time.time()
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > older_than_s:
-                tmp.unlink()
-                removed.append(tmp)
-        except OSError:
-            continue  # another writer finished or removed it
-    return removed
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and ``os.replace``.
-
-    Safe under pytest-xdist: concurrent writers never leave a half-written file.
-    Stale temp files of killed writers are removed first (:func:`clean_stale_temps`).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, _umask_mode())  # mkstemp creates 0600; reports and golden are shared files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Binary counterpart of :func:`atomic_write_text`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def json_default(obj: Any) -> Any:
-    """JSON for numpy scalars/arrays and paths that checks may leave in details."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-def dump_json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -121,7 +44,6 @@ def _read_record(path: Path) -> dict[str, Any]:
         if value is not None and not isinstance(value, (int, float, bool)):
             raise InputError(path, f"metrics.{name}", f"golden value {value!r} is not a number")
     return data
-
 
 
 class GoldenStore:

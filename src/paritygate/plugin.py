@@ -204,7 +204,7 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
         except InputError as exc:
             request.node.user_properties.append((INPUT_ERROR_KEY, exc.line()))
             pytest.fail(f"bad input: {exc.line()}", pytrace=False)
-        from paritygate.golden import json_default
+        from paritygate.files import json_default
 
         payload = json.dumps(result.to_json(), default=json_default)
         request.node.user_properties.append((RESULT_KEY, payload))

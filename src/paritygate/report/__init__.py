@@ -15,7 +15,7 @@ from typing import Any
 
 from paritygate.check import Rendered
 from paritygate.checks import get_check
-from paritygate.golden import atomic_write_text, dump_json
+from paritygate.files import atomic_write_text, dump_json
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
     nothing_verified_reason,
