@@ -8,6 +8,8 @@ against thresholds and golden (:func:`paritygate.verdict.judge`), fail when the 
 set changed since blessing, then either bless (``--update-golden``, atomic, passing
 checks only) or, when a baseline is missing or a metric regressed, write the obtained
 metrics beside it as ``<check_id>.obtained.json`` with the command that blesses them.
+A bless run is one transaction of :class:`GoldenStore` under the lock file
+``.<name>.bless.lock`` beside the baseline folder.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paritygate.files import atomic_write_text, dump_json
+from paritygate.files import FileLock, LockHeld, atomic_write_text, dump_json
 from paritygate.result import NO_GOLDEN, CheckResult, Measurement
 from paritygate.verdict import Margin, judge
 
@@ -46,11 +48,79 @@ def _read_record(path: Path) -> dict[str, Any]:
     return data
 
 
+class BlessInProgress(Exception):
+    """Another run is blessing the same baseline folder."""
+
+    def __init__(self, directory: Path, lock: Path, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"another run ({holder}) is blessing this baseline now (lock file {lock}); "
+            "wait for it to finish, then bless again"
+        )
+        self.directory = directory
+        self.lock = lock
+        self.pid = pid
+
+
 class GoldenStore:
-    """Baselines of one gate (one config ``name``)."""
+    """Baselines of one gate (one config ``name``).
+
+    A bless is a transaction (:meth:`begin`, :meth:`commit`, :meth:`discard`): the folder
+    is locked for the whole run, blessed records are kept in memory and written together at
+    the end, so an interrupted bless changes nothing and two blessers never mix one baseline.
+    Outside a transaction :meth:`write` writes at once.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._lock = FileLock(directory.parent / f".{directory.name}.bless.lock")
+        self._pending: dict[Path, str | None] | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return self._lock.path
+
+    def begin(self) -> None:
+        """Lock the baseline folder and buffer blessed records until :meth:`commit`.
+
+        Raises :class:`BlessInProgress` when another live run holds the lock, ``OSError``
+        when the lock file cannot be created."""
+        if self._pending is not None:
+            return
+        try:
+            self._lock.acquire()
+        except LockHeld as exc:
+            raise BlessInProgress(self.directory, exc.path, exc.pid) from None
+        self._pending = {}
+
+    def commit(self) -> list[Path]:
+        """Write the buffered records (each atomically), then unlock. ``OSError`` names the
+        file that could not be written; the lock is released either way."""
+        pending, self._pending = self._pending or {}, None
+        written = []
+        try:
+            for path, text in pending.items():
+                if text is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    written.append(atomic_write_text(path, text))
+        finally:
+            self._lock.release()
+        return written
+
+    def discard(self) -> None:
+        """Drop the buffered records (an interrupted or failed run) and unlock."""
+        self._pending = None
+        self._lock.release()
+
+    def _put(self, path: Path, text: str | None) -> None:
+        if self._pending is not None:
+            self._pending.pop(path, None)  # keep write order: detail, record, obtained
+            self._pending[path] = text
+        elif text is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_text(path, text)
 
     def path(self, check_id: str) -> Path:
         return self.directory / f"{check_id}.json"
@@ -83,12 +153,9 @@ class GoldenStore:
         """Bless ``metrics`` (and the per-item ``detail`` metrics, in their own file) as the
         new baseline and drop any stale obtained file."""
         p = self.path(check_id)
-        if detail:
-            atomic_write_text(self.detail_path(check_id), dump_json({"metrics": detail}))
-        else:
-            self.detail_path(check_id).unlink(missing_ok=True)
-        atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
-        self.obtained_path(check_id).unlink(missing_ok=True)
+        self._put(self.detail_path(check_id), dump_json({"metrics": detail}) if detail else None)
+        self._put(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        self._put(self.obtained_path(check_id), None)
         return p
 
     def write_obtained(
