@@ -132,8 +132,9 @@ def _short_repr(value: Any) -> str:
     """A repr that stops early on deep or long containers (``reprlib``), plain otherwise."""
     import reprlib
 
-    short = reprlib.Repr(maxlevel=3, maxdict=8, maxlist=8, maxtuple=8, maxset=8,
-                         maxstring=MAX_ECHO_CHARS, maxother=MAX_ECHO_CHARS, maxlong=60)
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 3, 8, 8, 8, 8
+    short.maxstring = short.maxother = MAX_ECHO_CHARS
     return short.repr(value) if isinstance(value, (dict, list, tuple, set, str)) else repr(value)
 
 

@@ -85,6 +85,8 @@ class GateRun:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Collect each check's result (the controller's copy under xdist), and swap the
         result JSON in ``user_properties`` for its status before ``--junitxml`` reads it."""
+        if self.config is not None and hasattr(self.config, "workerinput"):
+            return  # an xdist worker sends the result JSON on to the controller
         found = False
         for n, (name, value) in enumerate(report.user_properties):
             if name == RESULT_KEY:

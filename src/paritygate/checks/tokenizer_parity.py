@@ -152,4 +152,5 @@ CHECK = CheckSpec(
     measure=measure,
     defaults=DEFAULTS,
     marks=("fast",),
+    feeds_probes=True,  # names the probes cut before tokenizing
 )
