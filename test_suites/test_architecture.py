@@ -302,3 +302,16 @@ def test_only_the_gate_reads_the_configs_thresholds() -> None:
                     and isinstance(node.value, ast.Attribute) and node.value.attr == "config"):
                 readers.append(f"{name}: {ast.unparse(node)}")
     assert not readers, readers
+
+
+def test_files_is_the_ground_floor_every_writer_shares() -> None:
+    graph = import_graph()
+    assert graph["paritygate.files"] == set(), "paritygate.files must import no paritygate module"
+    for user in ("paritygate.golden", "paritygate.report", "paritygate.precision.render",
+                 "paritygate.precision.plot", "paritygate.families.policy.export",
+                 "paritygate.families.causal_lm.export"):
+        assert "paritygate.files" in graph[user], f"{user} does not write through paritygate.files"
+    writers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                     if p.name != "files.py" and ("os.replace(" in (t := p.read_text("utf-8"))
+                                                  or "mkstemp(" in t))
+    assert writers == [], "atomic writes belong in paritygate.files"

@@ -105,33 +105,80 @@ def _as_state_dict(obj: Any, path: Path) -> dict[str, Any]:
     return out
 
 
-def load_state_dict(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
-    """Read a checkpoint file into ``{name: tensor}`` on the CPU, read-only."""
+def memory_bytes() -> int | None:
+    """This machine's physical memory, where the platform says (``None`` elsewhere)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def read_checkpoint(path: Path) -> tuple[bytes, str]:
+    """The bytes of a checkpoint file and their sha256, from one read.
+
+    A file larger than this machine's memory is refused before a byte is read: it is loaded
+    whole, so it cannot be gated here, and hashing it first (a 100 GB sparse file) would
+    take minutes before that became clear."""
+    import hashlib
+
     if not path.exists():
         raise InputError(path, None, "checkpoint not found")
     if path.is_dir():
         raise InputError(path, None, "checkpoint is a directory, expected a file")
+    size = path.stat().st_size
+    limit = memory_bytes()
+    if limit is not None and size > limit:
+        raise InputError(path, None, f"checkpoint is {size / 2**30:.1f} GiB, more than this "
+                                     f"machine's {limit / 2**30:.1f} GiB of memory; it is "
+                                     "loaded whole, so it cannot be gated here")
+    try:
+        data = path.read_bytes()
+    except MemoryError:
+        raise InputError(path, None, f"checkpoint of {size / 2**30:.1f} GiB does not fit in "
+                                     "memory") from None
+    except OSError as exc:
+        raise InputError(path, None, f"cannot read checkpoint: {exc.strerror}") from None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def load_state_dict(
+    path: Path, *, allow_pickle: bool = False, data: bytes | None = None
+) -> dict[str, Any]:
+    """Read a checkpoint file into ``{name: tensor}`` on the CPU, read-only.
+
+    ``data``: the file's bytes, already read (:func:`read_checkpoint`), so the file is read
+    once for its digest and its tensors."""
+    if data is None:
+        if not path.exists():
+            raise InputError(path, None, "checkpoint not found")
+        if path.is_dir():
+            raise InputError(path, None, "checkpoint is a directory, expected a file")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         try:
-            from safetensors.torch import load_file
+            from safetensors.torch import load, load_file
         except ImportError:
             raise MissingExtra("safetensors", "torch") from None
         try:
-            return _as_state_dict(load_file(str(path), device="cpu"), path)
+            loaded = load_file(str(path), device="cpu") if data is None else load(data)
+            return _as_state_dict(loaded, path)
         except InputError:
             raise
         except Exception as exc:
             raise InputError(
                 path, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
             ) from None
-    if suffix == ".zip" and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
+    source: Any = path if data is None else io.BytesIO(data)
+    if suffix == ".zip" and zipfile.is_zipfile(source):
+        with zipfile.ZipFile(source) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
-                data = io.BytesIO(zf.read("policy.pth"))
+                member = io.BytesIO(zf.read("policy.pth"))
                 try:
-                    loaded = _torch_load(data, path, None, allow_pickle)
+                    loaded = _torch_load(member, path, None, allow_pickle)
                 except InputError as exc:  # the member is named in the cause, the key stays free
                     raise InputError(path, None, f"member policy.pth: {exc.cause}") from None
                 return _as_state_dict(loaded, path)
-    return _as_state_dict(_torch_load(str(path), path, None, allow_pickle), path)
+    source = str(path) if data is None else io.BytesIO(data)
+    return _as_state_dict(_torch_load(source, path, None, allow_pickle), path)

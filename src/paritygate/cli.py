@@ -1,8 +1,10 @@
 """Command line: ``paritygate run | export | demo | precision | init | checks``.
 
-Exit codes: 0 every check passed, 1 a check failed, 2 bad input (one line naming
-the file and key, no traceback), 3 nothing was verified (every selected check
-skipped, or none selected; ``--allow-skips`` makes that a pass).
+Exit codes: 0 every check passed, 1 a check failed or ended in ``error``, 2 bad input
+or a report/golden file that cannot be written (one line naming the file and key, no
+traceback), 3 nothing was verified (every selected check skipped, or none selected;
+``--allow-skips`` makes that a pass), 130 interrupted (SIGINT), 143 terminated (SIGTERM);
+an interrupted run writes no report and leaves golden unchanged.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.families import FAMILIES
 
+if TYPE_CHECKING:
+    from paritygate.gate import Gate
+
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+"""Ctrl-C (SIGINT, KeyboardInterrupt) and SIGTERM: no report is written, golden unchanged."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -181,21 +189,66 @@ def _select_checks(gate: object, check_ids: list[str]) -> list[str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
-    from paritygate import plugin
     from paritygate.gate import Gate
-    from paritygate.plugin import register_gate
+    from paritygate.plugin import GateRun
 
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
     gate.check_writable(args.report_dir)
     selected = _select_checks(gate, args.check_ids) if args.check_ids else None
-    print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs", flush=True)
-    gate.context  # noqa: B018 - validate every input before any check runs
+    if args.markexpr:
+        _check_markexpr(args.markexpr)
+    gate.begin_bless()  # a second blesser of this baseline is refused before any work
+    try:
+        print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs",
+              flush=True)
+        gate.context  # noqa: B018 - validate every input before any check runs
+        run = GateRun(gate, owns_stderr=True)
+        pytest_args = _pytest_args(gate, args, selected)
+        autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
+        try:
+            code = int(pytest.main(pytest_args, plugins=[run]))
+        finally:
+            if autoload is None:
+                os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+            else:
+                os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
+    finally:
+        gate.discard_golden()  # a no-op after the run committed; unlocks on every other exit
+    outcome = run.outcome
+    if outcome is None:  # pytest stopped before the session (its own usage error)
+        return EXIT_INPUT
+    if outcome.kind == "interrupted":
+        raise KeyboardInterrupt
+    if outcome.kind == "input_error":
+        raise InputError(None, None, outcome.line or "the run stopped on bad input")
+    if outcome.kind == "nothing_verified":
+        print(f"paritygate: {outcome.line or 'nothing was verified'}", file=sys.stderr)
+        return EXIT_NOTHING_VERIFIED
+    if outcome.kind == "pass":
+        return EXIT_PASS
+    if outcome.kind == "fail":
+        return EXIT_FAIL
+    return EXIT_INPUT if code not in (EXIT_PASS, EXIT_FAIL) else code
+
+
+def _check_markexpr(expr: str) -> None:
+    """A malformed ``-m`` expression is bad input (exit 2), said before any model loads."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pragma: no cover - pytest moved it; pytest then says it itself
+        return
+    try:
+        Expression.compile(expr)
+    except SyntaxError as exc:  # pytest's ParseError
+        raise InputError(None, "-m", f"malformed mark expression {expr!r}: {exc}") from None
+
+
+def _pytest_args(gate: Gate, args: argparse.Namespace, selected: list[str] | None) -> list[str]:
     import paritygate_gates
 
-    register_gate(gate)
-    plugin.CLI_OWNS_STDERR["on"] = True
     targets = selected or [str(Path(paritygate_gates.__file__).parent)]
     pytest_args = [
         *targets,
@@ -234,27 +287,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         pytest_args.append("--force-workers")
     if args.allow_skips:
         pytest_args.append("--allow-skips")
-    autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
-    try:
-        code = int(pytest.main(pytest_args))
-    finally:
-        if autoload is None:
-            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-        else:
-            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
-    last = dict(plugin.LAST_RUN)
-    if "input_error" in last:
-        raise InputError(None, None, last["input_error"])
-    if code == EXIT_NOTHING_VERIFIED or "nothing_verified" in last:
-        why = last.get("nothing_verified", "nothing was verified")
-        print(f"paritygate: {why}", file=sys.stderr)
-        return EXIT_NOTHING_VERIFIED
-    if code == 5:
-        return EXIT_PASS if args.allow_skips else EXIT_NOTHING_VERIFIED
-    if code in (EXIT_PASS, EXIT_FAIL, EXIT_INPUT):
-        return code
-    return EXIT_INPUT
+    return pytest_args
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -335,8 +368,14 @@ def _cmd_precision(args: argparse.Namespace) -> int:
 
     gate = Gate.from_path(args.config, update_golden=args.update_golden)
     gate.command = "precision"  # its own blessing: paritygate precision CONFIG --update-golden
-    result = gate.evaluate("precision_per_layer")
     out = args.report_dir or gate.config.default_report_dir()
+    gate.check_writable(out)
+    gate.begin_bless()
+    try:
+        result = gate.evaluate("precision_per_layer")
+        gate.commit_golden()
+    finally:
+        gate.discard_golden()
     written = write_reports(gate, [result], out)
     print("\n".join(summary_table([result])))
     for note in result.details.get("notes") or []:
@@ -359,16 +398,51 @@ def main(argv: list[str] | None = None) -> int:
         "init": _cmd_init,
         "checks": _cmd_checks,
     }
+    previous = _raise_on_sigterm()
     try:
         return handlers[args.command](args)
     except InputError as exc:
         print(f"paritygate: error: {exc.line()}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        code = EXIT_TERMINATED if isinstance(exc, Terminated) or _TERMINATED else EXIT_INTERRUPTED
+        from paritygate.plugin import INTERRUPTED_LINE
+
+        signame = "SIGTERM" if code == EXIT_TERMINATED else "SIGINT"
+        line = INTERRUPTED_LINE.replace("interrupted", f"interrupted ({signame})", 1)
+        print(f"paritygate: {line}", file=sys.stderr)
+        return code
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. head)
         sys.stderr.close()
         return EXIT_PASS
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so the run stops the way Ctrl-C stops it: no
+    report, golden untouched, exit 143."""
+
+
+_TERMINATED: list[int] = []
+
+
+def _raise_on_sigterm() -> Any:
+    """Make SIGTERM an interrupt (:class:`Terminated`) in the main thread; the old handler."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: object) -> None:
+        _TERMINATED.append(signum)
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from paritygate.config_base import StrictModel
-from paritygate.errors import InputError
+from paritygate.errors import InputError, shorten
 from paritygate.families.causal_lm.config import CausalLMSpec
 from paritygate.families.hf_model.config import HFModelSpec
 from paritygate.families.policy.config import PolicySpec
@@ -159,6 +159,25 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+MAX_ECHO_CHARS = 200
+"""At most this much of a wrong value is echoed in an error line."""
+
+
+def _echo(value: Any) -> str:
+    """``repr(value)``, cut: a hostile value must not become a megabyte error line."""
+    return shorten(_short_repr(value), MAX_ECHO_CHARS)
+
+
+def _short_repr(value: Any) -> str:
+    """A repr that stops early on deep or long containers (``reprlib``), plain otherwise."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 3, 8, 8, 8, 8
+    short.maxstring = short.maxother = MAX_ECHO_CHARS
+    return short.repr(value) if isinstance(value, (dict, list, tuple, set, str)) else repr(value)
+
+
 def _describe_error(err: Any) -> tuple[str | None, str]:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     if loc and loc[-1] in ("float", "none") and len(loc) >= 3 and loc[0] == "thresholds":
@@ -170,7 +189,7 @@ def _describe_error(err: Any) -> tuple[str | None, str]:
         cause = "required key is missing"
     else:
         msg = err["msg"].removeprefix("Value error, ")
-        cause = f"{msg} (got {err.get('input')!r})" if kind != "value_error" else msg
+        cause = f"{msg} (got {_echo(err.get('input'))})" if kind != "value_error" else msg
     return _format_loc(loc) or None, cause
 
 
@@ -234,6 +253,7 @@ def load_config(path: str | Path) -> GateConfig:
     except OSError as exc:
         raise InputError(p, None, f"cannot read config: {exc.strerror}") from None
     try:
+        _refuse_alias_bombs(yaml.compose(text, Loader=yaml.SafeLoader), p)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -241,6 +261,43 @@ def load_config(path: str | Path) -> GateConfig:
         raise InputError(p, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
     _refuse_todos(data, p)
     return config_from_dict(data, p)
+
+
+MAX_YAML_VALUES = 100_000
+"""A config expands to at most this many values once its aliases are followed: a few
+kilobytes of nested aliases (an alias bomb) would otherwise expand to billions before
+any key is looked at."""
+
+
+def _refuse_alias_bombs(root: Any, path: Path) -> None:
+    """Count the values the composed YAML expands to, each shared node once per use (memoised
+    per node, so the count itself stays linear in the file); refuse past the cap."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > 200:
+            raise InputError(path, _line(node), "YAML nests deeper than 200 levels")
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(v, depth + 1) for v in node.value)
+        sizes[id(node)] = total
+        if total > MAX_YAML_VALUES:
+            raise InputError(
+                path, _line(node), f"YAML aliases expand to more than {MAX_YAML_VALUES} values "
+                "(nested anchors and aliases); write the values out")
+        return total
+
+    if root is not None:
+        size(root, 0)
+
+
+def _line(node: Any) -> str | None:
+    mark = getattr(node, "start_mark", None)
+    return f"line {mark.line + 1}" if mark is not None else None
 
 
 def _refuse_todos(data: Any, path: Path) -> None:

@@ -6,6 +6,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+MAX_CAUSE_CHARS = 600
+"""An error line echoes at most this much of a cause: a hostile value (a YAML alias expanded
+to megabytes) must not become a megabyte stderr line."""
+
+
+def shorten(text: str, limit: int = MAX_CAUSE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
 
 class InputError(Exception):
     """Bad input: config, checkpoint, artifact or probes unreadable or invalid.
@@ -16,7 +27,11 @@ class InputError(Exception):
     def __init__(self, file: str | Path | None, key: str | None, cause: str) -> None:
         self.file = str(file) if file is not None else None
         self.key = key
-        self.cause = " ".join(str(cause).split())
+        text = str(cause)
+        flat = " ".join(text[: 4 * MAX_CAUSE_CHARS].split())  # never split a huge text whole
+        if len(text) > 4 * MAX_CAUSE_CHARS:
+            flat = f"{flat[:MAX_CAUSE_CHARS]}... ({len(text) - MAX_CAUSE_CHARS} more characters)"
+        self.cause = shorten(flat)
         super().__init__(self.line())
 
     def line(self) -> str:
@@ -85,6 +100,13 @@ class NonFiniteOutput(Exception):
     """A model produced NaN/Inf where a measurement needs finite numbers (sampling from its
     distribution, scoring a token). Not bad input: the check that hit it fails by this cause
     (:meth:`paritygate.gate.Gate.measure` turns it into a named finding), never ``error``."""
+
+
+def write_failed(exc: OSError, where: Path, key: str) -> InputError:
+    """A file the gate writes (golden, report) could not be written: the path and the OS
+    error, as one line; ended like bad input (exit 2), never as a verdict."""
+    path = exc.filename or where
+    return InputError(path, key, f"cannot write: {exc.strerror or exc}")
 
 
 @contextmanager

@@ -9,7 +9,6 @@ judges it against thresholds and golden and runs the baseline's life cycle.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 import traceback
 from collections.abc import Mapping
@@ -21,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
-from paritygate.errors import InputError, NonFiniteOutput
-from paritygate.golden import GoldenStore, regression_check
+from paritygate.errors import InputError, NonFiniteOutput, write_failed
+from paritygate.files import unwritable_reason
+from paritygate.golden import BlessInProgress, GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
@@ -76,20 +76,40 @@ class Gate:
 
     def check_writable(self, report_dir: Path | None = None) -> None:
         """The report and golden folders must be creatable and writable: checked before any
-        check runs, so a run never measures everything and then fails to write."""
+        check runs, so a run never measures everything and then fails to write. Decided on the
+        resolved paths: a link onto a read-only mount or a missing folder is caught here."""
         targets = [
             (report_dir or self.config.default_report_dir(), "report_dir"),
             (self.golden.directory, "golden.dir"),
         ]
         for target, key in targets:
-            probe = Path(target)
-            while not probe.exists() and probe != probe.parent:
-                probe = probe.parent
-            if not probe.is_dir():
-                where = "is a file" if probe == Path(target) else f"is under a regular file {probe}"
-                raise InputError(target, key, f"cannot write here: the folder {where}")
-            if not os.access(probe, os.W_OK | os.X_OK):
-                raise InputError(target, key, f"cannot write here: {probe} is not writable")
+            why = unwritable_reason(Path(target))
+            if why is not None:
+                raise InputError(target, key, f"cannot write here: {why}")
+
+    def begin_bless(self) -> None:
+        """With ``--update-golden``, lock the baseline folder for this run (see
+        :class:`~paritygate.golden.GoldenStore`): a second blesser of the same folder is
+        refused before any check runs. :meth:`commit_golden` writes and unlocks."""
+        if not self.update_golden:
+            return
+        try:
+            self.golden.begin()
+        except BlessInProgress as exc:
+            raise InputError(self.golden.directory, "golden.dir", str(exc)) from None
+        except OSError as exc:
+            raise write_failed(exc, self.golden.lock_path, "golden.dir") from None
+
+    def commit_golden(self) -> None:
+        """Write the baselines this run blessed (a no-op outside a bless)."""
+        try:
+            self.golden.commit()
+        except OSError as exc:
+            raise write_failed(exc, self.golden.directory, "golden.dir") from None
+
+    def discard_golden(self) -> None:
+        """Forget what this run blessed (interrupted, or stopped by bad input)."""
+        self.golden.discard()
 
     def checks(self) -> list[CheckSpec]:
         """Checks this gate runs, in checklist order."""
@@ -152,8 +172,9 @@ class Gate:
         """Measure one check, then judge it: against thresholds only (``golden=False``) or
         through the golden life cycle of :func:`paritygate.golden.regression_check`.
 
-        Bad input propagates as :class:`InputError`; any other exception becomes
-        an ``error`` result carrying the traceback's last line.
+        Bad input propagates as :class:`InputError`, and so does a golden file that cannot
+        be written (naming the path and the OS error); any other exception of the
+        measurement becomes an ``error`` result carrying the traceback's last line.
         """
         start = time.perf_counter()
         try:
@@ -173,20 +194,26 @@ class Gate:
                 duration_s=time.perf_counter() - start,
             )
         if golden:
-            result = regression_check(
-                measurement,
-                self.golden,
-                margin=self.margin,
-                blessing=self.update_golden,
-                probes_sha256=lambda: self.context.probes_sha256,
-                provenance=self.provenance,
-                numerics=self.numerics,
-                bless_command=self.bless_command(),
-            )
+            try:
+                result = self._regression_check(measurement)
+            except OSError as exc:  # a golden file that cannot be written is no verdict
+                raise write_failed(exc, self.golden.directory, "golden.dir") from None
         else:
             result = judge(measurement, None, margin=self.margin, use_golden=False)
         result.duration_s = time.perf_counter() - start
         return result
+
+    def _regression_check(self, measurement: Measurement) -> CheckResult:
+        return regression_check(
+            measurement,
+            self.golden,
+            margin=self.margin,
+            blessing=self.update_golden,
+            probes_sha256=lambda: self.context.probes_sha256,
+            provenance=self.provenance,
+            numerics=self.numerics,
+            bless_command=self.bless_command(),
+        )
 
     def run(self, select: Mapping[str, bool] | None = None) -> list[CheckResult]:
         """Evaluate every applicable check (``select`` maps id -> run?)."""

@@ -8,95 +8,20 @@ against thresholds and golden (:func:`paritygate.verdict.judge`, which also fail
 baseline blessed on another probe set), then either bless (``--update-golden``, atomic, passing
 checks only) or, when a baseline is missing or a metric regressed, write the obtained
 metrics beside it as ``<check_id>.obtained.json`` with the command that blesses them.
+A bless run is one transaction of :class:`GoldenStore` under the lock file
+``.<name>.bless.lock`` beside the baseline folder.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paritygate.files import FileLock, LockHeld, atomic_write_text, dump_json
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
-
-
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-STALE_TMP_S = 60.0
-"""A temp file older than this is a leftover of a killed writer: a live write takes
-milliseconds, so a concurrent writer (pytest-xdist) is never raced."""
-
-
-def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[Path]:
-    """Remove ``.<name>.*.tmp`` leftovers of ``path`` that a killed writer left behind."""
-    import time
-
-    removed = []
-    now = time.time()
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > older_than_s:
-                tmp.unlink()
-                removed.append(tmp)
-        except OSError:
-            continue  # another writer finished or removed it
-    return removed
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and ``os.replace``.
-
-    Safe under pytest-xdist: concurrent writers never leave a half-written file.
-    Stale temp files of killed writers are removed first (:func:`clean_stale_temps`).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, _umask_mode())  # mkstemp creates 0600; reports and golden are shared files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Binary counterpart of :func:`atomic_write_text`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def json_default(obj: Any) -> Any:
-    """JSON for numpy scalars/arrays and paths that checks may leave in details."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    return str(obj)
-
-
-def dump_json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -123,12 +48,79 @@ def _read_record(path: Path) -> dict[str, Any]:
     return data
 
 
+class BlessInProgress(Exception):
+    """Another run is blessing the same baseline folder."""
+
+    def __init__(self, directory: Path, lock: Path, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"another run ({holder}) is blessing this baseline now (lock file {lock}); "
+            "wait for it to finish, then bless again"
+        )
+        self.directory = directory
+        self.lock = lock
+        self.pid = pid
+
 
 class GoldenStore:
-    """Baselines of one gate (one config ``name``)."""
+    """Baselines of one gate (one config ``name``).
+
+    A bless is a transaction (:meth:`begin`, :meth:`commit`, :meth:`discard`): the folder
+    is locked for the whole run, blessed records are kept in memory and written together at
+    the end, so an interrupted bless changes nothing and two blessers never mix one baseline.
+    Outside a transaction :meth:`write` writes at once.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._lock = FileLock(directory.parent / f".{directory.name}.bless.lock")
+        self._pending: dict[Path, str | None] | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return self._lock.path
+
+    def begin(self) -> None:
+        """Lock the baseline folder and buffer blessed records until :meth:`commit`.
+
+        Raises :class:`BlessInProgress` when another live run holds the lock, ``OSError``
+        when the lock file cannot be created."""
+        if self._pending is not None:
+            return
+        try:
+            self._lock.acquire()
+        except LockHeld as exc:
+            raise BlessInProgress(self.directory, exc.path, exc.pid) from None
+        self._pending = {}
+
+    def commit(self) -> list[Path]:
+        """Write the buffered records (each atomically), then unlock. ``OSError`` names the
+        file that could not be written; the lock is released either way."""
+        pending, self._pending = self._pending or {}, None
+        written = []
+        try:
+            for path, text in pending.items():
+                if text is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    written.append(atomic_write_text(path, text))
+        finally:
+            self._lock.release()
+        return written
+
+    def discard(self) -> None:
+        """Drop the buffered records (an interrupted or failed run) and unlock."""
+        self._pending = None
+        self._lock.release()
+
+    def _put(self, path: Path, text: str | None) -> None:
+        if self._pending is not None:
+            self._pending.pop(path, None)  # keep write order: detail, record, obtained
+            self._pending[path] = text
+        elif text is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_text(path, text)
 
     def path(self, check_id: str) -> Path:
         return self.directory / f"{check_id}.json"
@@ -161,12 +153,9 @@ class GoldenStore:
         """Bless ``metrics`` (and the per-item ``detail`` metrics, in their own file) as the
         new baseline and drop any stale obtained file."""
         p = self.path(check_id)
-        if detail:
-            atomic_write_text(self.detail_path(check_id), dump_json({"metrics": detail}))
-        else:
-            self.detail_path(check_id).unlink(missing_ok=True)
-        atomic_write_text(p, dump_json({"metrics": metrics, "provenance": provenance}))
-        self.obtained_path(check_id).unlink(missing_ok=True)
+        self._put(self.detail_path(check_id), dump_json({"metrics": detail}) if detail else None)
+        self._put(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        self._put(self.obtained_path(check_id), None)
         return p
 
     def write_obtained(

@@ -13,28 +13,129 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from paritygate.errors import InputError, shorten, write_failed
+from paritygate.files import json_default
+from paritygate.result import CheckResult
+
+if TYPE_CHECKING:
+    from paritygate.gate import Gate
+    from paritygate.report import WrittenReport
+
 RESULT_KEY = "paritygate_result"
+"""user_properties entry carrying a check's result from an xdist worker to the controller;
+the controller swaps it for a short ``paritygate_status`` entry (junit.xml stays small)."""
+STATUS_KEY = "paritygate_status"
 INPUT_ERROR_KEY = "paritygate_input_error"
 
-_GATES: dict[str, Any] = {}
-"""Gates already built in this process (the CLI pre-builds one to validate inputs)."""
-_INPUT_ERRORS: dict[str, Any] = {}
-EXIT_NOTHING_VERIFIED = 3
-"""A run that verified nothing (every selected check skipped, or none selected) never passes."""
-LAST_RUN: dict[str, Any] = {}
-"""Outcome of the last session in this process: the CLI prints its one stderr line from it."""
-CLI_OWNS_STDERR: dict[str, bool] = {"on": False}
-"""Set by the CLI, which prints bad input and nothing-verified lines on stderr itself."""
+EXIT_NOTHING_VERIFIED = pytest.ExitCode.NO_TESTS_COLLECTED
+"""Under pytest, a run that verified nothing (every selected check skipped, or none
+selected) ends like a run that collected nothing: 5. ``paritygate run`` says 3."""
+EXIT_STOPPED = pytest.ExitCode.USAGE_ERROR
+"""Under pytest, bad input (or a report or golden file that cannot be written) ends with
+pytest's usage-error code, 4, and one line on stderr. ``paritygate run`` says 2."""
 
 
-def register_gate(gate: Any) -> None:
-    """Let the plugin reuse a gate the caller already built (same process only)."""
-    _GATES[str(gate.config.path)] = gate
+@dataclass
+class Outcome:
+    """How a gate session ended: what the CLI turns into its exit code and stderr line.
+
+    ``kind`` is the report's status (``pass``, ``fail``, ``nothing_verified``) or why no
+    report was written: ``interrupted``, ``input_error``, ``usage_error``, ``collect_only``.
+    """
+
+    kind: str
+    line: str | None = None
+    written: WrittenReport | None = None
+    not_run: list[str] = field(default_factory=list)
+
+
+class GateRun:
+    """State of one gate session, kept in ``config.stash[RUN]`` (never in module globals).
+
+    A caller that already built the :class:`~paritygate.gate.Gate` (the CLI validates every
+    input first) hands one in, ``pytest.main(args, plugins=[GateRun(gate)])``, and reads
+    :attr:`outcome` when the run returns. Otherwise :func:`pytest_configure` makes one.
+    """
+
+    def __init__(self, gate: Gate | None = None, *, owns_stderr: bool = False) -> None:
+        self.gates: dict[str, Gate] = {}
+        if gate is not None:
+            self.gates[str(gate.config.path)] = gate
+        self.owns_stderr = owns_stderr
+        """The caller prints the one stderr line itself (from :attr:`outcome`)."""
+        self.input_errors: dict[str, InputError] = {}
+        self.results: list[CheckResult] = []
+        self.bad_input: list[str] = []
+        self.selected: list[str] = []
+        """Check ids of the gate items left after selection, in run order."""
+        self.notice: str | None = None
+        self.outcome: Outcome | None = None
+        self.config: pytest.Config | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Collect each check's result (the controller's copy under xdist), and swap the
+        result JSON in ``user_properties`` for its status before ``--junitxml`` reads it."""
+        if self.config is not None and hasattr(self.config, "workerinput"):
+            return  # an xdist worker sends the result JSON on to the controller
+        found = False
+        for n, (name, value) in enumerate(report.user_properties):
+            if name == RESULT_KEY:
+                result = CheckResult.from_json(json.loads(value))
+                report.user_properties[n] = (STATUS_KEY, result.status)
+                found = True
+                if report.when == "call":
+                    self.results.append(result)
+                    self._progress(result)
+            elif name == INPUT_ERROR_KEY:
+                found = True
+                if value not in self.bad_input:
+                    self.bad_input.append(value)
+        check_id = _check_id(report.nodeid)
+        if report.failed and not found and check_id is not None and report.when != "teardown":
+            # A gate test that failed without recording a result (a crash around the check):
+            # never counted as verified, so --allow-skips cannot turn it into a pass.
+            why = str(report.longrepr).strip().splitlines()[-1:] or ["no result"]
+            self.results.append(CheckResult(
+                check_id, "error", f"the check ended without a result: {shorten(why[0], 300)}",
+                {}, None, {}))
+
+    def _progress(self, result: CheckResult) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter") if self.config else None
+        if tr is None:
+            return
+        key = result.key_metric
+        value = result.metrics.get(key) if key else None
+        shown = (f"{key}={value:.3g}" if isinstance(value, float)
+                 else (f"{key}={value}" if key else ""))
+        tr.write_line(
+            f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}"
+        )
+
+
+RUN = pytest.StashKey[GateRun]()
+"""Where a session's :class:`GateRun` lives."""
+
+
+def _state(config: pytest.Config) -> GateRun:
+    return config.stash[RUN]
+
+
+def _check_id(nodeid: str) -> str | None:
+    """The check a gate file's test node evaluates (``test_<id>`` in ``paritygate_gates``)."""
+    from paritygate.checks import CHECK_IDS
+
+    name = nodeid.rsplit("::", 1)[-1].removeprefix("test_")
+    return name if name in CHECK_IDS and "::test_" in nodeid else None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -77,8 +178,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "gpu: the vllm mark's earlier name, kept so -m gpu still selects the vLLM checks",
     ):
         config.addinivalue_line("markers", line)
-    config._paritygate_results = []  # type: ignore[attr-defined]
-    config._paritygate_input_errors = []  # type: ignore[attr-defined]
+    handed = [p for p in config.pluginmanager.get_plugins() if isinstance(p, GateRun)]
+    run = handed[0] if handed else GateRun()
+    if not handed:
+        config.pluginmanager.register(run, "paritygate-run")
+    config.stash[RUN] = run
+    run.config = config
     if _xdist_requested(config):
         _plan_workers(config)
 
@@ -102,7 +207,6 @@ def _plan_workers(config: pytest.Config) -> None:
     The controller builds the gate here, as it would for the report anyway, and the
     serial checks then reuse it.
     """
-    from paritygate.errors import InputError
     from paritygate.workers import WorkerPlan, idle_cores, plan_workers, previous_durations
 
     try:
@@ -110,8 +214,7 @@ def _plan_workers(config: pytest.Config) -> None:
     except InputError:
         plan = WorkerPlan(0)  # the first check reports the bad input, once
     else:
-        report_dir = config.getoption("--report-dir")
-        out = Path(report_dir) if report_dir else gate.config.default_report_dir()
+        out = _report_dir(config, gate)
         plan = plan_workers(
             len(config.getoption("tx")),
             gate.startup_s or 0.0,
@@ -123,22 +226,30 @@ def _plan_workers(config: pytest.Config) -> None:
         config.option.dist = "no"
         config.option.tx = []
         config.option.numprocesses = 0
-        config._paritygate_notice = plan.notice  # type: ignore[attr-defined]
+        _state(config).notice = plan.notice
+
+
+def _report_dir(config: pytest.Config, gate: Gate) -> Path:
+    report_dir = config.getoption("--report-dir")
+    return Path(report_dir) if report_dir else gate.config.default_report_dir()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect gate files whose check does not apply to the configured family."""
+    """Deselect gate files whose check does not apply to the configured family.
+
+    A config that does not load is a usage error, said once before any test runs."""
     path = config.getoption("--gate-config")
     gate_items = [i for i in items if "gate_check" in getattr(i, "fixturenames", ())]
     if not path or not gate_items:
         return
-    from paritygate.errors import InputError
     from paritygate.gate import Gate
 
     try:
         wanted = {c.id for c in Gate.from_path(path).checks()}
-    except InputError:
-        return  # reported when the first check builds the gate
+    except InputError as exc:
+        if hasattr(config, "workerinput"):
+            return  # the controller says it (the first check reports it, once)
+        raise pytest.UsageError(f"paritygate: error: {exc.line()}") from None
     drop = [i for i in gate_items if i.name.removeprefix("test_") not in wanted]
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -149,25 +260,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda i: order.get(i.name, -1) if i in gate_items else -1)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Remember which checks were selected (after ``-m``/``-k``), to name those a stopped
+    run (``-x``, ``--maxfail``) never reached."""
+    _state(session.config).selected = [
+        cid for cid in (_check_id(i.nodeid) for i in session.items) if cid is not None
+    ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """The controller's view of the selection under pytest-xdist (workers collect)."""
+    run = _state(node.config)
+    if not run.selected:
+        run.selected = [cid for cid in (_check_id(i) for i in ids) if cid is not None]
+
+
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
     """Gate checks print their own progress line; keep pytest's status letters out of it
     (the word stays, so the short summary still reads ``FAILED <test>``)."""
-    if report.when == "call" and any(k == RESULT_KEY for k, _ in report.user_properties):
+    if report.when == "call" and any(
+        k in (RESULT_KEY, STATUS_KEY) for k, _ in report.user_properties
+    ):
         return report.outcome, "", report.outcome.upper()
     return None
 
 
-def _get_gate(config: pytest.Config) -> Any:
-    from paritygate.errors import InputError
+def _get_gate(config: pytest.Config) -> Gate:
     from paritygate.gate import Gate
 
+    run = _state(config)
     path = config.getoption("--gate-config")
     if not path:
         raise InputError(None, "--gate-config", "no gate config given (or set PARITYGATE_CONFIG)")
     key = str(Path(path).resolve())
-    if key in _INPUT_ERRORS:
-        raise _INPUT_ERRORS[key]
-    if key not in _GATES:
+    if key in run.input_errors:
+        raise run.input_errors[key]
+    if key not in run.gates:
         try:
             report_dir = config.getoption("--report-dir")
             gate = Gate.from_path(
@@ -176,37 +306,42 @@ def _get_gate(config: pytest.Config) -> Any:
                 report_dir=report_dir,
             )
             gate.check_writable(Path(report_dir) if report_dir else None)
+            if not hasattr(config, "workerinput"):
+                gate.begin_bless()  # xdist workers bless under their controller's lock
             gate.context  # noqa: B018 - build and validate every input once
         except InputError as exc:
-            _INPUT_ERRORS[key] = exc
+            run.input_errors[key] = exc
             raise
-        _GATES[key] = gate
-    gate = _GATES[key]
+        run.gates[key] = gate
+    gate = run.gates[key]
     gate.update_golden = config.getoption("--update-golden")
     gate.allow_skips = config.getoption("--allow-skips")
     return gate
 
 
 @pytest.fixture(scope="session")
-def paritygate_gate(pytestconfig: pytest.Config) -> Any:
+def paritygate_gate(pytestconfig: pytest.Config) -> Gate:
     """The :class:`~paritygate.gate.Gate` for ``--gate-config``."""
     return _get_gate(pytestconfig)
 
 
 @pytest.fixture
 def gate_check(request: pytest.FixtureRequest) -> Any:
-    """``gate_check(check_id)``: evaluate one check; fail or skip the test by its verdict."""
-    from paritygate.errors import InputError
+    """``gate_check(check_id)``: evaluate one check; fail or skip the test by its verdict.
 
-    def run(check_id: str) -> Any:
+    Bad input ends the session after this test (``session.shouldstop``): it is said once,
+    as one line, not once per remaining check."""
+
+    def run(check_id: str) -> CheckResult:
+        bad: str | None = None
         try:
-            gate = _get_gate(request.config)
-            result = gate.evaluate(check_id)
+            result = _get_gate(request.config).evaluate(check_id)
         except InputError as exc:
-            request.node.user_properties.append((INPUT_ERROR_KEY, exc.line()))
-            pytest.fail(f"bad input: {exc.line()}", pytrace=False)
-        from paritygate.golden import json_default
-
+            bad = exc.line()
+        if bad is not None:
+            request.node.user_properties.append((INPUT_ERROR_KEY, bad))
+            request.session.shouldstop = "paritygate: bad input (the error line says which)"
+            pytest.fail("bad input: see the paritygate error line", pytrace=False)
         payload = json.dumps(result.to_json(), default=json_default)
         request.node.user_properties.append((RESULT_KEY, payload))
         if result.status == "skip":
@@ -231,108 +366,169 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.longrepr = f"{check_id}: the cause is in the paritygate summary below"
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    config = _CONFIG.get("config")
-    if config is None or report.when != "call":
-        return
-    for name, value in report.user_properties:
-        if name == RESULT_KEY:
-            from paritygate.result import CheckResult
-
-            result = CheckResult.from_json(json.loads(value))
-            config._paritygate_results.append(result)
-            _progress(config, result)
-        elif name == INPUT_ERROR_KEY and value not in config._paritygate_input_errors:
-            config._paritygate_input_errors.append(value)
-
-
-_CONFIG: dict[str, pytest.Config] = {}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _CONFIG["config"] = session.config
-    notice = getattr(session.config, "_paritygate_notice", None)
+    notice = _state(session.config).notice
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if notice and tr is not None:
         tr.write_line(f"paritygate: {notice}")
 
 
-def _progress(config: pytest.Config, result: Any) -> None:
-    tr = config.pluginmanager.get_plugin("terminalreporter")
-    if tr is None:
-        return
-    key = result.key_metric
-    value = result.metrics.get(key) if key else None
-    shown = f"{key}={value:.3g}" if isinstance(value, float) else (f"{key}={value}" if key else "")
-    tr.write_line(
-        f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}"
-    )
+INTERRUPTED_LINE = (
+    "interrupted: no report written; the previous report and golden baselines are unchanged"
+)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or RUN not in config.stash:
         return  # xdist worker: the controller writes the report
-    errors: list[str] = getattr(config, "_paritygate_input_errors", [])
-    results = getattr(config, "_paritygate_results", [])
-    LAST_RUN.clear()
-    if errors:
-        LAST_RUN["input_error"] = errors[0]
-        session.exitstatus = 2
-        return
     if not config.getoption("--gate-config"):
         return  # not a gate session (the project's own tests)
-    from paritygate.errors import InputError
-    from paritygate.report import NOTHING_VERIFIED, nothing_verified_reason, write_reports
+    run = _state(config)
+    run.outcome = _finish(run, session, int(exitstatus))
+    session.exitstatus = _pytest_exit(run.outcome, int(exitstatus))
+    if run.outcome.written is not None:
+        # The session ends next; pytest's exit-time gc passes need not walk the loaded models
+        # and modules again (a second and more on a transformers process).
+        gc.freeze()
+
+
+def _pytest_exit(outcome: Outcome, exitstatus: int) -> int:
+    """pytest's conventions: 5 nothing verified, 4 bad input, 2 interrupted."""
+    if outcome.kind in ("input_error", "usage_error"):
+        return int(EXIT_STOPPED)
+    if outcome.kind == "nothing_verified":
+        return int(EXIT_NOTHING_VERIFIED)
+    if outcome.kind == "interrupted":
+        return int(pytest.ExitCode.INTERRUPTED)
+    if outcome.kind == "pass" and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        return 0  # --allow-skips with nothing selected
+    if outcome.kind == "fail":
+        return int(pytest.ExitCode.TESTS_FAILED)
+    return exitstatus
+
+
+def _finish(run: GateRun, session: pytest.Session, exitstatus: int) -> Outcome:
+    """Decide the outcome, then commit golden and write the reports (or neither)."""
+    config = session.config
+    gate = next(iter(run.gates.values()), None)
+    if run.bad_input:
+        return _stop(gate, Outcome("input_error", run.bad_input[0]))
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return _stop(gate, Outcome("interrupted", INTERRUPTED_LINE))
+    if exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
+        return _stop(gate, Outcome("usage_error"))
+    if config.getoption("collectonly", False):
+        return _stop(gate, Outcome("collect_only"))
+    from paritygate.report import NOTHING_VERIFIED, nothing_verified_reason, overall_status
 
     try:
         gate = _get_gate(config)
     except InputError as exc:
-        LAST_RUN["input_error"] = exc.line()
-        session.exitstatus = 2
-        return
-    report_dir = config.getoption("--report-dir")
-    out = Path(report_dir) if report_dir else gate.config.default_report_dir()
+        return _stop(gate, Outcome("input_error", exc.line()))
     order = {c.id: i for i, c in enumerate(gate.checks())}
-    results = sorted(results, key=lambda r: order.get(r.id, 99))
+    results = sorted(run.results, key=lambda r: order.get(r.id, 99))
+    ran = {r.id for r in results}
+    stopped = bool(session.shouldfail or session.shouldstop)
+    not_run = [cid for cid in run.selected if cid not in ran] if stopped else []
+    status = overall_status(results, allow_skips=gate.allow_skips)
+    line = None
+    if status == NOTHING_VERIFIED:
+        line = nothing_verified_reason(results) + _marker_hint(config)
+    out = _report_dir(config, gate)
+    verified = any(r.status in ("pass", "fail", "error") for r in results)
+    if not verified and _verified_before(out / "report.json"):
+        kept = f"; {out / 'report.json'} (an earlier run that verified checks) is kept"
+        gate.discard_golden()
+        return Outcome(status, (line or "nothing was verified") + kept, None, not_run)
+    from paritygate.report import write_reports
+
     try:
-        written = write_reports(gate, results, out)
+        with _interrupts_deferred():
+            gate.commit_golden()
+            written = write_reports(gate, results, out, not_run=not_run)
+    except InputError as exc:
+        return Outcome("input_error", exc.line())
     except OSError as exc:
-        LAST_RUN["input_error"] = f"{out}: report_dir: cannot write the report: {exc.strerror}"
-        session.exitstatus = 2
+        return Outcome("input_error", write_failed(exc, out, "report_dir").line())
+    return Outcome(written.status, line, written, not_run)
+
+
+def _stop(gate: Gate | None, outcome: Outcome) -> Outcome:
+    """End without a verdict: nothing this run blessed is written, no report either."""
+    if gate is not None:
+        gate.discard_golden()
+    return outcome
+
+
+def _verified_before(path: Path) -> bool:
+    """An existing report.json that verified checks (status pass or fail)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("status") in ("pass", "fail")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _marker_hint(config: pytest.Config) -> str:
+    """``-m`` naming no registered marker says so and lists them (as --strict-markers does)."""
+    import re
+
+    expr = config.getoption("markexpr", "") or ""
+    names = set(re.findall(r"[A-Za-z_][\w.-]*", expr)) - {"and", "or", "not"}
+    known = sorted({line.split(":")[0].split("(")[0].strip()
+                    for line in config.getini("markers")})
+    unknown = sorted(names - set(known))
+    if not unknown:
+        return ""
+    return f"; -m names no marker {', '.join(unknown)}: markers are {', '.join(known)}"
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while golden and reports are written (a few milliseconds), so the
+    set of files is one run's. A signal that arrives then finds the work done: the run ends
+    with its verdict, which the files already say."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    config._paritygate_written = written  # type: ignore[attr-defined]
-    # The session ends next; pytest's exit-time gc passes need not walk the loaded models
-    # and modules again (a second and more on a transformers process).
-    gc.freeze()
-    LAST_RUN["status"] = written.status
-    if written.status == NOTHING_VERIFIED:
-        LAST_RUN["nothing_verified"] = nothing_verified_reason(results)
-        session.exitstatus = EXIT_NOTHING_VERIFIED
-    elif written.status == "pass" and session.exitstatus == 5:
-        session.exitstatus = 0  # --allow-skips with nothing selected
+    caught: list[int] = []
+    names = [n for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)]
+    old = {n: signal.signal(getattr(signal, n), lambda sig, _f: caught.append(sig))
+           for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in old.items():
+            signal.signal(getattr(signal, n), handler)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or RUN not in config.stash:
         return  # xdist worker: its errors travel to the controller, which prints the one line
-    errors: list[str] = getattr(config, "_paritygate_input_errors", [])
-    error = LAST_RUN.get("input_error") or (errors[0] if errors else None)
-    if error:
-        if not CLI_OWNS_STDERR["on"]:
-            import sys
-
-            print(f"paritygate: error: {error}", file=sys.stderr)
+    run = _state(config)
+    outcome = run.outcome
+    if outcome is None:
         return
-    written = getattr(config, "_paritygate_written", None)
-    if written is None:
+    if outcome.kind in ("input_error", "interrupted") and outcome.line:
+        if not run.owns_stderr:
+            print(f"paritygate: {'error: ' if outcome.kind == 'input_error' else ''}"
+                  f"{outcome.line}", file=sys.stderr)
         return
-    from paritygate.report import summary_table
+    written = outcome.written
+    if written is not None:
+        from paritygate.report import summary_table
 
-    terminalreporter.write_sep("=", "paritygate")
-    for line in summary_table(written.results):
-        terminalreporter.write_line(line)
-    terminalreporter.write_line(f"status: {written.status}   reports: {written.directory}")
-    if "nothing_verified" in LAST_RUN:
-        terminalreporter.write_line(f"paritygate: {LAST_RUN['nothing_verified']}")
+        terminalreporter.write_sep("=", "paritygate")
+        for line in summary_table(written.results):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"status: {written.status}   reports: {written.directory}")
+    if outcome.not_run:
+        terminalreporter.write_line(
+            f"paritygate: not run (the run stopped early): {', '.join(outcome.not_run)}; "
+            "the root cause is chosen among the checks that ran")
+    if outcome.kind == "nothing_verified" or (outcome.line and written is None):
+        terminalreporter.write_line(f"paritygate: {outcome.line}")

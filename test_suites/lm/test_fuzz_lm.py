@@ -187,6 +187,19 @@ def _set(dotted: str, value: Callable[[Path], Any], file: str, key: str) -> Buil
     return build
 
 
+def _template(text: str) -> Builder:
+    """A serving chat template override and one chat probe that goes through it."""
+    def build(cfg: dict[str, Any], model: Path, folder: Path) -> tuple[str, str | None]:
+        path = _write(folder / "serving.jinja", text)
+        cfg["causal_lm"]["tokenizer"]["serving_chat_template"] = str(path)
+        probes = _write(folder / "probes.jsonl", json.dumps(
+            {"id": "chat-1", "messages": [{"role": "user", "content": "Hi there"}]}) + "\n")
+        cfg["causal_lm"]["probes"] = str(probes)
+        return "serving.jinja", "causal_lm.tokenizer.serving_chat_template: probe 'chat-1'"
+
+    return build
+
+
 def _pickled_bytes(folder: Path) -> bytes:
     import torch
 
@@ -235,6 +248,13 @@ CASES: dict[str, Builder] = {
     "probes-no-text": _probes('{"id": "a"}\n', "line 1"),
     "probes-text-not-a-string": _probes('{"id": "a", "text": 3}\n', "line 1.text"),
     "probes-not-utf8": _probes(b'{"id": "a", "text": "\xff"}\n'),
+    # --- chat templates: the sandbox, syntax, runtime and resources (issue: each exit 2) ---
+    "template-sandbox-escape": _template(
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}"),
+    "template-syntax-error": _template("{% for m in messages %}{{ m.content }"),
+    "template-runtime-error": _template("{{ (messages | length) // 0 }}"),
+    "template-runaway-loop": _template(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"),
     # --- the log-prob function (factory) ---
     "logprob-fn-unimportable": _logprob_fn("no_such_module:fn"),
     "logprob-fn-not-callable": _logprob_fn("paritygate.families.causal_lm.logprobs:__doc__"),

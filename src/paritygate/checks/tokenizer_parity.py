@@ -161,4 +161,5 @@ CHECK = CheckSpec(
     marks=("fast",),
     kinds=(*(f"{name}_differs" for name in ALLOWABLE), "unknown_allow_field",
            "padding_side", "tokenization_differs"),
+    feeds_probes=True,  # names the probes cut before tokenizing
 )

@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from paritygate.files import atomic_savefig
+
 COLOURS = {"float16": "tab:blue", "bfloat16": "tab:orange"}
 ONNX_COLOUR = "black"
 NONFINITE_COLOUR = "red"
@@ -202,9 +204,7 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     head.set_xticklabels([name for _, name in named], rotation=35, ha="right", fontsize=7)
     head.set_xlabel(f"layer (execution order; the {len(named)} highest error / budget named)")
     axes[0].set_title(title, fontsize=9, loc="left")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return atomic_savefig(fig, path)  # a reader polling the report folder never sees a partial PNG
 
 
 def _log_axis(ax: Any) -> None:

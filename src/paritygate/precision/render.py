@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.check import Rendered
-from paritygate.golden import atomic_write_bytes
+from paritygate.files import atomic_write_bytes
 from paritygate.result import CheckResult
 
 CSV_COLUMNS = [

@@ -15,7 +15,7 @@ from typing import Any
 
 from paritygate.check import Rendered
 from paritygate.checks import get_check
-from paritygate.golden import atomic_write_text, dump_json
+from paritygate.files import atomic_write_text, dump_json
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
     nothing_verified_reason,
@@ -58,8 +58,18 @@ class WrittenReport:
     root_cause: str | None = None
 
 
-def write_reports(gate: Any, results: list[CheckResult], directory: Path) -> WrittenReport:
-    """Write every report artifact into ``directory`` and return what was written."""
+def write_reports(
+    gate: Any,
+    results: list[CheckResult],
+    directory: Path,
+    *,
+    not_run: list[str] | None = None,
+) -> WrittenReport:
+    """Write every report artifact into ``directory`` and return what was written.
+
+    Each file is rendered first and then written atomically, report.json last: a reader
+    (or a run interrupted while writing) never finds a report.json newer than its siblings.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     extras: dict[str, Rendered] = {}
     files: list[str] = []
@@ -68,14 +78,18 @@ def write_reports(gate: Any, results: list[CheckResult], directory: Path) -> Wri
         if spec.render is not None and r.status in ("pass", "fail"):
             extras[r.id] = spec.render(r, directory)
             files += extras[r.id].files
-    data = report_json(gate, results)
+    data = report_json(gate, results, not_run=not_run)
     if os.environ.get(VALIDATE_ENV) == "1":
         validate_report(data)
-    atomic_write_text(directory / "report.json", dump_json(data))
     md = report_markdown(data, extras)
-    atomic_write_text(directory / "report.md", md)
-    atomic_write_text(directory / "report.html", report_html(data, extras))
-    atomic_write_text(directory / "junit.xml", junit_xml(data))
+    texts = {
+        "report.md": md,
+        "report.html": report_html(data, extras),
+        "junit.xml": junit_xml(data),
+        "report.json": dump_json(data),
+    }
+    for name, text in texts.items():
+        atomic_write_text(directory / name, text)
     files += ["report.json", "report.md", "report.html", "junit.xml"]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:

@@ -101,8 +101,13 @@ def artifact_url() -> str | None:
     return None
 
 
-def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
-    """The report.json mapping of a run: strict JSON, root cause first in ``root_cause``."""
+def report_json(
+    gate: Any, results: list[CheckResult], *, not_run: list[str] | None = None
+) -> dict[str, Any]:
+    """The report.json mapping of a run: strict JSON, root cause first in ``root_cause``.
+
+    ``not_run``: selected checks a stopped run (``-x``) never reached; the root cause is
+    chosen among the checks that ran, and the report says which did not."""
     from paritygate.provenance import environment
 
     ctx = gate.context
@@ -130,4 +135,6 @@ def report_json(gate: Any, results: list[CheckResult]) -> dict[str, Any]:
         "environment": {k: str(v) for k, v in environment().items()},
         "checks": [r.to_json() for r in explained],
     }
+    if not_run:
+        data["not_run"] = list(not_run)
     return strict(data)

@@ -108,6 +108,9 @@ class Report(_Strict):
     checkpoint: CheckpointRecord
     environment: dict[str, str]
     checks: list[CheckRecord]
+    not_run: list[str] = Field(default_factory=list,
+                               description="selected checks that never ran because the run "
+                                           "stopped early (-x, --maxfail); present only then")
 
 
 def report_schema() -> dict[str, Any]:

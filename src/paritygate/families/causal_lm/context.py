@@ -19,7 +19,7 @@ from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.serving import declared_serving_dtype, resolve_serving
-from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
+from paritygate.families.causal_lm.tokenizer import encode_probe, is_cut, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
 
@@ -52,16 +52,25 @@ class LMContext:
     """The config key the served directory came from (``causal_lm.model_dir`` when no serving
     directory is configured: the training directory is served)."""
     family: str = "causal_lm"
+    cut_probes: list[str] = field(default_factory=list)
+    """Ids of probes whose text was cut by characters before tokenizing (see
+    :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def note_probes(self, m: Any) -> None:
+        """Name the probes whose text was cut before tokenizing, in a check's measurement."""
+        if self.cut_probes:
+            from paritygate.families.causal_lm.tokenizer import MAX_CHARS_PER_TOKEN
+
+            limit = self.spec.max_prompt_tokens * MAX_CHARS_PER_TOKEN
+            m.note(f"probe text cut to {limit} characters before tokenizing "
+                   f"(max_prompt_tokens x {MAX_CHARS_PER_TOKEN}): {', '.join(self.cut_probes)}")
 
     @property
     def numerics(self) -> dict[str, str]:
         """Settings that move the numbers by design, recorded with a blessed baseline: a
         regression against a baseline blessed under other settings says so."""
         return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
-
-    def note_probes(self, m: Any) -> None:
-        """Every probe prompt is fed to the models: nothing left out to note."""
 
     @property
     def probes_sha256(self) -> str:
@@ -222,7 +231,7 @@ class LMContext:
         from paritygate.families.causal_lm.tokenizer import render_probe
 
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
-        return render_probe(tok, probe)
+        return render_probe(tok, probe, self.spec.max_prompt_tokens)
 
     def dump_records(self) -> list[dict[str, Any]]:
         """The validated records of ``engine.dump`` (``engines: [dump]``)."""
@@ -344,10 +353,13 @@ def build_lm_context(config: GateConfig) -> LMContext:
                     f"causal_lm.tokenizer.{side}",
                     f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
                 )
+        # Every probe goes through both tokenizers (and chat templates) here, once, so a
+        # template that fails or runs away is bad input before any check runs.
+        encoded = [_encode_checked(config, side, tok, probe, model_dir)
+                   for side, tok in (("training", training_tok), ("serving", serving_tok))]
         # An empty prompt is a fair edge case while a BOS token conditions it; with no token on
         # either side nothing can be generated (one side empty is tokenizer_parity's finding).
-        sides = (training_tok, serving_tok)
-        if not any(encode_probe(t, probe, spec.max_prompt_tokens) for t in sides):
+        if not any(encoded):
             raise InputError(
                 config.resolve(spec.probes),
                 f"probe {probe.id!r}",
@@ -403,9 +415,33 @@ def build_lm_context(config: GateConfig) -> LMContext:
         training_tokenizer=training_tok,
         serving_tokenizer=serving_tok,
         probes=probes,
+        cut_probes=[p.id for p in probes if is_cut(p, spec.max_prompt_tokens)],
         training_sampling=training_sampling,
         serving_sampling=serving_sampling,
         logprob_fn=logprob_fn,
         served_from=served_from,
         declared_dtype=declared,
     )
+
+
+def _encode_checked(config: Any, side: str, tok: Any, probe: Probe, model_dir: Path) -> list[int]:
+    """``probe``'s token ids with the ``side`` tokenizer, its rendered chat checked too; a
+    chat template's failure names the template's file, its config key and the probe."""
+    from paritygate.families.causal_lm.tokenizer import render_probe, template_file
+
+    spec = config.causal_lm
+    try:
+        ids = encode_probe(tok, probe, spec.max_prompt_tokens)
+        if probe.is_chat:
+            render_probe(tok, probe, spec.max_prompt_tokens)
+    except InputError as exc:
+        if exc.file is not None:
+            raise
+        directory = getattr(spec.tokenizer, side)
+        override = getattr(spec.tokenizer, f"{side}_chat_template")
+        where = template_file(config.resolve(directory) if directory else model_dir,
+                              config.resolve(override) if override else None)
+        key = (f"causal_lm.tokenizer.{side}_chat_template" if override
+               else f"causal_lm.tokenizer.{side}")
+        raise InputError(where, f"{key}: {exc.key}", exc.cause) from None
+    return ids

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from paritygate.engines.hf_loading import safetensors_files
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.weights import is_training_only
-from paritygate.golden import atomic_write_bytes, atomic_write_text
+from paritygate.files import atomic_write_bytes, atomic_write_text
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig

@@ -328,22 +328,29 @@ def check_artifact_inputs(
             )
 
 
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is rewritten: inode, size and modification time."""
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
 def build_policy_context(
     config: GateConfig, *, export_dir: Path | None = None, force_export: bool = False
 ) -> PolicyContext:
     """Load and validate every input of a policy gate."""
     import torch
 
-    from paritygate.checkpoints import load_state_dict
-    from paritygate.provenance import sha256_file
+    from paritygate.checkpoints import load_state_dict, read_checkpoint
 
     spec = config.policy
     assert spec is not None
     torch.manual_seed(config.seed)
     ckpt = config.resolve(spec.checkpoint)
-    sha_before = sha256_file(ckpt) if ckpt.is_file() else ""
     with keyed("policy.checkpoint"):
-        state = load_state_dict(ckpt, allow_pickle=config.allow_pickle)
+        data, sha = read_checkpoint(ckpt)  # one read: the digest and the tensors
+        stat_before = _stamp(ckpt)
+        state = load_state_dict(ckpt, allow_pickle=config.allow_pickle, data=data)
+        del data
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
     training_load = load_into(training, state)
@@ -369,14 +376,13 @@ def build_policy_context(
         given = config.resolve(spec.artifact)
         if not given.exists():
             raise InputError(given, "policy.artifact", "artifact not found")
-    sha_after = sha256_file(ckpt)
-    if sha_before != sha_after:
+    if _stamp(ckpt) != stat_before:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
     ctx = PolicyContext(
         config=config,
         spec=spec,
         checkpoint_path=ckpt,
-        checkpoint_sha256=sha_after,
+        checkpoint_sha256=sha,
         state=state,
         training_model=training,
         inference_model=inference,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
-from paritygate.golden import atomic_write_bytes, atomic_write_text
+from paritygate.files import atomic_write_bytes, atomic_write_text
 
 EXPORTER_NOISE_LOGGERS: tuple[str, ...] = (
     # one warning per optional torchvision op the exporter cannot register

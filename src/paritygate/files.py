@@ -1,0 +1,212 @@
+"""Files the gate writes: atomic text, bytes and plots, JSON, and the writability probe.
+
+The ground floor of the package (it imports nothing of paritygate): golden baselines,
+reports, exports and the precision artifacts all write through it, so a reader never
+sees a half-written file and a killed writer leaves at most a stale temp file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+STALE_TMP_S = 60.0
+"""A temp file older than this is a leftover of a killed writer: a live write takes
+milliseconds, so a concurrent writer (pytest-xdist) is never raced."""
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[Path]:
+    """Remove ``.<name>.*.tmp`` leftovers of ``path`` that a killed writer left behind."""
+    removed = []
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > older_than_s:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            continue  # another writer finished or removed it
+    return removed
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write(fh)`` on a temp file beside ``path``, then ``os.replace`` it into place.
+
+    Safe under pytest-xdist and for readers polling ``path``: they see the old file or the
+    new one, never a partial one. Stale temp files of killed writers are removed first
+    (:func:`clean_stale_temps`); on any error, an interrupt included, the temp file goes.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.chmod(tmp, _umask_mode())  # mkstemp creates 0600; reports and golden are shared files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write(path, lambda fh: fh.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write UTF-8 ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_savefig(fig: Any, path: Path, **kwargs: Any) -> Path:
+    """Save a matplotlib figure to ``path`` atomically (format taken from the suffix)."""
+    fmt = kwargs.pop("format", path.suffix.lstrip(".") or "png")
+    return atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, **kwargs))
+
+
+def json_default(obj: Any) -> Any:
+    """JSON for numpy scalars/arrays and paths that checks may leave in details."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def dump_json(data: Any) -> str:
+    """Indented, key-sorted JSON text (NaN allowed) ending in a newline."""
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
+
+
+def unwritable_reason(target: Path) -> str | None:
+    """Why files cannot be created under the folder ``target``, or ``None`` when they can.
+
+    Decided on the resolved path (symlinks followed, a dangling link included), so a link
+    into a read-only mount or onto a missing folder is caught before any work is done.
+    """
+    resolved = Path(os.path.realpath(os.path.abspath(target)))
+    probe = resolved
+    while not probe.exists() and probe != probe.parent:
+        if probe.is_symlink():  # a dangling link that realpath could not follow (a loop)
+            return f"{probe} is a symbolic link that leads nowhere"
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "is a file" if probe == resolved else f"is under a regular file {probe}"
+        return f"the folder {where}"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        shown = probe if resolved == Path(os.path.abspath(target)) else f"{probe} (via a link)"
+        return f"{shown} is not writable"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".paritygate-write-probe.", dir=probe)
+    except OSError as exc:  # a read-only mount passes os.access for root
+        return f"{probe}: {exc.strerror}"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
+class LockHeld(Exception):
+    """Another live process holds the lock file (its pid, when it wrote one)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        super().__init__(f"{path} is held by pid {pid}")
+        self.path = path
+        self.pid = pid
+
+
+class FileLock:
+    """An exclusive, non-blocking lock on ``path`` that holds the holder's pid.
+
+    ``flock`` where the platform has it: the kernel drops the lock when its holder dies,
+    so a killed process never leaves a lock that blocks the next run (the file may stay; it
+    is taken over). Elsewhere ``O_EXCL`` creation, with a lock of a dead pid taken over.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> FileLock:
+        """Take the lock or raise :class:`LockHeld`; ``OSError`` when it cannot be created."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return self._acquire_excl()
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise LockHeld(self.path, _read_pid(self.path)) from None
+            try:  # the holder before us may have removed the file we locked: lock the new one
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def _acquire_excl(self) -> FileLock:  # pragma: no cover - not POSIX
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                pid = _read_pid(self.path)
+                if pid is not None and _alive(pid):
+                    raise LockHeld(self.path, pid) from None
+                self.path.unlink(missing_ok=True)  # a dead holder's lock
+                continue
+            os.write(fd, f"{os.getpid()}\n".encode())
+            self._fd = fd
+            return self
+        raise LockHeld(self.path, _read_pid(self.path))
+
+    def release(self) -> None:
+        """Drop the lock and remove its file (a no-op when not held)."""
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text(encoding="utf-8").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:  # pragma: no cover - not POSIX
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
