@@ -23,6 +23,7 @@ from typing import Any
 from paritygate.errors import InputError
 from paritygate.init_infer import (
     TODO,
+    config_header,
     find_todos,
     gate_name,
     gitignore_proposal,
@@ -108,15 +109,7 @@ def _policy_text(
     sb3 = _sb3_layout(source, state)
     base = out.parent
     n_params = sum(int(t.numel()) for t in state.values())
-    lines = [
-        f"# Gate config written by `paritygate init {source.name}`. Edit it, then bless:",
-        f"#   paritygate run {out.as_posix()} --update-golden",
-        "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
-        "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}   # {name_note}",
-        "family: policy",
-        "seed: 0",
-    ]
+    lines = config_header(source, out, name, name_note, "policy")
     if sb3 is None:
         folders, why = python_path(Path.cwd())
         lines.append(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
-from paritygate.init_infer import TODO, head_prefixes
+from paritygate.init_infer import TODO, config_header, head_prefixes
 from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
 
@@ -57,13 +57,7 @@ def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[st
     gen = _read_json(gen_path) if gen_path.exists() else {}
     arch = _architecture(config)
     lines = [
-        f"# Gate config written by `paritygate init {source.name}`. Edit it, then bless:",
-        f"#   paritygate run {out.as_posix()} --update-golden",
-        "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
-        "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}   # {name_note}",
-        "family: causal_lm",
-        "seed: 0",
+        *config_header(source, out, name, name_note, "causal_lm"),
         "trust_remote_code: false   # never run modelling code from the model directory",
         "causal_lm:",
         f"  model_dir: {rel}   # {arch}, {len(keys)} tensors",

@@ -211,7 +211,7 @@ GRAPH: tuple[Explanation, ...] = (
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
     Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
-                ("logits_agreement",),
+                ("logits_agreement", "generation_parity"),
                 "the engine computes in another precision than the pinned tier judges",
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision"),

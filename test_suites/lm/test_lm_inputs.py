@@ -177,7 +177,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     )
     stand_in.name = "vllm"
     monkeypatch.setitem(ctx._cache, "engine:vllm", stand_in)
-    monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda model_dir=None: None)
     m = vllm_delta.CHECK.measures["causal_lm"](ctx, Thresholds(vllm_delta.CHECK.defaults))
     assert m.skipped is None and not m.findings, m.findings
     assert m.details["engine"]["name"] == "vllm"
