@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.engines.base import feed_rows, take_rows
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
@@ -34,19 +36,21 @@ def _bn_modules(model: Any) -> list[tuple[str, Any]]:
             if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
 
 
-def _batch_dependence(engine: Any, name: str, out: str, x: np.ndarray, sizes: list[int],
+def _batch_dependence(engine: Any, out: str, x: Mapping[str, np.ndarray], sizes: list[int],
                       seed: int) -> float:
     """Max |row output in a batch - the same row run alone| over batch sizes 1, 2, N, shuffled."""
-    alone = np.concatenate([engine.infer({name: x[i:i + 1]})[out] for i in range(len(x))])
+    rows = feed_rows(x)
+    alone = np.concatenate([engine.infer(take_rows(x, slice(i, i + 1)))[out]
+                            for i in range(rows)])
     worst = 0.0
     rng = np.random.default_rng(seed)
-    for size in [*sizes, len(x)]:
-        n = (len(x) // size) * size
+    for size in [*sizes, rows]:
+        n = (rows // size) * size
         for start in range(0, n, size):
-            got = engine.infer({name: x[start:start + size]})[out]
+            got = engine.infer(take_rows(x, slice(start, start + size)))[out]
             worst = max(worst, float(np.abs(got - alone[start:start + size]).max()))
-    perm = rng.permutation(len(x))
-    shuffled = engine.infer({name: x[perm]})[out]
+    perm = rng.permutation(rows)
+    shuffled = engine.infer(take_rows(x, perm))[out]
     worst = max(worst, float(np.abs(shuffled - alone[perm]).max()))
     return worst
 
@@ -55,18 +59,12 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     """Max |artifact - torch eval with every BatchNorm reset to mean 0 / var 1|."""
     import copy
 
-    import torch
-
     model = copy.deepcopy(ctx.training_model)
     for _, mod in _bn_modules(model):
         if mod.track_running_stats and mod.running_mean is not None:
             mod.reset_running_stats()
     model.eval()
-    from paritygate.engines.torch_engine import select_output
-
-    with torch.inference_mode():
-        out = select_output(model(torch.from_numpy(ctx.probes)), ctx.spec.policy_output)
-    reset = out.detach().float().numpy()
+    reset = ctx.new_training_engine(model).infer(ctx.feeds)[ctx.output_name]
     if reset.shape != candidate.shape:
         return float("inf")
     return float(np.abs(reset.astype(np.float64) - candidate).max())
@@ -125,18 +123,17 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if not onnx_bns and bns:
         m.note("BatchNorm folded into neighbouring layers in the artifact; verified numerically")
 
-    x = ctx.probes[: min(len(ctx.probes), 16)]
+    x = take_rows(ctx.feeds, slice(0, min(ctx.n_probes, 16)))
     sizes = list(ctx.spec.batch_sizes)
     try:
-        cand_dep: float | None = _batch_dependence(ctx.candidate, ctx.input_name,
-                                                   ctx.output_name, x, sizes, ctx.config.seed)
+        cand_dep: float | None = _batch_dependence(ctx.candidate, ctx.output_name, x, sizes,
+                                                   ctx.config.seed)
     except ValueError as exc:  # the engine refuses batch sizes its fixed batch axis cannot run
         cand_dep = None
         m.fail(
             "batch_dependence_unmeasured",
             f"cannot measure the artifact's batch independence: {exc} (see export_integrity)")
-    ref_dep = _batch_dependence(ctx.reference, ctx.input_name, ctx.output_name, x, sizes,
-                                ctx.config.seed)
+    ref_dep = _batch_dependence(ctx.reference, ctx.output_name, x, sizes, ctx.config.seed)
     cand = ctx.candidate_outputs[ctx.output_name]
     bad = finite_report("candidate output", cand)
     if bad:

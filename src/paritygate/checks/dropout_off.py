@@ -20,11 +20,11 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _repeat_spread(engine: Any, name: str, out: str, x: np.ndarray, k: int) -> float:
-    first = engine.infer({name: x})[out]
+def _repeat_spread(engine: Any, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
+    first = engine.infer(x)[out]
     worst = 0.0
     for _ in range(k - 1):
-        again = engine.infer({name: x})[out]
+        again = engine.infer(x)[out]
         with np.errstate(invalid="ignore"):
             d = np.abs(again.astype(np.float64) - first)
         seen = d[~np.isnan(d)]  # NaN in both runs at the same place is compared below
@@ -37,7 +37,6 @@ def _repeat_spread(engine: Any, name: str, out: str, x: np.ndarray, k: int) -> f
 def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
-    from paritygate.engines.torch_engine import TorchEngine
     from paritygate.onnx_lint import random_nodes
 
     m = Measurement("dropout_off")
@@ -54,11 +53,10 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "(train()/eval() overridden or mode forced)")
     # Reset the seed so a stochastic forward cannot be mistaken for determinism by luck.
     torch.manual_seed(ctx.config.seed)
-    inference = TorchEngine(ctx.inference_model, input_name=ctx.input_name,
-                            output_name=ctx.output_name, select=0, name="torch inference model")
+    inference = ctx.new_inference_engine(ctx.inference_model)
     torch_spread = max(
-        _repeat_spread(inference, ctx.input_name, ctx.output_name, ctx.probes, k),
-        _repeat_spread(ctx.reference, ctx.input_name, ctx.output_name, ctx.probes, k),
+        _repeat_spread(inference, ctx.output_name, ctx.feeds, k),
+        _repeat_spread(ctx.reference, ctx.output_name, ctx.feeds, k),
     )
     if torch_spread > thresholds["repeat_max_abs_diff"]:
         m.fail(
@@ -66,7 +64,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             f"torch eval forward is not deterministic: {k} repeated runs differ by up to "
             f"{torch_spread:.3g} (dropout with training=True, stochastic depth, or sampling in "
             "forward)")
-    artifact_spread = _repeat_spread(ctx.candidate, ctx.input_name, ctx.output_name, ctx.probes, k)
+    artifact_spread = _repeat_spread(ctx.candidate, ctx.output_name, ctx.feeds, k)
     if artifact_spread > thresholds["repeat_max_abs_diff"]:
         m.fail(
             "artifact_nondeterministic",

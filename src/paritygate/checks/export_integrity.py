@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.engines.base import take_rows
 from paritygate.metrics import magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
@@ -124,28 +125,28 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     inputs = {i.name: i for i in model.graph.input}
     init_names = {i.name for i in model.graph.initializer}
     real_inputs = [n for n in inputs if n not in init_names]
-    if real_inputs != [ctx.input_name]:
+    if real_inputs != ctx.input_names:
         m.fail(
             "inputs_differ",
-            f"artifact inputs {real_inputs} differ from the declared [{ctx.input_name!r}]")
+            f"artifact inputs {real_inputs} differ from the declared {ctx.input_names}")
     outputs = [o.name for o in model.graph.output]
     if outputs != list(ctx.spec.output_names):
         m.fail(
             "outputs_differ",
             f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
     baked = False
-    if ctx.input_name in inputs:
-        dim0 = inputs[ctx.input_name].type.tensor_type.shape.dim[0]
-        if dim0.HasField("dim_value"):
+    for name in ctx.input_names:
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        if len(dims) and dims[0].HasField("dim_value"):
             baked = True
-            m.fail("batch_axis_baked", f"batch axis of input {ctx.input_name!r} is baked to "
-                   f"the constant {dim0.dim_value}; export with a dynamic batch axis")
+            m.fail("batch_axis_baked", f"batch axis of input {name!r} is baked to "
+                   f"the constant {dims[0].dim_value}; export with a dynamic batch axis")
 
     session = ctx.candidate.session
     batch_failures = []
-    for n in sorted({1, min(len(ctx.probes), 7)}):
+    for n in sorted({1, min(ctx.n_probes, 7)}):
         try:
-            out = session.run(None, {ctx.input_name: ctx.probes[:n]})
+            out = session.run(None, take_rows(ctx.feeds, slice(0, n)))
             if out[0].shape[0] != n:
                 batch_failures.append(f"batch {n} returned {out[0].shape[0]} rows")
         except Exception as exc:

@@ -76,10 +76,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     # A forward that disagrees with itself cannot be compared with another one: name the
     # randomness instead of blaming a removed step (dropout_off measures it).
     again = {
-        "inference model": ctx.inference_engine.infer({ctx.input_name: ctx.probes})[
-            ctx.output_name
-        ],
-        "training model": ctx.reference.infer({ctx.input_name: ctx.probes})[ctx.output_name],
+        "inference model": ctx.inference_engine.infer(ctx.feeds)[ctx.output_name],
+        "training model": ctx.reference.infer(ctx.feeds)[ctx.output_name],
     }
     random_sides = []
     for side, first in (("inference model", candidate), ("training model", reference)):

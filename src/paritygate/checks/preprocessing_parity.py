@@ -155,15 +155,26 @@ def _diagnose(
     return "stats_differ", "normalisation statistics differ (stale stats or another epsilon)"
 
 
-def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
-    m = Measurement("preprocessing_parity")
-    if ctx.training_preprocess is None:
-        return m.skip("no preprocessing configured (policy.preprocessing)")
-    pre = ctx.spec.preprocessing
-    assert pre is not None  # both preprocessing callables come from this section
+@dataclass
+class _InputResult:
+    """One observation input's preprocessing comparison."""
+
+    worst_diff: float = 0.0
+    worst_feature: int = -1
+    nonfinite_mismatches: int = 0
+    discrete_mismatches: int = 0
+    per_feature: np.ndarray | None = None
+    cases: tuple[str, ...] = ()
+
+
+def _measure_input(
+    m: Measurement, raw_probes: np.ndarray, training: Any, serving: Any, pre: Any,
+    kinds: tuple[str, ...], limit: float, prefix: str,
+) -> _InputResult:
+    """Compare one input's two preprocessing implementations on its probes and edge cases;
+    findings go to ``m``, their messages led by ``prefix`` (the input's name, when several)."""
     discrete = list(pre.discrete_features)
-    limit = thresholds["max_abs_diff"]
-    cases = edge_cases(ctx.raw_probes, ctx.spec.probes.edge_case_kinds)
+    cases = edge_cases(raw_probes, kinds)
     worst_case, worst_diff, worst_feature = "", 0.0, -1
     discrete_mismatch = 0
     per_feature: np.ndarray | None = None
@@ -171,23 +182,25 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     raw_passthrough = False
     for label, raw in cases.items():
         try:
-            ref = _as_array(ctx.training_preprocess(raw.copy())).astype(np.float64)
+            ref = _as_array(training(raw.copy())).astype(np.float64)
         except Exception as exc:
             m.fail(
                 "training_raised",
-                f"training preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
+                f"{prefix}training preprocessing raised on {label} input: "
+                f"{type(exc).__name__}: {exc}")
             continue
         try:
-            cand = _as_array(ctx.serving_preprocess(raw.copy())).astype(np.float64)
+            cand = _as_array(serving(raw.copy())).astype(np.float64)
         except Exception as exc:
             m.fail(
                 "serving_raised",
-                f"serving preprocessing raised on {label} input: {type(exc).__name__}: {exc}")
+                f"{prefix}serving preprocessing raised on {label} input: "
+                f"{type(exc).__name__}: {exc}")
             continue
         if ref.shape != cand.shape:
             m.fail(
                 "output_shape",
-                f"{label}: output shapes differ: training {list(ref.shape)} vs serving "
+                f"{prefix}{label}: output shapes differ: training {list(ref.shape)} vs serving "
                 f"{list(cand.shape)}")
             continue
         if ref.size == 0:
@@ -215,11 +228,11 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         if worst_diff > limit:
             m.fail(
                 kind,
-                f"feature {worst_feature} differs by {worst_diff:.3g} between training and "
-                f"serving preprocessing (worst on {worst_case} input): {cause}"
+                f"{prefix}feature {worst_feature} differs by {worst_diff:.3g} between training "
+                f"and serving preprocessing (worst on {worst_case} input): {cause}"
             )
         elif kind == "fill_differs":
-            m.fail(kind, cause)
+            m.fail(kind, prefix + cause)
         if kind != "fill_differs":
             for c in mismatched[:3]:
                 sides = []
@@ -229,23 +242,51 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
                         sides.append(f"{side} at features {[int(j) for j in cols[:12]]}")
                 m.fail(
                     "nonfinite_mismatch",
-                    f"non-finite values at different positions on {c.label} input: "
+                    f"{prefix}non-finite values at different positions on {c.label} input: "
                     f"NaN/Inf on one side only ({'; '.join(sides) or 'different kinds'})"
                 )
     agreeing = sum(c.agreeing_nonfinite for c in compared)
     if agreeing:
-        m.note(f"both sides give the same NaN/Inf at {agreeing} positions (agreement)")
+        m.note(f"{prefix}both sides give the same NaN/Inf at {agreeing} positions (agreement)")
     if discrete_mismatch:
         m.fail(
             "discrete_mismatch",
-            f"{discrete_mismatch} discrete feature values differ (features {discrete})")
-    m.metric("max_abs_diff", worst_diff, threshold=limit, key=True)
-    m.metric("nonfinite_mismatches", n_mismatch, threshold=0)
-    m.metric("discrete_mismatches", discrete_mismatch, threshold=0)
-    m.metric("worst_feature", worst_feature, bad="none", ratchet=False)
-    if per_feature is not None:
-        m.details["per_feature_max_abs_diff"] = [float(v) for v in per_feature]
-    m.details["cases"] = sorted(cases)
+            f"{prefix}{discrete_mismatch} discrete feature values differ (features {discrete})")
+    return _InputResult(worst_diff, worst_feature, n_mismatch, discrete_mismatch, per_feature,
+                        tuple(sorted(cases)))
+
+
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("preprocessing_parity")
+    pres = ctx.input_preprocessors or {}
+    if not pres:
+        return m.skip("no preprocessing configured (policy.preprocessing)")
+    limit = thresholds["max_abs_diff"]
+    several = len(ctx.spec.observation_inputs) > 1
+    results: dict[str, _InputResult] = {}
+    for name, (training, serving) in pres.items():
+        pre = ctx.spec.input_preprocessing(name)
+        assert pre is not None  # both preprocessing callables come from this section
+        results[name] = _measure_input(
+            m, ctx.raw_inputs[name], training, serving, pre, ctx.spec.probes.edge_case_kinds,
+            limit, f"input {name!r}: " if several else "")
+    worst_input = max(results, key=lambda n: results[n].worst_diff)
+    worst = results[worst_input]
+    m.metric("max_abs_diff", worst.worst_diff, threshold=limit, key=True)
+    m.metric("nonfinite_mismatches", sum(r.nonfinite_mismatches for r in results.values()),
+             threshold=0)
+    m.metric("discrete_mismatches", sum(r.discrete_mismatches for r in results.values()),
+             threshold=0)
+    m.metric("worst_feature", worst.worst_feature, bad="none", ratchet=False)
+    if several:
+        m.details["worst_input"] = worst_input
+        m.details["per_input_max_abs_diff"] = {n: r.worst_diff for n, r in results.items()}
+        m.details["per_feature_max_abs_diff"] = {
+            n: [float(v) for v in r.per_feature] for n, r in results.items()
+            if r.per_feature is not None}
+    elif worst.per_feature is not None:
+        m.details["per_feature_max_abs_diff"] = [float(v) for v in worst.per_feature]
+    m.details["cases"] = list(worst.cases)
     return m
 
 

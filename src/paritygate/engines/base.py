@@ -33,3 +33,13 @@ class GenerationEngine(Protocol):
     name: str
 
     def generate(self, prompts: list[list[int]], sampling: SamplingSpec) -> Generation: ...
+
+
+def take_rows(feeds: Mapping[str, np.ndarray], index: slice | np.ndarray) -> dict[str, np.ndarray]:
+    """The rows ``index`` (a slice or an index array) of every feed."""
+    return {name: value[index] for name, value in feeds.items()}
+
+
+def feed_rows(feeds: Mapping[str, np.ndarray]) -> int:
+    """The batch size of a set of feeds (their common first axis)."""
+    return len(next(iter(feeds.values())))

@@ -69,6 +69,51 @@ class PreprocessingSpec(StrictModel):
     """Feature indices that must match exactly (categorical / integer-coded)."""
 
 
+class InputSpec(StrictModel):
+    """One named model input (a key of a Dict observation, or a recurrent state input)."""
+
+    name: str
+    shape: list[int] | None = None
+    """Per-row shape without the batch axis (e.g. ``[3, 16, 16]``); checked against the
+    probes and the artifact's input when given."""
+    preprocessing: PreprocessingSpec | None = None
+    """This key's two preprocessing implementations (several inputs: one per key)."""
+
+
+class StateSpec(StrictModel):
+    """One recurrent state: an artifact input the previous step's output is fed back into."""
+
+    input: str
+    output: str
+    shape: list[int] = Field(min_length=1)
+    """Per-row shape without the batch axis (the batch axis is axis 0 on both sides)."""
+    initial: float | str = 0.0
+    """The state at an episode start: a constant, or a ``.npy`` file of ``shape``."""
+    training_output: str | int | None = None
+    """Element of the training forward's result holding the new state (dict key or tuple
+    index); default: the position of ``output`` in ``output_names``."""
+
+
+class RecurrentSpec(StrictModel):
+    """A recurrent policy: state in, state out, checked over sequences (``recurrent_parity``)."""
+
+    states: list[StateSpec] = Field(min_length=1)
+    episode_start: str | None = None
+    """Input name of the episode-start flag (float, (N,), 1.0 at an episode's first step) the
+    model resets its state on (``(1 - start) * state``, as sb3-contrib's RecurrentPPO). Without
+    one, the gate feeds the initial state at every episode start on both sides."""
+    steps: int = Field(16, ge=2)
+    """Sequence length T."""
+    sequences: int = Field(8, ge=1)
+    """Parallel episodes in the batch."""
+    reset_every: int = Field(5, ge=2)
+    """Episode length: sequence ``b`` starts an episode at the steps ``t`` where
+    ``(t + b) % reset_every == 0`` (and at step 0), so resets fall on different rows."""
+
+
+CALL_MODES = ("positional", "keyword", "dict")
+
+
 class PolicySpec(StrictModel):
     """A torch policy network served through ONNX Runtime."""
 
@@ -100,6 +145,15 @@ class PolicySpec(StrictModel):
     policy_output: str | int = 0
     """Which element of the training forward's output is the policy: dict key or tuple index."""
     input_name: str = "obs"
+    """The one model input of a single-input policy (``inputs`` declares several)."""
+    inputs: list[InputSpec | str] | None = None
+    """The model inputs in call order (names or mappings): the keys of a Dict observation,
+    and the recurrent state inputs. Default: one input, ``input_name``."""
+    call: Literal["positional", "keyword", "dict"] = "positional"
+    """How the torch forwards take the inputs: ``positional`` ``forward(image, vector)``,
+    ``keyword`` ``forward(image=..., vector=...)``, ``dict`` ``forward({"image": ...,
+    "vector": ...})`` (SB3 ``MultiInputPolicy``)."""
+    recurrent: RecurrentSpec | None = None
     output_names: list[str] = Field(["logits"], min_length=1)
     """Outputs the artifact must declare, in order; the first is the policy output."""
     action_space: Literal["discrete", "continuous"] = "discrete"
@@ -108,6 +162,85 @@ class PolicySpec(StrictModel):
     opset: int = Field(18, ge=13)
     batch_sizes: list[int] = Field([1, 2, 7], min_length=1)
     dropout_repeats: int = Field(5, ge=2)
+
+    @model_validator(mode="after")
+    def _inputs_consistent(self) -> PolicySpec:
+        if self.inputs is not None and "input_name" in self.model_fields_set:
+            raise ValueError("give either input_name (one input) or inputs, not both")
+        names = [i.name for i in self.input_specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names must be unique (got {names})")
+        if not self.observation_inputs:
+            raise ValueError("no observation input: every declared input is a recurrent state")
+        several = len(self.observation_inputs) > 1
+        if several and self.preprocessing is not None:
+            raise ValueError("with several observation inputs, give preprocessing per input "
+                             "(policy.inputs[i].preprocessing), not policy.preprocessing")
+        if self.preprocessing is not None and self.observation_inputs[0].preprocessing:
+            raise ValueError("preprocessing given twice: policy.preprocessing and "
+                             "policy.inputs[0].preprocessing")
+        rec = self.recurrent
+        if rec is not None:
+            for state in rec.states:
+                if state.output not in self.output_names:
+                    raise ValueError(f"recurrent state output {state.output!r} is not in "
+                                     f"output_names {self.output_names}")
+                if state.output == self.output_names[0]:
+                    raise ValueError(f"recurrent state output {state.output!r} is the policy "
+                                     "output (output_names[0])")
+        return self
+
+    @property
+    def input_specs(self) -> list[InputSpec]:
+        """Every model input in call order; state and episode-start inputs ``inputs`` does not
+        list are appended."""
+        given = [InputSpec(name=i) if isinstance(i, str) else i
+                 for i in (self.inputs or [self.input_name])]
+        names = {i.name for i in given}
+        extra = [] if self.recurrent is None else [
+            *(s.input for s in self.recurrent.states),
+            *([self.recurrent.episode_start] if self.recurrent.episode_start else [])]
+        return given + [InputSpec(name=n) for n in extra if n not in names]
+
+    @property
+    def state_input_names(self) -> list[str]:
+        """Recurrent inputs the gate fills (states and the episode-start flag)."""
+        if self.recurrent is None:
+            return []
+        return [*(s.input for s in self.recurrent.states),
+                *([self.recurrent.episode_start] if self.recurrent.episode_start else [])]
+
+    @property
+    def observation_inputs(self) -> list[InputSpec]:
+        """The inputs probes feed (everything but recurrent state and episode start)."""
+        state = set(self.state_input_names)
+        return [i for i in self.input_specs if i.name not in state]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.input_specs]
+
+    @property
+    def state_output_names(self) -> list[str]:
+        return [] if self.recurrent is None else [s.output for s in self.recurrent.states]
+
+    def input_preprocessing(self, name: str) -> PreprocessingSpec | None:
+        """The preprocessing of observation input ``name``."""
+        first = self.observation_inputs[0]
+        for spec in self.observation_inputs:
+            if spec.name == name:
+                if spec.name == first.name and self.preprocessing is not None:
+                    return self.preprocessing
+                return spec.preprocessing
+        return None
+
+    def preprocessing_key(self, name: str) -> str:
+        """The config key of input ``name``'s preprocessing section."""
+        if self.inputs is None or (self.preprocessing is not None
+                                    and name == self.observation_inputs[0].name):
+            return "policy.preprocessing"
+        index = [i.name if isinstance(i, InputSpec) else i for i in self.inputs].index(name)
+        return f"policy.inputs[{index}].preprocessing"
 
     @model_validator(mode="after")
     def _path_kwargs_named(self) -> PolicySpec:

@@ -9,7 +9,7 @@ exports). Checks then share the loaded pieces and the cached forward passes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -21,9 +21,9 @@ from paritygate.errors import InputError, keyed
 from paritygate.families.policy.loading import LoadReport, load_into
 from paritygate.families.policy.probes import (
     finite_rows,
+    input_preprocessors,
     load_probes,
     preprocess,
-    preprocessors,
 )
 from paritygate.imports import import_callable
 
@@ -46,9 +46,11 @@ class PolicyContext:
     inference_model: Any
     training_load: LoadReport
     inference_load: LoadReport
-    raw_probes: np.ndarray
-    probes: np.ndarray
-    """Model-input probes: the raw rows without NaN/Inf, preprocessed for training."""
+    raw_inputs: dict[str, np.ndarray]
+    """Raw probe observations, one (N, ...) array per observation input."""
+    inputs: dict[str, np.ndarray]
+    """Model-input probes per observation input: the raw rows without NaN/Inf (in any input),
+    preprocessed for training."""
     given_artifact: Path | None
     """The configured artifact (opened and validated while building), or ``None``: then
     the first check that needs an artifact exports one into ``export_dir``."""
@@ -59,6 +61,38 @@ class PolicyContext:
     exported_on_the_fly: bool = False
     probe_rows_dropped: int = 0
     """Raw probe rows holding NaN/Inf, left out of the model checks (preprocessing sees them)."""
+    input_preprocessors: dict[str, tuple[Any, Any]] | None = None
+    """``{observation input: (training, serving)}`` preprocessing callables."""
+
+    @property
+    def raw_probes(self) -> np.ndarray:
+        """The first observation input's raw probes."""
+        return self.raw_inputs[self.input_name]
+
+    @property
+    def probes(self) -> np.ndarray:
+        """The first observation input's model-input probes."""
+        return self.inputs[self.input_name]
+
+    @property
+    def n_probes(self) -> int:
+        return len(self.probes)
+
+    @property
+    def multi_input(self) -> bool:
+        """More than one model input (a Dict observation or a recurrent state)."""
+        return len(self.spec.input_names) > 1
+
+    @cached_property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """Every model input for the probes: the observations, and for a recurrent policy its
+        initial state and an episode-start flag of 0 (one step from the initial state)."""
+        return {**self.inputs, **step_state(self, self.n_probes, start=False)}
+
+    @cached_property
+    def initial_states(self) -> dict[str, np.ndarray]:
+        """Each recurrent state input's initial value, one row (per-row shape)."""
+        return initial_states(self.config, self.spec)
 
     @cached_property
     def candidate(self) -> Any:
@@ -69,7 +103,7 @@ class PolicyContext:
         with ``precision.onnx_compare: false``) never exports.
         """
         if self.given_artifact is not None:
-            return open_artifact(self.given_artifact, self.spec, self.probes)
+            return open_artifact(self.given_artifact, self.spec, self.feeds)
         from paritygate.families.policy.export import export_policy
 
         artifact = export_policy(
@@ -77,11 +111,11 @@ class PolicyContext:
             self.inference_model,
             self.inference_load,
             self.checkpoint_path,
-            self.probes,
+            self.feeds,
             self.export_dir,
         )
         self.exported_on_the_fly = True
-        return open_artifact(artifact, self.spec, self.probes)
+        return open_artifact(artifact, self.spec, self.feeds)
 
     @property
     def artifact_path(self) -> Path:
@@ -114,14 +148,23 @@ class PolicyContext:
         """Digest of the raw probe array (values, shape and dtype)."""
         import hashlib
 
-        raw = np.ascontiguousarray(self.raw_probes)
-        h = hashlib.sha256(f"{raw.dtype}{raw.shape}".encode())
-        h.update(raw.tobytes())
+        h = hashlib.sha256()
+        for i, (name, value) in enumerate(self.raw_inputs.items()):
+            raw = np.ascontiguousarray(value)
+            if i or len(self.raw_inputs) > 1:
+                h.update(name.encode())
+            h.update(f"{raw.dtype}{raw.shape}".encode())
+            h.update(raw.tobytes())
         return h.hexdigest()
 
     @property
     def input_name(self) -> str:
-        return self.spec.input_name
+        return self.spec.observation_inputs[0].name
+
+    @property
+    def input_names(self) -> list[str]:
+        """Every model input, in call order."""
+        return self.spec.input_names
 
     @property
     def output_name(self) -> str:
@@ -139,38 +182,56 @@ class PolicyContext:
 
         return TorchEngine(
             self.training_model,
-            input_name=self.input_name,
+            input_names=self.input_names,
+            call=self.spec.call,
             output_name=self.output_name,
             select=self.spec.policy_output,
+            extra_outputs=training_state_outputs(self.spec),
             name="torch training model (eval, fp32)",
         )
 
     @cached_property
     def reference_outputs(self) -> np.ndarray:
         """Training model's policy output on the probes, (N, A)."""
-        return self.reference.infer({self.input_name: self.probes})[self.output_name]
+        return self.reference.infer(self.feeds)[self.output_name]
 
     @cached_property
     def inference_engine(self) -> Any:
         """The serving torch model (heads removed, eval) as an engine."""
+
+        return self.new_inference_engine(self.inference_model)
+
+    def new_training_engine(self, model: Any, name: str = "torch training model") -> Any:
+        """A training torch model (e.g. an altered copy) as an engine: its policy output."""
         from paritygate.engines.torch_engine import TorchEngine
 
+        return TorchEngine(model, input_names=self.input_names, call=self.spec.call,
+                           output_name=self.output_name, select=self.spec.policy_output,
+                           name=name)
+
+    def new_inference_engine(self, model: Any, name: str = "torch inference model") -> Any:
+        """A serving torch model as an engine: outputs in ``output_names`` order."""
+        from paritygate.engines.torch_engine import TorchEngine
+
+        extra = {o: i for i, o in enumerate(self.spec.output_names) if i}
         return TorchEngine(
-            self.inference_model,
-            input_name=self.input_name,
+            model,
+            input_names=self.input_names,
+            call=self.spec.call,
             output_name=self.output_name,
             select=0,
-            name="torch inference model",
+            extra_outputs=extra if self.spec.recurrent else None,
+            name=name,
         )
 
     @cached_property
     def inference_outputs(self) -> np.ndarray:
         """The inference model built from the checkpoint, on the probes, (N, A)."""
-        return self.inference_engine.infer({self.input_name: self.probes})[self.output_name]
+        return self.inference_engine.infer(self.feeds)[self.output_name]
 
     @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:
-        return self.candidate.infer({self.input_name: self.probes})
+        return self.candidate.infer(self.feeds)
 
     def manifest(self) -> dict[str, Any] | None:
         """The artifact's ``manifest.json`` as a mapping, or ``None`` when there is none."""
@@ -225,16 +286,26 @@ class PolicyContext:
             load_into(model, self.state, ignore_prefixes=tuple(self.spec.training_heads))
             return model.eval()
 
-        x = torch.from_numpy(self.probes)
+        from paritygate.engines.torch_engine import ForwardAdapter
+
+        tensors = tuple(torch.from_numpy(np.ascontiguousarray(self.feeds[n]))
+                        for n in self.input_names)
         compare = self.config.precision.onnx_compare
+        names, call = self.input_names, self.spec.call
+
+        def build_adapted() -> Any:
+            model = build()
+            return model if len(names) == 1 and call == "positional" else ForwardAdapter(
+                model, names, call).eval()
+
         return PrecisionSubject(
             name=self.config.name,
-            build_model=build,
-            batches=[((x,), {})],
+            build_model=build_adapted,
+            batches=[(tensors, {})],
             select_output=lambda out: select_output(out, 0),
             # touching artifact_path exports one when none is configured: only when asked
             onnx_path=self.artifact_path if compare else None,
-            onnx_feeds=[{self.input_name: self.probes}],
+            onnx_feeds=[dict(self.feeds)],
             onnx_output_name=self.output_name,
         )
 
@@ -266,21 +337,133 @@ def _describe(output: Any) -> str:
     return f"a {type(output).__name__}"
 
 
-def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, probes: Any) -> None:
+def _fed(spec: PolicySpec) -> str:
+    """How the gate calls a forward, in words."""
+    names = spec.input_names
+    ticks = ", ".join(f"`{n}`" for n in names)
+    if spec.call == "dict":
+        return f"one dict with keys {ticks}"
+    if spec.call == "keyword":
+        return f"the keyword arguments {ticks}"
+    return f"one tensor {ticks}" if len(names) == 1 else f"{len(names)} tensors {ticks}"
+
+
+def _takes(forward: Any) -> str:
+    """What a forward's signature takes, in words."""
+    import inspect
+
+    params = list(inspect.signature(forward).parameters.values())
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                       p.POSITIONAL_OR_KEYWORD)]
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    n = len(positional)
+    text = f"{n} positional argument{'s' if n != 1 else ''} ({', '.join(positional)})"
+    if set(required) - set(positional):
+        text += f" and the keyword arguments {sorted(set(required) - set(positional))}"
+    return text
+
+
+def check_forward_call(config: GateConfig, spec: PolicySpec, model: Any, side: str) -> None:
+    """The forward must accept the inputs as the gate feeds them (``policy.inputs`` /
+    ``policy.call``): a mismatch is bad input, named, before any check runs."""
+    import inspect
+
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a builtin or C forward: nothing to bind against
+        return
+    names = spec.input_names
+    try:
+        if spec.call == "dict":
+            signature.bind({n: None for n in names})
+        elif spec.call == "keyword":
+            signature.bind(**dict.fromkeys(names))
+        else:
+            signature.bind(*names)
+    except TypeError:
+        key = "policy.inputs" if spec.inputs is None else "policy.call"
+        fix = ("declare the inputs in policy.inputs" if spec.inputs is None
+               else "declare how the forward takes them in policy.call (positional, keyword "
+                    "or dict) and the inputs in order in policy.inputs")
+        raise InputError(
+            config.path, key,
+            f"the {side} forward takes {_takes(model.forward)} but the gate feeds "
+            f"{_fed(spec)}; {fix}") from None
+
+
+def training_state_outputs(spec: PolicySpec) -> dict[str, str | int] | None:
+    """The training forward's element holding each recurrent state output."""
+    if spec.recurrent is None:
+        return None
+    return {s.output: (s.training_output if s.training_output is not None
+                       else spec.output_names.index(s.output))
+            for s in spec.recurrent.states}
+
+
+def initial_states(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:
+    """Each state input's initial value (per-row shape), from a constant or a ``.npy`` file."""
+    out: dict[str, np.ndarray] = {}
+    if spec.recurrent is None:
+        return out
+    for i, state in enumerate(spec.recurrent.states):
+        key = f"policy.recurrent.states[{i}].initial"
+        if isinstance(state.initial, str):
+            path = config.resolve(state.initial)
+            try:
+                value = np.load(path, allow_pickle=False).astype(np.float32)
+            except Exception as exc:
+                raise InputError(path, key, f"unreadable initial state: {exc}") from None
+            if list(value.shape) != list(state.shape):
+                raise InputError(path, key, f"initial state of shape {list(value.shape)}, "
+                                 f"the state is declared {list(state.shape)}")
+        else:
+            value = np.full(state.shape, state.initial, np.float32)
+        out[state.input] = value
+    return out
+
+
+def step_state(ctx: PolicyContext, rows: int, *, start: bool) -> dict[str, np.ndarray]:
+    """Recurrent inputs of ``rows`` rows at an episode start: the initial state and, when
+    declared, the episode-start flag (``start``)."""
+    spec = ctx.spec
+    if spec.recurrent is None:
+        return {}
+    out = {name: np.repeat(value[None], rows, axis=0)
+           for name, value in ctx.initial_states.items()}
+    if spec.recurrent.episode_start:
+        out[spec.recurrent.episode_start] = np.full(rows, float(start), np.float32)
+    return out
+
+
+def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, feeds: Any) -> None:
     """``policy.policy_output`` must pick a tensor out of the training forward's result."""
     import torch
 
-    from paritygate.engines.torch_engine import select_output
+    from paritygate.engines.torch_engine import call_forward, select_output
 
+    names = spec.input_names
+    tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n][:2])) for n in names}
     with torch.random.fork_rng(devices=[]), torch.inference_mode():
         try:
-            output = model(torch.from_numpy(probes[: min(2, len(probes))]))
+            output = call_forward(model, tensors, names, spec.call)
         except Exception:  # a forward that fails is the checks' to report
             return
         try:
             picked = select_output(output, spec.policy_output)
         except (KeyError, IndexError, TypeError, AttributeError):
             picked = None
+        for key, which in (training_state_outputs(spec) or {}).items():
+            try:
+                state = select_output(output, which)
+            except (KeyError, IndexError, TypeError, AttributeError):
+                state = None
+            if not isinstance(state, torch.Tensor):
+                index = spec.state_output_names.index(key)
+                raise InputError(
+                    config.path, f"policy.recurrent.states[{index}].training_output",
+                    f"{which!r} does not pick the state {key!r} out of the training forward's "
+                    f"result: it returns {_describe(output)}")
     if not isinstance(picked, torch.Tensor):
         raise InputError(
             config.path,
@@ -297,7 +480,7 @@ def check_artifact_inputs(
     probes: np.ndarray,
     output_name: str | None = None,
 ) -> None:
-    """The artifact's first input must be ``input_name`` with the probes' feature shape;
+    """The artifact's input ``input_name`` must have the probes' feature shape;
     ``output_name`` (the declared policy output), when given, must be one of its outputs."""
     outputs = [o.name for o in session.get_outputs()]
     if output_name is not None and output_name not in outputs:
@@ -328,7 +511,6 @@ def check_artifact_inputs(
             )
 
 
-
 def _stamp(path: Path) -> tuple[int, int, int]:
     """What changes when a file is rewritten: inode, size and modification time."""
     st = path.stat()
@@ -353,6 +535,8 @@ def build_policy_context(
         del data
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
+    check_forward_call(config, spec, training, "training")
+    check_forward_call(config, spec, inference, "inference")
     training_load = load_into(training, state)
     inference_load = load_into(inference, state, ignore_prefixes=tuple(spec.training_heads))
     training.eval()
@@ -360,16 +544,21 @@ def build_policy_context(
 
     raw = load_probes(config, spec)
     finite_raw, dropped = finite_rows(config, spec, raw)
-    train_pre, serve_pre = preprocessors(config, spec)
-    probes = finite_raw if train_pre is None else preprocess(config, spec, train_pre, finite_raw)
-    if not np.all(np.isfinite(probes)):
-        raise InputError(
-            config.path,
-            "policy.preprocessing.training",
-            "training preprocessing turns finite probes into NaN/Inf",
-        )
-
-    check_policy_output(config, spec, training, probes)
+    pres = input_preprocessors(config, spec)
+    inputs: dict[str, np.ndarray] = {}
+    for name, values in finite_raw.items():
+        train_fn = pres.get(name, (None, None))[0]
+        inputs[name] = values if train_fn is None else preprocess(
+            config, spec, train_fn, values, name)
+        if not np.all(np.isfinite(inputs[name])):
+            raise InputError(
+                config.path,
+                f"{spec.preprocessing_key(name)}.training",
+                "training preprocessing turns finite probes into NaN/Inf",
+            )
+    train_pre, serve_pre = pres.get(spec.observation_inputs[0].name, (None, None))
+    feeds = {**inputs, **_initial_feeds(config, spec, len(next(iter(inputs.values()))))}
+    check_policy_output(config, spec, training, feeds)
 
     given = None
     if spec.artifact is not None and not force_export:
@@ -388,13 +577,14 @@ def build_policy_context(
         inference_model=inference,
         training_load=training_load,
         inference_load=inference_load,
-        raw_probes=raw,
-        probes=probes,
+        raw_inputs=raw,
+        inputs=inputs,
         given_artifact=given,
         export_dir=export_dir or (config.default_report_dir() / "export"),
         probe_rows_dropped=dropped,
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
+        input_preprocessors=pres,
     )
     if given is not None or force_export:
         ctx.candidate  # noqa: B018 - a configured artifact is validated before any check runs
@@ -405,13 +595,33 @@ def build_policy_context(
     return ctx
 
 
-def open_artifact(artifact: Path, spec: PolicySpec, probes: np.ndarray) -> Any:
-    """An ONNX Runtime engine over ``artifact``, its input and policy output validated."""
+def _initial_feeds(config: GateConfig, spec: PolicySpec, rows: int) -> dict[str, np.ndarray]:
+    """The recurrent inputs of ``rows`` rows one step after an episode start."""
+    if spec.recurrent is None:
+        return {}
+    out = {name: np.repeat(value[None], rows, axis=0)
+           for name, value in initial_states(config, spec).items()}
+    if spec.recurrent.episode_start:
+        out[spec.recurrent.episode_start] = np.zeros(rows, np.float32)
+    return out
+
+
+def open_artifact(artifact: Path, spec: PolicySpec, feeds: Mapping[str, np.ndarray]) -> Any:
+    """An ONNX Runtime engine over ``artifact``, its inputs and policy output validated."""
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
 
     with keyed("policy.artifact"):
         candidate = OnnxRuntimeEngine(artifact)
+    names = candidate.input_names
+    absent = [n for n in spec.input_names if n not in names]
+    if len(spec.input_names) > 1 and absent:
+        raise InputError(
+            artifact, "inputs", f"artifact inputs {names} do not include {absent} "
+            f"(policy.inputs declares {spec.input_names})")
     check_artifact_inputs(
-        candidate.session, artifact, spec.input_name, probes, spec.output_names[0]
+        candidate.session, artifact, spec.input_names[0], feeds[spec.input_names[0]],
+        spec.output_names[0]
     )
+    for name in spec.input_names[1:]:
+        check_artifact_inputs(candidate.session, artifact, name, feeds[name])
     return candidate

@@ -51,28 +51,32 @@ def export_onnx(
     example: Any,
     path: Path,
     *,
-    input_name: str,
+    input_name: str | None = None,
     output_names: list[str],
     opset: int = 18,
+    input_names: list[str] | None = None,
 ) -> Path:
     """Export ``model`` (eval mode) with a dynamic batch axis, through torch's dynamo exporter.
 
-    The file is written atomically: the export goes to a temp folder first.
+    ``example`` is one tensor, or a tuple of tensors for the positional inputs
+    ``input_names``. The file is written atomically: the export goes to a temp folder first.
     """
     import torch
 
     model.eval()
+    names = list(input_names or [input_name or "obs"])
+    examples = example if isinstance(example, tuple) else (example,)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     with tempfile.TemporaryDirectory() as tmp, quiet_exporter():
         tmp_path = Path(tmp) / "model.onnx"
         program = torch.onnx.export(
             model,
-            (example,),
-            input_names=[input_name],
+            examples,
+            input_names=names,
             output_names=output_names,
             opset_version=opset,
             dynamo=True,
-            dynamic_shapes=({0: batch},),
+            dynamic_shapes=_dynamic_shapes(model, examples, batch),
             external_data=False,
             verbose=False,
         )
@@ -80,6 +84,15 @@ def export_onnx(
         program.save(str(tmp_path))
         atomic_write_bytes(path, tmp_path.read_bytes())
     return path
+
+
+def _dynamic_shapes(model: Any, examples: tuple[Any, ...], batch: Any) -> tuple[Any, ...]:
+    """A dynamic batch axis for every input; a ``*inputs`` forward (the adapter of a keyword
+    or dict forward) takes them as one tuple."""
+    from paritygate.engines.torch_engine import ForwardAdapter
+
+    axes = tuple({0: batch} for _ in examples)
+    return (axes,) if isinstance(model, ForwardAdapter) else axes
 
 
 def export_policy(
@@ -104,17 +117,40 @@ def export_policy(
             f"from the checkpoint (missing {report.missing[:3]}, shape "
             f"{[m[0] for m in report.shape_mismatch[:3]]})",
         )
-    example = torch.from_numpy(probes[: min(2, len(probes))])
-    artifact = export_onnx(
-        model.eval(),
-        example,
-        out / "policy.onnx",
-        input_name=spec.input_name,
-        output_names=list(spec.output_names),
-        opset=spec.opset,
-    )
+    from paritygate.engines.torch_engine import ForwardAdapter
+
+    names = spec.input_names
+    rows = min(2, len(probes[names[0]]))
+    example = tuple(torch.from_numpy(probes[n][:rows]) for n in names)
+    exported = model.eval()
+    if len(names) > 1 or spec.call != "positional":
+        exported = ForwardAdapter(model, names, spec.call).eval()
+    try:
+        artifact = export_onnx(
+            exported,
+            example if len(names) > 1 else example[0],
+            out / "policy.onnx",
+            input_names=names,
+            output_names=list(spec.output_names),
+            opset=spec.opset,
+        )
+    except Exception as exc:
+        raise InputError(
+            config.path, "policy.inference_factory",
+            f"the ONNX export of the inference model failed: "
+            f"{_first_line(exc.__cause__ or exc)} (or give "
+            "the artifact in policy.artifact)") from None
     write_manifest(artifact, ckpt, opset=spec.opset)
     return artifact
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's type and first non-empty line, without terminal colour codes."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", str(exc))
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {line[:300]}"
 
 
 def write_manifest(

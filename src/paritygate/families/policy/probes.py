@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,34 +15,85 @@ if TYPE_CHECKING:
     from paritygate.families.policy.config import PolicySpec
 
 
-def load_probes(config: GateConfig, spec: PolicySpec) -> np.ndarray:
+def load_probes(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:
+    """The raw probe observations, one (N, ...) array per observation input."""
     probes = spec.probes
+    names = [i.name for i in spec.observation_inputs]
     if probes.file is not None:
         path = config.resolve(probes.file)
         if not path.exists():
             raise InputError(path, "policy.probes.file", "probe file not found")
         try:
             loaded = np.load(path, allow_pickle=False)
-            arr = loaded[loaded.files[0]] if hasattr(loaded, "files") else loaded
+            if hasattr(loaded, "files"):
+                found: Any = {k: loaded[k] for k in loaded.files}
+            else:
+                found = loaded
         except Exception as exc:
             raise InputError(path, "policy.probes.file", f"unreadable probes: {exc}") from None
     else:
         gen = import_callable(probes.generator or "", config.path, "policy.probes.generator")
         try:
-            arr = gen(probes.count, probes.seed)
+            found = gen(probes.count, probes.seed)
         except Exception as exc:
             raise InputError(
                 config.path, "policy.probes.generator", f"generator failed: {exc}"
             ) from None
-    arr = np.asarray(arr)
-    if arr.ndim < 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.number):
+    arrays = _per_input(config, spec, found, names)
+    rows = {k: len(v) for k, v in arrays.items()}
+    if len(set(rows.values())) > 1:
         file, key = _probe_source(config, spec)
+        raise InputError(file, key, f"probe arrays hold different numbers of rows: {rows}")
+    for spec_in in spec.observation_inputs:
+        got = list(arrays[spec_in.name].shape[1:])
+        if spec_in.shape is not None and got != list(spec_in.shape):
+            file, key = _probe_source(config, spec)
+            raise InputError(
+                file, key, f"probes of input {spec_in.name!r} have rows of shape {got}, "
+                f"policy.inputs declares {list(spec_in.shape)}")
+    return arrays
+
+
+def _per_input(
+    config: GateConfig, spec: PolicySpec, found: Any, names: list[str]
+) -> dict[str, np.ndarray]:
+    """Split what the probe source gave into one validated array per input name."""
+    file, key = _probe_source(config, spec)
+    if isinstance(found, Mapping):
+        keys = list(found)
+        if len(names) == 1 and len(keys) == 1:
+            picked = {names[0]: found[keys[0]]}  # one array: whatever its name
+        else:
+            absent = [n for n in names if n not in found]
+            if absent and len(names) == 1:
+                raise InputError(
+                    file, key,
+                    f"the probes hold {len(keys)} arrays {keys} but the gate feeds one tensor "
+                    f"`{names[0]}`; declare the inputs in policy.inputs")
+            if absent:
+                raise InputError(file, key, f"the probes have no array for inputs {absent} "
+                                 f"(they hold {keys}; policy.inputs names {names})")
+            picked = {n: found[n] for n in names}
+    elif len(names) > 1:
         raise InputError(
-            file, key,
-            f"probes must be a non-empty numeric (N, ...) array, got {arr.dtype} {arr.shape}",
-        )
-    # Integer and boolean observations (discrete states, token ids) keep their dtype.
-    return arr.astype(np.float32) if np.issubdtype(arr.dtype, np.floating) else arr
+            file, key, f"policy.inputs declares {len(names)} observation inputs {names}: the "
+            "probes must be a mapping (a generator returning a dict, or an .npz) with one "
+            f"array per input, got {type(found).__name__}")
+    else:
+        picked = {names[0]: found}
+    out = {}
+    for name, value in picked.items():
+        arr = np.asarray(value)
+        if arr.ndim < 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.number):
+            label = "probes" if len(names) == 1 else f"probes of input {name!r}"
+            raise InputError(
+                file, key,
+                f"{label} must be a non-empty numeric (N, ...) array, got {arr.dtype} "
+                f"{arr.shape}",
+            )
+        # Integer and boolean observations (discrete states, token ids) keep their dtype.
+        out[name] = arr.astype(np.float32) if np.issubdtype(arr.dtype, np.floating) else arr
+    return out
 
 
 def _probe_source(config: GateConfig, spec: PolicySpec) -> tuple[Any, str]:
@@ -51,31 +103,41 @@ def _probe_source(config: GateConfig, spec: PolicySpec) -> tuple[Any, str]:
     return config.path, "policy.probes.generator"
 
 
-def finite_rows(config: GateConfig, spec: PolicySpec, raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """The raw rows without NaN/Inf (the model checks' inputs) and how many were left out.
+def finite_rows(
+    config: GateConfig, spec: PolicySpec, raw: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], int]:
+    """The raw rows without NaN/Inf in any input (the model checks' inputs) and how many were
+    left out.
 
     Non-finite observations are preprocessing's edge cases, not model inputs; a probe set
     with no finite row leaves the model checks nothing to verify, which is bad input.
     """
-    keep = np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)
+    n = len(next(iter(raw.values())))
+    keep = np.ones(n, bool)
+    for arr in raw.values():
+        keep &= np.all(np.isfinite(arr.reshape(len(arr), -1)), axis=1)
     if not keep.any():
         file, key = _probe_source(config, spec)
         raise InputError(
             file,
             key,
-            f"all {len(raw)} probe rows hold NaN/Inf: no row is left for the model checks",
+            f"all {n} probe rows hold NaN/Inf: no row is left for the model checks",
         )
-    return raw[keep], int((~keep).sum())
+    return {k: v[keep] for k, v in raw.items()}, int((~keep).sum())
 
 
-def preprocess(config: GateConfig, spec: PolicySpec, fn: Any, raw: np.ndarray) -> np.ndarray:
+def preprocess(
+    config: GateConfig, spec: PolicySpec, fn: Any, raw: np.ndarray, name: str | None = None
+) -> np.ndarray:
     """The training preprocessing applied to the probes; a failure names its likely source.
 
     An error reading the stats file (missing, a folder, not JSON/UTF-8) names the stats; any
     other failure on probes from a file names the probe file (its shape does not fit), else
     the preprocessing function.
     """
-    pre = spec.preprocessing
+    name = name or spec.observation_inputs[0].name
+    pre = spec.input_preprocessing(name)
+    section = spec.preprocessing_key(name)
     assert pre is not None
     try:
         return np.asarray(fn(raw), dtype=np.float32)
@@ -86,7 +148,7 @@ def preprocess(config: GateConfig, spec: PolicySpec, fn: Any, raw: np.ndarray) -
         ):
             raise InputError(
                 config.resolve(pre.stats),
-                "policy.preprocessing.stats",
+                f"{section}.stats",
                 f"training preprocessing cannot read the stats: {why}",
             ) from None
         if spec.probes.file is not None:
@@ -98,28 +160,37 @@ def preprocess(config: GateConfig, spec: PolicySpec, fn: Any, raw: np.ndarray) -
             ) from None
         raise InputError(
             config.path,
-            "policy.preprocessing.training",
+            f"{section}.training",
             f"training preprocessing failed on the probes: {why}",
         ) from None
 
 
 def preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
-    pre = spec.preprocessing
-    if pre is None:
-        return None, None
-    kwargs = dict(pre.kwargs)
-    if pre.stats is not None:
-        stats = config.resolve(pre.stats)
-        if not stats.exists():
-            raise InputError(
-                stats, "policy.preprocessing.stats", "preprocessing stats file not found"
-            )
+    """The first observation input's two preprocessing callables (``None`` without one)."""
+    return input_preprocessors(config, spec).get(spec.observation_inputs[0].name, (None, None))
 
-        kwargs["stats_path"] = stats
-    training = import_callable(pre.training, config.path, "policy.preprocessing.training")
-    serving = import_callable(pre.serving, config.path, "policy.preprocessing.serving")
 
-    def bind(fn: Any) -> Any:
-        return lambda raw: fn(raw, **kwargs)
+def input_preprocessors(config: GateConfig, spec: PolicySpec) -> dict[str, tuple[Any, Any]]:
+    """``{input name: (training, serving)}`` for each observation input with preprocessing."""
+    out = {}
+    for spec_in in spec.observation_inputs:
+        pre = spec.input_preprocessing(spec_in.name)
+        if pre is None:
+            continue
+        section = spec.preprocessing_key(spec_in.name)
+        kwargs = dict(pre.kwargs)
+        if pre.stats is not None:
+            stats = config.resolve(pre.stats)
+            if not stats.exists():
+                raise InputError(
+                    stats, f"{section}.stats", "preprocessing stats file not found"
+                )
+            kwargs["stats_path"] = stats
+        training = import_callable(pre.training, config.path, f"{section}.training")
+        serving = import_callable(pre.serving, config.path, f"{section}.serving")
+        out[spec_in.name] = (_bind(training, kwargs), _bind(serving, kwargs))
+    return out
 
-    return bind(training), bind(serving)
+
+def _bind(fn: Any, kwargs: dict[str, Any]) -> Any:
+    return lambda raw: fn(raw, **kwargs)
