@@ -101,7 +101,7 @@ def _no_layer_over_budget(root: CheckResult, c: CheckResult) -> bool:
 
 
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
-                      "precision_per_layer")
+                      "precision_per_layer", "recurrent_parity")
 _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
                   "precision_per_layer")
 

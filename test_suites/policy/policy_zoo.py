@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import policy_zoo_builders as zb
+import shape_zoo_builders as sb
 import yaml
 from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
 
@@ -54,6 +55,10 @@ class Fault:
     linked: tuple[str, ...] = ()
     """Checks of ``also_fails`` the report must mark as consequences of the root cause
     (``consequence_of``): the root's finding, read from what they measured, explains them."""
+    subject: str = "demo"
+    """The clean subject the fault is built from: the demo, or one of ``SUBJECTS``."""
+    kind: str | None = None
+    """The finding kind the failing check must record (when the fault names one)."""
 
 
 # --- config --------------------------------------------------------------------------------------
@@ -80,22 +85,116 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides) -> Any:
+def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides,
+                 subject: str = "demo") -> Any:
     """A validated GateConfig for a fault (lives in ``out_dir``)."""
     from paritygate.config import config_from_dict
 
-    data = merge(base_config(clean_dir), overrides)
+    base = base_config(clean_dir) if subject == "demo" else SUBJECTS[subject].config(clean_dir)
+    data = merge(base, overrides)
     data["name"] = "zoo-" + out_dir.name.replace("_", "-")[:60]
     data["golden"] = {"dir": str(out_dir / "golden")}
     return config_from_dict(data, out_dir / "gate.yaml")
 
 
-def evaluate_all(config: Any) -> dict[str, Any]:
+def evaluate_all(config: Any, checks: tuple[str, ...] = POLICY_CHECKS) -> dict[str, Any]:
     """Every policy check's verdict on ``config``, without golden."""
     from paritygate.gate import Gate
 
     gate = Gate(config)
-    return {cid: gate.evaluate(cid, golden=False) for cid in POLICY_CHECKS}
+    return {cid: gate.evaluate(cid, golden=False) for cid in checks}
+
+
+# --- Dict-observation and recurrent subjects ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A clean subject besides the demo: how to build it, its config, the checks it runs."""
+
+    build: Any
+    """``build(folder)`` writes the checkpoint, artifact, manifest and ``gate.yaml``."""
+    checks: tuple[str, ...]
+
+    def config(self, clean_dir: Path) -> dict[str, Any]:
+        """The subject's ``gate.yaml`` with its relative paths made absolute."""
+        data = yaml.safe_load((clean_dir / "gate.yaml").read_text(encoding="utf-8"))
+        pol = data["policy"]
+        for key in ("checkpoint", "artifact"):
+            pol[key] = str(clean_dir / pol[key])
+        for spec in pol.get("inputs", []):
+            pre = spec.get("preprocessing") if isinstance(spec, dict) else None
+            if pre and pre.get("stats"):
+                pre["stats"] = str(clean_dir / pre["stats"])
+        return data
+
+
+def _subjects() -> dict[str, Subject]:
+    from paritygate.demo import shapes
+
+    return {"dict": Subject(shapes.build_dict, POLICY_CHECKS),
+            "recurrent": Subject(shapes.build_recurrent, (*POLICY_CHECKS, "recurrent_parity"))}
+
+
+SUBJECTS = _subjects()
+
+
+@dataclass(frozen=True)
+class Clean:
+    """A clean variant of a subject that must pass every check it runs."""
+
+    id: str
+    subject: str
+    summary: str
+    build: Builder = lambda clean, out: {}
+
+
+CLEAN_SHAPES: tuple[Clean, ...] = (
+    Clean("dict", "dict", "Dict observation (image, vector, goal) as one dict argument"),
+    Clean("dict_npz_probes", "dict", "the Dict probes from an .npz, one array per key",
+          sb.npz_probes),
+    Clean("dict_keyword_call", "dict", "forward(image=..., vector=..., goal=...)",
+          sb.keyword_call),
+    Clean("recurrent", "recurrent", "LSTM actor, learned initial state, episode-start input"),
+    Clean("recurrent_gate_reset", "recurrent",
+          "LSTM actor without an episode-start input: the gate resets the state",
+          sb.gate_reset),
+)
+
+SHAPE_FAULTS: tuple[Fault, ...] = (
+    Fault("dict_image_scale", "preprocessing_parity",
+          "serving scales the image key by 1/256 instead of 1/255",
+          sb.serving(0, "scale_image_serving_256"), ("input 'image':", "differs by"),
+          subject="dict", kind="stats_differ"),
+    Fault("dict_vector_normalisation_missing", "preprocessing_parity",
+          "serving passes the vector key raw", sb.serving(1, "normalize_vector_missing"),
+          ("input 'vector':", "normalisation missing"), absent=("input 'image'",),
+          subject="dict", kind="normalisation_missing"),
+    Fault("dict_inputs_swapped", "export_integrity",
+          "the export feeds ONNX input 'vector' into the model's goal and 'goal' into vector",
+          sb.dict_inputs_swapped, ("inputs swapped", "'vector' and 'goal'"),
+          {"logits_agreement": "the swapped inputs change the artifact's logits"},
+          subject="dict", kind="inputs_swapped"),
+    Fault("recurrent_wrong_initial_state", "recurrent_parity",
+          "the serving export resets the state to zeros, not the learned initial state",
+          sb.recurrent_artifact(sb.zero_reset), ("wrong initial state", "first over tolerance"),
+          subject="recurrent", kind="wrong_initial_state"),
+    Fault("recurrent_missing_reset", "recurrent_parity",
+          "the serving export ignores its episode-start input",
+          sb.recurrent_artifact(sb.no_reset), ("missing reset", "'episode_start'"),
+          subject="recurrent", kind="missing_reset"),
+    Fault("recurrent_state_swapped", "recurrent_parity",
+          "the serving export returns c under h_out and h under c_out",
+          sb.recurrent_artifact(sb.swapped_states),
+          ("state outputs swapped", "'c_out' and 'h_out'"),
+          subject="recurrent", kind="state_swapped"),
+    Fault("recurrent_state_shape", "recurrent_parity",
+          "the serving export returns h as (num_layers, batch, hidden)",
+          sb.recurrent_artifact(sb.layered_state), ("state shape mismatch", "'h_out'"),
+          subject="recurrent", kind="state_shape"),
+)
+
+SHAPE_FAULTS_BY_ID = {f.id: f for f in SHAPE_FAULTS}
 
 
 def failing(results: dict[str, Any]) -> set[str]:

@@ -15,6 +15,7 @@ CHECK_IDS: tuple[str, ...] = (
     "tokenizer_parity",
     "sampling_config",
     "logits_agreement",
+    "recurrent_parity",
     "export_integrity",
     "precision_per_layer",
     "logprob_impl",

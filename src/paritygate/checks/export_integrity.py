@@ -106,6 +106,26 @@ def _precision_finding(m: Measurement, precision: Any) -> bool:
     return True
 
 
+def _swapped_inputs(ctx: PolicyContext, limit: float) -> list[tuple[str, str]]:
+    """Pairs of same-shaped observation inputs whose feeds, exchanged, make the artifact compute
+    the training model's policy output (the export wired them crosswise)."""
+    ref = np.asarray(ctx.reference_outputs, np.float64)
+    cand = ctx.candidate_outputs.get(ctx.output_name)
+    if cand is None or cand.shape != ref.shape or np.abs(cand - ref).max() <= limit:
+        return []
+    names = list(ctx.inputs)
+    pairs = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            if ctx.inputs[a].shape != ctx.inputs[b].shape:
+                continue
+            feeds = {**ctx.feeds, a: ctx.inputs[b], b: ctx.inputs[a]}
+            out = ctx.candidate.infer(feeds)[ctx.output_name]
+            if out.shape == ref.shape and np.abs(out - ref).max() <= limit:
+                pairs.append((a, b))
+    return pairs
+
+
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     import onnx
 
@@ -245,6 +265,14 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
             "checkpoint tensor exported into another layer's place: a shifted key or "
             "head index in the export script)")
+    swapped = _swapped_inputs(ctx, limit) if len(ctx.inputs) > 1 else []
+    for a, b in swapped:
+        m.fail("inputs_swapped",
+               f"inputs swapped: the artifact computes the training model's policy only when "
+               f"{a!r} and {b!r} are fed into each other's input (the export wires them "
+               "crosswise: check the input order of the export call)", metric="inputs_swapped")
+    if len(ctx.inputs) > 1:
+        m.metric("inputs_swapped", len(swapped), threshold=0)
     m.details["provenance"] = "manifest" if manifest is not None else "numeric"
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
@@ -276,5 +304,5 @@ CHECK = CheckSpec(
     kinds=("onnx_invalid", "inputs_differ", "outputs_differ", "batch_axis_baked",
            "batch_sizes_fail", "manifest_required", "not_from_checkpoint", "provenance_not_loaded",
            "provenance_unproven", "stale_manifest", "artifact_modified", "misplaced_tensor",
-           "undeclared_precision", "precision_not_stored"),
+           "undeclared_precision", "precision_not_stored", "inputs_swapped"),
 )

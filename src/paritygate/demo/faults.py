@@ -296,3 +296,16 @@ def normalize_serving_log_guarded(raw: np.ndarray, *, stats_path: str | Path) ->
     with np.errstate(invalid="ignore"):
         x[:, LOG_FEATURE] = np.log(np.maximum(x[:, LOG_FEATURE], np.float32(1e-6)))
     return normalize_serving_propagate(x, stats_path=stats_path)
+
+
+# --- Dict-observation demo (paritygate.demo.shapes) ---------------------------------------------
+
+
+def scale_image_serving_256(raw: np.ndarray) -> np.ndarray:
+    """Serving scales the 8-bit image by 1/256 instead of the trainer's 1/255."""
+    return (np.asarray(raw, np.float32) / np.float32(256.0)).astype(np.float32)
+
+
+def normalize_vector_missing(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving passes the vector key through without standardising it."""
+    return np.asarray(raw, np.float32).copy()

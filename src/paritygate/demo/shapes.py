@@ -50,6 +50,22 @@ class MultiInputPolicy(nn.Module):
         return self.policy_head(h)
 
 
+class KeywordInputPolicy(MultiInputPolicy):
+    """The same network, its forward taking each key as its own argument."""
+
+    def forward(self, image: torch.Tensor, vector: torch.Tensor,  # type: ignore[override]
+                goal: torch.Tensor) -> Any:
+        return super().forward({"image": image, "vector": vector, "goal": goal})
+
+
+def build_keyword_training(**kwargs: Any) -> nn.Module:
+    return KeywordInputPolicy(**kwargs)
+
+
+def build_keyword_inference(**kwargs: Any) -> nn.Module:
+    return KeywordInputPolicy(value_head=False, **kwargs)
+
+
 def build_dict_training(**kwargs: Any) -> nn.Module:
     return MultiInputPolicy(**kwargs)
 
@@ -156,3 +172,119 @@ def build_dict(folder: Path, *, seed: int = 0) -> Path:
     (folder / "vector_norm.json").write_text(json.dumps(
         {"mean": VECTOR_MEAN.tolist(), "std": VECTOR_STD.tolist()}) + "\n", encoding="utf-8")
     return _save_and_export(folder, MultiInputPolicy(), dict_config(folder))
+
+
+# --- recurrent ------------------------------------------------------------------------------------
+
+OBS_DIM = 4
+HIDDEN = 16
+
+
+class LSTMPolicy(nn.Module):
+    """PPO-LSTM actor: an encoder, an ``LSTMCell`` core with a learned initial state (stored
+    with the weights, as R2D2 stores its recurrent state) and a policy head.
+
+    ``forward(obs, h, c, episode_start)``: where ``episode_start`` is 1 the state is replaced
+    by the initial state before the step. Returns ``(logits, h, c)`` and, with the value
+    head, ``value`` after them.
+    """
+
+    def __init__(self, obs_dim: int = OBS_DIM, hidden: int = HIDDEN,
+                 value_head: bool = True) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh())
+        self.core = nn.LSTMCell(hidden, hidden)
+        self.initial_h = nn.Parameter(0.5 * torch.randn(hidden))
+        self.initial_c = nn.Parameter(0.5 * torch.randn(hidden))
+        self.policy_head = nn.Linear(hidden, N_ACTIONS)
+        if value_head:
+            self.value_head = nn.Linear(hidden, 1)
+
+    def reset(self, h: torch.Tensor, c: torch.Tensor,
+              episode_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start = episode_start.unsqueeze(-1)
+        return (1 - start) * h + start * self.initial_h, (1 - start) * c + start * self.initial_c
+
+    def step(self, obs: torch.Tensor, h: torch.Tensor,
+             c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h, c = self.core(self.encoder(obs), (h, c))
+        return self.policy_head(h), h, c
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
+                episode_start: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h, c = self.reset(h, c, episode_start)
+        logits, h, c = self.step(obs, h, c)
+        if hasattr(self, "value_head"):
+            return logits, h, c, self.value_head(h)
+        return logits, h, c
+
+
+class GateResetLSTMPolicy(LSTMPolicy):
+    """The LSTM actor without an episode-start input: its runtime resets the state (to
+    zeros) itself, as the gate does when ``policy.recurrent.episode_start`` is not set."""
+
+    def forward(self, obs: torch.Tensor, h: torch.Tensor,  # type: ignore[override]
+                c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits, h, c = self.step(obs, h, c)
+        if hasattr(self, "value_head"):
+            return logits, h, c, self.value_head(h)
+        return logits, h, c
+
+
+def build_gate_reset_training(**kwargs: Any) -> nn.Module:
+    return GateResetLSTMPolicy(**kwargs)
+
+
+def build_gate_reset_inference(**kwargs: Any) -> nn.Module:
+    return GateResetLSTMPolicy(value_head=False, **kwargs)
+
+
+def build_recurrent_training(**kwargs: Any) -> nn.Module:
+    return LSTMPolicy(**kwargs)
+
+
+def build_recurrent_inference(**kwargs: Any) -> nn.Module:
+    return LSTMPolicy(value_head=False, **kwargs)
+
+
+def recurrent_probes(count: int, seed: int) -> np.ndarray:
+    """Raw observations, (count, OBS_DIM)."""
+    return np.random.default_rng(seed).standard_normal((count, OBS_DIM)).astype(np.float32)
+
+
+def recurrent_config(folder: Path) -> dict[str, Any]:
+    """The gate config of the recurrent demo in ``folder``."""
+    mod = "paritygate.demo.shapes"
+    return {
+        "name": "demo-recurrent-policy",
+        "family": "policy",
+        "seed": 0,
+        "policy": {
+            "training_factory": f"{mod}:build_recurrent_training",
+            "inference_factory": f"{mod}:build_recurrent_inference",
+            "checkpoint": "policy.safetensors",
+            "artifact": "policy.onnx",
+            "training_heads": ["value_head"],
+            "policy_output": 0,
+            "inputs": ["obs", "h_in", "c_in", "episode_start"],
+            "output_names": ["logits", "h_out", "c_out"],
+            "recurrent": {
+                "states": [
+                    {"input": "h_in", "output": "h_out", "shape": [HIDDEN]},
+                    {"input": "c_in", "output": "c_out", "shape": [HIDDEN]},
+                ],
+                "episode_start": "episode_start",
+                "steps": 12,
+                "sequences": 6,
+                "reset_every": 5,
+            },
+            "probes": {"generator": f"{mod}:recurrent_probes", "count": 32, "seed": 0},
+        },
+        "golden": {"dir": "golden"},
+    }
+
+
+def build_recurrent(folder: Path, *, seed: int = 0) -> Path:
+    """The recurrent demo: weights, artifact, manifest and ``gate.yaml``."""
+    torch.manual_seed(seed)
+    return _save_and_export(folder, LSTMPolicy(), recurrent_config(folder))

@@ -1,0 +1,264 @@
+"""recurrent_parity: a recurrent policy's artifact matches the training model over sequences.
+
+Both sides step through the same T-step sequences of probe observations with their own
+state fed back (``policy.recurrent``), episodes restarting on different rows at different
+steps. Free-running errors per step show accumulation; a teacher-forced pass (the artifact
+given the training model's incoming state at every step) tells a wrong step from a state
+that went wrong earlier and names the cause: state output shape, swapped state outputs, a
+missing reset, a wrong initial state, or a state output that differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import permutations
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec, Thresholds
+from paritygate.metrics import finite_report, magnitude_factor, scaled_note
+from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.families.policy.context import PolicyContext
+
+DEFAULTS = {
+    # Per step, the policy output: the fp32 torch-vs-ONNX Runtime budget of logits_agreement
+    # (noise ~2e-6 at logit magnitude ~10). Measured on the recurrent demo over 12 steps: <= 1e-7,
+    # without growth; a missing reset or a wrong initial state moves logits by >= 1e-2.
+    "max_abs_diff": 2e-5,
+    # Per step, every state output (an LSTM's h and c are bounded by 1 and tanh-squashed).
+    "state_max_abs_diff": 2e-5,
+}
+
+Feeds = dict[str, np.ndarray]
+
+
+def _starts(ctx: PolicyContext) -> np.ndarray:
+    """(T, B) bool: where sequence b starts an episode at step t."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    t = np.arange(rec.steps)[:, None]
+    b = np.arange(rec.sequences)[None, :]
+    return np.asarray((t == 0) | ((t + b) % rec.reset_every == 0))
+
+
+def _observations(ctx: PolicyContext, step: int) -> Feeds:
+    """Observation feeds of step ``step``: probe rows cycled through the sequences."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    rows = (step * rec.sequences + np.arange(rec.sequences)) % ctx.n_probes
+    return {name: value[rows] for name, value in ctx.inputs.items()}
+
+
+def _initial(ctx: PolicyContext, rows: int) -> Feeds:
+    return {name: np.repeat(value[None], rows, axis=0)
+            for name, value in ctx.initial_states.items()}
+
+
+def _step_feeds(ctx: PolicyContext, step: int, state: Mapping[str, np.ndarray],
+                start: np.ndarray) -> Feeds:
+    """Every input of one step: observations, the incoming state (the initial state where an
+    episode starts, unless the model resets itself on its episode-start input) and the flag."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    feeds = _observations(ctx, step)
+    initial = _initial(ctx, len(start))
+    for name in initial:
+        incoming = np.array(state[name], np.float32, copy=True)
+        if rec.episode_start is None:
+            incoming[start] = initial[name][start]
+        feeds[name] = incoming
+    if rec.episode_start is not None:
+        feeds[rec.episode_start] = start.astype(np.float32)
+    return feeds
+
+
+def _next_state(ctx: PolicyContext, outputs: Mapping[str, np.ndarray]) -> Feeds:
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    return {s.input: np.asarray(outputs[s.output], np.float32) for s in rec.states}
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a64.shape != b64.shape:
+        return float("inf")
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a64 - b64)
+    return float(d.max()) if d.size and np.isfinite(d).all() else (0.0 if not d.size
+                                                                    else float("inf"))
+
+
+def _run(engine: Any, feeds: Feeds) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in engine.infer(feeds).items()}
+
+
+def _shape_findings(ctx: PolicyContext, m: Measurement, outputs: Mapping[str, np.ndarray],
+                    rows: int) -> bool:
+    """Name state outputs that cannot be fed back into their inputs; True when any."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    bad = False
+    for state in rec.states:
+        got = outputs.get(state.output)
+        want = [rows, *state.shape]
+        if got is None:
+            m.fail("state_missing", f"the artifact has no state output {state.output!r}")
+            bad = True
+        elif list(got.shape) != want:
+            m.fail(
+                "state_shape",
+                f"state shape mismatch: the artifact's state output {state.output!r} has shape "
+                f"{list(got.shape)} for a batch of {rows}, but it is fed back as "
+                f"{state.input!r} of shape {want} (policy.recurrent.states: {list(state.shape)} "
+                "per row, batch on axis 0); an exported (num_layers, batch, hidden) state or a "
+                "resized core?")
+            bad = True
+    return bad
+
+
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("recurrent_parity")
+    rec = ctx.spec.recurrent
+    if rec is None:
+        return m.skip("not a recurrent policy (policy.recurrent declares no state)")
+    starts = _starts(ctx)
+    steps, rows = starts.shape
+    names = [s.output for s in rec.states]
+    # the first step shows whether the artifact's state can be fed back at all
+    first = _step_feeds(ctx, 0, _initial(ctx, rows), starts[0])
+    cand0 = _run(ctx.candidate, first)
+    if _shape_findings(ctx, m, cand0, rows):
+        m.metric("first_step_over", 0, bad="none", ratchet=False)
+        return m
+
+    factor = magnitude_factor(_run(ctx.reference, first)[ctx.output_name])
+    limit = float(thresholds["max_abs_diff"]) * factor
+    state_limit = float(thresholds["state_max_abs_diff"])
+    if factor > 1:
+        m.note(scaled_note({"max_abs_diff": limit}, factor))
+
+    ref_state, cand_state = _initial(ctx, rows), _initial(ctx, rows)
+    free: list[float] = []
+    free_state: list[float] = []
+    forced: list[float] = []
+    forced_state: dict[str, list[float]] = {n: [] for n in names}
+    swapped: set[tuple[str, str]] = set()
+    reset_depends: list[int] = []
+    reset_differs: list[int] = []
+    nonfinite: list[str] = []
+    for t in range(steps):
+        ref_feeds = _step_feeds(ctx, t, ref_state, starts[t])
+        ref = _run(ctx.reference, ref_feeds)
+        cand = _run(ctx.candidate, _step_feeds(ctx, t, cand_state, starts[t]))
+        teacher = _run(ctx.candidate, ref_feeds)  # the artifact given the reference's state
+        for label, out in (("training model", ref), ("artifact", cand)):
+            for name in [ctx.output_name, *names]:
+                bad = finite_report(f"{label} output {name!r} at step {t}", out[name])
+                if bad and len(nonfinite) < 3:
+                    nonfinite.append(bad)
+        free.append(_max_diff(ref[ctx.output_name], cand[ctx.output_name]))
+        free_state.append(max(_max_diff(ref[n], cand[n]) for n in names))
+        forced.append(_max_diff(ref[ctx.output_name], teacher[ctx.output_name]))
+        for n in names:
+            forced_state[n].append(_max_diff(ref[n], teacher[n]))
+        if len(names) > 1:
+            for perm in permutations(names):
+                if list(perm) != names and all(
+                        _max_diff(teacher[a], ref[b]) <= state_limit
+                        for a, b in zip(names, perm, strict=True) if a != b):
+                    swapped.update((a, b) for a, b in zip(names, perm, strict=True) if a != b)
+        reset_rows = starts[t] if t else np.zeros(rows, bool)
+        if reset_rows.any():  # the step after a reset must not depend on the previous episode
+            at = {k: v[reset_rows] for k, v in ref_feeds.items()}
+            again = dict(at)
+            for name, value in _initial(ctx, int(reset_rows.sum())).items():
+                again[name] = value if rec.episode_start is not None else at[name]
+            fresh = _run(ctx.candidate, again)[ctx.output_name]
+            carried = teacher[ctx.output_name][reset_rows]
+            if _max_diff(fresh, carried) > limit:
+                reset_depends.append(t)
+            elif _max_diff(carried, ref[ctx.output_name][reset_rows]) > limit:
+                reset_differs.append(t)
+        ref_state, cand_state = _next_state(ctx, ref), _next_state(ctx, cand)
+    # step 0 is an episode start on every row: its teacher-forced step is the reset step
+    if forced[0] > limit and not swapped and 0 not in reset_differs:
+        reset_differs.insert(0, 0)
+
+    for text in nonfinite:
+        m.fail("nonfinite_output", text)
+    over = [t for t, d in enumerate(free) if d > limit]
+    state_over = [t for t, d in enumerate(free_state) if d > state_limit]
+    first_over = min(over + state_over, default=-1)
+    m.metric("max_abs_diff", max(free), threshold=limit, key=True)
+    m.metric("state_max_abs_diff", max(free_state), threshold=state_limit)
+    m.metric("teacher_forced_max_abs_diff", max(forced), bad="none", ratchet=False)
+    m.metric("first_step_over", first_over, bad="none", ratchet=False)
+    m.metric("error_growth", _growth(free), bad="none", ratchet=False)
+    m.metric("steps", steps, bad="none", ratchet=False)
+    m.metric("sequences", rows, bad="none", ratchet=False)
+    m.details["per_step_max_abs_diff"] = free
+    m.details["per_step_state_max_abs_diff"] = free_state
+    m.details["per_step_teacher_forced_max_abs_diff"] = forced
+    m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
+    m.details["reference"] = ctx.reference.name
+    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    if first_over < 0:
+        return m
+    where = (f"first over tolerance at step {first_over} of {steps} (policy output "
+             f"{free[first_over]:.3g}, state {free_state[first_over]:.3g}; last step "
+             f"{free[-1]:.3g})")
+    if swapped:
+        pairs = sorted({tuple(sorted(p)) for p in swapped})
+        text = "; ".join(f"{a!r} and {b!r}" for a, b in pairs)
+        m.fail("state_swapped",
+               f"state outputs swapped: the artifact's {text} hold each other's values (fed "
+               f"back into the wrong inputs from step 1 on); {where}", metric="max_abs_diff")
+    elif reset_depends:
+        how = (f"its episode-start input {rec.episode_start!r} does not reset the state"
+               if rec.episode_start else "the state is not reset")
+        m.fail("missing_reset",
+               f"missing reset: at episode starts (steps {reset_depends[:5]}) the artifact's "
+               f"output still depends on the previous episode's state: {how}; {where}",
+               metric="max_abs_diff")
+    elif reset_differs:
+        m.fail("wrong_initial_state",
+               f"wrong initial state: at episode starts (steps {reset_differs[:5]}) the "
+               "artifact's step does not depend on the previous episode but differs from the "
+               f"training model's (another state after a reset than the training model's "
+               f"initial state); {where}", metric="max_abs_diff")
+    elif any(max(v) > state_limit for v in forced_state.values()):
+        worst = max(forced_state, key=lambda n: max(forced_state[n]))
+        step = int(np.argmax(forced_state[worst]))
+        m.fail("state_outputs_differ",
+               f"the artifact's state output {worst!r} differs from the training model's by "
+               f"{forced_state[worst][step]:.3g} at step {step} given the same incoming state; "
+               f"{where}", metric="state_max_abs_diff")
+    else:
+        m.fail("sequence_outputs_differ",
+               f"artifact outputs differ from the training model's over the sequence: "
+               f"{where} (each step alone agrees to {max(forced):.3g}: the error accumulates "
+               "through the state)", metric="max_abs_diff")
+    return m
+
+
+def _growth(per_step: list[float]) -> float:
+    """Largest error over the sequence's second half / over its first step (1 = no growth)."""
+    tail = max(per_step[len(per_step) // 2:])
+    head = per_step[0]
+    if not np.isfinite(tail) or not np.isfinite(head):
+        return float("inf")
+    return float(tail / head) if head > 0 else (1.0 if tail == 0 else float("inf"))
+
+
+CHECK = CheckSpec(
+    id="recurrent_parity",
+    summary="a recurrent policy's artifact matches the training model over sequences",
+    measures={"policy": measure},
+    defaults=DEFAULTS,
+    feeds_probes=True,
+    kinds=("state_missing", "state_shape", "state_swapped", "missing_reset",
+           "wrong_initial_state", "state_outputs_differ", "sequence_outputs_differ"),
+)
