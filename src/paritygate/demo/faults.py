@@ -309,3 +309,18 @@ def scale_image_serving_256(raw: np.ndarray) -> np.ndarray:
 def normalize_vector_missing(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     """Serving passes the vector key through without standardising it."""
     return np.asarray(raw, np.float32).copy()
+
+
+def build_untraceable_inference(**kwargs: Any) -> nn.Module:
+    """The demo's serving model with a branch on the input's values: the exporter cannot
+    trace it (data-dependent control flow), the torch forward runs."""
+    from paritygate.demo.policy import InferencePolicy
+
+    class Untraceable(InferencePolicy):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            logits = super().forward(obs)
+            if bool(obs.sum() > 1e9):
+                return logits * 2
+            return logits
+
+    return Untraceable(**kwargs)
