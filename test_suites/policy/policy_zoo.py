@@ -6,7 +6,8 @@ point the demo gate at them. ``also_fails`` is measured, not guessed:
 ``test_policy_zoo.py`` evaluates all seven checks on every fault and compares.
 
 Run ``python test_suites/policy/policy_zoo.py [FAULT_ID ...]`` to print the Markdown table kept in
-ZOO.md (every fault, or the named ones).
+ZOO.md (every fault, or the named ones); ``--shapes`` prints the tables of the Dict-observation
+and recurrent subjects (``SUBJECTS``, ``CLEAN_SHAPES``, ``SHAPE_FAULTS``).
 """
 
 from __future__ import annotations
@@ -440,5 +441,41 @@ def main(ids: list[str]) -> int:
     return 0
 
 
+def main_shapes() -> int:
+    """Build the Dict and recurrent subjects, run their clean variants and faults, print the
+    Markdown tables of ZOO.md's second section."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cleans = {}
+        for name, subject in SUBJECTS.items():
+            cleans[name] = Path(tmp) / name
+            subject.build(cleans[name])
+        print("| clean variant | subject | what | checks |")
+        print("|---|---|---|---|")
+        for clean in CLEAN_SHAPES:
+            out = Path(tmp) / clean.id
+            config = fault_config(cleans[clean.subject], out,
+                                  clean.build(cleans[clean.subject], out), clean.subject)
+            results = evaluate_all(config, SUBJECTS[clean.subject].checks)
+            states = ", ".join(f"{n} {s}" for s in ("pass", "skip", "fail", "error")
+                               if (n := sum(r.status == s for r in results.values())))
+            print(f"| `{clean.id}` | {clean.subject} | {clean.summary} | {states} |",
+                  flush=True)
+        print()
+        print("| fault | check | message excerpt | also fails (why) |")
+        print("|---|---|---|---|")
+        for fault in SHAPE_FAULTS:
+            out = Path(tmp) / fault.id
+            results = evaluate_all(fault_config(cleans[fault.subject], out,
+                                                fault.build(cleans[fault.subject], out),
+                                                fault.subject), SUBJECTS[fault.subject].checks)
+            msg = results[fault.check].message.replace("|", "\\|")
+            excerpt = msg if len(msg) <= 160 else msg[:157] + "..."
+            also = sorted(failing(results) - {fault.check})
+            why = "<br>".join(f"`{c}`: {fault.also_fails.get(c, '(not in registry)')}"
+                              for c in also) or "—"
+            print(f"| `{fault.id}` | `{fault.check}` | {excerpt} | {why} |", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main_shapes() if sys.argv[1:] == ["--shapes"] else main(sys.argv[1:]))
