@@ -88,6 +88,71 @@ def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = 
     return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
 
 
+def _recurrent_class() -> Any:
+    try:
+        from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
+    except ImportError:
+        raise MissingExtra("sb3-contrib", "sb3") from None
+    return RecurrentActorCriticPolicy
+
+
+def _recurrent(obs_dim: int, n_actions: int, lstm_hidden_size: int,
+               net_arch: list[int] | None) -> tuple[Any, dict[str, Any]]:
+    _, obs_space, act_space, arch = _build(obs_dim, n_actions, net_arch)
+    kwargs = {"observation_space": obs_space, "action_space": act_space,
+              "lr_schedule": lambda _: 0.0, "net_arch": arch,
+              "lstm_hidden_size": lstm_hidden_size}
+    return _recurrent_class(), kwargs
+
+
+def recurrent_training_policy(obs_dim: int, n_actions: int, lstm_hidden_size: int = 256,
+                              net_arch: list[int] | None = None) -> Any:
+    """sb3-contrib's whole ``RecurrentActorCriticPolicy`` (``RecurrentPPO``'s
+    ``MlpLstmPolicy``, one LSTM layer); ``forward(obs, h, c, episode_start)`` runs the actor
+    through the library's own ``_process_sequence`` (its episode-start reset) and returns
+    ``(logits, h, c)``, the state per row ``(batch, lstm_hidden_size)``."""
+    cls, kwargs = _recurrent(obs_dim, n_actions, lstm_hidden_size, net_arch)
+
+    class RecurrentTraining(cls):  # type: ignore[misc, valid-type]
+        def forward(self, obs: torch.Tensor, h: torch.Tensor,  # type: ignore[override]
+                    c: torch.Tensor, episode_start: torch.Tensor) -> Any:
+            features = self.extract_features(obs, self.pi_features_extractor)
+            latent, (h_n, c_n) = self._process_sequence(
+                features, (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()),
+                episode_start, self.lstm_actor)
+            logits = self.action_net(self.mlp_extractor.forward_actor(latent))
+            return logits, h_n[0], c_n[0]
+
+    return RecurrentTraining(**kwargs)
+
+
+def recurrent_inference_policy(obs_dim: int, n_actions: int, lstm_hidden_size: int = 256,
+                               net_arch: list[int] | None = None) -> Any:
+    """The actor path of the same recurrent policy (critic LSTM and value network removed), one
+    step written out for the exporter: reset where ``episode_start`` is 1, one LSTM step,
+    ``(logits, h, c)``."""
+    cls, kwargs = _recurrent(obs_dim, n_actions, lstm_hidden_size, net_arch)
+
+    class RecurrentInference(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            del self.value_net
+            del self.mlp_extractor.value_net
+            del self.lstm_critic
+            self.optimizer = None
+
+        def forward(self, obs: torch.Tensor, h: torch.Tensor,  # type: ignore[override]
+                    c: torch.Tensor, episode_start: torch.Tensor) -> Any:
+            features = self.extract_features(obs, self.pi_features_extractor)
+            keep = (1.0 - episode_start).view(1, -1, 1)
+            out, (h_n, c_n) = self.lstm_actor(
+                features.unsqueeze(0), (keep * h.unsqueeze(0), keep * c.unsqueeze(0)))
+            logits = self.action_net(self.mlp_extractor.forward_actor(out[0]))
+            return logits, h_n[0], c_n[0]
+
+    return RecurrentInference(**kwargs)
+
+
 def save_vecnormalize_stats(vec_normalize: Any, path: str | Path) -> Path:
     """Write a ``VecNormalize``'s observation statistics (mean, var, count, epsilon, clip) to
     JSON, the ``policy.preprocessing.stats`` file of the adapter's normalisers."""
