@@ -23,6 +23,10 @@ Config::
 
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
+
+``recurrent_training_policy`` / ``recurrent_inference_policy`` do the same for sb3-contrib's
+``RecurrentPPO`` (``MlpLstmPolicy``): ``forward(obs, h, c, episode_start) -> (logits, h, c)``,
+the training-only heads ``value_net``, ``mlp_extractor.value_net`` and ``lstm_critic``.
 """
 
 from __future__ import annotations

@@ -139,6 +139,7 @@ def preprocess(
     pre = spec.input_preprocessing(name)
     section = spec.preprocessing_key(name)
     assert pre is not None
+    label = f" of input {name!r}" if len(spec.observation_inputs) > 1 else ""
     try:
         return np.asarray(fn(raw), dtype=np.float32)
     except Exception as exc:
@@ -155,13 +156,13 @@ def preprocess(
             raise InputError(
                 config.resolve(spec.probes.file),
                 "policy.probes.file",
-                f"training preprocessing ({pre.training}) fails on these probes of shape "
-                f"{raw.shape}: {why}",
+                f"training preprocessing ({pre.training}) fails on these probes"
+                f"{label} of shape {raw.shape}: {why}",
             ) from None
         raise InputError(
             config.path,
             f"{section}.training",
-            f"training preprocessing failed on the probes: {why}",
+            f"training preprocessing failed on the probes{label}: {why}",
         ) from None
 
 
