@@ -69,6 +69,42 @@ class PreprocessingSpec(StrictModel):
     """Feature indices that must match exactly (categorical / integer-coded)."""
 
 
+class RolloutSpec(StrictModel):
+    """``rollout_parity``: seeded Gymnasium episodes, stepped by both paths."""
+
+    env: str | None = None
+    """A registered Gymnasium id (``CartPole-v1``): ``gymnasium.make(env, **env_kwargs)``."""
+    factory: str | None = None
+    """``module:callable(**env_kwargs) -> gymnasium.Env``: an environment of your own."""
+    env_kwargs: dict[str, Any] = {}
+    seeds: list[int] | None = Field(None, min_length=1)
+    """The reset seed of each episode; omitted: ``episodes`` seeds from ``seed`` up."""
+    episodes: int = Field(5, ge=1)
+    seed: int = 0
+    max_steps: int = Field(500, ge=1)
+    """Steps per episode at most (the environment's own time limit may end it earlier)."""
+    near_tie_margin: float = Field(1e-3, ge=0)
+    """Discrete actions: a divergence is excused only where the training path's top-1 minus
+    top-2 logit margin is below this (a near-tie)."""
+    action_tolerance: float = Field(1e-4, ge=0)
+    """Continuous actions: a step agrees while the two actions differ by at most this."""
+
+    @model_validator(mode="after")
+    def _one_env(self) -> RolloutSpec:
+        if (self.env is None) == (self.factory is None):
+            raise ValueError("give exactly one of 'env' or 'factory'")
+        if self.seeds is not None and {"episodes", "seed"} & self.model_fields_set:
+            raise ValueError("give either 'seeds' or 'episodes' and 'seed', not both")
+        return self
+
+    @property
+    def episode_seeds(self) -> list[int]:
+        """The reset seed of every episode, in order."""
+        if self.seeds is not None:
+            return list(self.seeds)
+        return [self.seed + i for i in range(self.episodes)]
+
+
 class PolicySpec(StrictModel):
     """A torch policy network served through ONNX Runtime."""
 
@@ -108,6 +144,8 @@ class PolicySpec(StrictModel):
     opset: int = Field(18, ge=13)
     batch_sizes: list[int] = Field([1, 2, 7], min_length=1)
     dropout_repeats: int = Field(5, ge=2)
+    rollout: RolloutSpec | None = None
+    """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
 
     @model_validator(mode="after")
     def _path_kwargs_named(self) -> PolicySpec:

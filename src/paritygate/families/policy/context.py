@@ -169,6 +169,33 @@ class PolicyContext:
         return self.inference_engine.infer({self.input_name: self.probes})[self.output_name]
 
     @cached_property
+    def rollout_env(self) -> Any:
+        """The ``policy.rollout`` environment (:class:`paritygate.families.policy.rollout.
+        RolloutEnv`), built and checked against the policy on first use; ``None`` without
+        a rollout section."""
+        if self.spec.rollout is None:
+            return None
+        from paritygate.families.policy.rollout import RolloutEnv
+
+        return RolloutEnv(self, self.spec.rollout)
+
+    @cached_property
+    def rollouts(self) -> Any:
+        """The ``policy.rollout`` episodes stepped by the training path and by the serving
+        path (:class:`paritygate.families.policy.rollout.Rollouts`), or ``None``."""
+        from paritygate.families.policy.rollout import run_rollouts
+
+        return run_rollouts(self)
+
+    def rollout_step_diagnosis(self, raw: np.ndarray) -> dict[str, float]:
+        """Where the paths part at one raw observation: model inputs (preprocessing) or
+        outputs on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
+        step_diagnosis`."""
+        from paritygate.families.policy.rollout import step_diagnosis
+
+        return step_diagnosis(self, raw)
+
+    @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:
         return self.candidate.infer({self.input_name: self.probes})
 
