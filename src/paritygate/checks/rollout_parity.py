@@ -68,7 +68,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no policy.rollout section: no environment to step the policy in")
     spec = ctx.spec.rollout
     assert spec is not None
-    tie, tol = spec.near_tie_margin, spec.action_tolerance
+    tie, tol, rtol = spec.near_tie_margin, spec.action_tolerance, spec.return_tolerance
     unexcused = excused = unexplained = nonfinite = 0
     agreeing = compared = 0
     obs_drift = 0.0
@@ -137,12 +137,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                        f"{_diagnosis(where, ctx.spec.preprocessing is not None)}",
                        metric="unexcused_divergences")
         elif ref.nonfinite_step is None and cand.nonfinite_step is None and (
-                abs(d_return) > 1e-9 * max(1.0, abs(ref.episode_return))
+                abs(d_return) > rtol * max(1.0, abs(ref.episode_return))
                 or ref.length != cand.length):
             unexplained += 1
             row["verdict"] = "return differs"
             m.fail("return_differs",
-                   f"{label}: the actions agree at every step but {outcome}: the "
+                   f"{label}: the actions agree at every step but {outcome} (return "
+                   f"differs by {abs(d_return):.3g}, return_tolerance {rtol:g} relative): the "
                    f"environment is not reproducible under its reset seed",
                    metric="unexplained_return_diffs")
         rows.append(row)

@@ -88,6 +88,9 @@ class RolloutSpec(StrictModel):
     top-2 logit margin is below this (a near-tie)."""
     action_tolerance: float = Field(1e-4, ge=0)
     """Continuous actions: a step agrees while the two actions differ by at most this."""
+    return_tolerance: float = Field(1e-4, ge=0)
+    """Episodes whose actions agree must have returns within this, relative to
+    ``max(1, |return|)`` (fp32 noise of continuous actions compounds into ~1e-8)."""
 
     @model_validator(mode="after")
     def _one_env(self) -> RolloutSpec:
