@@ -5,8 +5,10 @@ clean demo in ``clean_dir`` is only read) and returns the config overrides that
 point the demo gate at them. ``also_fails`` is measured, not guessed:
 ``test_policy_zoo.py`` evaluates all seven checks on every fault and compares.
 
-Run ``python test_suites/policy/policy_zoo.py [FAULT_ID ...]`` to print the Markdown table kept in
-ZOO.md (every fault, or the named ones).
+Each fault has a subject: the demo policy (``demo``: the seven checks above), or the PPO
+CartPole policy of ``rollout_subjects`` (``cartpole``: the same checks and ``rollout_parity``,
+its config stepping CartPole-v1 episodes). Run ``python test_suites/policy/policy_zoo.py
+[FAULT_ID ...]`` to print the Markdown table kept in ZOO.md (every fault, or the named ones).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import policy_zoo_builders as zb
+import rollout_subjects
 import yaml
 from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
 
@@ -34,7 +37,11 @@ POLICY_CHECKS = (
     "logits_agreement",
     "export_integrity",
 )
-
+SUBJECT_CHECKS: dict[str, tuple[str, ...]] = {
+    "demo": POLICY_CHECKS,
+    "cartpole": (*POLICY_CHECKS, "rollout_parity"),
+}
+"""The checks every fault of a subject is evaluated on (the clean subject passes them all)."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,22 @@ class Fault:
     linked: tuple[str, ...] = ()
     """Checks of ``also_fails`` the report must mark as consequences of the root cause
     (``consequence_of``): the root's finding, read from what they measured, explains them."""
+    subject: str = "demo"
+    """The clean subject the fault is built from (a key of :data:`SUBJECT_CHECKS`)."""
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        return SUBJECT_CHECKS[self.subject]
 
 
 # --- config --------------------------------------------------------------------------------------
 
 
-def base_config(clean_dir: Path) -> dict[str, Any]:
-    """The committed demo config, pointed at a clean demo build in ``clean_dir``."""
+def base_config(clean_dir: Path, subject: str = "demo") -> dict[str, Any]:
+    """The committed demo config, pointed at a clean demo build in ``clean_dir`` (or the
+    CartPole subject's config for ``subject="cartpole"``)."""
+    if subject == "cartpole":
+        return rollout_subjects.cartpole_config(clean_dir)
     data = yaml.safe_load(DEMO_CONFIG.read_text(encoding="utf-8"))
     pol = data["policy"]
     pol["checkpoint"] = str(clean_dir / "policy.safetensors")
@@ -80,22 +96,23 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides) -> Any:
+def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides,
+                 subject: str = "demo") -> Any:
     """A validated GateConfig for a fault (lives in ``out_dir``)."""
     from paritygate.config import config_from_dict
 
-    data = merge(base_config(clean_dir), overrides)
+    data = merge(base_config(clean_dir, subject), overrides)
     data["name"] = "zoo-" + out_dir.name.replace("_", "-")[:60]
     data["golden"] = {"dir": str(out_dir / "golden")}
     return config_from_dict(data, out_dir / "gate.yaml")
 
 
-def evaluate_all(config: Any) -> dict[str, Any]:
-    """Every policy check's verdict on ``config``, without golden."""
+def evaluate_all(config: Any, checks: tuple[str, ...] = POLICY_CHECKS) -> dict[str, Any]:
+    """Every policy check's verdict on ``config`` (or those of ``checks``), without golden."""
     from paritygate.gate import Gate
 
     gate = Gate(config)
-    return {cid: gate.evaluate(cid, golden=False) for cid in POLICY_CHECKS}
+    return {cid: gate.evaluate(cid, golden=False) for cid in checks}
 
 
 def failing(results: dict[str, Any]) -> set[str]:
@@ -315,6 +332,31 @@ FAULTS: tuple[Fault, ...] = (
     Fault("manifest_required_missing", "export_integrity",
           "clean artifact without manifest.json, policy.require_manifest: true",
           zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),
+    # rollout_parity: the PPO CartPole subject, stepped in CartPole-v1
+    Fault("rollout_stale_velocity_stats", "rollout_parity",
+          "serving normalises the pole's angular velocity with last release's mean",
+          zb.model_variant(preprocessing={
+              "serving": "rollout_models:normalize_serving_stale_velocity"}),
+          ("actions diverge at step", "serving preprocessing's model input differs by 0.3"),
+          {"preprocessing_parity": "feature 3 is normalised with another mean"},
+          subject="cartpole"),
+    Fault("rollout_action_bias", "rollout_parity",
+          "artifact's first action logit shifted by 0.05 (flips only actions decided by less)",
+          zb.cartpole_artifact(zb.action_bias(0.05)),
+          ("actions diverge at step", "logit margin",
+           "the artifact's output on the training model input differs by 0.05"),
+          {"logits_agreement": "the artifact's logits differ by 0.05 on the probes"},
+          subject="cartpole"),
+    Fault("rollout_nan_serving_input", "rollout_parity",
+          "serving marks the cart velocity missing (NaN) below -0.3: NaN actions there",
+          zb.model_variant(preprocessing={"serving": "rollout_models:nan_action_serving"}),
+          ("policy output holds NaN/Inf at step",),
+          {"preprocessing_parity": "NaN where training gives finite values"},
+          subject="cartpole"),
+    Fault("rollout_env_ignores_seed", "rollout_parity",
+          "the environment factory's reset ignores the seed: each path starts elsewhere",
+          zb.model_variant(rollout={"env": None, "factory": "rollout_models:unseeded_cartpole"}),
+          ("not reproducible under its reset seed",), subject="cartpole"),
 )
 
 FAULTS_BY_ID = {f.id: f for f in FAULTS}
@@ -325,13 +367,23 @@ def main(ids: list[str]) -> int:
     from paritygate.demo import policy
 
     with tempfile.TemporaryDirectory() as tmp:
-        clean = Path(tmp) / "clean"
-        policy.build(clean)
+        cleans: dict[str, Path] = {}
+
+        def clean_of(subject: str) -> Path:
+            if subject not in cleans:
+                cleans[subject] = Path(tmp) / f"clean-{subject}"
+                build = (policy.build if subject == "demo"
+                         else rollout_subjects.train_cartpole)
+                build(cleans[subject])
+            return cleans[subject]
+
         print("| fault | check | message excerpt | also fails (why) |")
         print("|---|---|---|---|")
         for fault in (f for f in FAULTS if not ids or f.id in ids):
             out = Path(tmp) / fault.id
-            results = evaluate_all(fault_config(clean, out, fault.build(clean, out)))
+            clean = clean_of(fault.subject)
+            config = fault_config(clean, out, fault.build(clean, out), fault.subject)
+            results = evaluate_all(config, fault.checks)
             msg = results[fault.check].message.replace("|", "\\|")
             excerpt = msg if len(msg) <= 160 else msg[:157] + "..."
             also = sorted(failing(results) - {fault.check})

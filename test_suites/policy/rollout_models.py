@@ -45,3 +45,27 @@ def normalize_serving_stale_velocity(raw: np.ndarray, *, stats_path: str | Path)
     out = normalize_serving(raw, stats_path=stats_path)
     out[..., 3] += np.float32(0.3)
     return out
+
+
+def nan_action_serving(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving normaliser that marks the cart's velocity missing (NaN) below -0.3, where the
+    serving stack's sensor range ends: the artifact's outputs are NaN there."""
+    out = normalize_serving(raw, stats_path=stats_path)
+    out[raw[..., 1] < -0.3, 1] = np.nan
+    return out
+
+
+_RESETS = [0]
+
+
+def unseeded_cartpole(**kwargs: Any) -> Any:
+    """CartPole whose reset ignores the seed it is given (a wrapper reseeding from a counter):
+    the two paths start from different states."""
+    import gymnasium as gym
+
+    class IgnoresSeed(gym.Wrapper):  # type: ignore[misc]
+        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+            _RESETS[0] += 1
+            return self.env.reset(seed=1000 + _RESETS[0], options=options)
+
+    return IgnoresSeed(gym.make("CartPole-v1", **kwargs))

@@ -72,10 +72,9 @@ def cartpole_config(clean: Path, **rollout: Any) -> dict[str, Any]:
 def build_pendulum(folder: Path) -> None:
     """A small deterministic torch actor for Pendulum-v1 (seeded init, no training needed:
     parity holds or not for any weights); checkpoint, probes, artifact."""
+    import rollout_models
     import torch
     from safetensors.torch import save_file
-
-    import rollout_models
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""The policy fault zoo: the clean demo passes all seven checks; each fault fails its check.
+"""The policy fault zoo: each clean subject passes its checks (the demo all seven, the CartPole
+PPO those and rollout_parity); each fault fails its check.
 
 For every fault the failing check's message must name the cause, and the set of
 other checks that fail must equal the registry's ``also_fails`` (so the record in
@@ -11,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from policy_zoo import FAULTS, FAULTS_BY_ID, POLICY_CHECKS, failing
+from policy_zoo import FAULTS, FAULTS_BY_ID, POLICY_CHECKS, SUBJECT_CHECKS, failing
 
 ZOO_MD = Path(__file__).with_name("ZOO.md")
 
@@ -25,16 +26,17 @@ def test_registry_is_well_formed() -> None:
     from paritygate.checks import checks_for
 
     policy_ids = {c.id for c in checks_for("policy")}
-    assert set(POLICY_CHECKS) <= policy_ids
+    every = {c for checks in SUBJECT_CHECKS.values() for c in checks}
+    assert set(POLICY_CHECKS) <= every <= policy_ids
     assert len(FAULTS) >= 15
     assert len(FAULTS_BY_ID) == len(FAULTS), "fault ids must be unique"
-    for check in POLICY_CHECKS:
+    for check in every:
         assert any(f.check == check for f in FAULTS), f"no fault for {check}"
     for fault in FAULTS:
-        assert fault.check in POLICY_CHECKS
+        assert fault.check in fault.checks
         assert fault.causes and all(fault.causes)
         assert fault.check not in fault.also_fails
-        assert set(fault.also_fails) <= set(POLICY_CHECKS)
+        assert set(fault.also_fails) <= set(fault.checks)
         assert all(why.strip() for why in fault.also_fails.values())
         assert set(fault.linked) <= set(fault.also_fails), fault.id
 
@@ -42,6 +44,15 @@ def test_registry_is_well_formed() -> None:
 def test_clean_demo_passes_every_check(zoo) -> None:
     results = zoo.results("clean")
     assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+
+
+@pytest.mark.xdist_group("cartpole")
+def test_clean_cartpole_passes_every_check(zoo) -> None:
+    """The twin of the rollout faults: the PPO CartPole policy, its own export, passes all."""
+    results = zoo.results("clean:cartpole")
+    expected = dict.fromkeys(SUBJECT_CHECKS["cartpole"], "pass")
+    assert {cid: r.status for cid, r in results.items()} == expected, {
         cid: r.message for cid, r in results.items() if r.status != "pass"}
 
 

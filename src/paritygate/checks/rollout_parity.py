@@ -111,7 +111,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         }
         outcome = f"return {ref.episode_return:.6g} vs {cand.episode_return:.6g}, length " \
                   f"{ref.length} vs {cand.length}"
-        if at is not None:
+        if at is not None and drift > thresholds["max_observation_abs_diff"]:
+            row["verdict"] = "observations differ"  # the environment parted first
+        elif at is not None:
             margin = float(ref.margins[at])
             row.update(margin=None if not np.isfinite(margin) else margin,
                        training_action=_fmt_action(ref.actions[at]),
