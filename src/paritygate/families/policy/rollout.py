@@ -9,6 +9,7 @@ environment receives, and :func:`action_margin` says how close that choice was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,15 @@ def action_margin(ctx: PolicyContext, output: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
+def action_margins(discrete: bool, outputs: np.ndarray) -> np.ndarray:
+    """:func:`action_margin` of every row of (T, A) outputs at once."""
+    if not discrete or outputs.shape[1] < 2:
+        return np.full(len(outputs), np.inf)
+    top = np.sort(outputs.astype(np.float64), axis=1)[:, -2:]
+    margins: np.ndarray = top[:, 1] - top[:, 0]
+    return margins
+
+
 def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
     """One closed-loop episode of ``policy`` from ``reset(seed=seed)``, at most
     ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping."""
@@ -162,7 +172,6 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
     observations: list[np.ndarray] = []
     outputs: list[np.ndarray] = []
     actions: list[Any] = []
-    margins: list[float] = []
     rewards: list[float] = []
     terminated = truncated = False
     nonfinite: int | None = None
@@ -173,12 +182,11 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
             out = np.asarray(policy(raw), dtype=np.float32).ravel()
             observations.append(raw)
             outputs.append(out)
-            if not np.all(np.isfinite(out)):
+            if not math.isfinite(float(out.sum())) and not np.isfinite(out).all():
                 nonfinite = step
                 break
             action = env_action(ctx, out)
             actions.append(action)
-            margins.append(action_margin(ctx, out))
             obs, reward, terminated, truncated, _ = env.step(action)
             rewards.append(float(reward))
             if terminated or truncated:
@@ -187,12 +195,13 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
         env.close()
     shape = tuple(rollout.observation_space.shape or ())
     act_dtype = np.int64 if rollout.discrete else np.float32
+    acted = np.asarray(outputs, np.float32).reshape(len(outputs), -1)
     return Episode(
         seed=seed,
         observations=np.asarray(observations, np.float32).reshape(-1, *shape),
-        outputs=np.asarray(outputs, np.float32).reshape(len(outputs), -1),
+        outputs=acted,
         actions=np.asarray(actions, act_dtype),
-        margins=np.asarray(margins, np.float64),
+        margins=action_margins(rollout.discrete, acted[: len(actions)]),
         rewards=np.asarray(rewards, np.float64),
         terminated=bool(terminated),
         truncated=bool(truncated),
