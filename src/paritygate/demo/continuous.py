@@ -57,6 +57,8 @@ class SACActor(nn.Module):
     """A SAC actor: trunk, mean and log_std heads; log_std clamped like SB3's."""
 
     clamp = LOG_STD_CLAMP
+    action_scale: torch.Tensor
+    action_bias: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
