@@ -123,9 +123,12 @@ def find_state_dict(
         node = obj
         for depth, part in enumerate(key.split(".")):
             if not isinstance(node, Mapping) or part not in node:
-                where = ".".join(key.split(".")[:depth]) or "the checkpoint"
-                have = (_top_keys(node).replace("top-level", f"keys of {where}")
-                        if isinstance(node, Mapping) else f"{where} is a {type(node).__name__}")
+                where = ".".join(key.split(".")[:depth])
+                if not isinstance(node, Mapping):
+                    have = f"{where} is a {type(node).__name__}"
+                else:
+                    have = _top_keys(node) if not where else _top_keys(node).replace(
+                        "top-level keys", f"keys of {where}")
                 raise InputError(path, STATE_DICT_KEY, f"{key!r} is not in the checkpoint "
                                  f"({have})")
             node = node[part]

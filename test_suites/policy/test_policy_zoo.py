@@ -55,6 +55,12 @@ def test_clean_continuous_policy_passes_every_check(zoo, base) -> None:
         cid: r.message for cid, r in results.items() if r.status != "pass"}
     logits = results["logits_agreement"].metrics
     assert logits["action_max_abs_diff"] < 1e-5 and logits["std_max_abs_diff"] < 1e-5
+    if base == "cleanrl":  # a training checkpoint: the state dict under a nested key, noted
+        load = results["weights_load"].details
+        assert load["state_dict_key"] == "agent.actor_critic"
+        assert any("read from its key 'agent.actor_critic' (set by policy.state_dict_key)" in n
+                   for n in load["notes"]), load["notes"]
+        assert logits["gaussian_kl_max"] < 1e-9 and logits["logprob_delta_max_abs"] < 1e-5
 
 
 @pytest.mark.parametrize("fault", _params())
