@@ -143,9 +143,7 @@ def sac_inference_policy(obs_dim: int, action_low: list[float], action_high: lis
     class SACInferencePolicy(policy_cls):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            del self.critic
-            del self.critic_target
-            self.critic = self.critic_target = None
+            self.critic = self.critic_target = None  # type: ignore[has-type]  # critics removed
             self.optimizer = None
 
         def forward(self, obs: torch.Tensor  # type: ignore[override]
