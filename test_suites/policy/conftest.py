@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from policy_zoo import FAULTS_BY_ID, evaluate_all, fault_config
+from policy_zoo import CONTINUOUS_BASES, FAULTS_BY_ID, build_continuous, evaluate_all, fault_config
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -36,12 +36,26 @@ class Zoo:
         self.configs: dict[str, Any] = {}
         """The GateConfig each fault was evaluated with (reports need its paths)."""
 
+    def clean_for(self, base: str) -> Path:
+        """The clean subject a fault is built from: the demo, or the continuous policies."""
+        if base == "demo":
+            return self.clean
+        folder = self.root / "clean-continuous"
+        if not (folder / "sac.safetensors").exists():
+            build_continuous(folder)
+        return folder
+
     def results(self, fault_id: str) -> dict[str, Any]:
-        """``{check_id: CheckResult}`` for a fault id, or ``"clean"`` for the clean demo."""
+        """``{check_id: CheckResult}`` for a fault id, ``"clean"`` for the clean demo, or a
+        continuous base's name (``"sac"``, ``"cleanrl"``) for that clean subject."""
         if fault_id not in self._results:
             out = self.root / fault_id
-            overrides = {} if fault_id == "clean" else FAULTS_BY_ID[fault_id].build(self.clean, out)
-            self.configs[fault_id] = fault_config(self.clean, out, overrides)
+            base = fault_id if fault_id in CONTINUOUS_BASES else (
+                "demo" if fault_id == "clean" else FAULTS_BY_ID[fault_id].base)
+            clean = self.clean_for(base)
+            overrides = ({} if fault_id == "clean" or fault_id in CONTINUOUS_BASES
+                         else FAULTS_BY_ID[fault_id].build(clean, out))
+            self.configs[fault_id] = fault_config(clean, out, overrides, base)
             self._results[fault_id] = evaluate_all(self.configs[fault_id])
             assert digest(self.clean) == self.clean_digest, (
                 f"building or gating {fault_id!r} modified the clean demo")

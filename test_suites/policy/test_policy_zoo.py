@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from policy_zoo import FAULTS, FAULTS_BY_ID, POLICY_CHECKS, failing
+from policy_zoo import CONTINUOUS_BASES, FAULTS, FAULTS_BY_ID, POLICY_CHECKS, failing
 
 ZOO_MD = Path(__file__).with_name("ZOO.md")
 
@@ -43,6 +43,24 @@ def test_clean_demo_passes_every_check(zoo) -> None:
     results = zoo.results("clean")
     assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
         cid: r.message for cid, r in results.items() if r.status != "pass"}
+
+
+@pytest.mark.parametrize("base", sorted(CONTINUOUS_BASES))
+def test_clean_continuous_policy_passes_every_check(zoo, base) -> None:
+    """The clean twin of the continuous faults: every check passes (no preprocessing is
+    configured, so preprocessing_parity has nothing to compare and skips)."""
+    results = zoo.results(base)
+    expected = {**dict.fromkeys(POLICY_CHECKS, "pass"), "preprocessing_parity": "skip"}
+    assert {cid: r.status for cid, r in results.items()} == expected, {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+    logits = results["logits_agreement"].metrics
+    assert logits["action_max_abs_diff"] < 1e-5 and logits["std_max_abs_diff"] < 1e-5
+    if base == "cleanrl":  # a training checkpoint: the state dict under a nested key, noted
+        load = results["weights_load"].details
+        assert load["state_dict_key"] == "agent.actor_critic"
+        assert any("read from its key 'agent.actor_critic' (set by policy.state_dict_key)" in n
+                   for n in load["notes"]), load["notes"]
+        assert logits["gaussian_kl_max"] < 1e-9 and logits["logprob_delta_max_abs"] < 1e-5
 
 
 @pytest.mark.parametrize("fault", _params())
