@@ -101,9 +101,9 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
 def _policy_text(
     source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
 ) -> str:
-    from paritygate.checkpoints import load_state_dict
+    from paritygate.checkpoints import load_checkpoint_state
 
-    state = load_state_dict(source)
+    state, state_key = load_checkpoint_state(source)
     keys = list(state)
     heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
@@ -144,6 +144,9 @@ def _policy_text(
     lines += [
         f"  checkpoint: {_rel(source, base)}   # {len(keys)} tensors, {n_params:,} values",
     ]
+    if state_key is not None:
+        lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: its state "
+                     "dict sits under this key (found by name; dotted when nested)")
     if any(k.startswith("module.") for k in keys):
         lines.append("  # note: keys carry DDP's 'module.' prefix; weights_load will name it")
     if any(k.startswith("_orig_mod.") for k in keys):

@@ -18,7 +18,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import rollout_subjects
-from policy_zoo import FAULTS_BY_ID, SUBJECT_CHECKS, evaluate_all, fault_config
+from policy_zoo import (
+    CONTINUOUS_BASES,
+    FAULTS_BY_ID,
+    build_continuous,
+    checks_of,
+    evaluate_all,
+    fault_config,
+)
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -28,42 +35,48 @@ def digest(folder: Path) -> dict[str, str]:
 
 
 class Zoo:
-    """Builds each fault into its own folder on first use and caches every check's verdict.
+    """Builds each fault into its own folder on first use and caches every check's verdict."""
 
-    ``subjects`` maps a subject name onto a function returning its clean folder (built on
-    first use: the CartPole subject trains PPO only when one of its faults is asked for)."""
-
-    def __init__(self, subjects: dict[str, Callable[[], Path]], root: Path) -> None:
-        self._subjects = subjects
-        self._cleans: dict[str, tuple[Path, dict[str, str]]] = {}
+    def __init__(self, clean: Path, root: Path,
+                 cartpole: Callable[[], Path] | None = None) -> None:
+        self.clean = clean
+        self._cartpole = cartpole
+        """Builds (once) and returns the PPO CartPole subject of rollout_parity."""
         self.root = root
+        self.clean_digest = digest(clean)
         self._results: dict[str, dict[str, Any]] = {}
         self.configs: dict[str, Any] = {}
         """The GateConfig each fault was evaluated with (reports need its paths)."""
 
-    def clean(self, subject: str = "demo") -> Path:
-        if subject not in self._cleans:
-            folder = self._subjects[subject]()
-            self._cleans[subject] = (folder, digest(folder))
-        return self._cleans[subject][0]
+    def clean_for(self, base: str) -> Path:
+        """The clean subject a fault is built from: the demo, or the continuous policies."""
+        if base == "demo":
+            return self.clean
+        if base == "cartpole":
+            assert self._cartpole is not None
+            return self._cartpole()
+        folder = self.root / "clean-continuous"
+        if not (folder / "sac.safetensors").exists():
+            build_continuous(folder)
+        return folder
 
     def results(self, fault_id: str) -> dict[str, Any]:
-        """``{check_id: CheckResult}`` for a fault id, or ``"clean"`` / ``"clean:<subject>"``
-        for a clean subject."""
+        """``{check_id: CheckResult}`` for a fault id, ``"clean"`` for the clean demo, or a
+        base's name (``"sac"``, ``"cleanrl"``, ``"cartpole"``) for that clean subject."""
         if fault_id not in self._results:
-            out = self.root / fault_id.replace(":", "-")
-            if fault_id.startswith("clean"):
-                subject = fault_id.partition(":")[2] or "demo"
-                overrides: dict[str, Any] = {}
-            else:
-                subject = FAULTS_BY_ID[fault_id].subject
-                overrides = FAULTS_BY_ID[fault_id].build(self.clean(subject), out)
-            clean = self.clean(subject)
-            self.configs[fault_id] = fault_config(clean, out, overrides, subject)
-            self._results[fault_id] = evaluate_all(self.configs[fault_id],
-                                                   SUBJECT_CHECKS[subject])
-            assert digest(clean) == self._cleans[subject][1], (
-                f"building or gating {fault_id!r} modified the clean {subject}")
+            out = self.root / fault_id
+            cleans = (*CONTINUOUS_BASES, "cartpole")
+            base = fault_id if fault_id in cleans else (
+                "demo" if fault_id == "clean" else FAULTS_BY_ID[fault_id].base)
+            clean = self.clean_for(base)
+            before = digest(clean)
+            overrides = ({} if fault_id == "clean" or fault_id in cleans
+                         else FAULTS_BY_ID[fault_id].build(clean, out))
+            self.configs[fault_id] = fault_config(clean, out, overrides, base)
+            self._results[fault_id] = evaluate_all(self.configs[fault_id], checks_of(base))
+            assert digest(self.clean) == self.clean_digest, (
+                f"building or gating {fault_id!r} modified the clean demo")
+            assert digest(clean) == before, f"building or gating {fault_id!r} modified {clean}"
         return self._results[fault_id]
 
 
@@ -83,5 +96,4 @@ def clean_cartpole(build_once: Any) -> Callable[[], Path]:
 @pytest.fixture(scope="session")
 def zoo(clean_demo: Path, clean_cartpole: Callable[[], Path],
         tmp_path_factory: pytest.TempPathFactory) -> Zoo:
-    return Zoo({"demo": lambda: clean_demo, "cartpole": clean_cartpole},
-               tmp_path_factory.mktemp("policy-zoo"))
+    return Zoo(clean_demo, tmp_path_factory.mktemp("policy-zoo"), clean_cartpole)

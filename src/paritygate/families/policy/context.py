@@ -59,6 +59,11 @@ class PolicyContext:
     exported_on_the_fly: bool = False
     probe_rows_dropped: int = 0
     """Raw probe rows holding NaN/Inf, left out of the model checks (preprocessing sees them)."""
+    state_dict_source: str | None = None
+    """The key of a training checkpoint the state dict was read from (``None``: the file is
+    the state dict)."""
+    state_dict_key_reason: str = ""
+    """Why that key: set by ``policy.state_dict_key`` or found under a common name."""
 
     @cached_property
     def candidate(self) -> Any:
@@ -147,8 +152,20 @@ class PolicyContext:
 
     @cached_property
     def reference_outputs(self) -> np.ndarray:
-        """Training model's policy output on the probes, (N, A)."""
-        return self.reference.infer({self.input_name: self.probes})[self.output_name]
+        """Training model's policy output on the probes, (N, A); as the deterministic env
+        action when the artifact serves actions (``distribution.serving_output: action``)."""
+        return self.as_served(self.reference.infer({self.input_name: self.probes})[
+            self.output_name])
+
+    def as_served(self, training_output: np.ndarray) -> np.ndarray:
+        """The training policy output in the artifact's terms: itself, or its deterministic env
+        action when the artifact serves actions (``distribution.serving_output: action``)."""
+        dist = self.spec.distribution
+        if dist is None or dist.serving_output != "action":
+            return training_output
+        from paritygate.families.policy.distribution import deterministic_action
+
+        return deterministic_action(self.spec, training_output).astype(training_output.dtype)
 
     @cached_property
     def inference_engine(self) -> Any:
@@ -367,7 +384,7 @@ def build_policy_context(
     """Load and validate every input of a policy gate."""
     import torch
 
-    from paritygate.checkpoints import load_state_dict, read_checkpoint
+    from paritygate.checkpoints import load_checkpoint_state, read_checkpoint
 
     spec = config.policy
     assert spec is not None
@@ -376,7 +393,8 @@ def build_policy_context(
     with keyed("policy.checkpoint"):
         data, sha = read_checkpoint(ckpt)  # one read: the digest and the tensors
         stat_before = _stamp(ckpt)
-        state = load_state_dict(ckpt, allow_pickle=config.allow_pickle, data=data)
+        state, source = load_checkpoint_state(ckpt, allow_pickle=config.allow_pickle, data=data,
+                                              state_dict_key=spec.state_dict_key)
         del data
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
@@ -420,9 +438,15 @@ def build_policy_context(
         given_artifact=given,
         export_dir=export_dir or (config.default_report_dir() / "export"),
         probe_rows_dropped=dropped,
+        state_dict_source=source,
+        state_dict_key_reason="set by policy.state_dict_key" if spec.state_dict_key else
+        "found under a common name; set policy.state_dict_key to choose another",
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
     )
+    from paritygate.families.policy.distribution import check_distribution
+
+    check_distribution(ctx)
     if given is not None or force_export:
         ctx.candidate  # noqa: B018 - a configured artifact is validated before any check runs
     if given is not None:
