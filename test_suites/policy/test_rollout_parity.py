@@ -235,3 +235,20 @@ def test_discrete_actions_are_the_argmax_and_the_margin_its_gap(cartpole: Path,
     ctx = _gate(rs.cartpole_config(cartpole), tmp_path).context
     assert env_action(ctx, np.array([0.2, 1.5], np.float32)) == 1
     assert action_margin(ctx, np.array([0.2, 1.5], np.float32)) == pytest.approx(1.3)
+
+
+def test_continuous_actions_follow_the_declared_distribution(pendulum: Path,
+                                                            tmp_path: Path) -> None:
+    """With ``policy.distribution`` the env action is the deterministic action it defines
+    (tanh-squashed and scaled here), and an artifact serving the action is taken as it is."""
+    from paritygate.families.policy.config import DistributionSpec
+    from paritygate.families.policy.rollout import env_action
+
+    ctx = _gate(rs.pendulum_config(pendulum), tmp_path).context
+    ctx.rollout_env  # noqa: B018 - built for the undeclared spec
+    dist = DistributionSpec(squash="tanh", action_scale=2.0, serving_output="action")
+    ctx.spec = ctx.spec.model_copy(update={"distribution": dist})
+    mean = np.array([0.5], np.float32)
+    assert env_action(ctx, mean).tolist() == pytest.approx([2.0 * np.tanh(0.5)])
+    assert env_action(ctx, mean, served=True).tolist() == [0.5]
+    assert env_action(ctx, np.array([3.0], np.float32), served=True).tolist() == [2.0]

@@ -53,9 +53,11 @@ def _fmt_action(action: Any) -> str:
 
 def _action_diff(ref: Episode, cand: Episode, n: int, discrete: bool) -> np.ndarray:
     """(n,) per-step difference: 1/0 for discrete actions, max abs difference for continuous."""
-    a, b = ref.actions[:n], cand.actions[:n]
+    a: np.ndarray = np.asarray(ref.actions[:n])
+    b: np.ndarray = np.asarray(cand.actions[:n])
     if discrete:
-        return (a != b).astype(np.float64)
+        flips: np.ndarray = (a != b).astype(np.float64)
+        return flips
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64)).reshape(n, -1)
     out: np.ndarray = diff.max(axis=1) if n else np.zeros(0)
     return out

@@ -130,15 +130,21 @@ class RolloutEnv:
                       "Discrete or Box")
 
 
-def env_action(ctx: PolicyContext, output: np.ndarray) -> Any:
+def env_action(ctx: PolicyContext, output: np.ndarray, *, served: bool = False) -> Any:
     """The deterministic action the environment receives for one policy output row: the argmax
-    of a discrete policy's logits; a continuous policy's output clipped to the action space."""
+    of a discrete policy's logits; for a continuous policy its deterministic action
+    (:func:`~paritygate.families.policy.distribution.deterministic_action`: the output as it is,
+    or squashed, scaled and shifted by ``policy.distribution``; ``served`` for the artifact's
+    output), clipped to the action space."""
     env = ctx.rollout_env
     assert env is not None
     if env.discrete:
         return int(np.argmax(output))
+    from paritygate.families.policy.distribution import deterministic_action
+
     space = env.action_space
-    action = np.asarray(output, dtype=np.float64).reshape(space.shape)
+    row = np.asarray(output, dtype=np.float64).reshape(1, -1)
+    action = deterministic_action(ctx.spec, row, served=served).reshape(space.shape)
     return np.clip(action, space.low, space.high).astype(space.dtype)
 
 
@@ -163,9 +169,11 @@ def action_margins(discrete: bool, outputs: np.ndarray) -> np.ndarray:
     return margins
 
 
-def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
+def run_episode(ctx: PolicyContext, policy: Policy, seed: int, *, served: bool = False
+                ) -> Episode:
     """One closed-loop episode of ``policy`` from ``reset(seed=seed)``, at most
-    ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping."""
+    ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping. ``served``:
+    ``policy`` is the serving path (its output read as the artifact's, see :func:`env_action`)."""
     rollout = ctx.rollout_env
     assert rollout is not None
     env = rollout.make()
@@ -185,7 +193,7 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int) -> Episode:
             if not math.isfinite(float(out.sum())) and not np.isfinite(out).all():
                 nonfinite = step
                 break
-            action = env_action(ctx, out)
+            action = env_action(ctx, out, served=served)
             actions.append(action)
             obs, reward, terminated, truncated, _ = env.step(action)
             rewards.append(float(reward))
@@ -263,7 +271,7 @@ def run_rollouts(ctx: PolicyContext) -> Rollouts | None:
         env=env.name,
         seeds=seeds,
         training=[run_episode(ctx, train, s) for s in seeds],
-        serving=[run_episode(ctx, serve, s) for s in seeds],
+        serving=[run_episode(ctx, serve, s, served=True) for s in seeds],
         discrete=env.discrete,
     )
 
