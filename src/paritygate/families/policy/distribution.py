@@ -129,6 +129,12 @@ def _invert(dist: DistributionSpec, action: np.ndarray, u: np.ndarray
     return u, np.zeros(u.shape[:-1])  # clip: SB3 stores the unclipped action
 
 
+def action_log_prob(dist: DistributionSpec, g: Gaussian, u: np.ndarray) -> np.ndarray:
+    """Log-prob of the env actions ``squash(u)`` (N, K, A) under ``g``, change of variables
+    included (the tanh correction), (N, K)."""
+    return np.asarray(_gauss_logp(g, u) - _log_det_elems(dist, u).sum(-1))
+
+
 def behaviour_logprob_delta(dist: DistributionSpec, actor: Gaussian, learner: Gaussian,
                             seed: int) -> np.ndarray:
     """learner recompute − actor's logged log-prob of actions the actor samples, (N, K).
@@ -142,7 +148,7 @@ def behaviour_logprob_delta(dist: DistributionSpec, actor: Gaussian, learner: Ga
     noise = rng.standard_normal((n, dist.samples, a))
     u = actor.mean[:, None, :] + actor.std[:, None, :] * noise  # (N, K, A)
     action = squash(dist, u)
-    logp_actor = _gauss_logp(actor, u) - _log_det_elems(dist, u).sum(-1)
+    logp_actor = action_log_prob(dist, actor, u)
     u_rec, log_det = _invert(dist, action, u)
     logp_learner = _gauss_logp(learner, u_rec) - log_det
     return np.asarray(logp_learner - logp_actor)
