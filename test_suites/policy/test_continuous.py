@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 
 from paritygate.families.policy.config import DistributionSpec
-from paritygate.families.policy.distribution import (
+from paritygate.metrics.gaussian import (
     action_log_prob,
     behaviour_logprob_delta,
     gaussian,
