@@ -75,11 +75,23 @@ def check_distribution(ctx: PolicyContext) -> None:
     if dist is None:
         return
     key = "policy.distribution.log_std_key"
+    if dist.log_std == "parameter" and str(dist.log_std_key) not in ctx.state:
+        named = [k for k in ctx.state if "std" in k.lower()][:3]
+        hint = f"its log-std tensors: {named}" if named else "none is named like a log-std"
+        raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} is not a tensor of the "
+                         f"checkpoint ({hint})")
+    try:
+        dims = int(np.prod(_training_output(ctx, ctx.spec.policy_output).shape[1:]))
+    except Exception:  # a forward that fails is the checks' to report
+        return
+    for name in ("action_scale", "action_bias"):
+        value = getattr(dist, name)
+        n = len(value) if isinstance(value, list) else 1
+        if n not in (1, dims):
+            raise InputError(ctx.config.path, f"policy.distribution.{name}", f"{n} values for "
+                             f"a policy output of {dims} action dimensions (give one, or one "
+                             "per dimension)")
     if dist.log_std == "parameter":
-        if str(dist.log_std_key) not in ctx.state:
-            raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} is not a tensor of the "
-                             f"checkpoint (a log_std parameter has a name such as "
-                             f"{[k for k in ctx.state if 'std' in k.lower()][:3] or 'log_std'})")
         return
     import torch
 
