@@ -147,3 +147,29 @@ def test_sb3_sac_action_artifact(sac_run: Path, tmp_path: Path, tanh: bool) -> N
         assert result.status == "fail" and result.reasons[0].finding == "squash_missing", (
             result.message)
         assert "the tanh squash is missing on the serving side" in result.message
+
+
+def test_init_on_the_sac_zip_proposes_a_config_that_passes(
+    sac_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    from paritygate import write_config
+
+    monkeypatch.chdir(tmp_path)
+    written = write_config(sac_run / "sac_pendulum.zip", out=Path("configs/sac.yaml"))
+    assert set(written.todos) == {
+        "policy.factory_kwargs.action_low", "policy.factory_kwargs.action_high",
+        "policy.distribution.action_scale", "policy.distribution.action_bias",
+        "policy.probes.generator"}, written.todos
+    data = yaml.safe_load(written.path.read_text())
+    policy = data["policy"]
+    assert policy["factory_kwargs"]["net_arch"] == NET_ARCH
+    policy["factory_kwargs"].update(action_low=[-2.0], action_high=[2.0])
+    policy["distribution"].update(action_scale=2.0, action_bias=0.0)
+    policy["probes"] = {"file": str(sac_run / "probes.npy")}
+    gate = Gate(config_from_dict({**data, "checks": CHECKS}, written.path),
+                report_dir=tmp_path / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
+    assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
+        c: r.message for c, r in results.items() if r.status != "pass"}

@@ -98,6 +98,64 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
+def _sac_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None:
+    """factory_kwargs for the SB3 SAC adapter when the zip holds an MLP ``SACPolicy``."""
+    if checkpoint.suffix.lower() != ".zip" or "actor.mu.weight" not in keys:
+        return None
+    layers = sorted(
+        (int(m.group(1)), k)
+        for k in keys
+        if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.weight", k))
+    )
+    first = keys[layers[0][1]] if layers else keys["actor.mu.weight"]
+    return {"obs_dim": int(first.shape[1]), "act_dim": int(keys["actor.mu.weight"].shape[0]),
+            "net_arch": [int(keys[k].shape[0]) for _, k in layers]}
+
+
+def _sac_text(source: Path, out: Path, name: str, name_note: str, sac: dict[str, Any],
+              n_keys: int) -> str:
+    """The config of an SB3 SAC zip: the adapter's SAC factories and its Gaussian; the action
+    box (not in the tensors) is TODO."""
+    base = out.parent
+    box = _q(f"{TODO}: the action space's {{}} bound, one value per dimension "
+             f"({sac['act_dim']})")
+    lines = config_header(source, out, name, name_note, "policy")
+    lines += [
+        "policy:",
+        "  # Stable-Baselines3 SACPolicy (read through policy.pth, weights_only): obs_dim and",
+        f"  # net_arch read from the tensor shapes of {source.name}.",
+        "  training_factory: paritygate.adapters.sb3:sac_training_policy    # forward -> "
+        "{mean, log_std, q}",
+        "  inference_factory: paritygate.adapters.sb3:sac_inference_policy  # actor only -> "
+        "(mean, log_std)",
+        "  factory_kwargs:",
+        f"    obs_dim: {sac['obs_dim']}",
+        f"    net_arch: {json.dumps(sac['net_arch'])}",
+        f"    action_low: {box.format('low')}",
+        f"    action_high: {box.format('high')}",
+        f"  checkpoint: {_rel(source, base)}   # {n_keys} tensors",
+        '  training_heads: ["critic", "critic_target"]   # the Q-networks: training only',
+        "  policy_output: mean",
+        '  output_names: ["mean", "log_std"]',
+        "  action_space: continuous",
+        "  distribution:              # SB3 acts low + (tanh(mean) + 1) / 2 * (high - low)",
+        "    log_std: output",
+        "    log_std_key: log_std",
+        "    log_std_clamp: [-20, 2]   # SB3's LOG_STD_MIN, LOG_STD_MAX",
+        "    squash: tanh",
+        f"    action_scale: {_q(f'{TODO}: (high - low) / 2 of the action space')}",
+        f"    action_bias: {_q(f'{TODO}: (high + low) / 2 of the action space')}",
+        "  probes:",
+        "    generator: "
+        + _q(f"{TODO}: module:callable(count, seed) -> raw observations (N, ...); "
+             "or replace this line with file: probes.npy"),
+        "golden:",
+        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in <dir>/{name}/<check_id>.json",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def bare_log_std(keys: list[str]) -> list[str]:
     """Top-level log-std tensors (``log_std``, CleanRL's ``actor_logstd``): a Gaussian's
     state-independent parameter, which a served actor returning the mean leaves out."""
@@ -110,6 +168,9 @@ def _policy_text(
     from paritygate.checkpoints import load_checkpoint_state
 
     state, state_key = load_checkpoint_state(source)
+    sac = _sac_layout(source, state)
+    if sac is not None:
+        return _sac_text(source, out, name, name_note, sac, len(state))
     keys = list(state)
     heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
