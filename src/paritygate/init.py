@@ -98,6 +98,12 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
+def bare_log_std(keys: list[str]) -> list[str]:
+    """Top-level log-std tensors (``log_std``, CleanRL's ``actor_logstd``): a Gaussian's
+    state-independent parameter, which a served actor returning the mean leaves out."""
+    return [k for k in keys if "." not in k and k.lower().replace("_", "").endswith("logstd")]
+
+
 def _policy_text(
     source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
 ) -> str:
@@ -155,6 +161,8 @@ def _policy_text(
     if sb3 is not None:
         heads = [h for h in ("mlp_extractor.value_net", "value_net") if any(
             k.startswith(h + ".") for k in keys)]
+    log_stds = [] if sb3 is not None else bare_log_std(keys)
+    heads += [k for k in log_stds if k not in heads]
     head_note = "proposed from tensor names; review" if heads else "none found in tensor names"
     lines.append(f"  training_heads: {_q(heads)}   # training-only module prefixes: {head_note}")
     onnx_inputs: list[tuple[str, list[Any]]] = []
@@ -195,9 +203,21 @@ def _policy_text(
         action = "continuous" if sb3["continuous"] else "discrete"
         lines.append(f"  action_space: {action}   # from the policy's tensors")
     else:
-        guess = "continuous" if any(k.endswith("log_std") for k in keys) else "discrete"
+        guess = "continuous" if log_stds or any(
+            k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
         lines.append(f"  action_space: {guess}   # discrete | continuous; guessed from tensor "
                      "names: review")
+        if log_stds:
+            lines += [
+                "  distribution:            # the Gaussian (README: continuous actions); review",
+                f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
+                "checkpoint (a training head: the served actor returns the mean)",
+                f"    log_std_key: {_q(log_stds[0])}",
+                "    squash: none           # tanh (SAC) | clip (clipped to the action box) | "
+                "none",
+                "    action_scale: 1.0      # (high - low) / 2 of the action box for tanh / clip",
+                "    action_bias: 0.0       # (high + low) / 2",
+            ]
     lines += [
         "  # preprocessing:          # both sides' observation preprocessing, if any",
         "  #   training: mypkg.obs:normalize_torch   # fn(raw, stats_path=..., **kwargs)",

@@ -123,6 +123,20 @@ CASES: dict[str, Builder] = {
                                                                         "step": 3}),
     "ckpt-state-dict-key-not-tensors": lambda c, f: _keyed(f, "optimizer", {
         "model": _state(c), "optimizer": {"lr": 0.1}}),
+    "distribution-log-std-absent": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_key": "log_std"}}},
+        "gate.yaml", "policy.distribution.log_std_key"),
+    "distribution-log-std-output-absent": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std": "output",
+                                                       "log_std_key": "log_std"}}},
+        "gate.yaml", "policy.distribution.log_std_key"),
+    "distribution-scale-width": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_key": "policy_head.bias",
+                                                       "action_scale": [1.0, 2.0, 3.0]}}},
+        "gate.yaml", "policy.distribution.action_scale"),
+    "distribution-clamp-unordered": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_clamp": [2.0, -5.0]}}},
+        "gate.yaml", "policy.distribution.log_std_clamp"),
     "ckpt-directory": lambda c, f: ({"policy": {"checkpoint": str(_mkdir(f / "d.pt"))}},
                                     "d.pt", "policy.checkpoint"),
     # --- artifacts ---

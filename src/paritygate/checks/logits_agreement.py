@@ -15,6 +15,13 @@ from paritygate.metrics import (
     magnitude_factor,
     scaled_note,
 )
+from paritygate.metrics.gaussian import (
+    Gaussian,
+    behaviour_logprob_delta,
+    gaussian,
+    kl_per_row,
+    scale_bias,
+)
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -22,7 +29,6 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.policy.config import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.distribution import Gaussian
 
 DEFAULTS = {
     # fp32 torch vs ONNX Runtime on the demo differ by ~2e-6 at logit magnitude ~10
@@ -182,17 +188,17 @@ _TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missi
 def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
                       tol: float) -> tuple[str, str] | None:
     """Name an env-action transform the artifact skipped: ``(kind, text)`` or ``None``."""
-    from paritygate.families.policy.distribution import scale_bias, squash
-
+    if dist.squash == "clip":
+        return None  # clip only bounds the action: scale and bias never multiply it
     scale, bias = scale_bias(dist, mean.shape[-1])
-    unit = squash(dist.model_copy(update={"action_scale": 1.0, "action_bias": 0.0}), mean)
+    unit = np.tanh(mean) if dist.squash == "tanh" else mean
     hypotheses = [("action_scale_missing", bias + unit, "the action scale is not applied "
                    "(action = bias + squash(mean))"),
                   ("action_bias_missing", scale * unit, "the action bias is not applied "
                    "(action = scale * squash(mean))")]
-    if dist.squash != "none":
+    if dist.squash == "tanh":
         hypotheses.insert(0, ("squash_missing", bias + scale * mean,
-                              f"the {dist.squash} squash is missing on the serving side "
+                              "the tanh squash is missing on the serving side "
                               "(action = bias + scale * mean)"))
     for kind, expected, text in hypotheses:
         if np.max(np.abs(expected - served)) <= tol:
@@ -216,22 +222,12 @@ def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
                      ) -> str | None:
     """The distribution metrics of a continuous policy; the kind of a named action-transform
     fault, or ``None``."""
-    from paritygate.families.policy.distribution import (
-        behaviour_logprob_delta,
-        candidate_log_std,
-        deterministic_action,
-        gaussian,
-        kl_per_row,
-        reference_gaussian,
-        scale_bias,
-    )
-
-    ref = reference_gaussian(ctx, dist)
+    ref: Gaussian = ctx.reference_gaussian()
     scale, _ = scale_bias(dist, ref.mean.shape[-1])
     action_limit = float(limits.get("action_max_abs_diff") or 0.0) * max(
         1.0, float(np.max(np.abs(scale)))) * magnitude_factor(ref.mean)
-    ref_action = deterministic_action(ctx.spec, ref.mean)
-    cand_action = deterministic_action(ctx.spec, candidate, served=True)
+    ref_action = ctx.deterministic_action(ref.mean)
+    cand_action = ctx.deterministic_action(candidate, served=True)
     action_diff = float(np.max(np.abs(ref_action - cand_action))) if ref_action.size else 0.0
     m.metric("action_max_abs_diff", action_diff, threshold=limits.get("action_max_abs_diff")
              and action_limit)
@@ -242,7 +238,7 @@ def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
         if found is not None:
             m.fail(found[0], f"deterministic actions differ by up to {action_diff:.3g}: "
                    f"{found[1]}", metric="action_max_abs_diff")
-    cand_log_std = candidate_log_std(ctx, dist)
+    cand_log_std = ctx.candidate_log_std()
     if cand_log_std is None:
         m.note("the artifact serves no log_std: the std, KL and log-prob metrics need it")
         return found[0] if found else None

@@ -157,6 +157,27 @@ class PolicyContext:
         return self.as_served(self.reference.infer({self.input_name: self.probes})[
             self.output_name])
 
+    def reference_gaussian(self) -> Any:
+        """The training model's Gaussian on the probes (``policy.distribution`` set):
+        :class:`paritygate.metrics.gaussian.Gaussian`."""
+        from paritygate.families.policy.distribution import reference_gaussian
+
+        assert self.spec.distribution is not None
+        return reference_gaussian(self, self.spec.distribution)
+
+    def candidate_log_std(self) -> np.ndarray | None:
+        """The artifact's log-std on the probes, or ``None`` when it serves none."""
+        from paritygate.families.policy.distribution import candidate_log_std
+
+        assert self.spec.distribution is not None
+        return candidate_log_std(self, self.spec.distribution)
+
+    def deterministic_action(self, output: np.ndarray, *, served: bool = False) -> np.ndarray:
+        """:func:`paritygate.families.policy.distribution.deterministic_action` of this spec."""
+        from paritygate.families.policy.distribution import deterministic_action
+
+        return deterministic_action(self.spec, output, served=served)
+
     def as_served(self, training_output: np.ndarray) -> np.ndarray:
         """The training policy output in the artifact's terms: itself, or its deterministic env
         action when the artifact serves actions (``distribution.serving_output: action``)."""
