@@ -50,6 +50,7 @@ import torch
 from paritygate.precision.analysis import run_precision
 from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.hooks import cast_params, floating_tensors, select_layers
+from paritygate.precision.report import PrecisionReport
 from paritygate.precision.subject import PrecisionSubject
 
 DTYPES = ["float16", "bfloat16"]
@@ -114,7 +115,7 @@ def subject(model: Any, batches: list[Any]) -> PrecisionSubject:
     return PrecisionSubject("bench", lambda: model, batches, lambda out: out.last_hidden_state)
 
 
-def precision_pass(model: Any, batches: list[Any], spec: PrecisionSpec) -> dict[str, Any]:
+def precision_pass(model: Any, batches: list[Any], spec: PrecisionSpec) -> PrecisionReport:
     return run_precision(subject(model, batches), spec, 16.0, 8.0)
 
 

@@ -210,6 +210,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
         try:
             code = int(pytest.main(pytest_args, plugins=[run]))
+        except Exception:
+            if run.interrupted:  # a plugin failed on the interrupt: still an interrupt
+                raise KeyboardInterrupt from None
+            raise
         finally:
             if autoload is None:
                 os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
@@ -218,10 +222,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         gate.discard_golden()  # a no-op after the run committed; unlocks on every other exit
     outcome = run.outcome
+    if run.interrupted or (outcome is not None and outcome.kind == "interrupted"):
+        raise KeyboardInterrupt  # also before the session started (pytest's own setup)
     if outcome is None:  # pytest stopped before the session (its own usage error)
         return EXIT_INPUT
-    if outcome.kind == "interrupted":
-        raise KeyboardInterrupt
     if outcome.kind == "input_error":
         raise InputError(None, None, outcome.line or "the run stopped on bad input")
     if outcome.kind == "nothing_verified":
@@ -398,14 +402,20 @@ def main(argv: list[str] | None = None) -> int:
         "init": _cmd_init,
         "checks": _cmd_checks,
     }
-    previous = _raise_on_sigterm()
+    signals = _Signals()
     try:
-        return handlers[args.command](args)
+        try:
+            return handlers[args.command](args)
+        except Exception:
+            if signals.received:  # an interrupt that a library turned into another exception
+                raise KeyboardInterrupt from None
+            raise
     except InputError as exc:
         print(f"paritygate: error: {exc.line()}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt as exc:
-        code = EXIT_TERMINATED if isinstance(exc, Terminated) or _TERMINATED else EXIT_INTERRUPTED
+        terminated = isinstance(exc, Terminated) or signals.last == "SIGTERM"
+        code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
         from paritygate.plugin import INTERRUPTED_LINE
 
         signame = "SIGTERM" if code == EXIT_TERMINATED else "SIGINT"
@@ -416,10 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return EXIT_PASS
     finally:
-        if previous is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, previous)
+        signals.restore()
 
 
 class Terminated(KeyboardInterrupt):
@@ -427,22 +434,65 @@ class Terminated(KeyboardInterrupt):
     report, golden untouched, exit 143."""
 
 
-_TERMINATED: list[int] = []
+REDELIVER_S = 0.05
+"""An interrupt that arrives while a module is being imported is delivered again this much
+later: raised inside an extension module's initialisation it would abort the interpreter."""
 
 
-def _raise_on_sigterm() -> Any:
-    """Make SIGTERM an interrupt (:class:`Terminated`) in the main thread; the old handler."""
-    import signal
-    import threading
+def _importing(frame: Any) -> bool:
+    """Whether the interrupted Python frame is inside an import."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
-    if not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread():
-        return None
 
-    def handler(signum: int, frame: object) -> None:
-        _TERMINATED.append(signum)
-        raise Terminated()
+class _Signals:
+    """SIGINT and SIGTERM as interrupts (:class:`KeyboardInterrupt`, :class:`Terminated`) in
+    the main thread for one command, each one recorded (:attr:`received`)."""
 
-    return signal.signal(signal.SIGTERM, handler)
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in ("SIGINT", "SIGTERM"):
+            if hasattr(signal, name):
+                signum = getattr(signal, name)
+                self.previous[signum] = signal.signal(signum, self._handle)
+
+    @property
+    def last(self) -> str | None:
+        import signal
+
+        return signal.Signals(self.received[-1]).name if self.received else None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        import signal
+        import threading
+
+        self.received.append(signum)
+        if _importing(frame):
+            timer = threading.Timer(REDELIVER_S, self._redeliver, (signum,))
+            timer.daemon = True
+            timer.start()
+            return
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    def _redeliver(self, signum: int) -> None:
+        if self.previous:  # the command is still running
+            os.kill(os.getpid(), signum)
+
+    def restore(self) -> None:
+        import signal
+
+        previous, self.previous = self.previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,18 @@ class GateRun:
         self.notice: str | None = None
         self.outcome: Outcome | None = None
         self.config: pytest.Config | None = None
+        self.interrupted = False
+        """A KeyboardInterrupt (SIGINT, SIGTERM) reached the session: whatever exit status
+        pytest ends with, the run verified nothing it can report."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """Note the interrupt before any other plugin's hook can fail on it (pytest's own
+        terminal reporter may raise formatting the interrupted frame, and the session then
+        finishes with exit status 0). The session stopping itself on bad input found inside a
+        check (``session.shouldstop``) is no interrupt: that run ends on its error line."""
+        if not (self.bad_input and excinfo.errisinstance(pytest.Session.Interrupted)):
+            self.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -90,7 +102,7 @@ class GateRun:
         found = False
         for n, (name, value) in enumerate(report.user_properties):
             if name == RESULT_KEY:
-                result = CheckResult.from_json(json.loads(value))
+                result = CheckResult.from_json(json.loads(str(value)))
                 report.user_properties[n] = (STATUS_KEY, result.status)
                 found = True
                 if report.when == "call":
@@ -98,8 +110,8 @@ class GateRun:
                     self._progress(result)
             elif name == INPUT_ERROR_KEY:
                 found = True
-                if value not in self.bad_input:
-                    self.bad_input.append(value)
+                if str(value) not in self.bad_input:
+                    self.bad_input.append(str(value))
         check_id = _check_id(report.nodeid)
         if report.failed and not found and check_id is not None and report.when != "teardown":
             # A gate test that failed without recording a result (a crash around the check):
@@ -415,7 +427,7 @@ def _finish(run: GateRun, session: pytest.Session, exitstatus: int) -> Outcome:
     gate = next(iter(run.gates.values()), None)
     if run.bad_input:
         return _stop(gate, Outcome("input_error", run.bad_input[0]))
-    if exitstatus == pytest.ExitCode.INTERRUPTED:
+    if exitstatus == pytest.ExitCode.INTERRUPTED or run.interrupted:
         return _stop(gate, Outcome("interrupted", INTERRUPTED_LINE))
     if exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERNAL_ERROR):
         return _stop(gate, Outcome("usage_error"))

@@ -176,7 +176,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
         tokenizer=hf.tokenizer,
     )
     stand_in.name = "vllm"
-    monkeypatch.setitem(ctx._cache, "engine:vllm", stand_in)
+    monkeypatch.setitem(ctx.__dict__, "_vllm_engine", stand_in)  # its cached_property
     monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda model_dir=None: None)
     m = vllm_delta.CHECK.measures["causal_lm"](ctx, Thresholds(vllm_delta.CHECK.defaults))
     assert m.skipped is None and not m.findings, m.findings
@@ -201,8 +201,8 @@ def test_precision_subject_streamed_gives_the_loaded_numbers(lm_variants) -> Non
     subject = with_precision(spec.model_copy(update={"streaming": True})).precision_subject()
     assert subject.refusal is None
     streamed = run_precision(subject, spec, 16, 8)
-    assert any("streamed layer by layer" in n for n in streamed["notes"])
-    assert [r["layer"] for r in whole["rows"]] == [r["layer"] for r in streamed["rows"]]
-    for a, b in zip(whole["rows"], streamed["rows"], strict=True):
-        assert a["local_rel_l2"] == pytest.approx(b["local_rel_l2"], rel=1e-5, abs=1e-12)
-        assert a["cum_rel_l2"] == pytest.approx(b["cum_rel_l2"], rel=1e-5, abs=1e-12)
+    assert any("streamed layer by layer" in n for n in streamed.notes)
+    assert [r.layer for r in whole.rows] == [r.layer for r in streamed.rows]
+    for a, b in zip(whole.rows, streamed.rows, strict=True):
+        assert a.local_rel_l2 == pytest.approx(b.local_rel_l2, rel=1e-5, abs=1e-12)
+        assert a.cum_rel_l2 == pytest.approx(b.cum_rel_l2, rel=1e-5, abs=1e-12)

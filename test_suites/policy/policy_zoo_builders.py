@@ -471,3 +471,37 @@ def fp16_converted(declared: str | None) -> Builder:
         return {"policy": policy}
 
     return build
+
+
+# --- rollout_parity (the CartPole subject of rollout_subjects) -----------------------------------
+
+
+def cartpole_artifact(edit: Callable[[Any], None]) -> Builder:
+    """The clean CartPole artifact edited by ``edit(onnx_model)``, with a correct manifest."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        out.mkdir(parents=True, exist_ok=True)
+        artifact = out / "policy.onnx"
+        edit_onnx(clean, artifact, edit)
+        _manifest(artifact, clean / "ppo.zip")
+        return {"policy": {"artifact": str(artifact)}}
+
+    return build
+
+
+def action_bias(delta: float) -> Callable[[Any], None]:
+    """Add ``delta`` to the first action's logit bias (``action_net.bias[0]``): only states
+    whose top-2 logit margin is below ``delta`` change their greedy action."""
+
+    def edit(model: Any) -> None:
+        from onnx import numpy_helper
+
+        for i, init in enumerate(model.graph.initializer):
+            if init.name == "action_net.bias":
+                bias = numpy_helper.to_array(init).copy()
+                bias[0] += delta
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(bias, init.name))
+                return
+        raise LookupError("action_net.bias not in the clean CartPole artifact")
+
+    return edit

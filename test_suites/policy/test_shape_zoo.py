@@ -35,10 +35,10 @@ class ShapeZoo:
         if entry_id not in self._results:
             entry: Any = SHAPE_FAULTS_BY_ID.get(entry_id) or next(
                 c for c in CLEAN_SHAPES if c.id == entry_id)
-            clean = self.clean(entry.subject)
+            clean = self.clean(entry.base)
             out = self.root / entry_id
-            config = fault_config(clean, out, entry.build(clean, out), entry.subject)
-            self._results[entry_id] = evaluate_all(config, SUBJECTS[entry.subject].checks)
+            config = fault_config(clean, out, entry.build(clean, out), entry.base)
+            self._results[entry_id] = evaluate_all(config, SUBJECTS[entry.base].checks)
         return self._results[entry_id]
 
 
@@ -50,7 +50,7 @@ def shape_zoo(build_once: Any, tmp_path_factory: pytest.TempPathFactory) -> Shap
 def test_registry_is_well_formed() -> None:
     assert len({f.id for f in SHAPE_FAULTS}) == len(SHAPE_FAULTS)
     for fault in SHAPE_FAULTS:
-        checks = SUBJECTS[fault.subject].checks
+        checks = SUBJECTS[fault.base].checks
         assert fault.check in checks and fault.kind and fault.causes
         assert set(fault.also_fails) <= set(checks) - {fault.check}
     from paritygate.checks import get_check
@@ -64,9 +64,9 @@ def test_registry_is_well_formed() -> None:
 @pytest.mark.parametrize("clean", CLEAN_SHAPES, ids=lambda c: c.id)
 def test_clean_variant_passes_every_check(shape_zoo: ShapeZoo, clean: Any) -> None:
     results = shape_zoo.results(clean.id)
-    checks = SUBJECTS[clean.subject].checks
+    checks = SUBJECTS[clean.base].checks
     expected = dict.fromkeys(checks, "pass")
-    if clean.subject == "recurrent":
+    if clean.base == "recurrent":
         expected["preprocessing_parity"] = "skip"  # the LSTM demo has no preprocessing
     assert {cid: r.status for cid, r in results.items()} == expected, {
         cid: r.message for cid, r in results.items() if r.status not in ("pass", "skip")}

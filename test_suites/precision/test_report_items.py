@@ -16,6 +16,7 @@ from precision_zoo import FakeContext, clean_policy, measure, rescaled_policy, s
 
 from paritygate.checks.precision_per_layer import CHECK
 from paritygate.precision.plot import _series, _worst
+from paritygate.precision.report import PrecisionReport
 from paritygate.result import Measurement
 from paritygate.verdict import judge
 
@@ -65,13 +66,14 @@ def test_csv_has_onnx_columns_and_plot_names_the_worst_layer(
     assert all(r["onnx_dtype"] == "float16" and float(r["onnx_rel_l2"]) > 0.5 for r in up)
     assert all(r["onnx_over_budget"] == "True" for r in up)
     assert (tmp_path / "precision.png").read_bytes()[:4] == b"\x89PNG"
-    report = overflow.details["precision"]
+    report = PrecisionReport.from_json(overflow.details["precision"])
+    assert report.to_json() == overflow.details["precision"]  # the JSON form reads back whole
     assert (7, "blocks.1.up") in _worst(report)
     # non-finite values leave a gap in the line and are listed for their own marker
-    fp16_leaves = [r for r in report["rows"] if r["dtype"] == "float16" and r["kind"] == "leaf"]
+    fp16_leaves = [r for r in report.dtype_rows("float16") if r.kind == "leaf"]
     x, y, bad = _series(fp16_leaves, "local_rel_l2", 1e-12)
     assert 7 in bad and math.isnan(y[x.index(7)])
-    assert all(r["kind"] == "leaf" for r in fp16_leaves)  # blocks are their own series
+    assert all(r.kind == "leaf" for r in fp16_leaves)  # blocks are their own series
     assert "Mixed-precision suggestions are verified" in rendered.markdown
 
 

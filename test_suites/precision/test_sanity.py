@@ -57,10 +57,10 @@ def test_local_max_batches_samples_local_error_and_says_so() -> None:
     assert last.local["float16"].n == 5 * 4
     assert last.cum["float16"].n == 3 * 5 * 4
     report = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o), spec, 16, 8)
-    assert any("first 1 of 3 probe batches" in note for note in report["notes"])
+    assert any("first 1 of 3 probe batches" in note for note in report.notes)
     full = run_precision(PrecisionSubject("s", lambda: model, batches, lambda o: o),
                          PrecisionSpec(), 16, 8)
-    assert not any("probe batches" in note for note in full["notes"])
+    assert not any("probe batches" in note for note in full.notes)
 
 
 def test_a_pair_compared_once_serves_every_layer_that_sees_it() -> None:
@@ -164,12 +164,12 @@ def test_a_layer_fed_an_overflowed_input_is_flagged_not_judged() -> None:
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
     subject = PrecisionSubject("t", lambda: model, [((x,), {})], lambda out: out)
     report = run_precision(subject, PrecisionSpec(layers="leaves", suggest_mixed=False), 16.0, 8.0)
-    rows = {r["layer"]: r for r in report["rows"] if r["dtype"] == "float16"}
-    assert rows["fc1"]["over_budget"] and not rows["fc1"]["input_beyond_range"]
-    assert rows["act"]["input_beyond_range"] and not rows["act"]["over_budget"]
-    assert rows["act"]["local_rel_l2"] > 16 * 2.0**-11  # the clipping is there, shown
-    summary = report["summary"]["float16"]
-    assert summary["first_divergent"]["layer"] == "fc1"
-    assert summary["input_beyond_range"] == ["act", "fc2"]  # fc2 reads the same values
+    rows = {r.layer: r for r in report.dtype_rows("float16")}
+    assert rows["fc1"].over_budget and not rows["fc1"].input_beyond_range
+    assert rows["act"].input_beyond_range and not rows["act"].over_budget
+    assert rows["act"].local_rel_l2 > 16 * 2.0**-11  # the clipping is there, shown
+    summary = report.summary["float16"]
+    assert summary.first_divergent is not None and summary.first_divergent.layer == "fc1"
+    assert summary.input_beyond_range == ["act", "fc2"]  # fc2 reads the same values
     # bf16 holds fp32's range: nothing is clipped
-    assert not any(r["input_beyond_range"] for r in report["rows"] if r["dtype"] == "bfloat16")
+    assert not any(r.input_beyond_range for r in report.dtype_rows("bfloat16"))

@@ -22,6 +22,7 @@ from paritygate.engines.hf_loading import safetensors_files
 from paritygate.precision.analysis import run_precision
 from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.hf import select_hf_output
+from paritygate.precision.report import PrecisionReport
 from paritygate.precision.streaming import build_streamed, stream_decision
 from paritygate.precision.subject import PrecisionSubject
 
@@ -76,20 +77,18 @@ def _both(model_class: Any, directory: Path, batches: list[Any], spec: Precision
     return (*reports, streamer)
 
 
-def _assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert [r["layer"] for r in a["rows"]] == [r["layer"] for r in b["rows"]]
-    for ra, rb in zip(a["rows"], b["rows"], strict=True):
+def _assert_same(a: PrecisionReport, b: PrecisionReport) -> None:
+    assert [r.layer for r in a.rows] == [r.layer for r in b.rows]
+    for ra, rb in zip(a.rows, b.rows, strict=True):
         for key in FIGURES:
-            x, y = ra[key], rb[key]
-            if isinstance(x, float) and isinstance(y, float):
-                assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-12), (ra["layer"], key, x, y)
+            x, y = getattr(ra, key), getattr(rb, key)
+            if isinstance(x, float) and isinstance(y, float) and math.isfinite(x):
+                assert math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-12), (ra.layer, key, x, y)
             else:
-                assert x == y, (ra["layer"], key, x, y)
-    for dtype, summary in a["summary"].items():
-        assert math.isclose(
-            summary["output_rel_l2"], b["summary"][dtype]["output_rel_l2"], rel_tol=1e-5
-        )
-        assert summary["first_divergent"] == b["summary"][dtype]["first_divergent"]
+                assert str(x) == str(y), (ra.layer, key, x, y)
+    for dtype, summary in a.summary.items():
+        assert math.isclose(summary.output_rel_l2, b.summary[dtype].output_rel_l2, rel_tol=1e-5)
+        assert summary.first_divergent == b.summary[dtype].first_divergent
 
 
 def test_streamed_llama_equals_in_memory(llama_dir: Path) -> None:
@@ -117,11 +116,11 @@ def test_streamed_tied_qwen2_with_mixed_search_equals_in_memory(qwen_dir: Path) 
                 for m, s in ((whole, False), (streamed, True))]  # fmt: skip
     reports = [run_precision(s, spec, 16, 1e-2) for s in subjects]
     _assert_same(*reports)
-    mixed = [r["summary"]["bfloat16"]["mixed"] for r in reports]
-    assert mixed[0] is not None and mixed[0]["runs"] >= 1
-    assert mixed[0]["keep_fp32"] == mixed[1]["keep_fp32"]
-    assert [t.get("output_rel_l2") for t in mixed[0]["tried"]] == pytest.approx(
-        [t.get("output_rel_l2") for t in mixed[1]["tried"]], rel=1e-5
+    mixed = [r.summary["bfloat16"].mixed for r in reports]
+    assert mixed[0] is not None and mixed[1] is not None and mixed[0].runs >= 1
+    assert mixed[0].keep_fp32 == mixed[1].keep_fp32
+    assert [t.get("output_rel_l2") for t in mixed[0].tried] == pytest.approx(
+        [t.get("output_rel_l2") for t in mixed[1].tried], rel=1e-5
     )
 
 

@@ -29,7 +29,7 @@ KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision
 # the tier of the configured dtypes replaces them unless the config overrides a value.
 DEFAULTS: dict[str, float] = {
     **PRECISION_TIERS["fp32/fp32"],
-    # A NaN/Inf log-prob is never acceptable (DESIGN: NaN fails by name).
+    # A NaN/Inf log-prob is never acceptable: a non-finite value fails the check by name.
     "nonfinite_tokens": 0.0,
 }
 

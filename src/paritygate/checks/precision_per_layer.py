@@ -18,6 +18,7 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.base import Context
+    from paritygate.precision.report import DtypeSummary, OnnxReport
 
 CHECK_ID = "precision_per_layer"
 
@@ -39,92 +40,81 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    return float(value)  # "inf" / "nan" strings stay non-finite and fail by name
-
-
-def _dtype_findings(m: Measurement, dtype: str, summary: dict[str, Any]) -> None:
-    first = summary["first_divergent"]
-    mixed = summary.get("mixed")
+def _dtype_findings(m: Measurement, dtype: str, summary: DtypeSummary) -> None:
+    first = summary.first_divergent
+    mixed = summary.mixed
     fix = ""
-    if mixed and mixed["verified"] and mixed.get("large"):
+    if mixed and mixed.verified and mixed.large:
         fix = (
-            f"; only keeping {mixed['keep_fp32']} ({100 * mixed['share']:.0f}% of the measured "
+            f"; only keeping {mixed.keep_fp32} ({100 * mixed.share:.0f}% of the measured "
             f"layers) in fp32 verifies: every smaller set hands {dtype} values beyond its range "
             "to the next module, so the fix is the scale of the first divergent layer's weights "
             "or activations, not mixed precision"
         )
-    elif mixed and mixed["verified"]:
+    elif mixed and mixed.verified:
         fix = (
-            f"; keeping {mixed['keep_fp32']} in fp32 brings the output rel L2 error to "
-            f"{float(mixed['output_rel_l2']):.3g} (budget {summary['output_budget']:.3g}), "
+            f"; keeping {mixed.keep_fp32} in fp32 brings the output rel L2 error to "
+            f"{float(mixed.output_rel_l2 or 0.0):.3g} (budget {summary.output_budget:.3g}), "
             f"verified by a run with {dtype} hand-offs between modules (kept layers compute in "
             f"fp32 on upcast inputs and hand their outputs on in {dtype}, as a runtime that pins "
             "nodes in fp32 runs them)"
         )
     elif mixed:
-        fix = f"; no set of layers kept in fp32 passed within {mixed['runs']} verification runs"
+        fix = f"; no set of layers kept in fp32 passed within {mixed.runs} verification runs"
     if first is not None:
         m.fail(
             "first_divergent_layer",
-            f"{dtype}: first divergent layer {first['layer']!r} ({first['type']}, "
-            f"#{first['index']} in execution order): {first['reason']}; "
-            f"{summary['layers_over_budget']} layer(s) over budget{fix}"
+            f"{dtype}: first divergent layer {first.layer!r} ({first.type}, "
+            f"#{first.index} in execution order): {first.reason}; "
+            f"{summary.layers_over_budget} layer(s) over budget{fix}"
         )
     elif fix:
         m.note(f"{dtype}: output over budget with every layer inside its own budget{fix}")
-    if summary["output_nan"] or summary["output_inf"]:
+    if summary.output_nan or summary.output_inf:
         m.fail(
             "lowp_nonfinite",
-            f"{dtype} output has {summary['output_nan']} NaN and {summary['output_inf']} Inf "
+            f"{dtype} output has {summary.output_nan} NaN and {summary.output_inf} Inf "
             "values where the fp32 output is finite"
         )
 
 
-def _onnx_metrics(m: Measurement, onnx: dict[str, Any]) -> None:
-    if onnx.get("output_error"):
-        m.fail("onnx_uncomparable", f"ONNX artifact cannot be compared: {onnx['output_error']}")
+def _onnx_metrics(m: Measurement, onnx: OnnxReport) -> None:
+    if onnx.output_error:
+        m.fail("onnx_uncomparable", f"ONNX artifact cannot be compared: {onnx.output_error}")
         return
-    m.metric(
-        "onnx/output_rel_l2",
-        _number(onnx["output_rel_l2"]),
-        threshold=onnx["output_budget"],
-        ratchet=False,
-    )
-    m.metric("onnx/layers_compared", len(onnx["rows"]), bad="none")
-    m.metric("onnx/layers_unmapped", len(onnx["unmapped"]), bad="none")
-    for row in onnx["rows"]:
+    m.metric("onnx/output_rel_l2", onnx.output_rel_l2, threshold=onnx.output_budget, ratchet=False)
+    m.metric("onnx/layers_compared", len(onnx.rows), bad="none")
+    m.metric("onnx/layers_unmapped", len(onnx.unmapped), bad="none")
+    for row in onnx.rows:
         m.metric(
-            f"onnx/{row['layer']}/rel_l2",
-            _number(row["onnx_rel_l2"]),
-            threshold=row["budget"],
+            f"onnx/{row.layer}/rel_l2",
+            row.onnx_rel_l2,
+            threshold=row.budget,
             ratchet=False,
             detail=True,
         )
-    if onnx.get("marking_note"):
-        m.note(onnx["marking_note"])
-    first = onnx["first_divergent"]
+    if onnx.marking_note:
+        m.note(onnx.marking_note)
+    first = onnx.first_divergent
     if first is not None:
-        row = next(r for r in onnx["rows"] if r["layer"] == first["layer"])
+        value = next(r.onnx_value for r in onnx.rows if r.layer == first.layer)
         m.fail(
             "onnx_divergent_layer",
-            f"ONNX artifact ({onnx['dtype']}): first divergent layer {first['layer']!r} "
-            f"(value {row['onnx_value']!r}): rel L2 error {_number(first['rel_l2']):.3g} "
-            f"vs torch fp32 exceeds its budget {first['budget']:.3g}"
+            f"ONNX artifact ({onnx.dtype}): first divergent layer {first.layer!r} "
+            f"(value {value!r}): rel L2 error {first.rel_l2:.3g} "
+            f"vs torch fp32 exceeds its budget {first.budget:.3g}"
         )
-    if onnx["output_nan"] or onnx["output_inf"]:
+    if onnx.output_nan or onnx.output_inf:
         m.fail(
             "onnx_nonfinite",
-            f"ONNX artifact output {onnx['output_name']!r} has {onnx['output_nan']} NaN and "
-            f"{onnx['output_inf']} Inf values"
+            f"ONNX artifact output {onnx.output_name!r} has {onnx.output_nan} NaN and "
+            f"{onnx.output_inf} Inf values"
         )
-    if onnx["unmapped"]:
-        names = ", ".join(u["layer"] for u in onnx["unmapped"][:8])
-        more = len(onnx["unmapped"]) - 8
+    if onnx.unmapped:
+        names = ", ".join(u.layer for u in onnx.unmapped[:8])
+        more = len(onnx.unmapped) - 8
         m.note(
-            f"ONNX: {len(onnx['unmapped'])} layer(s) not compared ({names}"
+            f"ONNX: {len(onnx.unmapped)} layer(s) not compared ({names}"
             f"{f', +{more} more' if more > 0 else ''}); reasons in details"
         )
 
@@ -149,67 +139,65 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
         float(thresholds["output_budget_ulps"]),
         float(thresholds["onnx_fp32_rel_l2"]),
     )
-    report["headroom_max"] = float(thresholds["headroom_max"])  # its plot marks the threshold
-    m.details["precision"] = report
-    if report["reference_output_nonfinite"]:
+    report.headroom_max = float(thresholds["headroom_max"])  # its plot marks the threshold
+    m.details["precision"] = report.to_json()  # JSON, like every detail (render reads it back)
+    if report.reference_output_nonfinite:
         m.fail(
             "reference_nonfinite",
-            f"fp32 reference output has {report['reference_output_nonfinite']} NaN/Inf values")
-    skipped = {d: s["error"] for d, s in report["summary"].items() if s["error"]}
+            f"fp32 reference output has {report.reference_output_nonfinite} NaN/Inf values")
+    skipped = {d: s.error for d, s in report.summary.items() if s.error}
     for dtype, reason in skipped.items():
         m.note(f"{dtype} skipped: the model does not run in {dtype}: {reason}")
-    if skipped and len(skipped) == len(report["summary"]) and not m.findings:
+    if skipped and len(skipped) == len(report.summary) and not m.findings:
         return m.skip("; ".join(f"the model does not run in {d}: {r}" for d, r in skipped.items()))
-    measured = [d for d in report["summary"] if d not in skipped]
-    for dtype, summary in report["summary"].items():
+    measured = [d for d in report.summary if d not in skipped]
+    for dtype, summary in report.summary.items():
         prefix = short_name(dtype)
         if dtype in skipped:
             continue
         m.metric(
             f"{prefix}/output_rel_l2",
-            _number(summary["output_rel_l2"]),
-            threshold=summary["output_budget"],
+            summary.output_rel_l2,
+            threshold=summary.output_budget,
             key=dtype == measured[0],
         )
         m.metric(
             f"{prefix}/layers_over_budget",
-            summary["layers_over_budget"],
+            summary.layers_over_budget,
             threshold=0,
             ratchet=False,
         )
         m.metric(
             f"{prefix}/max_headroom",
-            summary["max_headroom"],
+            summary.max_headroom,
             threshold=thresholds["headroom_max"],
             ratchet=False,
         )
-        for row in report["rows"]:
-            if row["dtype"] == dtype:
-                judged = not row["local_error"] and not row.get("input_beyond_range")
-                value = _number(row["local_rel_l2"]) if judged else None
-                m.metric(
-                    f"{prefix}/{row['layer']}/local_rel_l2",
-                    value,
-                    threshold=row["budget"],
-                    detail=True,
-                )
-        beyond = summary.get("input_beyond_range") or []
+        for row in report.dtype_rows(dtype):
+            judged = not row.local_error and not row.input_beyond_range
+            m.metric(
+                f"{prefix}/{row.layer}/local_rel_l2",
+                row.local_rel_l2 if judged else None,
+                threshold=row.budget,
+                detail=True,
+            )
+        beyond = summary.input_beyond_range
         if beyond:
             m.note(
                 f"{dtype}: {len(beyond)} layer(s) not judged on local error, their fp32 input "
                 f"beyond {dtype}'s range ({', '.join(beyond[:5])}): the overflow is the layer "
                 "before's, and their rerun sees it clipped"
             )
-        if summary["local_unmeasured"]:
-            names = ", ".join(summary["local_unmeasured"][:5])
+        if summary.local_unmeasured:
+            names = ", ".join(summary.local_unmeasured[:5])
             m.note(
-                f"{dtype}: local error not measured for {len(summary['local_unmeasured'])} "
+                f"{dtype}: local error not measured for {len(summary.local_unmeasured)} "
                 f"layer(s) that do not rerun alone ({names}); reasons in the per-layer rows"
             )
         _dtype_findings(m, dtype, summary)
-    if report["onnx"] is not None:
-        _onnx_metrics(m, report["onnx"])
-    for note in report["notes"]:
+    if report.onnx is not None:
+        _onnx_metrics(m, report.onnx)
+    for note in report.notes:
         m.note(note)
     return m
 

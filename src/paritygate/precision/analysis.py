@@ -9,12 +9,17 @@ output is over budget, searches and verifies a mixed-precision fix.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from paritygate.precision.budgets import local_budget_ulps, output_budget, unit_roundoff
 from paritygate.precision.config import PrecisionSpec
 from paritygate.precision.measure import LayerRecord, PrecisionRun, measure_model
-from paritygate.precision.stats import json_number
+from paritygate.precision.report import (
+    DtypeSummary,
+    FirstDivergent,
+    LayerRow,
+    MixedFix,
+    PrecisionReport,
+)
 from paritygate.precision.subject import PrecisionSubject
 
 BUDGET_FORMULA = (
@@ -32,7 +37,7 @@ def _layer_row(
     spec: PrecisionSpec,
     k_local: float,
     beyond: dict[str, int] | None = None,
-) -> dict[str, Any]:
+) -> LayerRow:
     layer = record.key.split("#")[0]
     k = local_budget_ulps(layer, dtype, k_local, spec.budgets)
     budget = k * unit_roundoff(dtype)
@@ -47,29 +52,27 @@ def _layer_row(
     # Nor is a layer whose fp32 input is beyond the format's range: the layer before it
     # overflowed (and is judged), this one only sees the clipping.
     over = error is None and not clamped and (nonfinite > 0 or not local.rel_l2 <= budget)
-    row: dict[str, Any] = {
-        "dtype": dtype,
-        "index": record.index,
-        "layer": record.key,
-        "type": record.info.type,
-        "kind": record.info.kind,
-        "budget_ulps": k,
-        "budget": budget,
+    return LayerRow(
+        dtype=dtype,
+        index=record.index,
+        layer=record.key,
+        type=record.info.type,
+        kind=record.info.kind,
+        budget_ulps=k,
+        budget=budget,
         **local.summary("local"),
         **cum.summary("cum"),
-        "cum_in_rel_l2": in_err,
-        "amplification": amplification,
-        "headroom": record.act.headroom(dtype),
-        "underflow_fraction": record.act.underflow_fraction(dtype),
-        "numel": record.act.numel,
-        "over_budget": over,
-        "local_error": error,
-        "input_beyond_range": clamped,
-    }
-    weights = _own_weights(layer, beyond or {})
-    if weights:  # only on a layer whose weights a cast turns into Inf
-        row["weights_beyond_range"] = weights
-    return {k: json_number(v) if isinstance(v, float) else v for k, v in row.items()}
+        cum_in_rel_l2=in_err,
+        amplification=amplification,
+        headroom=record.act.headroom(dtype),
+        underflow_fraction=record.act.underflow_fraction(dtype),
+        numel=record.act.numel,
+        over_budget=over,
+        local_error=error,
+        input_beyond_range=clamped,
+        # only on a layer whose weights a cast turns into Inf
+        weights_beyond_range=_own_weights(layer, beyond or {}),
+    )
 
 
 def _own_weights(layer: str, beyond: dict[str, int]) -> dict[str, int]:
@@ -78,88 +81,92 @@ def _own_weights(layer: str, beyond: dict[str, int]) -> dict[str, int]:
     return {name: n for name, n in beyond.items() if name.startswith(prefix)}
 
 
-def _divergence_reason(row: dict[str, Any]) -> str:
-    if row["local_error"]:
-        return f"its {row['dtype']} run failed: {row['local_error']}"
-    if row["local_nan"] or row["local_inf"]:
-        weights = row.get("weights_beyond_range") or {}
+def _divergence_reason(row: LayerRow) -> str:
+    if row.local_error:
+        return f"its {row.dtype} run failed: {row.local_error}"
+    if row.local_nan or row.local_inf:
         cast = ""
-        if weights:
-            name, n = max(weights.items(), key=lambda item: item[1])
+        if row.weights_beyond_range:
+            name, n = max(row.weights_beyond_range.items(), key=lambda item: item[1])
             cast = (f"; its weights themselves overflow: {n} values of {name} exceed "
-                    f"{row['dtype']}'s largest finite value and become Inf when cast")  # fmt: skip
+                    f"{row.dtype}'s largest finite value and become Inf when cast")  # fmt: skip
         return (
-            f"{row['local_inf']} Inf and {row['local_nan']} NaN values in its {row['dtype']} "
+            f"{row.local_inf} Inf and {row.local_nan} NaN values in its {row.dtype} "
             "output "
-            f"(max |activation| {row['headroom']:.3g} x the format's largest finite value){cast}"
+            f"(max |activation| {row.headroom:.3g} x the format's largest finite value){cast}"
         )
-    return f"local rel L2 error {row['local_rel_l2']:.3g} exceeds its budget {row['budget']:.3g}"
+    return f"local rel L2 error {row.local_rel_l2:.3g} exceeds its budget {row.budget:.3g}"
 
 
-def analyse(run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float) -> dict[str, Any]:
+def analyse(
+    run: PrecisionRun, spec: PrecisionSpec, k_local: float, k_out: float
+) -> PrecisionReport:
     """Rows per (dtype, layer) and a judged summary per dtype."""
-    rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {}
+    rows: list[LayerRow] = []
+    summary: dict[str, DtypeSummary] = {}
     for dtype in run.dtypes:
         beyond = run.weights_beyond_range.get(dtype)
         dtype_rows = [_layer_row(r, dtype, spec, k_local, beyond) for r in run.layers]
         rows.extend(dtype_rows)
         out = run.output[dtype]
-        over = [r for r in dtype_rows if r["over_budget"]]
+        over = [r for r in dtype_rows if r.over_budget]
         first = over[0] if over else None
-        worst = max(dtype_rows, key=lambda r: r["headroom"], default=None)
+        worst = max(dtype_rows, key=lambda r: _headroom_order(r.headroom), default=None)
         budget = output_budget(dtype, k_out, run.depth)
-        summary[dtype] = {
-            "error": run.errors.get(dtype),
-            "output_rel_l2": json_number(out.rel_l2),
-            "output_max_abs": json_number(out.max_abs),
-            "output_cosine": json_number(out.cosine),
-            "output_nan": out.nan,
-            "output_inf": out.inf,
-            "output_budget": budget,
-            "output_over_budget": out.nan + out.inf > 0 or not out.rel_l2 <= budget,
-            "layers_over_budget": len(over),
-            "first_divergent": None
+        summary[dtype] = DtypeSummary(
+            error=run.errors.get(dtype),
+            output_rel_l2=out.rel_l2,
+            output_max_abs=out.max_abs,
+            output_cosine=out.cosine,
+            output_nan=out.nan,
+            output_inf=out.inf,
+            output_budget=budget,
+            output_over_budget=out.nan + out.inf > 0 or not out.rel_l2 <= budget,
+            layers_over_budget=len(over),
+            first_divergent=None
             if first is None
-            else {
-                "layer": first["layer"],
-                "index": first["index"],
-                "type": first["type"],
-                "local_rel_l2": first["local_rel_l2"],
-                "budget": first["budget"],
-                "reason": _divergence_reason(first),
-            },
-            "local_unmeasured": [r["layer"] for r in dtype_rows if r["local_error"]],
-            "input_beyond_range": [r["layer"] for r in dtype_rows if r["input_beyond_range"]],
-            "max_headroom": worst["headroom"] if worst else 0.0,
-            "max_headroom_layer": worst["layer"] if worst else None,
-            "mixed": None,
-        }
-    return {
-        "dtypes": run.dtypes,
-        "depth": run.depth,
-        "k_local": k_local,
-        "k_out": k_out,
-        "budget_formula": BUDGET_FORMULA,
-        "rows": rows,
-        "summary": summary,
-        "reference_output_nonfinite": run.reference_output_nonfinite,
-        "notes": list(run.notes),
-        "onnx": None,
-    }
+            else FirstDivergent(
+                layer=first.layer,
+                index=first.index,
+                type=first.type,
+                local_rel_l2=first.local_rel_l2,
+                budget=first.budget,
+                reason=_divergence_reason(first),
+            ),
+            local_unmeasured=[r.layer for r in dtype_rows if r.local_error],
+            input_beyond_range=[r.layer for r in dtype_rows if r.input_beyond_range],
+            max_headroom=worst.headroom if worst else 0.0,
+            max_headroom_layer=worst.layer if worst else None,
+        )
+    return PrecisionReport(
+        dtypes=list(run.dtypes),
+        depth=run.depth,
+        k_local=k_local,
+        k_out=k_out,
+        budget_formula=BUDGET_FORMULA,
+        rows=rows,
+        summary=summary,
+        reference_output_nonfinite=run.reference_output_nonfinite,
+        notes=list(run.notes),
+    )
 
 
-def _ranked(report: dict[str, Any], dtype: str) -> list[str]:
+def _headroom_order(value: float) -> float:
+    """The largest headroom first, a NaN (no finite activation) as the largest."""
+    return math.inf if math.isnan(value) else value
+
+
+def _ranked(report: PrecisionReport, dtype: str) -> list[str]:
     """Layer names, most sensitive first: non-finite, then local error over budget."""
-    rows = [r for r in report["rows"] if r["dtype"] == dtype and "#" not in r["layer"]]
+    rows = [r for r in report.dtype_rows(dtype) if "#" not in r.layer]
 
-    def score(row: dict[str, Any]) -> tuple[int, float, int]:
-        bad = 1 if (row["local_nan"] or row["local_inf"] or row["local_error"]) else 0
-        value = row["local_rel_l2"]
-        ratio = math.inf if isinstance(value, str) else float(value) / float(row["budget"])
-        return (-bad, -ratio, row["index"])
+    def score(row: LayerRow) -> tuple[int, float, int]:
+        bad = 1 if (row.local_nan or row.local_inf or row.local_error) else 0
+        value = row.local_rel_l2
+        ratio = value / row.budget if math.isfinite(value) else math.inf
+        return (-bad, -ratio, row.index)
 
-    return [r["layer"] for r in sorted(rows, key=score)]
+    return [r.layer for r in sorted(rows, key=score)]
 
 
 def run_precision(
@@ -168,7 +175,7 @@ def run_precision(
     k_local: float,
     k_out: float,
     onnx_fp32_budget: float = 1e-5,
-) -> dict[str, Any]:
+) -> PrecisionReport:
     """Measure ``subject`` per layer in every configured dtype and judge it against the budgets."""
     import torch
 
@@ -195,38 +202,35 @@ def run_precision(
         model, batches, subject.select_output, spec, onnx=onnx, spill=subject.streamed
     )
     report = analyse(run, spec, k_local, k_out)
-    report["notes"].extend(subject.extra.get("notes", []))
+    report.notes.extend(subject.extra.get("notes", []))
     if skipped is not None:
-        report["notes"].append(skipped)
+        report.notes.append(skipped)
     if spec.local_max_batches is not None and spec.local_max_batches < len(batches):
-        report["notes"].append(
+        report.notes.append(
             f"local error measured on the first {spec.local_max_batches} of {len(batches)} probe "
             "batches (precision.local_max_batches); cumulative and output error on all"
         )
     if onnx is not None:
-        report["onnx"] = onnx.report(run, k_out, onnx_fp32_budget)
+        report.onnx = onnx.report(run, k_out, onnx_fp32_budget)
     if spec.suggest_mixed:
         runner = MixedRunner(model, batches, subject.select_output, run.modules)
-        for dtype, summary in report["summary"].items():
-            if summary["output_over_budget"] and summary["error"] is None:
+        for dtype, summary in report.summary.items():
+            if summary.output_over_budget and summary.error is None:
                 found = suggest_mixed(
                     runner,
                     dtype,
                     _ranked(report, dtype),
-                    summary["output_budget"],
+                    summary.output_budget,
                     spec.max_suggest_runs,
                 )
                 share = max((runner.share(n) for n in found.keep_fp32), default=0.0)
-                summary["mixed"] = {
-                    "keep_fp32": found.keep_fp32,
-                    "verified": found.verified,
-                    "output_rel_l2": json_number(found.output_rel_l2),
-                    "share": share,
-                    "large": share > LARGE_SHARE,
-                    "runs": found.runs,
-                    "tried": [
-                        {k: json_number(v) if isinstance(v, float) else v for k, v in t.items()}
-                        for t in found.tried
-                    ],
-                }
+                summary.mixed = MixedFix(
+                    keep_fp32=found.keep_fp32,
+                    verified=found.verified,
+                    output_rel_l2=found.output_rel_l2,
+                    share=share,
+                    large=share > LARGE_SHARE,
+                    runs=found.runs,
+                    tried=found.tried,
+                )
     return report

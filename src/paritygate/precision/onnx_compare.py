@@ -27,7 +27,8 @@ import numpy as np
 
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.budgets import output_budget, unit_roundoff
-from paritygate.precision.stats import ErrorStats, json_number
+from paritygate.precision.report import OnnxFirstDivergent, OnnxReport, OnnxRow, OnnxUnmapped
+from paritygate.precision.stats import ErrorStats
 
 
 def node_scopes(node: Any) -> list[str] | None:
@@ -245,11 +246,11 @@ class OnnxComparison:
             return fp32_budget
         return output_budget(self.dtype, k_out, depth)
 
-    def report(self, run: Any, k_out: float, fp32_budget: float) -> dict[str, Any]:
+    def report(self, run: Any, k_out: float, fp32_budget: float) -> OnnxReport:
         """Rows per compared layer (execution order), unmapped layers with reasons, output."""
         u = unit_roundoff(self.dtype)
-        rows: list[dict[str, Any]] = []
-        unmapped: list[dict[str, str]] = []
+        rows: list[OnnxRow] = []
+        unmapped: list[OnnxUnmapped] = []
         for record in run.layers:
             stats = self.layers.get(record.key)
             if stats is None:
@@ -261,56 +262,53 @@ class OnnxComparison:
                         if record.key not in self.mapped
                         else "its value was not produced by the session"
                     )
-                unmapped.append({"layer": record.key, "reason": reason})
+                unmapped.append(OnnxUnmapped(layer=record.key, reason=reason))
                 continue
             budget = self.budget(max(record.depth, 1), k_out, fp32_budget)
             nonfinite = stats.nan + stats.inf
             rows.append(
-                {
-                    "index": record.index,
-                    "layer": record.key,
-                    "type": record.info.type,
-                    "onnx_value": self.mapped[record.key],
-                    **{k: json_number(v) for k, v in stats.summary("onnx").items()},
-                    "budget": budget,
-                    "over_budget": nonfinite > 0 or not stats.rel_l2 <= budget,
-                }
+                OnnxRow(
+                    index=record.index,
+                    layer=record.key,
+                    type=record.info.type,
+                    onnx_value=self.mapped[record.key],
+                    **stats.summary("onnx"),
+                    budget=budget,
+                    over_budget=nonfinite > 0 or not stats.rel_l2 <= budget,
+                )
             )
-        first = next((r for r in rows if r["over_budget"]), None)
+        first = next((r for r in rows if r.over_budget), None)
         out = self.output
         out_budget = self.budget(run.depth, k_out, fp32_budget)
         output_row = next(
-            (r["layer"] for r in rows if r["onnx_value"] in (self.output_name, self.output_value)),
+            (r.layer for r in rows if r.onnx_value in (self.output_name, self.output_value)),
             None,
         )
-        return {
-            "path": str(self.path),
-            "dtype": self.dtype,
-            "unit_roundoff": u,
-            "output_name": self.output_name,
-            "rows": rows,
-            "unmapped": unmapped,
-            "unscoped_nodes": self.unscoped,
-            "missing_feeds": self.missing_feeds,
-            "output_error": self.output_error,
-            "first_divergent": None
+        return OnnxReport(
+            path=str(self.path),
+            dtype=self.dtype,
+            unit_roundoff=u,
+            output_name=self.output_name,
+            rows=rows,
+            unmapped=unmapped,
+            unscoped_nodes=self.unscoped,
+            missing_feeds=self.missing_feeds,
+            output_error=self.output_error,
+            first_divergent=None
             if first is None
-            else {
-                "layer": first["layer"],
-                "index": first["index"],
-                "rel_l2": first["onnx_rel_l2"],
-                "budget": first["budget"],
-            },
-            "output_rel_l2": json_number(out.rel_l2),
-            "output_max_abs": json_number(out.max_abs),
-            "output_nan": out.nan,
-            "output_inf": out.inf,
-            "output_budget": out_budget,
-            "output_over_budget": out.nan + out.inf > 0 or not out.rel_l2 <= out_budget,
-            "marked_output_rel_l2": json_number(self.output_marked.rel_l2),
-            "marked_output_row": output_row,
-            "marking_note": self._marking_note(output_row),
-        }
+            else OnnxFirstDivergent(
+                layer=first.layer, index=first.index, rel_l2=first.onnx_rel_l2, budget=first.budget
+            ),
+            output_rel_l2=out.rel_l2,
+            output_max_abs=out.max_abs,
+            output_nan=out.nan,
+            output_inf=out.inf,
+            output_budget=out_budget,
+            output_over_budget=out.nan + out.inf > 0 or not out.rel_l2 <= out_budget,
+            marked_output_rel_l2=self.output_marked.rel_l2,
+            marked_output_row=output_row,
+            marking_note=self._marking_note(output_row),
+        )
 
     def _marking_note(self, output_row: str | None) -> str | None:
         """Why the output's per-layer reading differs from the headline, when it does."""

@@ -13,10 +13,12 @@ x axis.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from paritygate.files import atomic_savefig
+from paritygate.precision.report import LayerRow, OnnxRow, PrecisionReport
 
 COLOURS = {"float16": "tab:blue", "bfloat16": "tab:orange"}
 ONNX_COLOUR = "black"
@@ -45,32 +47,32 @@ def _ratio(value: Any, budget: Any) -> float:
     return v / b if b else 0.0
 
 
-def _series(rows: list[dict[str, Any]], key: str, floor: float) -> tuple[list, list, list]:
+def _series(rows: Sequence[LayerRow | OnnxRow], key: str, floor: float) -> tuple[list, list, list]:
     """(x, y with gaps at non-finite values, x of the non-finite values)."""
     xs, ys, bad = [], [], []
     for r in rows:
-        v = _number(r.get(key))
+        v = _number(getattr(r, key))
         if v is None:
             continue
-        xs.append(r["index"])
+        xs.append(r.index)
         if math.isinf(v):
             ys.append(math.nan)  # a gap in the line; drawn as a marker instead
-            bad.append(r["index"])
+            bad.append(r.index)
         else:
             ys.append(max(v, floor))
     return xs, ys, bad
 
 
-def _worst(report: dict[str, Any], min_gap: float = 0.0) -> list[tuple[int, str]]:
+def _worst(report: PrecisionReport, min_gap: float = 0.0) -> list[tuple[int, str]]:
     """(index, layer) of the layers furthest over their budget in any series, each at least
     ``min_gap`` indices from a worse one (slanted names closer than that overlap)."""
     score: dict[tuple[int, str], float] = {}
-    for r in report["rows"]:
-        k = (r["index"], r["layer"])
-        score[k] = max(score.get(k, 0.0), _ratio(r["local_rel_l2"], r["budget"]))
-    for r in (report.get("onnx") or {}).get("rows", []):
-        k = (r["index"], r["layer"])
-        score[k] = max(score.get(k, 0.0), _ratio(r["onnx_rel_l2"], r["budget"]))
+    for r in report.rows:
+        k = (r.index, r.layer)
+        score[k] = max(score.get(k, 0.0), _ratio(r.local_rel_l2, r.budget))
+    for o in report.onnx.rows if report.onnx else []:
+        k = (o.index, o.layer)
+        score[k] = max(score.get(k, 0.0), _ratio(o.onnx_rel_l2, o.budget))
     named: list[tuple[int, str]] = []
     for k in sorted(score, key=lambda k: (-score[k], k[0])):
         if len(named) == NAMED:
@@ -80,17 +82,17 @@ def _worst(report: dict[str, Any], min_gap: float = 0.0) -> list[tuple[int, str]
     return sorted(named)
 
 
-def plot_precision(report: dict[str, Any], path: Path) -> Path:
+def plot_precision(report: PrecisionReport, path: Path) -> Path:
     """Write ``precision.png`` from a precision report (see :mod:`~.analysis`)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-    rows = report["rows"]
-    onnx = report.get("onnx") or {}
-    kind = {r["layer"]: r["kind"] for r in rows}
+    rows = report.rows
+    onnx = report.onnx
+    kind = {r.layer: r.kind for r in rows}
     floor = 1e-12
-    kinds = [k for k in ("leaf", "block") if any(r["kind"] == k for r in rows)]
+    kinds = [k for k in ("leaf", "block") if any(r.kind == k for r in rows)]
     title = _title(report)
-    indices = [r["index"] for r in rows] or [0]
+    indices = [r.index for r in rows] or [0]
     span = max(indices) - min(indices) + 1
     axis_in = 12 * (0.8 - 0.08)
     named = _worst(report, min_gap=0.2 * span / axis_in)  # names 0.2 in apart at least
@@ -108,13 +110,13 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
     axes = list(axes)
     for ax, k in zip(axes, kinds, strict=False):
         bad_x: list[int] = []
-        for dtype in report["dtypes"]:
-            if report["summary"][dtype].get("error"):
+        for dtype in report.dtypes:
+            if report.summary[dtype].error:
                 continue
             colour = COLOURS.get(dtype)
             mine = sorted(
-                (r for r in rows if r["dtype"] == dtype and r["kind"] == k),
-                key=lambda r: r["index"],
+                (r for r in rows if r.dtype == dtype and r.kind == k),
+                key=lambda r: r.index,
             )
             x, y, bad = _series(mine, "local_rel_l2", floor)
             ax.plot(x, y, "-o", ms=3, lw=1.2, color=colour, label=f"{dtype} local")
@@ -123,8 +125,8 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
             ax.plot(x, y, ":", lw=1.2, color=colour, label=f"{dtype} cumulative")
             bad_x += bad
             ax.step(
-                [r["index"] for r in mine],
-                [r["budget"] for r in mine],
+                [r.index for r in mine],
+                [r.budget for r in mine],
                 where="mid",
                 marker="_",
                 ms=10,
@@ -134,21 +136,21 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
                 ls="--",
                 label=f"{dtype} local budget",
             )
-            first = report["summary"][dtype]["first_divergent"]
-            if first is not None and kind.get(first["layer"]) == k:
+            first = report.summary[dtype].first_divergent
+            if first is not None and kind.get(first.layer) == k:
                 ax.axvline(
-                    first["index"],
+                    first.index,
                     color=colour,
                     alpha=0.5,
                     lw=2,
                     ls="-.",
                     label=f"{dtype} first divergent (title)",
                 )
-        mine = sorted(
-            (r for r in onnx.get("rows", []) if kind.get(r["layer"]) == k), key=lambda r: r["index"]
+        theirs = sorted(
+            (r for r in onnx.rows if kind.get(r.layer) == k) if onnx else [], key=lambda r: r.index
         )
-        if mine:
-            x, y, bad = _series(mine, "onnx_rel_l2", floor)
+        if onnx and theirs:
+            x, y, bad = _series(theirs, "onnx_rel_l2", floor)
             ax.plot(
                 x,
                 y,
@@ -156,12 +158,12 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
                 ms=3,
                 lw=1.2,
                 color=ONNX_COLOUR,
-                label=f"ONNX artifact ({onnx['dtype']}) vs torch fp32",
+                label=f"ONNX artifact ({onnx.dtype}) vs torch fp32",
             )
             bad_x += bad
             ax.step(
                 x,
-                [r["budget"] for r in mine],
+                [r.budget for r in theirs],
                 where="mid",
                 color=ONNX_COLOUR,
                 alpha=0.4,
@@ -186,15 +188,15 @@ def plot_precision(report: dict[str, Any], path: Path) -> Path:
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     head = axes[-1]
-    for dtype in report["dtypes"]:
-        if report["summary"][dtype].get("error"):
+    for dtype in report.dtypes:
+        if report.summary[dtype].error:
             continue
-        mine = sorted((r for r in rows if r["dtype"] == dtype), key=lambda r: r["index"])
+        mine = sorted(report.dtype_rows(dtype), key=lambda r: r.index)
         x, y, _ = _series(mine, "headroom", 1e-8)  # far below the limit: drawn at 1e-8
         head.plot(x, y, ".", ms=4, color=COLOURS.get(dtype), label=f"{dtype} headroom")
-    if report.get("headroom_max") is not None:
+    if report.headroom_max is not None:
         head.axhline(
-            report["headroom_max"], color=NONFINITE_COLOUR, ls="--", lw=1, label="headroom limit"
+            report.headroom_max, color=NONFINITE_COLOUR, ls="--", lw=1, label="headroom limit"
         )
     _log_axis(head)
     head.set_ylabel("max |activation| /\nformat max")
@@ -216,24 +218,24 @@ def _log_axis(ax: Any) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def _title(report: dict[str, Any]) -> str:
+def _title(report: PrecisionReport) -> str:
     """The output errors (what the verdict judges first), one line per source."""
     parts = []
-    for dtype, s in report["summary"].items():
-        if s.get("error"):
+    for dtype, s in report.summary.items():
+        if s.error:
             parts.append(f"{dtype}: skipped")
             continue
-        first = s["first_divergent"]
+        first = s.first_divergent
         parts.append(
-            f"{dtype} output rel L2 {_fmt(s['output_rel_l2'])} (budget {_fmt(s['output_budget'])})"
-            + (f", first divergent {first['layer']}" if first else "")
+            f"{dtype} output rel L2 {_fmt(s.output_rel_l2)} (budget {_fmt(s.output_budget)})"
+            + (f", first divergent {first.layer}" if first else "")
         )
-    onnx = report.get("onnx")
+    onnx = report.onnx
     if onnx:
         parts.append(
-            f"ONNX output {_fmt(onnx['output_rel_l2'])} as served, "
-            f"{_fmt(onnx.get('marked_output_rel_l2'))} with intermediates marked "
-            f"(budget {_fmt(onnx['output_budget'])})"
+            f"ONNX output {_fmt(onnx.output_rel_l2)} as served, "
+            f"{_fmt(onnx.marked_output_rel_l2)} with intermediates marked "
+            f"(budget {_fmt(onnx.output_budget)})"
         )
     return "per-layer precision error\n" + "\n".join(parts)
 

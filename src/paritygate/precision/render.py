@@ -11,6 +11,8 @@ from typing import Any
 
 from paritygate.check import Rendered
 from paritygate.files import atomic_write_bytes
+from paritygate.precision.report import LayerRow, PrecisionReport
+from paritygate.precision.stats import json_number
 from paritygate.result import CheckResult
 
 CSV_COLUMNS = [
@@ -35,41 +37,48 @@ MIXED_ASSUMPTION = (
 )
 
 
-def _onnx_cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+ROW_COLUMNS = CSV_COLUMNS[: CSV_COLUMNS.index("onnx_dtype")]
+"""The columns a torch row holds (:class:`~paritygate.precision.report.LayerRow` fields)."""
+
+
+def _cell(value: object) -> object:
+    return "" if value is None else value
+
+
+def _onnx_cells(report: PrecisionReport) -> dict[str, list[object]]:
     """``{layer: onnx_* cells}`` from the ONNX comparison, if one ran."""
-    onnx = report.get("onnx")
-    if not onnx:
+    onnx = report.onnx
+    if onnx is None:
         return {}
     return {
-        r["layer"]: {
-            "onnx_dtype": onnx["dtype"], "onnx_value": r["onnx_value"],
-            "onnx_rel_l2": r["onnx_rel_l2"], "onnx_max_abs": r["onnx_max_abs"],
-            "onnx_nan": r["onnx_nan"], "onnx_inf": r["onnx_inf"],
-            "onnx_budget": r["budget"], "onnx_over_budget": r["over_budget"],
-        }
-        for r in onnx["rows"]
+        r.layer: [onnx.dtype, r.onnx_value, json_number(r.onnx_rel_l2), json_number(r.onnx_max_abs),
+                  r.onnx_nan, r.onnx_inf, json_number(r.budget), r.over_budget]
+        for r in onnx.rows
     }  # fmt: skip
 
 
-def write_csv(report: dict[str, Any], path: Path) -> Path:
+def write_csv(report: PrecisionReport, path: Path) -> Path:
     """One row per (dtype, layer), execution order within each dtype."""
     import io
 
     buffer = io.StringIO()
-    writer = csv.DictWriter(
-        buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n"
-    )
-    writer.writeheader()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
     onnx = _onnx_cells(report)
-    for row in report["rows"]:
-        full = {**row, **onnx.get(row["layer"], {})}
-        writer.writerow({k: ("" if full.get(k) is None else full.get(k)) for k in CSV_COLUMNS})
+    blank = [None] * (len(CSV_COLUMNS) - len(ROW_COLUMNS))
+    for row in report.rows:
+        cells = [_number_cell(getattr(row, name)) for name in ROW_COLUMNS]
+        writer.writerow([_cell(c) for c in cells + onnx.get(row.layer, blank)])
     atomic_write_bytes(path, buffer.getvalue().encode())
     return path
 
 
-def write_json(report: dict[str, Any], path: Path) -> Path:
-    atomic_write_bytes(path, json.dumps(report, indent=1, sort_keys=False).encode())
+def _number_cell(value: object) -> object:
+    return json_number(value) if isinstance(value, float) else value
+
+
+def write_json(report: PrecisionReport, path: Path) -> Path:
+    atomic_write_bytes(path, json.dumps(report.to_json(), indent=1, sort_keys=False).encode())
     return path
 
 
@@ -83,26 +92,25 @@ Block = tuple[str, Any]
 """``("table", (header, rows))`` or ``("text", paragraph)``: rendered as Markdown or HTML."""
 
 
-def summary_blocks(report: dict[str, Any]) -> list[Block]:
+def summary_blocks(report: PrecisionReport) -> list[Block]:
     """Per dtype: output error vs budget, first divergent layer, fp32 suggestion; the ONNX
     output as served and as read in the marked copy; the five layers furthest over budget."""
     rows = []
-    for dtype, s in report["summary"].items():
-        first = s["first_divergent"]
-        mixed = s.get("mixed")
+    for dtype, s in report.summary.items():
+        first = s.first_divergent
+        mixed = s.mixed
         keep = (
             "-"
             if not mixed
-            else (", ".join(mixed["keep_fp32"]) or "-")
-            + ("" if mixed["verified"] else " (not verified)")
+            else (", ".join(mixed.keep_fp32) or "-") + ("" if mixed.verified else " (not verified)")
         )
         rows.append(
             [
                 dtype,
-                _fmt(s["output_rel_l2"]),
-                _fmt(s["output_budget"]),
-                str(s["layers_over_budget"]),
-                first["layer"] if first else "-",
+                _fmt(s.output_rel_l2),
+                _fmt(s.output_budget),
+                str(s.layers_over_budget),
+                first.layer if first else "-",
                 keep,
             ]
         )
@@ -115,39 +123,37 @@ def summary_blocks(report: dict[str, Any]) -> list[Block]:
         "keep in fp32",
     ]
     blocks: list[Block] = [("table", (header, rows))]
-    if any(s.get("mixed") for s in report["summary"].values()):
+    if any(s.mixed for s in report.summary.values()):
         blocks.append(("text", MIXED_ASSUMPTION))
-    onnx = report.get("onnx")
+    onnx = report.onnx
     if onnx:
-        first = onnx["first_divergent"]
-        row = onnx.get("marked_output_row")
-        marked = f" (row {row})" if row else ""
+        first_onnx = onnx.first_divergent
+        marked = f" (row {onnx.marked_output_row})" if onnx.marked_output_row else ""
         text = (
-            f"ONNX ({onnx['dtype']}): output rel L2 {_fmt(onnx['output_rel_l2'])} as served "
-            f"(budget {_fmt(onnx['output_budget'])}; judged), "
-            f"{_fmt(onnx.get('marked_output_rel_l2'))} in the copy with intermediates marked as "
-            f"outputs{marked}; {len(onnx['rows'])} layers compared, {len(onnx['unmapped'])} "
-            f"unmapped, first divergent: {first['layer'] if first else '-'}"
+            f"ONNX ({onnx.dtype}): output rel L2 {_fmt(onnx.output_rel_l2)} as served "
+            f"(budget {_fmt(onnx.output_budget)}; judged), "
+            f"{_fmt(onnx.marked_output_rel_l2)} in the copy with intermediates marked as "
+            f"outputs{marked}; {len(onnx.rows)} layers compared, {len(onnx.unmapped)} "
+            f"unmapped, first divergent: {first_onnx.layer if first_onnx else '-'}"
         )
         blocks.append(("text", text))
-        if onnx.get("marking_note"):
-            blocks.append(("text", f"{onnx['marking_note']}."))
+        if onnx.marking_note:
+            blocks.append(("text", f"{onnx.marking_note}."))
 
-    def ratio(row: dict[str, Any]) -> float:
-        value = row["local_rel_l2"]
-        return float(value) / float(row["budget"]) if value is not None else 0.0
+    def ratio(row: LayerRow) -> float:
+        return row.local_rel_l2 / row.budget
 
-    worst = sorted(report["rows"], key=lambda r: (-ratio(r), r["index"]))[:5]
+    worst = sorted(report.rows, key=lambda r: (-ratio(r), r.index))[:5]
     if worst:
         header = ["dtype", "layer", "local rel L2", "budget", "cumulative rel L2", "amplification"]
         cells = [
             [
-                r["dtype"],
-                r["layer"],
-                _fmt(r["local_rel_l2"]),
-                _fmt(r["budget"]),
-                _fmt(r["cum_rel_l2"]),
-                _fmt(r["amplification"]),
+                r.dtype,
+                r.layer,
+                _fmt(r.local_rel_l2),
+                _fmt(r.budget),
+                _fmt(r.cum_rel_l2),
+                _fmt(r.amplification),
             ]
             for r in worst
         ]
@@ -155,7 +161,7 @@ def summary_blocks(report: dict[str, Any]) -> list[Block]:
     return blocks
 
 
-def markdown_table(report: dict[str, Any]) -> str:
+def markdown_table(report: PrecisionReport) -> str:
     """The summary blocks as Markdown (report.md, the terminal)."""
     out = []
     for kind, body in summary_blocks(report):
@@ -169,7 +175,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n\n".join(out)
 
 
-def html_tables(report: dict[str, Any]) -> str:
+def html_tables(report: PrecisionReport) -> str:
     """The summary blocks as HTML tables and paragraphs (report.html)."""
     out = []
     for kind, body in summary_blocks(report):
@@ -187,9 +193,10 @@ def html_tables(report: dict[str, Any]) -> str:
 
 def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
     """Write precision_layers.csv, precision.json and precision.png; return the fragments."""
-    report = result.details.get("precision")
-    if not report:
+    data = result.details.get("precision")
+    if not data:
         return Rendered()
+    report = PrecisionReport.from_json(data)
     from paritygate.precision.plot import plot_precision
 
     report_dir = Path(report_dir)
@@ -197,7 +204,7 @@ def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
     json_path = write_json(report, report_dir / "precision.json")
     png_path = plot_precision(report, report_dir / "precision.png")
     table = markdown_table(report)
-    notes = [str(n) for n in report.get("notes") or []]
+    notes = [str(n) for n in report.notes]
     if notes:
         table += "\n\n" + "\n".join(f"- {n}" for n in notes)
     encoded = base64.b64encode(png_path.read_bytes()).decode()
@@ -207,7 +214,7 @@ def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
         f'<img alt="per-layer precision error" src="data:image/png;base64,{encoded}"/>'
         f"{html_tables(report)}"
         + ("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else "")
-        + f"<p>{html.escape(report['budget_formula'])}</p>"
+        + f"<p>{html.escape(report.budget_formula)}</p>"
         f"<p>Every layer's numbers: {html.escape(names)} beside this report; the per-layer "
         "golden baseline: precision_per_layer.detail.json beside the golden file.</p></section>"
     )

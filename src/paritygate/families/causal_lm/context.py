@@ -3,12 +3,14 @@
 Building it reads the config's files (model directory, tokenizers, sampling
 configs, probes) and raises :class:`~paritygate.errors.InputError` naming the
 file and key of the first bad input. Models, engines and generations are loaded
-lazily and cached, so a gate that runs one check pays only for that check.
+lazily and memoised (``cached_property``, as the policy context does), so a gate that runs
+one check pays only for that check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +57,6 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -72,12 +73,10 @@ class LMContext:
         regression against a baseline blessed under other settings says so."""
         return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
 
-    @property
+    @cached_property
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
-        if "probes_sha256" not in self._cache:
-            self._cache["probes_sha256"] = sha256_file(self.config.resolve(self.spec.probes))
-        return self._cache["probes_sha256"]
+        return sha256_file(self.config.resolve(self.spec.probes))
 
     # -- weights -----------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
@@ -110,11 +109,10 @@ class LMContext:
         return compare_states(train, serve, list(self.spec.training_only_heads), tied)
 
     # -- models ------------------------------------------------------------------
-    def _load_reference(self) -> tuple[Any, dict[str, Any]]:
-        if "reference" not in self._cache:
-            with keyed("causal_lm.model_dir"):
-                self._cache["reference"] = self._load(self.model_dir)
-        return self._cache["reference"]
+    @cached_property
+    def _reference(self) -> tuple[Any, dict[str, Any]]:
+        with keyed("causal_lm.model_dir"):
+            return self._load(self.model_dir)
 
     def _load(self, model_dir: Path) -> tuple[Any, dict[str, Any]]:
         return load_causal_lm(
@@ -126,10 +124,10 @@ class LMContext:
 
     def reference_model(self) -> Any:
         """The training-side model (training dtype, eval mode), value head not attached."""
-        return self._load_reference()[0].eval()
+        return self._reference[0].eval()
 
     def reference_loading_info(self) -> dict[str, Any]:
-        return self._load_reference()[1]
+        return self._reference[1]
 
     def teacher_forced(self, generation: Generation) -> list[Any]:
         """The training model's logits over each row of ``generation`` (one batched forward,
@@ -138,7 +136,7 @@ class LMContext:
         last one. ``logits_agreement``, ``generation_parity`` and ``logprob_delta`` share it."""
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        done = self._cache.setdefault("teacher_forced", [])
+        done = self._teacher_forced
         for seen, rows in done:
             if seen is generation:
                 return rows
@@ -146,6 +144,11 @@ class LMContext:
         rows = teacher_forced_rows(self.reference_model(), generation, 0 if pad is None else pad)
         done.append((generation, rows))
         return rows
+
+    @cached_property
+    def _teacher_forced(self) -> list[tuple[Generation, list[Any]]]:
+        """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
+        return []
 
     def serves_reference(self) -> bool:
         """The HF engine would load exactly the training model (same directory and dtype, one
@@ -158,73 +161,82 @@ class LMContext:
 
     def engine(self, name: str = "hf") -> GenerationEngine:
         """The inference engine ``name`` (``hf`` or ``vllm``), built once."""
-        key = f"engine:{name}"
-        if key not in self._cache:
-            eng = self.spec.engine
-            if name == "hf":
-                from paritygate.engines.hf_generate import HFGenerateEngine
+        if name == "hf":
+            return self._hf_engine
+        if name == "vllm":
+            return self._vllm_engine
+        raise ValueError(f"unknown engine {name!r}")
 
-                options = {
-                    "logprobs_mode": eng.logprobs_mode,
-                    "top_logprobs": eng.top_logprobs,
-                    "batch_size": eng.batch_size,
-                }
-                if self.serves_reference():
-                    self._cache[key] = HFGenerateEngine.for_tokenizer(
-                        self.reference_model(), self.serving_tokenizer, **options
-                    )
-                else:
-                    with keyed(self.served_from):
-                        self._cache[key] = HFGenerateEngine.from_dir(
-                            self.engine_model_dir,
-                            self.serving_tokenizer,
-                            dtype=eng.dtype,
-                            trust_remote_code=self.config.trust_remote_code,
-                            **options,
-                        )
-            elif name == "vllm":
-                from paritygate.engines.vllm_engine import VLLMEngine
+    @cached_property
+    def _hf_engine(self) -> GenerationEngine:
+        from paritygate.engines.hf_generate import HFGenerateEngine
 
-                tok_dir = self.spec.tokenizer.serving
-                self._cache[key] = VLLMEngine(
-                    self.vllm_model_dir(),
-                    tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
-                    dtype=eng.dtype,
-                    seed=self.config.seed,
-                    logprobs_mode=eng.logprobs_mode,
-                    top_logprobs=eng.top_logprobs,
-                    gpu_memory_utilization=eng.gpu_memory_utilization,
-                    tensor_parallel_size=eng.tensor_parallel_size,
-                    max_model_len=self.spec.max_prompt_tokens
-                    + self.serving_sampling.spec().max_new_tokens,
-                    engine_kwargs={"trust_remote_code": self.config.trust_remote_code},
-                )
-            else:
-                raise ValueError(f"unknown engine {name!r}")
-        return self._cache[key]
+        eng = self.spec.engine
+        options = {
+            "logprobs_mode": eng.logprobs_mode,
+            "top_logprobs": eng.top_logprobs,
+            "batch_size": eng.batch_size,
+        }
+        if self.serves_reference():
+            return HFGenerateEngine.for_tokenizer(
+                self.reference_model(), self.serving_tokenizer, **options
+            )
+        with keyed(self.served_from):
+            return HFGenerateEngine.from_dir(
+                self.engine_model_dir,
+                self.serving_tokenizer,
+                dtype=eng.dtype,
+                trust_remote_code=self.config.trust_remote_code,
+                **options,
+            )
+
+    @cached_property
+    def _vllm_engine(self) -> GenerationEngine:
+        from paritygate.engines.vllm_engine import VLLMEngine
+
+        eng = self.spec.engine
+        tok_dir = self.spec.tokenizer.serving
+        return VLLMEngine(
+            self.vllm_model_dir(),
+            tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
+            dtype=eng.dtype,
+            seed=self.config.seed,
+            logprobs_mode=eng.logprobs_mode,
+            top_logprobs=eng.top_logprobs,
+            gpu_memory_utilization=eng.gpu_memory_utilization,
+            tensor_parallel_size=eng.tensor_parallel_size,
+            max_model_len=self.spec.max_prompt_tokens
+            + self.serving_sampling.spec().max_new_tokens,
+            engine_kwargs={"trust_remote_code": self.config.trust_remote_code},
+        )
 
     def vllm_model_dir(self) -> Path:
         """The directory vLLM serves: the engine's, or, when it holds keys under
         ``training_only_heads`` (a TRL value head), a temporary copy without them, as
         ``paritygate export`` writes it (vLLM refuses parameters its model class lacks)."""
-        if "vllm_model_dir" not in self._cache:
-            from paritygate.families.causal_lm.export import servable_copy
+        return self._vllm_model_dir
 
-            self._cache["vllm_model_dir"] = servable_copy(
-                self.engine_model_dir, list(self.spec.training_only_heads)
-            )
-        return self._cache["vllm_model_dir"]
+    @cached_property
+    def _vllm_model_dir(self) -> Path:
+        from paritygate.families.causal_lm.export import servable_copy
+
+        return servable_copy(self.engine_model_dir, list(self.spec.training_only_heads))
 
     # -- prompts and generations ------------------------------------------------
     def prompts(self, side: str = "serving") -> list[list[int]]:
         """Probe prompts as token ids, encoded by the ``serving`` or ``training`` tokenizer."""
-        tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
-        key = f"prompts:{side}"
-        if key not in self._cache:
-            self._cache[key] = [
-                encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes
-            ]
-        return self._cache[key]
+        return self._serving_prompts if side == "serving" else self._training_prompts
+
+    @cached_property
+    def _serving_prompts(self) -> list[list[int]]:
+        return self._encode(self.serving_tokenizer)
+
+    @cached_property
+    def _training_prompts(self) -> list[list[int]]:
+        return self._encode(self.training_tokenizer)
+
+    def _encode(self, tok: Any) -> list[list[int]]:
+        return [encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes]
 
     def render_probe(self, side: str, probe: Probe) -> str:
         """The prompt text of ``probe`` after the ``side`` tokenizer's chat template."""
@@ -235,15 +247,17 @@ class LMContext:
 
     def dump_records(self) -> list[dict[str, Any]]:
         """The validated records of ``engine.dump`` (``engines: [dump]``)."""
-        if "dump" not in self._cache:
-            from paritygate.engines.rollout_dump import read_dump
+        return self._dump_records
 
-            if not self.spec.engine.dump:
-                raise InputError(
-                    self.config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file"
-                )
-            self._cache["dump"] = read_dump(self.config.resolve(self.spec.engine.dump))
-        return self._cache["dump"]
+    @cached_property
+    def _dump_records(self) -> list[dict[str, Any]]:
+        from paritygate.engines.rollout_dump import read_dump
+
+        if not self.spec.engine.dump:
+            raise InputError(
+                self.config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file"
+            )
+        return read_dump(self.config.resolve(self.spec.engine.dump))
 
     def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
         from paritygate.engines.rollout_dump import as_generation, is_greedy
@@ -256,34 +270,66 @@ class LMContext:
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
         """Sampled continuations (``generation_samples`` per probe) under the serving config;
         for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
-        key = f"sampled:{engine}"
-        if key not in self._cache and engine == "dump":
-            generation, sampling = self._dump_generation(greedy=False)
-            if generation is None:
-                raise InputError(
-                    self.config.resolve(self.spec.engine.dump or ""), None,
-                    "the dump holds no sampled record (all are greedy)",
-                )
-            self._cache[key] = (generation, sampling)
-        if key not in self._cache:
-            sampling = self.serving_sampling.spec()
-            if sampling.seed is None:
-                sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
-            prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
-            self._cache[key] = (self.engine(engine).generate(prompts, sampling), sampling)
-        return self._cache[key]
+        if engine == "hf":
+            return self._sampled_hf
+        if engine == "vllm":
+            return self._sampled_vllm
+        if engine == "dump":
+            return self._sampled_dump
+        return self._sample(engine)  # an unknown engine: engine() says so
+
+    @cached_property
+    def _sampled_hf(self) -> tuple[Generation, SamplingSpec]:
+        return self._sample("hf")
+
+    @cached_property
+    def _sampled_vllm(self) -> tuple[Generation, SamplingSpec]:
+        return self._sample("vllm")
+
+    @cached_property
+    def _sampled_dump(self) -> tuple[Generation, SamplingSpec]:
+        generation, sampling = self._dump_generation(greedy=False)
+        if generation is None or sampling is None:
+            raise InputError(
+                self.config.resolve(self.spec.engine.dump or ""), None,
+                "the dump holds no sampled record (all are greedy)",
+            )
+        return generation, sampling
+
+    def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
+        sampling = self.serving_sampling.spec()
+        if sampling.seed is None:
+            sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
+        prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
+        return self.engine(engine).generate(prompts, sampling), sampling
 
     def greedy(self, engine: str = "hf") -> Generation | None:
         """Greedy continuations of every probe under the serving config's length and stops
         (``dump``: the dump's greedy records, ``None`` when it has none)."""
-        key = f"greedy:{engine}"
-        if key not in self._cache and engine == "dump":
-            self._cache[key] = self._dump_generation(greedy=True)[0]
-        if key not in self._cache:
-            sampling = self.serving_sampling.spec().greedy()
-            extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
-            self._cache[key] = self.engine(engine).generate(self.prompts(), sampling, **extra)
-        return self._cache[key]
+        if engine == "hf":
+            return self._greedy_hf
+        if engine == "vllm":
+            return self._greedy_vllm
+        if engine == "dump":
+            return self._greedy_dump
+        return self._greedy(engine)
+
+    @cached_property
+    def _greedy_hf(self) -> Generation:
+        return self._greedy("hf")
+
+    @cached_property
+    def _greedy_vllm(self) -> Generation:
+        return self._greedy("vllm")
+
+    @cached_property
+    def _greedy_dump(self) -> Generation | None:
+        return self._dump_generation(greedy=True)[0]
+
+    def _greedy(self, engine: str) -> Generation:
+        sampling = self.serving_sampling.spec().greedy()
+        extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
+        return self.engine(engine).generate(self.prompts(), sampling, **extra)
 
     def logprob_variants(self) -> Any:
         """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""

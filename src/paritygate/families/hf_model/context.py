@@ -8,7 +8,8 @@ cached, so ``weights_load`` and ``precision_per_layer`` share one copy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,6 @@ class HFModelContext:
     checkpoint_sha256: str
     batches: list[Batch]
     family: str = "hf_model"
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def numerics(self) -> dict[str, str]:
@@ -59,27 +59,29 @@ class HFModelContext:
         """Digest of the probe file."""
         return sha256_file(self.config.resolve(self.spec.probes))
 
-    def _load(self) -> tuple[Any, dict[str, Any]]:
-        if "model" not in self._cache:
-            import torch
+    @cached_property
+    def _loaded(self) -> tuple[Any, dict[str, Any]]:
+        import torch
 
-            try:
-                with quiet_transformers():  # the load report is kept: coverage() names it
-                    model, info = self.model_class.from_pretrained(
-                        self.model_dir,
-                        dtype=torch.float32,
-                        use_safetensors=True,
-                        trust_remote_code=self.config.trust_remote_code,
-                        output_loading_info=True,
-                    )
-            except Exception as exc:
-                raise InputError(
+        try:
+            with quiet_transformers():  # the load report is kept: coverage() names it
+                model, info = self.model_class.from_pretrained(
                     self.model_dir,
-                    "hf_model.auto_class",
-                    f"{self.class_reason} cannot load the model: {type(exc).__name__}: {exc}",
-                ) from None
-            self._cache["model"] = (model.eval(), info)
-        return self._cache["model"]
+                    dtype=torch.float32,
+                    use_safetensors=True,
+                    trust_remote_code=self.config.trust_remote_code,
+                    output_loading_info=True,
+                )
+        except Exception as exc:
+            raise InputError(
+                self.model_dir,
+                "hf_model.auto_class",
+                f"{self.class_reason} cannot load the model: {type(exc).__name__}: {exc}",
+            ) from None
+        return model.eval(), info
+
+    def _load(self) -> tuple[Any, dict[str, Any]]:
+        return self._loaded
 
     def reference_model(self) -> Any:
         """The model in fp32, eval mode."""
@@ -87,40 +89,43 @@ class HFModelContext:
 
     def streaming(self) -> tuple[bool, str]:
         """Whether the model's layers are read one at a time (``precision.streaming``), and why."""
-        if "streaming" not in self._cache:
-            from paritygate.precision.streaming import stream_decision
+        return self._streaming
 
-            self._cache["streaming"] = stream_decision(self.config.precision.streaming, self.files)
-        return self._cache["streaming"]
+    @cached_property
+    def _streaming(self) -> tuple[bool, str]:
+        from paritygate.precision.streaming import stream_decision
+
+        return stream_decision(self.config.precision.streaming, self.files)
 
     def _streamed(self) -> Any:
-        if "streamed" not in self._cache:
-            from paritygate.precision.streaming import build_streamed
+        return self._streamed_model
 
-            self._cache["streamed"] = build_streamed(
-                self.model_class, self.model_dir, self.files, self.config.trust_remote_code
-            )
-        return self._cache["streamed"]
+    @cached_property
+    def _streamed_model(self) -> Any:
+        from paritygate.precision.streaming import build_streamed
+
+        return build_streamed(
+            self.model_class, self.model_dir, self.files, self.config.trust_remote_code
+        )
 
     def coverage(self) -> Coverage:
         """Model tensors vs the checkpoint: random-init tensors, unused keys, altered values.
 
         A streamed model is compared by names and shapes, and its file read one tensor at a
         time for NaN/Inf; its values are the file's by construction."""
-        if "coverage" not in self._cache:
-            if self.streaming()[0]:
-                import dataclasses
+        return self._coverage
 
-                streamer = self._streamed()[1]
-                self._cache["coverage"] = dataclasses.replace(
-                    streamer.coverage, nonfinite=streamer.scan_nonfinite()
-                )
-            else:
-                from paritygate.precision.hf import checkpoint_coverage
+    @cached_property
+    def _coverage(self) -> Coverage:
+        if self.streaming()[0]:
+            import dataclasses
 
-                model, info = self._load()
-                self._cache["coverage"] = checkpoint_coverage(model, self.files, info)
-        return self._cache["coverage"]
+            streamer = self._streamed()[1]
+            return dataclasses.replace(streamer.coverage, nonfinite=streamer.scan_nonfinite())
+        from paritygate.precision.hf import checkpoint_coverage
+
+        model, info = self._load()
+        return checkpoint_coverage(model, self.files, info)
 
     def precision_subject(self) -> PrecisionSubject:
         """The loaded model on the probe batches; refuses when tensors are at random init."""

@@ -1,0 +1,246 @@
+"""The judged precision report: a report with per-dtype summaries and per-layer rows.
+
+Code reads it by attribute. Its JSON form (:meth:`Record.to_json`, precision.json and the
+check's details) keeps the fields in declaration order, non-finite numbers as the strings
+``"nan"``/``"inf"``/``"-inf"``, and :meth:`Record.from_json` reads it back unchanged (a
+report that crossed a process boundary as JSON renders the same files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar, Union
+
+from paritygate.precision.stats import json_number
+
+R = TypeVar("R", bound="Record")
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, float):
+        return json_number(value)
+    return value
+
+
+def _load(hint: Any, value: Any) -> Any:
+    """``value`` (JSON) as the annotated type ``hint``."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _load(args[0], value) if len(args) == 1 else value
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return [_load(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        return {k: _load(item, v) for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_json(value)
+    if hint is float and isinstance(value, str):
+        return float(value)  # "nan" / "inf" / "-inf"
+    return value
+
+
+class Record:
+    """A dataclass with a JSON form: fields in order, those in ``OMIT_EMPTY`` left out when
+    ``None`` or an empty dict."""
+
+    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name in self.OMIT_EMPTY and (value is None or value == {}):
+                continue
+            out[f.name] = _json(value)
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], data: dict[str, Any]) -> R:
+        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{n: _load(hints[n], data[n]) for n in names if n in data})
+
+
+@dataclass
+class LayerRow(Record):
+    """One layer in one dtype: its local and cumulative error against fp32, and its verdict."""
+
+    OMIT_EMPTY = ("weights_beyond_range",)
+
+    dtype: str
+    index: int
+    layer: str
+    type: str
+    kind: str
+    budget_ulps: float
+    budget: float
+    local_rel_l2: float
+    local_max_abs: float
+    local_p99_abs: float
+    local_cosine: float
+    local_sqnr_db: float
+    local_nan: int
+    local_inf: int
+    cum_rel_l2: float
+    cum_max_abs: float
+    cum_p99_abs: float
+    cum_cosine: float
+    cum_sqnr_db: float
+    cum_nan: int
+    cum_inf: int
+    cum_in_rel_l2: float
+    amplification: float | None
+    headroom: float
+    underflow_fraction: float
+    numel: int
+    over_budget: bool
+    local_error: str | None
+    """Why the layer's rerun alone failed (it is then not judged on local error)."""
+    input_beyond_range: bool
+    """Its fp32 input exceeded the dtype's range: its local error is inherited clipping."""
+    weights_beyond_range: dict[str, int] = field(default_factory=dict)
+    """Its parameters whose values a cast turns into Inf, by name and count."""
+
+
+@dataclass
+class FirstDivergent(Record):
+    """The first layer (execution order) over its local budget in one dtype, and why."""
+
+    layer: str
+    index: int
+    type: str
+    local_rel_l2: float
+    budget: float
+    reason: str
+
+
+@dataclass
+class MixedFix(Record):
+    """The smallest verified set of layers kept in fp32 that brings the output in budget."""
+
+    keep_fp32: list[str]
+    verified: bool
+    output_rel_l2: float | None
+    share: float
+    """The largest share of the measured leaf layers one kept layer holds."""
+    large: bool
+    runs: int
+    tried: list[dict[str, Any]]
+    """Every verification run: ``keep_fp32`` and ``output_rel_l2``/``nonfinite`` or ``error``."""
+
+
+@dataclass
+class DtypeSummary(Record):
+    """The judged outcome of one dtype."""
+
+    error: str | None
+    """Why the whole model does not run in this dtype (it is then skipped)."""
+    output_rel_l2: float
+    output_max_abs: float
+    output_cosine: float
+    output_nan: int
+    output_inf: int
+    output_budget: float
+    output_over_budget: bool
+    layers_over_budget: int
+    first_divergent: FirstDivergent | None
+    local_unmeasured: list[str]
+    input_beyond_range: list[str]
+    max_headroom: float
+    max_headroom_layer: str | None
+    mixed: MixedFix | None = None
+
+
+@dataclass
+class OnnxRow(Record):
+    """One layer's ONNX artifact tensor against torch fp32."""
+
+    index: int
+    layer: str
+    type: str
+    onnx_value: str
+    onnx_rel_l2: float
+    onnx_max_abs: float
+    onnx_p99_abs: float
+    onnx_cosine: float
+    onnx_sqnr_db: float
+    onnx_nan: int
+    onnx_inf: int
+    budget: float
+    over_budget: bool
+
+
+@dataclass
+class OnnxUnmapped(Record):
+    layer: str
+    reason: str
+
+
+@dataclass
+class OnnxFirstDivergent(Record):
+    layer: str
+    index: int
+    rel_l2: float
+    budget: float
+
+
+@dataclass
+class OnnxReport(Record):
+    """The ONNX artifact compared per layer and at its output with torch fp32."""
+
+    path: str
+    dtype: str
+    unit_roundoff: float
+    output_name: str
+    rows: list[OnnxRow]
+    unmapped: list[OnnxUnmapped]
+    unscoped_nodes: int
+    missing_feeds: int
+    output_error: str | None
+    first_divergent: OnnxFirstDivergent | None
+    output_rel_l2: float
+    output_max_abs: float
+    output_nan: int
+    output_inf: int
+    output_budget: float
+    output_over_budget: bool
+    marked_output_rel_l2: float
+    marked_output_row: str | None
+    marking_note: str | None
+
+
+@dataclass
+class PrecisionReport(Record):
+    """Rows per (dtype, layer), a judged summary per dtype, the ONNX comparison if one ran."""
+
+    OMIT_EMPTY = ("headroom_max",)
+
+    dtypes: list[str]
+    depth: int
+    k_local: float
+    k_out: float
+    budget_formula: str
+    rows: list[LayerRow]
+    summary: dict[str, DtypeSummary]
+    reference_output_nonfinite: int
+    notes: list[str]
+    onnx: OnnxReport | None = None
+    headroom_max: float | None = None
+    """The headroom threshold the check judged with (its plot marks it)."""
+
+    def dtype_rows(self, dtype: str) -> list[LayerRow]:
+        return [r for r in self.rows if r.dtype == dtype]
