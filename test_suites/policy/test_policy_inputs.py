@@ -180,3 +180,17 @@ def test_single_input_spec_defaults() -> None:
                                 "episode_start": "start"})
     assert rec.input_names == ["obs", "h_in", "start"]
     assert [i.name for i in rec.observation_inputs] == ["obs"]
+
+
+@pytest.mark.parametrize(("policy", "cause"), [
+    ({"inputs": ["a", "b"], "rollout": {"env": "CartPole-v1"}}, "rollout_parity steps"),
+    ({"inputs": ["a", "b"], "distribution": {}}, "takes one observation input"),
+])
+def test_sections_for_single_input_policies(policy: dict[str, Any], cause: str,
+                                            tmp_path: Path) -> None:
+    data = {"name": "x", "family": "policy", "policy": {
+        "training_factory": "m:f", "inference_factory": "m:g", "checkpoint": "c.safetensors",
+        "probes": {"generator": "m:p"}, **policy}}
+    with pytest.raises(InputError) as err:
+        config_from_dict(data, tmp_path / "gate.yaml")
+    assert cause in str(err.value)
