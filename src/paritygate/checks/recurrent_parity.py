@@ -2,9 +2,9 @@
 
 Both sides step through the same T-step sequences of probe observations with their own
 state fed back (``policy.recurrent``), episodes restarting on different rows at different
-steps. Free-running errors per step show accumulation; a teacher-forced pass (the artifact
-given the training model's incoming state at every step) tells a wrong step from a state
-that went wrong earlier and names the cause: state output shape, swapped state outputs, a
+steps. Free-running errors per step show accumulation; when they go over tolerance, a
+teacher-forced pass (the artifact given the training model's incoming state at every step)
+tells a wrong step from a state that went wrong earlier and names the cause: state output shape, swapped state outputs, a
 missing reset, a wrong initial state, or a state output that differs.
 """
 
@@ -143,17 +143,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     ref_state, cand_state = _initial(ctx, rows), _initial(ctx, rows)
     free: list[float] = []
     free_state: list[float] = []
-    forced: list[float] = []
-    forced_state: dict[str, list[float]] = {n: [] for n in names}
-    swapped: set[tuple[str, str]] = set()
-    reset_depends: list[int] = []
-    reset_differs: list[int] = []
+    trajectory: list[tuple[Feeds, dict[str, np.ndarray]]] = []
     nonfinite: list[str] = []
-    for t in range(steps):
+    for t in range(steps):  # free-running: each side fed its own state
         ref_feeds = _step_feeds(ctx, t, ref_state, starts[t])
         ref = _run(ctx.reference, ref_feeds)
         cand = _run(ctx.candidate, _step_feeds(ctx, t, cand_state, starts[t]))
-        teacher = _run(ctx.candidate, ref_feeds)  # the artifact given the reference's state
         for label, out in (("training model", ref), ("artifact", cand)):
             for name in [ctx.output_name, *names]:
                 bad = finite_report(f"{label} output {name!r} at step {t}", out[name])
@@ -161,6 +156,36 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                     nonfinite.append(bad)
         free.append(_max_diff(ref[ctx.output_name], cand[ctx.output_name]))
         free_state.append(max(_max_diff(ref[n], cand[n]) for n in names))
+        trajectory.append((ref_feeds, ref))
+        ref_state, cand_state = _next_state(ctx, ref), _next_state(ctx, cand)
+
+    for text in nonfinite:
+        m.fail("nonfinite_output", text)
+    over = [t for t, d in enumerate(free) if d > limit]
+    state_over = [t for t, d in enumerate(free_state) if d > state_limit]
+    first_over = min(over + state_over, default=-1)
+    m.metric("max_abs_diff", max(free), threshold=limit, key=True)
+    m.metric("state_max_abs_diff", max(free_state), threshold=state_limit)
+    m.metric("first_step_over", first_over, bad="none", ratchet=False)
+    m.metric("error_growth", _growth(free), bad="none", ratchet=False)
+    m.metric("steps", steps, bad="none", ratchet=False)
+    m.metric("sequences", rows, bad="none", ratchet=False)
+    m.details["per_step_max_abs_diff"] = free
+    m.details["per_step_state_max_abs_diff"] = free_state
+    m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
+    m.details["reference"] = ctx.reference.name
+    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    if first_over < 0:
+        return m
+
+    # teacher-forced: the artifact given the training model's incoming state at every step
+    forced: list[float] = []
+    forced_state: dict[str, list[float]] = {n: [] for n in names}
+    swapped: set[tuple[str, str]] = set()
+    reset_depends: list[int] = []
+    reset_differs: list[int] = []
+    for t, (ref_feeds, ref) in enumerate(trajectory):
+        teacher = _run(ctx.candidate, ref_feeds)
         forced.append(_max_diff(ref[ctx.output_name], teacher[ctx.output_name]))
         for n in names:
             forced_state[n].append(_max_diff(ref[n], teacher[n]))
@@ -182,31 +207,10 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 reset_depends.append(t)
             elif _max_diff(carried, ref[ctx.output_name][reset_rows]) > limit:
                 reset_differs.append(t)
-        ref_state, cand_state = _next_state(ctx, ref), _next_state(ctx, cand)
     # step 0 is an episode start on every row: its teacher-forced step is the reset step
     if forced[0] > limit and not swapped and 0 not in reset_differs:
         reset_differs.insert(0, 0)
-
-    for text in nonfinite:
-        m.fail("nonfinite_output", text)
-    over = [t for t, d in enumerate(free) if d > limit]
-    state_over = [t for t, d in enumerate(free_state) if d > state_limit]
-    first_over = min(over + state_over, default=-1)
-    m.metric("max_abs_diff", max(free), threshold=limit, key=True)
-    m.metric("state_max_abs_diff", max(free_state), threshold=state_limit)
-    m.metric("teacher_forced_max_abs_diff", max(forced), bad="none", ratchet=False)
-    m.metric("first_step_over", first_over, bad="none", ratchet=False)
-    m.metric("error_growth", _growth(free), bad="none", ratchet=False)
-    m.metric("steps", steps, bad="none", ratchet=False)
-    m.metric("sequences", rows, bad="none", ratchet=False)
-    m.details["per_step_max_abs_diff"] = free
-    m.details["per_step_state_max_abs_diff"] = free_state
     m.details["per_step_teacher_forced_max_abs_diff"] = forced
-    m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
-    m.details["reference"] = ctx.reference.name
-    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
-    if first_over < 0:
-        return m
     where = (f"first over tolerance at step {first_over} of {steps} (policy output "
              f"{free[first_over]:.3g}, state {free_state[first_over]:.3g}; last step "
              f"{free[-1]:.3g})")
