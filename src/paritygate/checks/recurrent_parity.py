@@ -4,8 +4,9 @@ Both sides step through the same T-step sequences of probe observations with the
 state fed back (``policy.recurrent``), episodes restarting on different rows at different
 steps. Free-running errors per step show accumulation; when they go over tolerance, a
 teacher-forced pass (the artifact given the training model's incoming state at every step)
-tells a wrong step from a state that went wrong earlier and names the cause: state output shape, swapped state outputs, a
-missing reset, a wrong initial state, or a state output that differs.
+tells a wrong step from a state that went wrong earlier and names the cause: state output
+shape, swapped state outputs, a missing reset, a wrong initial state, or a state output that
+differs.
 """
 
 from __future__ import annotations
@@ -44,35 +45,39 @@ def _starts(ctx: PolicyContext) -> np.ndarray:
     return np.asarray((t == 0) | ((t + b) % rec.reset_every == 0))
 
 
-def _observations(ctx: PolicyContext, step: int) -> Feeds:
-    """Observation feeds of step ``step``: probe rows cycled through the sequences."""
-    rec = ctx.spec.recurrent
-    assert rec is not None
-    rows = (step * rec.sequences + np.arange(rec.sequences)) % ctx.n_probes
-    return {name: value[rows] for name, value in ctx.inputs.items()}
-
-
 def _initial(ctx: PolicyContext, rows: int) -> Feeds:
     return {name: np.repeat(value[None], rows, axis=0)
             for name, value in ctx.initial_states.items()}
 
 
-def _step_feeds(ctx: PolicyContext, step: int, state: Mapping[str, np.ndarray],
-                start: np.ndarray) -> Feeds:
-    """Every input of one step: observations, the incoming state (the initial state where an
-    episode starts, unless the model resets itself on its episode-start input) and the flag."""
-    rec = ctx.spec.recurrent
-    assert rec is not None
-    feeds = _observations(ctx, step)
-    initial = _initial(ctx, len(start))
-    for name in initial:
-        incoming = np.array(state[name], np.float32, copy=True)
-        if rec.episode_start is None:
-            incoming[start] = initial[name][start]
-        feeds[name] = incoming
-    if rec.episode_start is not None:
-        feeds[rec.episode_start] = start.astype(np.float32)
-    return feeds
+class _Steps:
+    """The feeds of every step: probe rows cycled through the sequences, the incoming state
+    (the initial state where an episode starts, unless the model resets itself on its
+    episode-start input) and the episode-start flag."""
+
+    def __init__(self, ctx: PolicyContext, starts: np.ndarray) -> None:
+        rec = ctx.spec.recurrent
+        assert rec is not None
+        self.episode_start = rec.episode_start
+        self.starts = starts
+        self.inputs = ctx.inputs
+        self.n = len(next(iter(ctx.inputs.values())))
+        self.initial = _initial(ctx, starts.shape[1])
+        self.flags = starts.astype(np.float32)
+
+    def feeds(self, step: int, state: Mapping[str, np.ndarray]) -> Feeds:
+        rows = (step * self.starts.shape[1] + np.arange(self.starts.shape[1])) % self.n
+        feeds = {name: value[rows] for name, value in self.inputs.items()}
+        start = self.starts[step]
+        for name, initial in self.initial.items():
+            incoming = np.asarray(state[name], np.float32)
+            if self.episode_start is None and start.any():
+                incoming = np.where(start.reshape(-1, *([1] * (incoming.ndim - 1))),
+                                    initial, incoming)
+            feeds[name] = incoming
+        if self.episode_start is not None:
+            feeds[self.episode_start] = self.flags[step]
+        return feeds
 
 
 def _next_state(ctx: PolicyContext, outputs: Mapping[str, np.ndarray]) -> Feeds:
@@ -127,30 +132,34 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     starts = _starts(ctx)
     steps, rows = starts.shape
     names = [s.output for s in rec.states]
+    plan = _Steps(ctx, starts)
     # the first step shows whether the artifact's state can be fed back at all
-    first = _step_feeds(ctx, 0, _initial(ctx, rows), starts[0])
+    first = plan.feeds(0, plan.initial)
     cand0 = _run(ctx.candidate, first)
     if _shape_findings(ctx, m, cand0, rows):
         m.metric("first_step_over", 0, bad="none", ratchet=False)
         return m
 
-    factor = magnitude_factor(_run(ctx.reference, first)[ctx.output_name])
+    ref0 = _run(ctx.reference, first)
+    factor = magnitude_factor(ref0[ctx.output_name])
     limit = float(thresholds["max_abs_diff"]) * factor
     state_limit = float(thresholds["state_max_abs_diff"])
     if factor > 1:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
 
-    ref_state, cand_state = _initial(ctx, rows), _initial(ctx, rows)
+    ref_state, cand_state = plan.initial, plan.initial
     free: list[float] = []
     free_state: list[float] = []
     trajectory: list[tuple[Feeds, dict[str, np.ndarray]]] = []
     nonfinite: list[str] = []
     for t in range(steps):  # free-running: each side fed its own state
-        ref_feeds = _step_feeds(ctx, t, ref_state, starts[t])
-        ref = _run(ctx.reference, ref_feeds)
-        cand = _run(ctx.candidate, _step_feeds(ctx, t, cand_state, starts[t]))
+        ref_feeds = first if t == 0 else plan.feeds(t, ref_state)
+        ref = ref0 if t == 0 else _run(ctx.reference, ref_feeds)
+        cand = cand0 if t == 0 else _run(ctx.candidate, plan.feeds(t, cand_state))
         for label, out in (("training model", ref), ("artifact", cand)):
             for name in [ctx.output_name, *names]:
+                if np.isfinite(out[name]).all():
+                    continue
                 bad = finite_report(f"{label} output {name!r} at step {t}", out[name])
                 if bad and len(nonfinite) < 3:
                     nonfinite.append(bad)
