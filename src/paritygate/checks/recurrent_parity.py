@@ -64,10 +64,13 @@ class _Steps:
         self.n = len(next(iter(ctx.inputs.values())))
         self.initial = _initial(ctx, starts.shape[1])
         self.flags = starts.astype(np.float32)
+        b = starts.shape[1]
+        self.observations = [{name: value[(t * b + np.arange(b)) % self.n]
+                              for name, value in self.inputs.items()}
+                             for t in range(starts.shape[0])]
 
     def feeds(self, step: int, state: Mapping[str, np.ndarray]) -> Feeds:
-        rows = (step * self.starts.shape[1] + np.arange(self.starts.shape[1])) % self.n
-        feeds = {name: value[rows] for name, value in self.inputs.items()}
+        feeds = dict(self.observations[step])
         start = self.starts[step]
         for name, initial in self.initial.items():
             incoming = np.asarray(state[name], np.float32)
@@ -87,13 +90,13 @@ def _next_state(ctx: PolicyContext, outputs: Mapping[str, np.ndarray]) -> Feeds:
 
 
 def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a64.shape != b64.shape:
+    """Max |a - b| in float64; inf for other shapes or any NaN/Inf."""
+    if a.shape != b.shape:
         return float("inf")
-    with np.errstate(invalid="ignore"):
-        d = np.abs(a64 - b64)
-    return float(d.max()) if d.size and np.isfinite(d).all() else (0.0 if not d.size
-                                                                    else float("inf"))
+    if not a.size:
+        return 0.0
+    d = float(np.max(np.abs(np.subtract(a, b, dtype=np.float64))))
+    return d if np.isfinite(d) else float("inf")
 
 
 def _run(engine: Any, feeds: Feeds) -> dict[str, np.ndarray]:
