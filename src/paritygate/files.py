@@ -61,6 +61,37 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return path
 
 
+def _stage(path: Path, data: bytes) -> str:
+    """``data`` in a new temp file beside ``path`` (its name returned), not yet in place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, _umask_mode())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def atomic_write_many(files: dict[Path, bytes]) -> list[Path]:
+    """Write several files as one change: every file is staged beside its target first, then
+    each is renamed into place. A write that fails (a full disk) fails while staging, before
+    any target changes, and removes what it staged; renames take no space."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            staged.append((_stage(path, data), path))
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+    return [path for _, path in staged]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
     return atomic_write(path, lambda fh: fh.write(data))

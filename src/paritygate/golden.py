@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paritygate.files import FileLock, LockHeld, atomic_write_text, dump_json
+from paritygate.files import FileLock, LockHeld, atomic_write_many, atomic_write_text, dump_json
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, judge
 
@@ -94,16 +94,17 @@ class GoldenStore:
         self._pending = {}
 
     def commit(self) -> list[Path]:
-        """Write the buffered records (each atomically), then unlock. ``OSError`` names the
-        file that could not be written; the lock is released either way."""
+        """Write the buffered records as one change (:func:`~paritygate.files.atomic_write_many`),
+        then unlock; the lock is released either way."""
         pending, self._pending = self._pending or {}, None
-        written = []
         try:
+            # staged together, then renamed: a write that fails changes no baseline file
+            written = atomic_write_many(
+                {path: text.encode("utf-8") for path, text in pending.items() if text is not None}
+            )
             for path, text in pending.items():
                 if text is None:
                     path.unlink(missing_ok=True)
-                else:
-                    written.append(atomic_write_text(path, text))
         finally:
             self._lock.release()
         return written

@@ -152,7 +152,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                    metric="unexplained_return_diffs")
         rows.append(row)
         curves.append({
-            "episode": index, "seed": ref.seed,
+            "episode": index, "seed": ref.seed, "first_divergent_step": at,
             "action_diff": [float(v) for v in diff],
             "training_return": np.cumsum(ref.rewards).tolist(),
             "artifact_return": np.cumsum(cand.rewards).tolist(),
@@ -236,12 +236,25 @@ def _plot(curves: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     colours = [f"C{i % 10}" for i in range(len(curves))]
     for curve, colour in zip(curves, colours, strict=True):
         label = f"ep {curve['episode']} (seed {curve['seed']})"
-        top.step(range(len(curve["action_diff"])), curve["action_diff"], where="post",
-                 color=colour, label=label, linewidth=1)
-        bottom.plot(curve["training_return"], color=colour, linewidth=1.2)
-        bottom.plot(curve["artifact_return"], color=colour, linewidth=1.2, linestyle="--")
+        diff = curve["action_diff"]
+        at = curve.get("first_divergent_step")
+        # compared up to the first divergence; after it the paths see other states (faint)
+        cut = len(diff) if at is None else at + 1
+        top.step(range(cut), diff[:cut], where="post", color=colour, label=label,
+                 linewidth=1.2)
+        if at is not None:
+            top.plot([at], [diff[at]], marker="x", color=colour, markersize=8)
+            top.step(range(at, len(diff)), diff[at:], where="post", color=colour,
+                     linewidth=0.8, alpha=0.25)
+        for key, style, face in (("training_return", "-", colour),
+                                 ("artifact_return", "--", "white")):
+            series = curve[key]
+            bottom.plot(series, color=colour, linewidth=1.2, linestyle=style)
+            if series:  # the episode's end
+                bottom.plot([len(series) - 1], [series[-1]], marker="o", color=colour,
+                            markerfacecolor=face, markersize=5)
     top.set_ylabel("action difference")
-    top.set_title(title)
+    top.set_title(f"{title} (x: first divergent step; faint: not compared)")
     top.legend(fontsize=7, loc="upper right")
     bottom.set_ylabel("cumulative return")
     bottom.set_xlabel("step")

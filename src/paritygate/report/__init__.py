@@ -15,7 +15,7 @@ from typing import Any
 
 from paritygate.check import Rendered
 from paritygate.checks import get_check
-from paritygate.files import atomic_write_text, dump_json
+from paritygate.files import atomic_write_many, dump_json
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
     nothing_verified_reason,
@@ -67,8 +67,9 @@ def write_reports(
 ) -> WrittenReport:
     """Write every report artifact into ``directory`` and return what was written.
 
-    Each file is rendered first and then written atomically, report.json last: a reader
-    (or a run interrupted while writing) never finds a report.json newer than its siblings.
+    Each file is rendered first, then the four are staged and renamed into place, report.json
+    last: a reader (or a run interrupted while writing) never finds a report.json newer than
+    its siblings, and a write that fails changes none of them.
     """
     directory.mkdir(parents=True, exist_ok=True)
     extras: dict[str, Rendered] = {}
@@ -88,8 +89,9 @@ def write_reports(
         "junit.xml": junit_xml(data),
         "report.json": dump_json(data),
     }
-    for name, text in texts.items():
-        atomic_write_text(directory / name, text)
+    # staged together and renamed in this order: a failed write (a full disk) leaves the
+    # previous report whole
+    atomic_write_many({directory / name: text.encode("utf-8") for name, text in texts.items()})
     files += ["report.json", "report.md", "report.html", "junit.xml"]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
