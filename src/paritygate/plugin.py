@@ -85,11 +85,13 @@ class GateRun:
         pytest ends with, the run verified nothing it can report."""
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_keyboard_interrupt(self) -> None:
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """Note the interrupt before any other plugin's hook can fail on it (pytest's own
         terminal reporter may raise formatting the interrupted frame, and the session then
-        finishes with exit status 0)."""
-        self.interrupted = True
+        finishes with exit status 0). pytest's own stop (``session.shouldstop``, raised as
+        ``Session.Interrupted``, e.g. after bad input) is no signal and is not noted."""
+        if not excinfo.errisinstance(pytest.Session.Interrupted):
+            self.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
