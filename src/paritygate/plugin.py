@@ -88,9 +88,9 @@ class GateRun:
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """Note the interrupt before any other plugin's hook can fail on it (pytest's own
         terminal reporter may raise formatting the interrupted frame, and the session then
-        finishes with exit status 0). The session stopping itself on bad input found inside a
-        check (``session.shouldstop``) is no interrupt: that run ends on its error line."""
-        if not (self.bad_input and excinfo.errisinstance(pytest.Session.Interrupted)):
+        finishes with exit status 0). pytest's own stop (``session.shouldstop``, raised as
+        ``Session.Interrupted``, e.g. after bad input) is no signal and is not noted."""
+        if not excinfo.errisinstance(pytest.Session.Interrupted):
             self.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)

@@ -505,6 +505,13 @@ FAULTS: tuple[Fault, ...] = (
           zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_other_clamp"),
           ("log_std clamp differs", "held at -3"),
           base="sac"),
+    Fault("cleanrl_stale_artifact", "export_integrity",
+          "CleanRL actor exported from weights 1e-3 relative away, no manifest",
+          zb.cleanrl_stale_artifact,
+          ("artifact was not built from this checkpoint",),
+          {"logits_agreement": "the served Gaussian's mean is another checkpoint's: action and "
+                               "log-prob deltas over their limits"},
+          linked=("logits_agreement",), base="cleanrl"),
     Fault("log_std_parameter_undeclared", "weights_load",
           "CleanRL actor-critic: the bare actor_logstd parameter not declared training-only",
           zb.model_variant(training_heads=["critic"]),

@@ -505,3 +505,25 @@ def action_bias(delta: float) -> Callable[[Any], None]:
         raise LookupError("action_net.bias not in the clean CartPole artifact")
 
     return edit
+
+
+# --- continuous (Gaussian) policies --------------------------------------------------------------
+
+
+def cleanrl_stale_artifact(clean: Path, out: Path) -> Overrides:
+    """The CleanRL actor exported from weights 1e-3 relative away (an older training step),
+    shipped without a manifest: the served Gaussian's mean is another checkpoint's."""
+    import torch
+
+    from paritygate.checkpoints import load_state_dict
+    from paritygate.demo.continuous import CleanRLActor, probe_observations
+    from paritygate.families.policy.export import export_onnx
+
+    state = load_state_dict(clean / "cleanrl.pt", state_dict_key="agent.actor_critic")
+    actor = CleanRLActor()
+    torch.manual_seed(1)
+    actor.load_state_dict({k: v * (1 + 1e-3 * torch.randn_like(v)) for k, v in state.items()
+                           if k in actor.state_dict()}, strict=True)
+    artifact = export_onnx(actor.eval(), torch.from_numpy(probe_observations(4, 0)),
+                           out / "policy.onnx", input_name="obs", output_names=["mean"])
+    return {"policy": {"artifact": str(artifact)}}
