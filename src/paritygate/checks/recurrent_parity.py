@@ -187,6 +187,10 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    marks = sorted({0, steps // 2, steps - 1})
+    m.note(f"{steps} steps x {rows} sequences, state fed back; policy-output error per step: "
+           + ", ".join(f"step {t} {free[t]:.3g}" for t in marks)
+           + f" (error growth {_growth(free):.3g}x)")
     if first_over < 0:
         return m
 
