@@ -85,11 +85,14 @@ class GateRun:
         pytest ends with, the run verified nothing it can report."""
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_keyboard_interrupt(self) -> None:
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """Note the interrupt before any other plugin's hook can fail on it (pytest's own
         terminal reporter may raise formatting the interrupted frame, and the session then
-        finishes with exit status 0)."""
-        self.interrupted = True
+        finishes with exit status 0). A session stopped on purpose (bad input found while a
+        check runs: ``session.shouldstop``, ``pytest.exit``) is not one."""
+        stopped = isinstance(excinfo.value, pytest.Session.Interrupted)
+        if isinstance(excinfo.value, KeyboardInterrupt) and not stopped:
+            self.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
