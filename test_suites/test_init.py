@@ -107,3 +107,47 @@ def test_gitignore_entries_are_proposed_until_present(
     assert gitignore_proposal(repo / "configs") == (repo / ".gitignore", [])
     again = write_config(repo / "ckpt" / "policy.safetensors", out=Path("configs/b.yaml"))
     assert not any(".gitignore" in note for note in again.notes)
+
+
+def test_cleanrl_training_checkpoint_gets_a_config_that_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CleanRL continuous actor-critic saved as a training checkpoint: init finds its state
+    dict's key, declares the bare log-std parameter training-only beside the critic and
+    proposes a Gaussian; with only the TODOs filled in, every model check passes."""
+    import torch
+
+    from paritygate.config import config_from_dict
+    from paritygate.demo.continuous import CleanRLAgent
+    from paritygate.gate import Gate
+
+    repo = _repo(tmp_path / "proj")
+    monkeypatch.chdir(repo)
+    torch.manual_seed(0)
+    agent = CleanRLAgent()
+    ckpt = repo / "runs" / "agent.pt"
+    ckpt.parent.mkdir(parents=True)
+    optimizer = torch.optim.Adam(agent.parameters())
+    torch.save({"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "global_step": 4096}, ckpt)
+    written = write_config(ckpt, out=Path("configs/cleanrl.yaml"))
+    data = yaml.safe_load(written.path.read_text())
+    policy = data["policy"]
+    assert policy["state_dict_key"] == "model"
+    assert policy["training_heads"] == ["critic", "actor_logstd"]
+    assert policy["action_space"] == "continuous"
+    assert policy["distribution"]["log_std"] == "parameter"
+    assert policy["distribution"]["log_std_key"] == "actor_logstd"
+    assert set(written.todos) == {"policy.training_factory", "policy.inference_factory",
+                                  "policy.policy_output", "policy.probes.generator"}
+    policy.update(training_factory="paritygate.demo.continuous:build_cleanrl_agent",
+                  inference_factory="paritygate.demo.continuous:build_cleanrl_actor",
+                  policy_output="mean", output_names=["mean"],
+                  probes={"generator": "paritygate.demo.continuous:probe_observations",
+                          "count": 16})
+    checks = ["weights_load", "head_removal", "dropout_off", "logits_agreement"]
+    gate = Gate(config_from_dict({**data, "checks": checks}, written.path),
+                report_dir=repo / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in checks}
+    assert {c: r.status for c, r in results.items()} == dict.fromkeys(checks, "pass"), {
+        c: r.message for c, r in results.items() if r.status != "pass"}

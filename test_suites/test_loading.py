@@ -28,6 +28,29 @@ def test_torch_file_weights_only(tmp_path: Path) -> None:
     assert set(loaded) == {"fc.weight", "fc.bias"}
 
 
+def test_training_checkpoint_state_dict_found_by_name_or_key(tmp_path: Path) -> None:
+    from paritygate.checkpoints import load_checkpoint_state
+
+    p = tmp_path / "train.pt"
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
+    torch.save({"model": _state(), "optimizer": optimizer.state_dict(), "step": 7}, p)
+    state, key = load_checkpoint_state(p)
+    assert set(state) == {"fc.weight", "fc.bias"} and key == "model"
+    nested = tmp_path / "nested.pt"
+    torch.save({"agent": {"actor": _state(), "critic": {"v": torch.zeros(1)}}, "step": 7}, nested)
+    with pytest.raises(InputError) as exc:
+        load_checkpoint_state(nested)
+    line = exc.value.line()
+    assert line.startswith(f"{nested}: policy.state_dict_key: ") and "top-level keys: agent, step" \
+        in line, line
+    state, key = load_checkpoint_state(nested, state_dict_key="agent.actor")
+    assert key == "agent.actor" and torch.equal(state["fc.weight"], _state()["fc.weight"])
+    with pytest.raises(InputError) as exc:
+        load_checkpoint_state(nested, state_dict_key="agent.policy")
+    assert "'agent.policy' is not in the checkpoint (keys of agent: actor, critic)" in str(
+        exc.value.line())
+
+
 def test_sb3_zip_layout(tmp_path: Path) -> None:
     buf = io.BytesIO()
     torch.save(_state(), buf)

@@ -88,21 +88,79 @@ def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) ->
         ) from None
 
 
-def _as_state_dict(obj: Any, path: Path) -> dict[str, Any]:
+STATE_DICT_KEYS: tuple[str, ...] = (
+    "state_dict", "model_state_dict", "model", "policy_state_dict", "policy", "actor_critic",
+    "agent", "network", "net",
+)
+"""Keys a training checkpoint (``{"model": state_dict, "optimizer": ..., "step": N}``) commonly
+keeps the model's state dict under, tried in this order when ``policy.state_dict_key`` is unset."""
+
+STATE_DICT_KEY = "policy.state_dict_key"
+
+
+def _is_state_dict(obj: Any) -> bool:
     torch = _torch()
-    if isinstance(obj, Mapping):
-        for nested in ("state_dict", "model_state_dict", "model"):
-            if nested in obj and isinstance(obj[nested], Mapping):
-                obj = obj[nested]
-                break
+    return isinstance(obj, Mapping) and bool(obj) and all(
+        isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def _top_keys(obj: Mapping[Any, Any]) -> str:
+    names = [str(k) for k in obj]
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} keys)" if len(names) > 12 else "")
+    return f"top-level keys: {shown}"
+
+
+def find_state_dict(
+    obj: Any, path: Path, key: str | None = None
+) -> tuple[Mapping[Any, Any], str | None]:
+    """The state dict inside a loaded checkpoint object and the dotted key it was found under.
+
+    ``key`` (``policy.state_dict_key``, dotted for nesting: ``agent.actor``) picks it;
+    without one, a flat mapping of tensors is the state dict itself (key ``None``) and a
+    training checkpoint's state dict is found under one of :data:`STATE_DICT_KEYS`. A training
+    checkpoint where none fits is an :class:`InputError` listing its top-level keys."""
+    if key is not None:
+        node = obj
+        for depth, part in enumerate(key.split(".")):
+            if not isinstance(node, Mapping) or part not in node:
+                where = ".".join(key.split(".")[:depth])
+                if not isinstance(node, Mapping):
+                    have = f"{where} is a {type(node).__name__}"
+                else:
+                    have = _top_keys(node) if not where else _top_keys(node).replace(
+                        "top-level keys", f"keys of {where}")
+                raise InputError(path, STATE_DICT_KEY, f"{key!r} is not in the checkpoint "
+                                 f"({have})")
+            node = node[part]
+        if not isinstance(node, Mapping) or not node:
+            raise InputError(path, STATE_DICT_KEY, f"{key!r} holds a {type(node).__name__}, "
+                             "not a state dict (a mapping of name -> tensor)")
+        return node, key
     if not isinstance(obj, Mapping) or not obj:
         raise InputError(path, None, "checkpoint holds no state_dict (a mapping of name -> tensor)")
+    if not any(isinstance(v, Mapping) for v in obj.values()):
+        return obj, None  # flat: every value must be a tensor (checked by the caller)
+    for name in STATE_DICT_KEYS:
+        if _is_state_dict(obj.get(name)):
+            return obj[name], name
+    raise InputError(path, STATE_DICT_KEY, "a training checkpoint without a state dict under "
+                     f"a common name ({', '.join(STATE_DICT_KEYS)}); {_top_keys(obj)}: set "
+                     "policy.state_dict_key to the key that holds it (dotted when nested, e.g. "
+                     "agent.actor)")
+
+
+def _as_state_dict(
+    obj: Any, path: Path, key: str | None = None
+) -> tuple[dict[str, Any], str | None]:
+    torch = _torch()
+    found, where = find_state_dict(obj, path, key)
     out: dict[str, Any] = {}
-    for name, value in obj.items():
+    for name, value in found.items():
         if not isinstance(value, torch.Tensor):
-            raise InputError(path, str(name), f"not a tensor ({type(value).__name__})")
+            prefix = f"{where}." if where else ""
+            raise InputError(path, f"{prefix}{name}", f"not a tensor ({type(value).__name__})")
         out[str(name)] = value
-    return out
+    return out, where
 
 
 def memory_bytes() -> int | None:
@@ -144,12 +202,23 @@ def read_checkpoint(path: Path) -> tuple[bytes, str]:
 
 
 def load_state_dict(
-    path: Path, *, allow_pickle: bool = False, data: bytes | None = None
+    path: Path, *, allow_pickle: bool = False, data: bytes | None = None,
+    state_dict_key: str | None = None,
 ) -> dict[str, Any]:
     """Read a checkpoint file into ``{name: tensor}`` on the CPU, read-only.
 
     ``data``: the file's bytes, already read (:func:`read_checkpoint`), so the file is read
-    once for its digest and its tensors."""
+    once for its digest and its tensors. ``state_dict_key``: see :func:`find_state_dict`."""
+    return load_checkpoint_state(path, allow_pickle=allow_pickle, data=data,
+                                 state_dict_key=state_dict_key)[0]
+
+
+def load_checkpoint_state(
+    path: Path, *, allow_pickle: bool = False, data: bytes | None = None,
+    state_dict_key: str | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """:func:`load_state_dict`, and the dotted key of a training checkpoint the state dict was
+    read from (``None``: the file is the state dict itself)."""
     if data is None:
         if not path.exists():
             raise InputError(path, None, "checkpoint not found")
@@ -163,13 +232,11 @@ def load_state_dict(
             raise MissingExtra("safetensors", "torch") from None
         try:
             loaded = load_file(str(path), device="cpu") if data is None else load(data)
-            return _as_state_dict(loaded, path)
-        except InputError:
-            raise
         except Exception as exc:
             raise InputError(
                 path, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
             ) from None
+        return _as_state_dict(loaded, path, state_dict_key)
     source: Any = path if data is None else io.BytesIO(data)
     if suffix == ".zip" and zipfile.is_zipfile(source):
         with zipfile.ZipFile(source) as zf:
@@ -179,6 +246,6 @@ def load_state_dict(
                     loaded = _torch_load(member, path, None, allow_pickle)
                 except InputError as exc:  # the member is named in the cause, the key stays free
                     raise InputError(path, None, f"member policy.pth: {exc.cause}") from None
-                return _as_state_dict(loaded, path)
+                return _as_state_dict(loaded, path, state_dict_key)
     source = str(path) if data is None else io.BytesIO(data)
-    return _as_state_dict(_torch_load(source, path, None, allow_pickle), path)
+    return _as_state_dict(_torch_load(source, path, None, allow_pickle), path, state_dict_key)

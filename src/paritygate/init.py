@@ -98,12 +98,79 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
+def _sac_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None:
+    """factory_kwargs for the SB3 SAC adapter when the zip holds an MLP ``SACPolicy``."""
+    if checkpoint.suffix.lower() != ".zip" or "actor.mu.weight" not in keys:
+        return None
+    layers = sorted(
+        (int(m.group(1)), k)
+        for k in keys
+        if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.weight", k))
+    )
+    first = keys[layers[0][1]] if layers else keys["actor.mu.weight"]
+    return {"obs_dim": int(first.shape[1]), "act_dim": int(keys["actor.mu.weight"].shape[0]),
+            "net_arch": [int(keys[k].shape[0]) for _, k in layers]}
+
+
+def _sac_text(source: Path, out: Path, name: str, name_note: str, sac: dict[str, Any],
+              n_keys: int) -> str:
+    """The config of an SB3 SAC zip: the adapter's SAC factories and its Gaussian; the action
+    box (not in the tensors) is TODO."""
+    base = out.parent
+    box = _q(f"{TODO}: the action space's {{}} bound, one value per dimension "
+             f"({sac['act_dim']})")
+    lines = config_header(source, out, name, name_note, "policy")
+    lines += [
+        "policy:",
+        "  # Stable-Baselines3 SACPolicy (read through policy.pth, weights_only): obs_dim and",
+        f"  # net_arch read from the tensor shapes of {source.name}.",
+        "  training_factory: paritygate.adapters.sb3:sac_training_policy    # forward -> "
+        "{mean, log_std, q}",
+        "  inference_factory: paritygate.adapters.sb3:sac_inference_policy  # actor only -> "
+        "(mean, log_std)",
+        "  factory_kwargs:",
+        f"    obs_dim: {sac['obs_dim']}",
+        f"    net_arch: {json.dumps(sac['net_arch'])}",
+        f"    action_low: {box.format('low')}",
+        f"    action_high: {box.format('high')}",
+        f"  checkpoint: {_rel(source, base)}   # {n_keys} tensors",
+        '  training_heads: ["critic", "critic_target"]   # the Q-networks: training only',
+        "  policy_output: mean",
+        '  output_names: ["mean", "log_std"]',
+        "  action_space: continuous",
+        "  distribution:              # SB3 acts low + (tanh(mean) + 1) / 2 * (high - low)",
+        "    log_std: output",
+        "    log_std_key: log_std",
+        "    log_std_clamp: [-20, 2]   # SB3's LOG_STD_MIN, LOG_STD_MAX",
+        "    squash: tanh",
+        f"    action_scale: {_q(f'{TODO}: (high - low) / 2 of the action space')}",
+        f"    action_bias: {_q(f'{TODO}: (high + low) / 2 of the action space')}",
+        "  probes:",
+        "    generator: "
+        + _q(f"{TODO}: module:callable(count, seed) -> raw observations (N, ...); "
+             "or replace this line with file: probes.npy"),
+        "golden:",
+        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in <dir>/{name}/<check_id>.json",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bare_log_std(keys: list[str]) -> list[str]:
+    """Top-level log-std tensors (``log_std``, CleanRL's ``actor_logstd``): a Gaussian's
+    state-independent parameter, which a served actor returning the mean leaves out."""
+    return [k for k in keys if "." not in k and k.lower().replace("_", "").endswith("logstd")]
+
+
 def _policy_text(
     source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
 ) -> str:
-    from paritygate.checkpoints import load_state_dict
+    from paritygate.checkpoints import load_checkpoint_state
 
-    state = load_state_dict(source)
+    state, state_key = load_checkpoint_state(source)
+    sac = _sac_layout(source, state)
+    if sac is not None:
+        return _sac_text(source, out, name, name_note, sac, len(state))
     keys = list(state)
     heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
@@ -144,6 +211,9 @@ def _policy_text(
     lines += [
         f"  checkpoint: {_rel(source, base)}   # {len(keys)} tensors, {n_params:,} values",
     ]
+    if state_key is not None:
+        lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: its state "
+                     "dict sits under this key (found by name; dotted when nested)")
     if any(k.startswith("module.") for k in keys):
         lines.append("  # note: keys carry DDP's 'module.' prefix; weights_load will name it")
     if any(k.startswith("_orig_mod.") for k in keys):
@@ -152,6 +222,8 @@ def _policy_text(
     if sb3 is not None:
         heads = [h for h in ("mlp_extractor.value_net", "value_net") if any(
             k.startswith(h + ".") for k in keys)]
+    log_stds = [] if sb3 is not None else bare_log_std(keys)
+    heads += [k for k in log_stds if k not in heads]
     head_note = "proposed from tensor names; review" if heads else "none found in tensor names"
     lines.append(f"  training_heads: {_q(heads)}   # training-only module prefixes: {head_note}")
     onnx_inputs: list[tuple[str, list[Any]]] = []
@@ -192,9 +264,21 @@ def _policy_text(
         action = "continuous" if sb3["continuous"] else "discrete"
         lines.append(f"  action_space: {action}   # from the policy's tensors")
     else:
-        guess = "continuous" if any(k.endswith("log_std") for k in keys) else "discrete"
+        guess = "continuous" if log_stds or any(
+            k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
         lines.append(f"  action_space: {guess}   # discrete | continuous; guessed from tensor "
                      "names: review")
+        if log_stds:
+            lines += [
+                "  distribution:            # the Gaussian (README: continuous actions); review",
+                f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
+                "checkpoint (a training head: the served actor returns the mean)",
+                f"    log_std_key: {_q(log_stds[0])}",
+                "    squash: none           # tanh (SAC) | clip (clipped to the action box) | "
+                "none",
+                "    action_scale: 1.0      # (high - low) / 2 of the action box for tanh / clip",
+                "    action_bias: 0.0       # (high + low) / 2",
+            ]
     lines += [
         "  # preprocessing:          # both sides' observation preprocessing, if any",
         "  #   training: mypkg.obs:normalize_torch   # fn(raw, stats_path=..., **kwargs)",

@@ -100,8 +100,24 @@ def _no_layer_over_budget(root: CheckResult, c: CheckResult) -> bool:
     return _failed_only(c, lambda n: n.endswith("output_rel_l2"))
 
 
+_ACTING = {"action_divergence": "unexcused_divergences", "nonfinite_action": "nonfinite_actions"}
+"""rollout_parity's findings about the actions taken, each with the metric it breaches."""
+
+
+def _actions_differ(root: CheckResult, c: CheckResult) -> bool:
+    """rollout_parity failed only by the actions it took (diverging, or NaN/Inf), never by
+    returns or trajectories that differ under agreeing actions (the root does not explain
+    an environment that is not reproducible)."""
+    kinds = c.finding_kinds()
+    return bool(kinds) and all(k in _ACTING for k in kinds) and _failed_only(
+        c, lambda n: n in _ACTING.values())
+
+
+_ROLLOUT = (("rollout_parity", _actions_differ),)
+"""The artifact-side and preprocessing roots explain a rollout's actions only."""
+
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
-                      "precision_per_layer")
+                      "precision_per_layer", "rollout_parity")
 _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
                   "precision_per_layer")
 
@@ -150,23 +166,25 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="gate a complete save, loaded by the model class it was saved from"),
     Explanation("export_integrity", "undeclared_precision",
                 ("undeclared_precision",),
-                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
                 "the artifact stores its weights in a lower precision than the config "
                 "declares, so its outputs are held to the float32 limits",
                 fix="declare the artifact's precision (policy.artifact_dtype) or export it "
-                    "in float32"),
+                    "in float32",
+                only_if=_ROLLOUT),
     Explanation("export_integrity", "stale_artifact",
                 ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
-                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
                 "the artifact was not exported from the checkpoint under test",
                 fix="re-export the artifact from the gated checkpoint "
-                    "(paritygate export CONFIG)"),
+                    "(paritygate export CONFIG)",
+                only_if=_ROLLOUT),
     Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
-                ("logits_agreement", "batchnorm_export", "precision_per_layer"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
                 "the artifact carries a checkpoint tensor in another layer's place",
                 fix="load the state_dict into the export model by key name, strictly, "
                     "and re-export",
-                only_if=(("precision_per_layer", _artifact_tier_only),)),
+                only_if=(("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("export_integrity", "batch_axis", ("batch_axis_baked", "batch_sizes_fail"),
                 ("batchnorm_export", "logits_agreement"),
                 "the artifact only runs at its baked batch size",
@@ -175,38 +193,52 @@ GRAPH: tuple[Explanation, ...] = (
                 ("export_integrity", "logits_agreement"),
                 "a training head was exported with the policy",
                 fix="export only the inference model's declared outputs"),
+    Explanation("logits_agreement", "action_transform",
+                ("squash_missing", "action_scale_missing", "action_bias_missing",
+                 "log_std_clamp_differs"),
+                ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer"),
+                "the serving side turns the policy's Gaussian into actions differently from "
+                "training (policy.distribution)",
+                fix="apply the declared squash, action scale and bias and log_std clamp in the "
+                    "served actor, or declare what it serves in policy.distribution"),
     Explanation("head_removal", "step_removed", ("step_removed",),
-                ("batchnorm_export", "logits_agreement"),
-                "the inference model lacks a step of the training forward"),
+                ("batchnorm_export", "logits_agreement", "rollout_parity"),
+                "the inference model lacks a step of the training forward", only_if=_ROLLOUT),
     Explanation("batchnorm_export", "training_mode_export",
                 ("training_mode_export",),
                 ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
-                 "precision_per_layer"),
+                 "precision_per_layer", "rollout_parity"),
                 "the artifact was exported in training mode",
                 fix="call model.eval() before exporting",
                 only_if=(("export_integrity", _bn_stats_explain_provenance),
-                         ("precision_per_layer", _artifact_tier_only))),
+                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("batchnorm_export", "stats_reset",
                 ("stats_missing", "default_stats", "stats_mismatch", "stats_reset"),
-                ("logits_agreement", "export_integrity", "precision_per_layer"),
+                ("logits_agreement", "export_integrity", "precision_per_layer", "rollout_parity"),
                 "the artifact normalises with other BatchNorm statistics than the checkpoint's",
                 only_if=(("export_integrity", _bn_stats_explain_provenance),
-                         ("precision_per_layer", _artifact_tier_only))),
+                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("dropout_off", "nondeterministic",
                 ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
                  "random_operators"),
-                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer"),
+                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer",
+                 "rollout_parity"),
                 "randomness in the forward changes every output it feeds",
                 fix="put the model in eval mode before exporting or serving (no dropout or "
                     "sampling on the inference path)",
-                only_if=(("precision_per_layer", _no_layer_over_budget),)),
+                only_if=(("precision_per_layer", _no_layer_over_budget), *_ROLLOUT)),
     Explanation("logits_agreement", "artifact_outputs_differ",
                 ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
-                ("batchnorm_export", "export_integrity", "precision_per_layer"),
+                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
                 "the artifact's outputs differ from torch eval (the cause is named by "
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
-                         ("precision_per_layer", _artifact_tier_only))),
+                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
+    Explanation("preprocessing_parity", "preprocessing_mismatch", None,
+                ("rollout_parity",),
+                "the serving preprocessing feeds the artifact other model inputs than the "
+                "training preprocessing feeds the trainer",
+                only_if=_ROLLOUT),
     Explanation("logprob_impl", "logprob_recompute", None,
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),

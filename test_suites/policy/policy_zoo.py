@@ -5,6 +5,8 @@ clean demo in ``clean_dir`` is only read) and returns the config overrides that
 point the demo gate at them. ``also_fails`` is measured, not guessed:
 ``test_policy_zoo.py`` evaluates all seven checks on every fault and compares.
 
+The ``cartpole`` base is the PPO CartPole policy of ``rollout_subjects``: its faults are
+evaluated on the same checks and ``rollout_parity`` (its config steps CartPole-v1 episodes).
 Run ``python test_suites/policy/policy_zoo.py [FAULT_ID ...]`` to print the Markdown table kept in
 ZOO.md (every fault, or the named ones).
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import policy_zoo_builders as zb
+import rollout_subjects
 import yaml
 from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
 
@@ -34,6 +37,13 @@ POLICY_CHECKS = (
     "logits_agreement",
     "export_integrity",
 )
+ROLLOUT_CHECKS = (*POLICY_CHECKS, "rollout_parity")
+"""The checks of the ``cartpole`` base (its config has a ``policy.rollout`` section)."""
+
+
+def checks_of(base: str) -> tuple[str, ...]:
+    """The checks every fault of ``base`` is evaluated on (its clean subject passes them)."""
+    return ROLLOUT_CHECKS if base == "cartpole" else POLICY_CHECKS
 
 
 
@@ -54,6 +64,14 @@ class Fault:
     linked: tuple[str, ...] = ()
     """Checks of ``also_fails`` the report must mark as consequences of the root cause
     (``consequence_of``): the root's finding, read from what they measured, explains them."""
+    base: str = "demo"
+    """The clean subject the fault is built from: the demo (discrete) or one of
+    :data:`CONTINUOUS_BASES` (its builder then gets that subject's clean folder), or
+    ``cartpole`` (the PPO CartPole policy of ``rollout_subjects``)."""
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        return checks_of(self.base)
 
 
 # --- config --------------------------------------------------------------------------------------
@@ -69,6 +87,49 @@ def base_config(clean_dir: Path) -> dict[str, Any]:
     return data
 
 
+_CONTINUOUS = "paritygate.demo.continuous"
+
+CONTINUOUS_BASES: dict[str, dict[str, Any]] = {
+    # CleanRL's PPO actor-critic: a bare log_std parameter, saved in a training checkpoint
+    "cleanrl": {
+        "training_factory": f"{_CONTINUOUS}:build_cleanrl_agent",
+        "inference_factory": f"{_CONTINUOUS}:build_cleanrl_actor",
+        "checkpoint": "cleanrl.pt", "state_dict_key": "agent.actor_critic",
+        "training_heads": ["critic", "actor_logstd"], "policy_output": "mean",
+        "output_names": ["mean"], "action_space": "continuous",
+        "distribution": {"log_std": "parameter", "log_std_key": "actor_logstd",
+                         "squash": "clip"},
+    },
+    # a SAC actor serving the env action and its log_std (tanh, scale, bias, clamp)
+    "sac": {
+        "training_factory": f"{_CONTINUOUS}:build_sac_agent",
+        "inference_factory": f"{_CONTINUOUS}:build_sac_actor",
+        "checkpoint": "sac.safetensors", "training_heads": ["qf1"], "policy_output": "mean",
+        "output_names": ["action", "log_std"], "action_space": "continuous",
+        "distribution": {"log_std": "output", "log_std_key": "log_std", "squash": "tanh",
+                         "log_std_clamp": [-5.0, 2.0], "action_scale": [2.0, 1.0],
+                         "action_bias": [0.5, -0.25], "serving_output": "action"},
+    },
+}
+
+
+def build_continuous(clean_dir: Path) -> Path:
+    """The clean continuous subjects (both checkpoints) in ``clean_dir``."""
+    from paritygate.demo import continuous
+
+    continuous.build(clean_dir)
+    return clean_dir
+
+
+def continuous_config(base: str, clean_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """A continuous subject's gate config (artifact exported on the fly into ``out_dir``)."""
+    policy = copy.deepcopy(CONTINUOUS_BASES[base])
+    policy["checkpoint"] = str(clean_dir / policy["checkpoint"])
+    policy["probes"] = {"generator": f"{_CONTINUOUS}:probe_observations", "count": 32}
+    return {"name": f"zoo-{base}", "family": "policy", "seed": 0, "policy": policy,
+            "report_dir": str(out_dir / "reports")}
+
+
 def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Deep-merge ``overrides`` into a copy of ``base`` (mappings merge, anything else replaces)."""
     out = copy.deepcopy(base)
@@ -80,22 +141,29 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides) -> Any:
+def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides, base: str = "demo"
+                 ) -> Any:
     """A validated GateConfig for a fault (lives in ``out_dir``)."""
     from paritygate.config import config_from_dict
 
-    data = merge(base_config(clean_dir), overrides)
+    if base == "demo":
+        start = base_config(clean_dir)
+    elif base == "cartpole":
+        start = rollout_subjects.cartpole_config(clean_dir)
+    else:
+        start = continuous_config(base, clean_dir, out_dir)
+    data = merge(start, overrides)
     data["name"] = "zoo-" + out_dir.name.replace("_", "-")[:60]
     data["golden"] = {"dir": str(out_dir / "golden")}
     return config_from_dict(data, out_dir / "gate.yaml")
 
 
-def evaluate_all(config: Any) -> dict[str, Any]:
-    """Every policy check's verdict on ``config``, without golden."""
+def evaluate_all(config: Any, checks: tuple[str, ...] = POLICY_CHECKS) -> dict[str, Any]:
+    """Every policy check's verdict on ``config`` (or those of ``checks``), without golden."""
     from paritygate.gate import Gate
 
     gate = Gate(config)
-    return {cid: gate.evaluate(cid, golden=False) for cid in POLICY_CHECKS}
+    return {cid: gate.evaluate(cid, golden=False) for cid in checks}
 
 
 def failing(results: dict[str, Any]) -> set[str]:
@@ -312,9 +380,69 @@ FAULTS: tuple[Fault, ...] = (
           {"logits_agreement": "float16 weights held to the float32 limit"},
           absent=("not built from this checkpoint", "another checkpoint"),
           linked=("logits_agreement",)),
+    # continuous actions (Gaussian policies): the served actor's action transform
+    Fault("sac_missing_tanh", "logits_agreement",
+          "served SAC actor returns bias + scale * mean: the tanh squash is missing",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_without_tanh"),
+          ("the tanh squash is missing on the serving side",),
+          {"head_removal": "the served actor's forward skips the tanh"},
+          linked=("head_removal",), base="sac"),
+    Fault("sac_action_scale_missing", "logits_agreement",
+          "served SAC actor returns bias + tanh(mean): the action scale is not applied",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_without_scale"),
+          ("the action scale is not applied",),
+          {"head_removal": "the served actor's forward skips the scale"},
+          linked=("head_removal",), base="sac"),
+    Fault("sac_action_bias_missing", "logits_agreement",
+          "served SAC actor returns scale * tanh(mean): the action bias is not applied",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_without_bias"),
+          ("the action bias is not applied",),
+          {"head_removal": "the served actor's forward skips the bias"},
+          linked=("head_removal",), base="sac"),
+    Fault("sac_log_std_clamp_differs", "logits_agreement",
+          "served SAC actor clamps log_std at [-3, 2], training at [-5, 2]",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_other_clamp"),
+          ("log_std clamp differs", "held at -3"),
+          base="sac"),
+    Fault("cleanrl_stale_artifact", "export_integrity",
+          "CleanRL actor exported from weights 1e-3 relative away, no manifest",
+          zb.cleanrl_stale_artifact,
+          ("artifact was not built from this checkpoint",),
+          {"logits_agreement": "the served Gaussian's mean is another checkpoint's: action and "
+                               "log-prob deltas over their limits"},
+          linked=("logits_agreement",), base="cleanrl"),
+    Fault("log_std_parameter_undeclared", "weights_load",
+          "CleanRL actor-critic: the bare actor_logstd parameter not declared training-only",
+          zb.model_variant(training_heads=["critic"]),
+          ("unexpected checkpoint keys", "actor_logstd"), base="cleanrl"),
     Fault("manifest_required_missing", "export_integrity",
           "clean artifact without manifest.json, policy.require_manifest: true",
           zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),
+    # rollout_parity: the PPO CartPole policy, stepped in CartPole-v1
+    Fault("rollout_stale_velocity_stats", "rollout_parity",
+          "serving normalises the pole's angular velocity with last release's mean",
+          zb.model_variant(preprocessing={
+              "serving": "rollout_models:normalize_serving_stale_velocity"}),
+          ("actions diverge at step", "serving preprocessing's model input differs by 0.3"),
+          {"preprocessing_parity": "feature 3 is normalised with another mean"},
+          base="cartpole"),
+    Fault("rollout_action_bias", "rollout_parity",
+          "artifact's first action logit shifted by 0.05 (flips only actions decided by less)",
+          zb.cartpole_artifact(zb.action_bias(0.05)),
+          ("actions diverge at step", "logit margin",
+           "the artifact's output on the training model input differs by 0.05"),
+          {"logits_agreement": "the artifact's logits differ by 0.05 on the probes"},
+          base="cartpole"),
+    Fault("rollout_nan_serving_input", "rollout_parity",
+          "serving marks the cart velocity missing (NaN) below -0.3: NaN actions there",
+          zb.model_variant(preprocessing={"serving": "rollout_models:nan_action_serving"}),
+          ("policy output holds NaN/Inf at step",),
+          {"preprocessing_parity": "NaN where training gives finite values"},
+          base="cartpole"),
+    Fault("rollout_env_ignores_seed", "rollout_parity",
+          "the environment factory's reset ignores the seed: each path starts elsewhere",
+          zb.model_variant(rollout={"env": None, "factory": "rollout_models:unseeded_cartpole"}),
+          ("not reproducible under its reset seed",), base="cartpole"),
 )
 
 FAULTS_BY_ID = {f.id: f for f in FAULTS}
@@ -327,11 +455,17 @@ def main(ids: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         clean = Path(tmp) / "clean"
         policy.build(clean)
+        continuous = build_continuous(Path(tmp) / "clean-continuous")
+        cartpole = Path(tmp) / "clean-cartpole"
         print("| fault | check | message excerpt | also fails (why) |")
         print("|---|---|---|---|")
         for fault in (f for f in FAULTS if not ids or f.id in ids):
             out = Path(tmp) / fault.id
-            results = evaluate_all(fault_config(clean, out, fault.build(clean, out)))
+            source = {"demo": clean, "cartpole": cartpole}.get(fault.base, continuous)
+            if fault.base == "cartpole" and not source.exists():
+                rollout_subjects.train_cartpole(source)
+            results = evaluate_all(fault_config(source, out, fault.build(source, out),
+                                                fault.base), fault.checks)
             msg = results[fault.check].message.replace("|", "\\|")
             excerpt = msg if len(msg) <= 160 else msg[:157] + "..."
             also = sorted(failing(results) - {fault.check})

@@ -471,3 +471,59 @@ def fp16_converted(declared: str | None) -> Builder:
         return {"policy": policy}
 
     return build
+
+
+# --- rollout_parity (the CartPole subject of rollout_subjects) -----------------------------------
+
+
+def cartpole_artifact(edit: Callable[[Any], None]) -> Builder:
+    """The clean CartPole artifact edited by ``edit(onnx_model)``, with a correct manifest."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        out.mkdir(parents=True, exist_ok=True)
+        artifact = out / "policy.onnx"
+        edit_onnx(clean, artifact, edit)
+        _manifest(artifact, clean / "ppo.zip")
+        return {"policy": {"artifact": str(artifact)}}
+
+    return build
+
+
+def action_bias(delta: float) -> Callable[[Any], None]:
+    """Add ``delta`` to the first action's logit bias (``action_net.bias[0]``): only states
+    whose top-2 logit margin is below ``delta`` change their greedy action."""
+
+    def edit(model: Any) -> None:
+        from onnx import numpy_helper
+
+        for i, init in enumerate(model.graph.initializer):
+            if init.name == "action_net.bias":
+                bias = numpy_helper.to_array(init).copy()
+                bias[0] += delta
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(bias, init.name))
+                return
+        raise LookupError("action_net.bias not in the clean CartPole artifact")
+
+    return edit
+
+
+# --- continuous (Gaussian) policies --------------------------------------------------------------
+
+
+def cleanrl_stale_artifact(clean: Path, out: Path) -> Overrides:
+    """The CleanRL actor exported from weights 1e-3 relative away (an older training step),
+    shipped without a manifest: the served Gaussian's mean is another checkpoint's."""
+    import torch
+
+    from paritygate.checkpoints import load_state_dict
+    from paritygate.demo.continuous import CleanRLActor, probe_observations
+    from paritygate.families.policy.export import export_onnx
+
+    state = load_state_dict(clean / "cleanrl.pt", state_dict_key="agent.actor_critic")
+    actor = CleanRLActor()
+    torch.manual_seed(1)
+    actor.load_state_dict({k: v * (1 + 1e-3 * torch.randn_like(v)) for k, v in state.items()
+                           if k in actor.state_dict()}, strict=True)
+    artifact = export_onnx(actor.eval(), torch.from_numpy(probe_observations(4, 0)),
+                           out / "policy.onnx", input_name="obs", output_names=["mean"])
+    return {"policy": {"artifact": str(artifact)}}

@@ -114,6 +114,29 @@ CASES: dict[str, Builder] = {
     "ckpt-pickle-pth-canary": lambda c, f: _ckpt(f, "evil.pth", _pickled(c, f)),
     "ckpt-sb3-zip-pickle": lambda c, f: _sb3_zip(c, f),
     "ckpt-not-a-state-dict": lambda c, f: _ckpt(f, "list.pt", _torch_bytes([1, 2, 3])),
+    "ckpt-training-no-state-dict": lambda c, f: (*_ckpt(f, "train.pt", _torch_bytes(
+        {"agent": {"actor": _state(c), "critic": {"w": _state(c)["trunk.0.bias"]}},
+         "optimizer": {"state": {}, "param_groups": []}, "step": 3}))[:2],
+        "policy.state_dict_key"),
+    "ckpt-state-dict-key-absent": lambda c, f: _keyed(f, "agent.actor", {"model": _state(c)}),
+    "ckpt-state-dict-key-not-mapping": lambda c, f: _keyed(f, "step", {"model": _state(c),
+                                                                        "step": 3}),
+    "ckpt-state-dict-key-not-tensors": lambda c, f: _keyed(f, "optimizer", {
+        "model": _state(c), "optimizer": {"lr": 0.1}}),
+    "distribution-log-std-absent": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_key": "log_std"}}},
+        "gate.yaml", "policy.distribution.log_std_key"),
+    "distribution-log-std-output-absent": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std": "output",
+                                                       "log_std_key": "log_std"}}},
+        "gate.yaml", "policy.distribution.log_std_key"),
+    "distribution-scale-width": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_key": "policy_head.bias",
+                                                       "action_scale": [1.0, 2.0, 3.0]}}},
+        "gate.yaml", "policy.distribution.action_scale"),
+    "distribution-clamp-unordered": lambda c, f: ({"policy": {
+        "action_space": "continuous", "distribution": {"log_std_clamp": [2.0, -5.0]}}},
+        "gate.yaml", "policy.distribution.log_std_clamp"),
     "ckpt-directory": lambda c, f: ({"policy": {"checkpoint": str(_mkdir(f / "d.pt"))}},
                                     "d.pt", "policy.checkpoint"),
     # --- artifacts ---
@@ -206,6 +229,14 @@ def _torch_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+def _keyed(folder: Path, key: str, checkpoint: dict[str, Any]
+           ) -> tuple[dict[str, Any], str, str]:
+    """A training checkpoint and a ``policy.state_dict_key`` that does not pick a state dict."""
+    overrides, name, _ = _ckpt(folder, "train.pt", _torch_bytes(checkpoint))
+    overrides["policy"]["state_dict_key"] = key
+    return overrides, name, "policy.state_dict_key" if key != "optimizer" else "optimizer.lr"
 
 
 def _sb3_zip(clean: Path, folder: Path) -> tuple[dict[str, Any], str, str]:

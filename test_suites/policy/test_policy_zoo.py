@@ -11,7 +11,14 @@ import re
 from pathlib import Path
 
 import pytest
-from policy_zoo import FAULTS, FAULTS_BY_ID, POLICY_CHECKS, failing
+from policy_zoo import (
+    CONTINUOUS_BASES,
+    FAULTS,
+    FAULTS_BY_ID,
+    POLICY_CHECKS,
+    ROLLOUT_CHECKS,
+    failing,
+)
 
 ZOO_MD = Path(__file__).with_name("ZOO.md")
 
@@ -25,16 +32,16 @@ def test_registry_is_well_formed() -> None:
     from paritygate.checks import checks_for
 
     policy_ids = {c.id for c in checks_for("policy")}
-    assert set(POLICY_CHECKS) <= policy_ids
+    assert set(POLICY_CHECKS) <= set(ROLLOUT_CHECKS) <= policy_ids
     assert len(FAULTS) >= 15
     assert len(FAULTS_BY_ID) == len(FAULTS), "fault ids must be unique"
-    for check in POLICY_CHECKS:
+    for check in ROLLOUT_CHECKS:
         assert any(f.check == check for f in FAULTS), f"no fault for {check}"
     for fault in FAULTS:
-        assert fault.check in POLICY_CHECKS
+        assert fault.check in fault.checks
         assert fault.causes and all(fault.causes)
         assert fault.check not in fault.also_fails
-        assert set(fault.also_fails) <= set(POLICY_CHECKS)
+        assert set(fault.also_fails) <= set(fault.checks)
         assert all(why.strip() for why in fault.also_fails.values())
         assert set(fault.linked) <= set(fault.also_fails), fault.id
 
@@ -43,6 +50,35 @@ def test_clean_demo_passes_every_check(zoo) -> None:
     results = zoo.results("clean")
     assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
         cid: r.message for cid, r in results.items() if r.status != "pass"}
+
+
+@pytest.mark.xdist_group("cartpole")
+def test_clean_cartpole_passes_every_check(zoo) -> None:
+    """The twin of the rollout faults: the PPO CartPole policy, its own export, passes all
+    the policy checks and rollout_parity."""
+    results = zoo.results("cartpole")
+    expected = dict.fromkeys(ROLLOUT_CHECKS, "pass")
+    assert {cid: r.status for cid, r in results.items()} == expected, {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+    assert results["rollout_parity"].metrics["episodes"] == 4
+
+
+@pytest.mark.parametrize("base", sorted(CONTINUOUS_BASES))
+def test_clean_continuous_policy_passes_every_check(zoo, base) -> None:
+    """The clean twin of the continuous faults: every check passes (no preprocessing is
+    configured, so preprocessing_parity has nothing to compare and skips)."""
+    results = zoo.results(base)
+    expected = {**dict.fromkeys(POLICY_CHECKS, "pass"), "preprocessing_parity": "skip"}
+    assert {cid: r.status for cid, r in results.items()} == expected, {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+    logits = results["logits_agreement"].metrics
+    assert logits["action_max_abs_diff"] < 1e-5 and logits["std_max_abs_diff"] < 1e-5
+    if base == "cleanrl":  # a training checkpoint: the state dict under a nested key, noted
+        load = results["weights_load"].details
+        assert load["state_dict_key"] == "agent.actor_critic"
+        assert any("read from its key 'agent.actor_critic' (set by policy.state_dict_key)" in n
+                   for n in load["notes"]), load["notes"]
+        assert logits["gaussian_kl_max"] < 1e-9 and logits["logprob_delta_max_abs"] < 1e-5
 
 
 @pytest.mark.parametrize("fault", _params())

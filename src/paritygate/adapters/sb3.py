@@ -21,6 +21,22 @@ Config::
       serving: paritygate.adapters.sb3:normalize_serving     # float32 numpy, as served
       stats: vecnormalize.json     # written by save_vecnormalize_stats(vec_env, path)
 
+SAC (continuous actions, ``SACPolicy``): ``sac_training_policy`` returns the actor's
+Gaussian (``mean``, ``log_std``, clamped to [-20, 2] by SB3) and the first critic's Q;
+``sac_inference_policy`` keeps the actor alone, so the training-only heads are ``critic``
+and ``critic_target``::
+
+    training_factory: paritygate.adapters.sb3:sac_training_policy
+    inference_factory: paritygate.adapters.sb3:sac_inference_policy
+    factory_kwargs: {obs_dim: 3, action_low: [-2.0], action_high: [2.0], net_arch: [64, 64]}
+    checkpoint: sac_pendulum.zip
+    training_heads: [critic, critic_target]
+    policy_output: mean
+    output_names: [mean, log_std]
+    action_space: continuous
+    distribution: {log_std: output, log_std_key: log_std, log_std_clamp: [-20, 2],
+                   squash: tanh, action_scale: 2.0, action_bias: 0.0}
+
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
 """
@@ -86,6 +102,56 @@ def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = 
             return self.action_net(self.mlp_extractor.forward_actor(features))
 
     return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+
+
+def _sac_build(obs_dim: int, action_low: list[float], action_high: list[float],
+               net_arch: list[int] | None) -> tuple[Any, Any, Any, list[int]]:
+    try:
+        import gymnasium as gym
+        from stable_baselines3.sac.policies import SACPolicy
+    except ImportError:
+        raise MissingExtra("stable-baselines3", "sb3") from None
+    obs_space = gym.spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
+    act_space = gym.spaces.Box(np.asarray(action_low, np.float32),
+                               np.asarray(action_high, np.float32), dtype=np.float32)
+    arch = list(net_arch) if net_arch is not None else [256, 256]
+    return SACPolicy, obs_space, act_space, arch
+
+
+def sac_training_policy(obs_dim: int, action_low: list[float], action_high: list[float],
+                        net_arch: list[int] | None = None) -> Any:
+    """The whole SB3 ``SACPolicy``; forward returns ``{"mean", "log_std", "q"}`` (the actor's
+    pre-squash Gaussian and the first critic's Q of its deterministic action)."""
+    policy_cls, obs_space, act_space, arch = _sac_build(obs_dim, action_low, action_high,
+                                                        net_arch)
+
+    class SACTrainingPolicy(policy_cls):  # type: ignore[misc, valid-type]
+        def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+            mean, log_std, _ = self.actor.get_action_dist_params(obs)
+            q = self.critic(obs, torch.tanh(mean))[0]
+            return {"mean": mean, "log_std": log_std, "q": q}
+
+    return SACTrainingPolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+
+
+def sac_inference_policy(obs_dim: int, action_low: list[float], action_high: list[float],
+                         net_arch: list[int] | None = None) -> Any:
+    """The actor of the same policy (critics removed); forward returns ``(mean, log_std)``."""
+    policy_cls, obs_space, act_space, arch = _sac_build(obs_dim, action_low, action_high,
+                                                        net_arch)
+
+    class SACInferencePolicy(policy_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.critic = self.critic_target = None  # type: ignore[has-type]  # critics removed
+            self.optimizer = None
+
+        def forward(self, obs: torch.Tensor  # type: ignore[override]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+            mean, log_std, _ = self.actor.get_action_dist_params(obs)
+            return mean, log_std
+
+    return SACInferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
 
 
 def save_vecnormalize_stats(vec_normalize: Any, path: str | Path) -> Path:

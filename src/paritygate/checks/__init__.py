@@ -21,6 +21,7 @@ CHECK_IDS: tuple[str, ...] = (
     "logprob_delta",
     "vllm_delta",
     "generation_parity",
+    "rollout_parity",
 )
 
 

@@ -33,13 +33,14 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("head_removal")
     heads = list(ctx.spec.training_heads)
     train_names = dict(ctx.training_model.named_modules())
-    for head in heads:
-        if head not in train_names:
-            m.fail(
-                "undeclared_head",
-                f"declared training head {head!r} is not a module of the training model")
     infer_state = ctx.inference_model.state_dict()
     train_state = ctx.training_model.state_dict()
+    for head in heads:
+        if head not in train_names and head not in train_state:
+            m.fail(
+                "undeclared_head",
+                f"declared training head {head!r} is neither a module nor a parameter or "
+                "buffer of the training model")
     foreign = [k for k in infer_state if k not in train_state]
     if foreign:
         m.fail(
@@ -58,7 +59,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         m.fail(
             "parameters_differ",
             f"inference parameters differ from the training model's: {differing[:5]}")
-    leftover = [k for k in infer_state if any(k.startswith(h + ".") for h in heads)]
+    leftover = [k for k in infer_state
+                if any(k == h or k.startswith(h + ".") for h in heads)]
     if leftover:
         m.fail(
             "head_left",
@@ -79,7 +81,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         "inference model": ctx.inference_engine.infer({ctx.input_name: ctx.probes})[
             ctx.output_name
         ],
-        "training model": ctx.reference.infer({ctx.input_name: ctx.probes})[ctx.output_name],
+        "training model": ctx.as_served(
+            ctx.reference.infer({ctx.input_name: ctx.probes})[ctx.output_name]),
     }
     random_sides = []
     for side, first in (("inference model", candidate), ("training model", reference)):

@@ -15,11 +15,19 @@ from paritygate.metrics import (
     magnitude_factor,
     scaled_note,
 )
+from paritygate.metrics.gaussian import (
+    Gaussian,
+    behaviour_logprob_delta,
+    gaussian,
+    kl_per_row,
+    scale_bias,
+)
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.engines.hf_generate import HFGenerateEngine
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.policy.config import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -38,6 +46,21 @@ DEFAULTS = {
     "argmax_disagreement": 0.0,
     # Worst probe's share of the reference top-k actions present in the candidate top-k.
     "topk_overlap_min": 1.0,
+    # Continuous policies with a policy.distribution (Gaussian) only:
+    # KL(reference || candidate) of the two Gaussians per probe, summed over action dims. fp32
+    # noise on the mean (~2e-6) at std 0.1 gives ~2e-10; a mean 1e-3 off (a stale artifact)
+    # gives 5e-5: 1e-6 sits 5000x above the one and 50x below the other. It grows as 1/std^2:
+    # a policy whose std is clamped near exp(-20) needs a larger limit (or null).
+    "gaussian_kl_max": 1e-6,
+    # Max |std_reference - std_candidate|: the same fp32 budget as max_abs_diff (std <= e^2).
+    "std_max_abs_diff": 2e-5,
+    # Max |action| difference of the deterministic env actions: the fp32 budget of the mean,
+    # times max |action_scale| (tanh and clip never widen a difference).
+    "action_max_abs_diff": 2e-5,
+    # Max |learner recompute - actor's logged log-prob| of sampled actions (tanh correction
+    # included). fp32 noise moves it by ~3 * 2e-6 / std (6e-5 at std 0.1); a missing
+    # correction or another std moves it by O(0.1-1): 1e-3 sits between.
+    "logprob_delta_max_abs": 1e-3,
 }
 
 
@@ -120,9 +143,12 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     judged = {**limits, "max_abs_diff": limit}
     if factor > 1:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
-    stats = compare_logits(m, reference, candidate, judged,
-                           continuous=ctx.spec.action_space == "continuous")
-    if stats and stats.get("max_abs", 0) > limit:
+    continuous = ctx.spec.action_space == "continuous"
+    stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
+    transform = None
+    if continuous and ctx.spec.distribution is not None and stats:
+        transform = measure_gaussian(m, ctx, ctx.spec.distribution, candidate, limits, limit)
+    if stats and stats.get("max_abs", 0) > limit and transform is None:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
         hint = ""
@@ -154,6 +180,104 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m
+
+
+_TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing")
+
+
+def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
+                      tol: float) -> tuple[str, str] | None:
+    """Name an env-action transform the artifact skipped: ``(kind, text)`` or ``None``."""
+    if dist.squash == "clip":
+        return None  # clip only bounds the action: scale and bias never multiply it
+    scale, bias = scale_bias(dist, mean.shape[-1])
+    unit = np.tanh(mean) if dist.squash == "tanh" else mean
+    hypotheses = [("action_scale_missing", bias + unit, "the action scale is not applied "
+                   "(action = bias + squash(mean))"),
+                  ("action_bias_missing", scale * unit, "the action bias is not applied "
+                   "(action = scale * squash(mean))")]
+    if dist.squash == "tanh":
+        hypotheses.insert(0, ("squash_missing", bias + scale * mean,
+                              "the tanh squash is missing on the serving side "
+                              "(action = bias + scale * mean)"))
+    for kind, expected, text in hypotheses:
+        if np.max(np.abs(expected - served)) <= tol:
+            return kind, text
+    return None
+
+
+def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray
+                 ) -> tuple[float, float] | None:
+    """The artifact's log-std held at one value where it differs (another clamp bound):
+    ``(its bound, the training side's value furthest past it)``."""
+    held = candidate[differs]
+    if held.size == 0 or float(np.ptp(held)) > 1e-6:
+        return None
+    past = reference.raw_log_std[differs]
+    return float(held[0]), float(past.min() if past.min() < held[0] else past.max())
+
+
+def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
+                     candidate: np.ndarray, limits: Mapping[str, float | None], limit: float
+                     ) -> str | None:
+    """The distribution metrics of a continuous policy; the kind of a named action-transform
+    fault, or ``None``."""
+    ref: Gaussian = ctx.reference_gaussian()
+    scale, _ = scale_bias(dist, ref.mean.shape[-1])
+    action_limit = float(limits.get("action_max_abs_diff") or 0.0) * max(
+        1.0, float(np.max(np.abs(scale)))) * magnitude_factor(ref.mean)
+    ref_action = ctx.deterministic_action(ref.mean)
+    cand_action = ctx.deterministic_action(candidate, served=True)
+    action_diff = float(np.max(np.abs(ref_action - cand_action))) if ref_action.size else 0.0
+    m.metric("action_max_abs_diff", action_diff, threshold=limits.get("action_max_abs_diff")
+             and action_limit)
+    found = None
+    if dist.serving_output == "action" and action_diff > action_limit:
+        found = _action_transform(dist, ref.mean, np.asarray(candidate, np.float64),
+                                  10 * action_limit)
+        if found is not None:
+            m.fail(found[0], f"deterministic actions differ by up to {action_diff:.3g}: "
+                   f"{found[1]}", metric="action_max_abs_diff")
+    cand_log_std = ctx.candidate_log_std()
+    if cand_log_std is None:
+        m.note("the artifact serves no log_std: the std, KL and log-prob metrics need it")
+        return found[0] if found else None
+    bad = finite_report("candidate log_std", cand_log_std)
+    if bad:
+        m.fail("nonfinite_output", bad)
+        return found[0] if found else None
+    cand_mean = ref.mean if dist.serving_output == "action" else candidate
+    cand = gaussian(dist, cand_mean, cand_log_std)
+    std_gap = np.abs(ref.std - cand.std)
+    std_limit = float(limits.get("std_max_abs_diff") or 0.0)
+    m.metric("std_max_abs_diff", float(std_gap.max()) if std_gap.size else 0.0,
+             threshold=limits.get("std_max_abs_diff"))
+    if std_gap.size and std_gap.max() > std_limit:
+        clamp = _clamp_cause(ref, cand.log_std, std_gap > std_limit)
+        if clamp is not None:
+            declared = dist.log_std_clamp
+            m.fail("log_std_clamp_differs",
+                   f"log_std clamp differs: the artifact's log_std is held at {clamp[0]:.4g} "
+                   f"where the training model's is {clamp[1]:.4g} (declared log_std_clamp "
+                   f"{declared}); std differs by up to {float(std_gap.max()):.3g}",
+                   metric="std_max_abs_diff")
+            found = found or ("log_std_clamp_differs", "")
+    if dist.serving_output == "action":
+        m.note("the artifact serves actions: KL and the behaviour log-prob need its mean")
+        return found[0] if found else None
+    kl = kl_per_row(ref, cand)
+    m.metric("gaussian_kl_max", float(kl.max()) if kl.size else 0.0,
+             threshold=limits.get("gaussian_kl_max"))
+    m.metric("gaussian_kl_mean", float(kl.mean()) if kl.size else 0.0, bad="none",
+             ratchet=False)
+    delta = behaviour_logprob_delta(dist, cand, ref, ctx.config.seed)
+    m.metric("logprob_delta_max_abs", float(np.abs(delta).max()) if delta.size else 0.0,
+             threshold=limits.get("logprob_delta_max_abs"))
+    m.metric("logprob_delta_mean", float(delta.mean()) if delta.size else 0.0, bad="none",
+             ratchet=False)
+    m.details["distribution"] = {"squash": dist.squash, "log_std": dist.log_std,
+                                 "samples_per_probe": dist.samples}
+    return found[0] if found else None
 
 
 def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
@@ -235,5 +359,6 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
-           "undeclared_precision", "engine_logits_differ"),
+           "undeclared_precision", "engine_logits_differ", *_TRANSFORM_KINDS,
+           "log_std_clamp_differs"),
 )

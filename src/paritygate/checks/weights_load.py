@@ -99,6 +99,10 @@ def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measu
     import torch
 
     m = Measurement("weights_load")
+    if ctx.state_dict_source is not None:
+        m.note(f"training checkpoint: the state dict was read from its key "
+               f"{ctx.state_dict_source!r} ({ctx.state_dict_key_reason})")
+        m.details["state_dict_key"] = ctx.state_dict_source
     nonfinite = sorted(
         k
         for k, v in ctx.state.items()

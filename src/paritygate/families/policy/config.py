@@ -69,6 +69,91 @@ class PreprocessingSpec(StrictModel):
     """Feature indices that must match exactly (categorical / integer-coded)."""
 
 
+class RolloutSpec(StrictModel):
+    """``rollout_parity``: seeded Gymnasium episodes, stepped by both paths."""
+
+    env: str | None = None
+    """A registered Gymnasium id (``CartPole-v1``): ``gymnasium.make(env, **env_kwargs)``."""
+    factory: str | None = None
+    """``module:callable(**env_kwargs) -> gymnasium.Env``: an environment of your own."""
+    env_kwargs: dict[str, Any] = {}
+    seeds: list[int] | None = Field(None, min_length=1)
+    """The reset seed of each episode; omitted: ``episodes`` seeds from ``seed`` up."""
+    episodes: int = Field(5, ge=1)
+    seed: int = 0
+    max_steps: int = Field(500, ge=1)
+    """Steps per episode at most (the environment's own time limit may end it earlier)."""
+    near_tie_margin: float = Field(1e-3, ge=0)
+    """Discrete actions: a divergence is excused only where the training path's top-1 minus
+    top-2 logit margin is below this (a near-tie)."""
+    action_tolerance: float = Field(1e-4, ge=0)
+    """Continuous actions: a step agrees while the two actions differ by at most this."""
+    return_tolerance: float = Field(1e-4, ge=0)
+    """Episodes whose actions agree must have returns within this, relative to
+    ``max(1, |return|)`` (fp32 noise of continuous actions compounds into ~1e-8)."""
+
+    @model_validator(mode="after")
+    def _one_env(self) -> RolloutSpec:
+        if (self.env is None) == (self.factory is None):
+            raise ValueError("give exactly one of 'env' or 'factory'")
+        if self.seeds is not None and {"episodes", "seed"} & self.model_fields_set:
+            raise ValueError("give either 'seeds' or 'episodes' and 'seed', not both")
+        return self
+
+    @property
+    def episode_seeds(self) -> list[int]:
+        """The reset seed of every episode, in order."""
+        if self.seeds is not None:
+            return list(self.seeds)
+        return [self.seed + i for i in range(self.episodes)]
+
+
+class DistributionSpec(StrictModel):
+    """A continuous policy's action distribution: a diagonal Gaussian over the pre-squash
+    action ``u``, whose mean is the policy output, turned into the env action by ``squash``."""
+
+    type: Literal["gaussian"] = "gaussian"
+    log_std: Literal["parameter", "output"] = "parameter"
+    """``parameter``: a state-independent tensor of the checkpoint (SB3 PPO, CleanRL PPO);
+    ``output``: an output of the training forward (SAC) and, when the artifact serves it, the
+    artifact's second output."""
+    log_std_key: str | int = "log_std"
+    """``parameter``: the tensor's name in the checkpoint (``actor_logstd``); ``output``: the
+    dict key or tuple index of log_std in the training forward's result."""
+    log_std_clamp: list[float] | None = None
+    """``[min, max]`` applied to log_std on both sides before use (SB3 SAC: ``[-20, 2]``);
+    ``null``: none."""
+    squash: Literal["tanh", "clip", "none"] = "none"
+    """``tanh``: action = bias + scale * tanh(u) (SAC); ``clip``: action = clip(u, bias - scale,
+    bias + scale), u already in action units (SB3 PPO on a Box); ``none``: action =
+    bias + scale * u."""
+    action_scale: float | list[float] = 1.0
+    """Per dimension or one for all: SB3/CleanRL SAC use (high - low) / 2 of the Box."""
+    action_bias: float | list[float] = 0.0
+    """Per dimension or one for all: (high + low) / 2 of the Box."""
+    serving_output: Literal["mean", "action"] = "mean"
+    """What the artifact's first output (and the inference model's output) holds: the
+    Gaussian's mean, like the training policy output, or the deterministic env action
+    (bias + scale * squash(mean)); then the training side's output is compared as that action."""
+    samples: int = Field(8, ge=1)
+    """Actions sampled per probe for the behaviour log-prob delta."""
+
+    @field_validator("log_std_clamp")
+    @classmethod
+    def _ordered(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and (len(value) != 2 or not value[0] < value[1]):
+            raise ValueError(f"expected [min, max] with min < max (got {value})")
+        return value
+
+    @field_validator("action_scale")
+    @classmethod
+    def _nonzero_scale(cls, value: float | list[float]) -> float | list[float]:
+        values = value if isinstance(value, list) else [value]
+        if not values or any(v == 0 for v in values):
+            raise ValueError(f"action_scale must be non-zero (got {value})")
+        return value
+
+
 class PolicySpec(StrictModel):
     """A torch policy network served through ONNX Runtime."""
 
@@ -82,6 +167,11 @@ class PolicySpec(StrictModel):
     config's folder, like ``checkpoint`` (absolute paths stay as they are). Other values
     are passed as written."""
     checkpoint: str
+    state_dict_key: str | None = Field(None, min_length=1)
+    """Where the state dict sits inside a training checkpoint (``{"model": ..., "optimizer":
+    ..., "step": N}``): a key, dotted when nested (``agent.actor``). Unset: a flat file is the
+    state dict, and a training checkpoint's is found under a common name (``state_dict``,
+    ``model_state_dict``, ``model``, ...); the key used is noted on ``weights_load``."""
     artifact: str | None = None
     """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
     manifest: str | None = None
@@ -96,18 +186,24 @@ class PolicySpec(StrictModel):
     """A missing manifest fails ``export_integrity`` (for pipelines that promise one); by
     default provenance is then proven numerically from the artifact."""
     training_heads: list[str] = []
-    """Module-name prefixes present only in the training model (value / auxiliary heads)."""
+    """What only the training model has: module-name prefixes (value / auxiliary heads) or
+    parameter / buffer names (a bare ``log_std`` parameter the serving actor drops)."""
     policy_output: str | int = 0
     """Which element of the training forward's output is the policy: dict key or tuple index."""
     input_name: str = "obs"
     output_names: list[str] = Field(["logits"], min_length=1)
     """Outputs the artifact must declare, in order; the first is the policy output."""
     action_space: Literal["discrete", "continuous"] = "discrete"
+    distribution: DistributionSpec | None = None
+    """A continuous policy's Gaussian (``action_space: continuous`` only): logits_agreement
+    then measures KL, mean and std, the deterministic action and the behaviour log-prob."""
     preprocessing: PreprocessingSpec | None = None
     probes: ProbeSpec
     opset: int = Field(18, ge=13)
     batch_sizes: list[int] = Field([1, 2, 7], min_length=1)
     dropout_repeats: int = Field(5, ge=2)
+    rollout: RolloutSpec | None = None
+    """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
 
     @model_validator(mode="after")
     def _path_kwargs_named(self) -> PolicySpec:
@@ -117,6 +213,12 @@ class PolicySpec(StrictModel):
                     f"factory_path_kwargs names {name!r}, which is not a string value of "
                     f"factory_kwargs (its keys: {sorted(self.factory_kwargs)})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _distribution_is_continuous(self) -> PolicySpec:
+        if self.distribution is not None and self.action_space != "continuous":
+            raise ValueError("distribution is set but action_space is not continuous")
         return self
 
     @field_validator("batch_sizes")

@@ -59,6 +59,11 @@ class PolicyContext:
     exported_on_the_fly: bool = False
     probe_rows_dropped: int = 0
     """Raw probe rows holding NaN/Inf, left out of the model checks (preprocessing sees them)."""
+    state_dict_source: str | None = None
+    """The key of a training checkpoint the state dict was read from (``None``: the file is
+    the state dict)."""
+    state_dict_key_reason: str = ""
+    """Why that key: set by ``policy.state_dict_key`` or found under a common name."""
 
     @cached_property
     def candidate(self) -> Any:
@@ -147,8 +152,41 @@ class PolicyContext:
 
     @cached_property
     def reference_outputs(self) -> np.ndarray:
-        """Training model's policy output on the probes, (N, A)."""
-        return self.reference.infer({self.input_name: self.probes})[self.output_name]
+        """Training model's policy output on the probes, (N, A); as the deterministic env
+        action when the artifact serves actions (``distribution.serving_output: action``)."""
+        return self.as_served(self.reference.infer({self.input_name: self.probes})[
+            self.output_name])
+
+    def reference_gaussian(self) -> Any:
+        """The training model's Gaussian on the probes (``policy.distribution`` set):
+        :class:`paritygate.metrics.gaussian.Gaussian`."""
+        from paritygate.families.policy.distribution import reference_gaussian
+
+        assert self.spec.distribution is not None
+        return reference_gaussian(self, self.spec.distribution)
+
+    def candidate_log_std(self) -> np.ndarray | None:
+        """The artifact's log-std on the probes, or ``None`` when it serves none."""
+        from paritygate.families.policy.distribution import candidate_log_std
+
+        assert self.spec.distribution is not None
+        return candidate_log_std(self, self.spec.distribution)
+
+    def deterministic_action(self, output: np.ndarray, *, served: bool = False) -> np.ndarray:
+        """:func:`paritygate.families.policy.distribution.deterministic_action` of this spec."""
+        from paritygate.families.policy.distribution import deterministic_action
+
+        return deterministic_action(self.spec, output, served=served)
+
+    def as_served(self, training_output: np.ndarray) -> np.ndarray:
+        """The training policy output in the artifact's terms: itself, or its deterministic env
+        action when the artifact serves actions (``distribution.serving_output: action``)."""
+        dist = self.spec.distribution
+        if dist is None or dist.serving_output != "action":
+            return training_output
+        from paritygate.families.policy.distribution import deterministic_action
+
+        return deterministic_action(self.spec, training_output).astype(training_output.dtype)
 
     @cached_property
     def inference_engine(self) -> Any:
@@ -167,6 +205,33 @@ class PolicyContext:
     def inference_outputs(self) -> np.ndarray:
         """The inference model built from the checkpoint, on the probes, (N, A)."""
         return self.inference_engine.infer({self.input_name: self.probes})[self.output_name]
+
+    @cached_property
+    def rollout_env(self) -> Any:
+        """The ``policy.rollout`` environment (:class:`paritygate.families.policy.rollout.
+        RolloutEnv`), built and checked against the policy on first use; ``None`` without
+        a rollout section."""
+        if self.spec.rollout is None:
+            return None
+        from paritygate.families.policy.rollout import RolloutEnv
+
+        return RolloutEnv(self, self.spec.rollout)
+
+    @cached_property
+    def rollouts(self) -> Any:
+        """The ``policy.rollout`` episodes stepped by the training path and by the serving
+        path (:class:`paritygate.families.policy.rollout.Rollouts`), or ``None``."""
+        from paritygate.families.policy.rollout import run_rollouts
+
+        return run_rollouts(self)
+
+    def rollout_step_diagnosis(self, raw: np.ndarray) -> dict[str, float]:
+        """Where the paths part at one raw observation: model inputs (preprocessing) or
+        outputs on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
+        step_diagnosis`."""
+        from paritygate.families.policy.rollout import step_diagnosis
+
+        return step_diagnosis(self, raw)
 
     @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:
@@ -340,7 +405,7 @@ def build_policy_context(
     """Load and validate every input of a policy gate."""
     import torch
 
-    from paritygate.checkpoints import load_state_dict, read_checkpoint
+    from paritygate.checkpoints import load_checkpoint_state, read_checkpoint
 
     spec = config.policy
     assert spec is not None
@@ -349,7 +414,8 @@ def build_policy_context(
     with keyed("policy.checkpoint"):
         data, sha = read_checkpoint(ckpt)  # one read: the digest and the tensors
         stat_before = _stamp(ckpt)
-        state = load_state_dict(ckpt, allow_pickle=config.allow_pickle, data=data)
+        state, source = load_checkpoint_state(ckpt, allow_pickle=config.allow_pickle, data=data,
+                                              state_dict_key=spec.state_dict_key)
         del data
     training = _build_model(spec.training_factory, "policy.training_factory", config, spec)
     inference = _build_model(spec.inference_factory, "policy.inference_factory", config, spec)
@@ -393,9 +459,15 @@ def build_policy_context(
         given_artifact=given,
         export_dir=export_dir or (config.default_report_dir() / "export"),
         probe_rows_dropped=dropped,
+        state_dict_source=source,
+        state_dict_key_reason="set by policy.state_dict_key" if spec.state_dict_key else
+        "found under a common name; set policy.state_dict_key to choose another",
         training_preprocess=train_pre,
         serving_preprocess=serve_pre,
     )
+    from paritygate.families.policy.distribution import check_distribution
+
+    check_distribution(ctx)
     if given is not None or force_export:
         ctx.candidate  # noqa: B018 - a configured artifact is validated before any check runs
     if given is not None:
