@@ -11,6 +11,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,37 @@ def test_unwritable_golden_dir_is_refused_before_any_check(tmp_path: Path, where
     code, out, err = _run(cfg)
     assert _check(code, out, err, "", "golden.dir") is None, (code, out, err)
     assert "loading inputs" not in out
+
+
+def _alias_levels(levels: int, width: int = 10) -> tuple[str, str]:
+    """YAML anchors ``l0 .. l<levels-1>``, each a list of ``width`` aliases of the one
+    before: the last expands to ``width ** levels`` values from a few hundred bytes."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    for n in range(1, levels):
+        lines.append(f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * width)}]")
+    return "\n".join(lines) + "\n", f"*l{levels - 1}"
+
+
+@pytest.mark.parametrize(("levels", "key"), [(9, "policy.colour"), (4, "seed")],
+                         ids=["bomb-9-levels", "wrong-type-4-levels"])
+def test_yaml_aliases_are_bounded_and_echoed_values_short(
+    tmp_path: Path, levels: int, key: str
+) -> None:
+    """A 9-level alias bomb (10^9 values) is refused before any scan of the expanded tree;
+    a wrong-typed key holding 10^4 aliased values is named with its value cut short."""
+    anchors, alias = _alias_levels(levels)
+    text = POLICY.read_text(encoding="utf-8")
+    if key == "seed":
+        text = text.replace("seed: 0", f"seed: {alias}")
+    else:
+        text = text.replace("policy:\n", f"policy:\n  colour: {alias}\n", 1)
+    cfg = tmp_path / "gate.yaml"
+    cfg.write_text("x-anchors:\n" + "".join(f"  {line}\n" for line in anchors.splitlines())
+                   + text, encoding="utf-8")
+    start = time.monotonic()
+    code, out, err = _run(cfg)
+    assert time.monotonic() - start < 10, "bounded work on hostile YAML"
+    assert _check(code, out, err, "gate.yaml", None) is None, (code, out, err[:2000])
+    line = err.strip()
+    assert len(line) < 1000, len(line)
+    assert ("aliases expand" in line) if levels == 9 else ("seed" in line), line

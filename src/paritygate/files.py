@@ -142,13 +142,25 @@ def unwritable_reason(target: Path) -> str | None:
     if not os.access(probe, os.W_OK | os.X_OK):
         shown = probe if resolved == Path(os.path.abspath(target)) else f"{probe} (via a link)"
         return f"{shown} is not writable"
+    for stale in probe.glob(f"{WRITE_PROBE}*"):  # left by a process killed mid-probe
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_TMP_S:
+                stale.unlink()
+        except OSError:
+            continue
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".paritygate-write-probe.", dir=probe)
+        fd, tmp = tempfile.mkstemp(prefix=WRITE_PROBE, dir=probe)
     except OSError as exc:  # a read-only mount passes os.access for root
         return f"{probe}: {exc.strerror}"
-    os.close(fd)
-    os.unlink(tmp)
+    try:
+        os.close(fd)
+    finally:
+        os.unlink(tmp)  # also when an interrupt lands here
     return None
+
+
+WRITE_PROBE = ".paritygate-write-probe."
+"""Name prefix of the empty file :func:`unwritable_reason` creates and removes."""
 
 
 class LockHeld(Exception):

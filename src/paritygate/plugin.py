@@ -88,9 +88,10 @@ class GateRun:
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """Note the interrupt before any other plugin's hook can fail on it (pytest's own
         terminal reporter may raise formatting the interrupted frame, and the session then
-        finishes with exit status 0). pytest's own stop (``session.shouldstop``, raised as
-        ``Session.Interrupted``, e.g. after bad input) is no signal and is not noted."""
-        if not excinfo.errisinstance(pytest.Session.Interrupted):
+        finishes with exit status 0). A session stopped on purpose (bad input found while a
+        check runs: ``session.shouldstop``, ``pytest.exit``) is not one."""
+        stopped = isinstance(excinfo.value, pytest.Session.Interrupted)
+        if isinstance(excinfo.value, KeyboardInterrupt) and not stopped:
             self.interrupted = True
 
     @pytest.hookimpl(tryfirst=True)

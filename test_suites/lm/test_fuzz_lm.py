@@ -302,3 +302,30 @@ def test_lm_bad_inputs_keep_the_contract(demo_lm: Path, tmp_path: Path,
     repo_inputs = [Path(lm["probes"]), *(Path(p) for p in files)]
     broken = run_cases(cases, [demo_lm, *repo_inputs], capfd)
     assert not broken, "\n".join(f"{k}: {v}" for k, v in broken.items())
+
+
+def test_a_huge_probe_text_is_cut_before_tokenizing(demo_lm: Path, tmp_path: Path,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
+    """A 20 MB probe is cut by characters (max_prompt_tokens x MAX_CHARS_PER_TOKEN) before the
+    tokenizer sees it: the run ends with its verdict in seconds, the probe named in a note."""
+    import time
+
+    from fuzz_contract import run_here
+
+    cfg = clean_config(demo_lm)
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text(json.dumps({"id": "short", "text": "The cat"}) + "\n"
+                      + json.dumps({"id": "huge", "text": "the cat sat. " * 1_600_000}) + "\n",
+                      encoding="utf-8")
+    cfg["causal_lm"]["probes"] = str(probes)
+    cfg["golden"] = {"dir": str(tmp_path / "golden")}
+    config = _write(tmp_path / "gate.yaml", yaml.safe_dump(cfg, sort_keys=False))
+    start = time.monotonic()
+    code, out, err = run_here(Case("huge-probe", config, "", None,
+                                   ("--check", "tokenizer_parity", "--allow-skips",
+                                    "--report-dir", str(tmp_path / "r"))), capfd)
+    assert time.monotonic() - start < 10
+    assert code in (0, 1) and "Traceback" not in out + err, (code, err[-2000:])
+    report = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
+    notes = [n for c in report["checks"] for n in c.get("details", {}).get("notes", [])]
+    assert any("cut to" in n and "huge" in n for n in notes), notes

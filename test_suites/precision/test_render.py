@@ -25,3 +25,38 @@ def test_render_writes_csv_json_png_and_fragments(clean_measurement, tmp_path: P
     assert (tmp_path / "precision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert 'src="data:image/png;base64,' in rendered.html
     assert "| float16 |" in rendered.markdown
+
+
+def test_a_reader_polling_the_report_folder_never_sees_a_partial_png(
+    clean_measurement, tmp_path: Path
+) -> None:
+    """precision.png (and its CSV and JSON) are written atomically: a reader polling while the
+    check renders again and again finds the previous whole file or the new one, never less."""
+    import threading
+
+    result = judge(clean_measurement, None, use_golden=False)
+    CHECK.render(result, tmp_path)
+    png = tmp_path / "precision.png"
+    done = threading.Event()
+    reads: list[bytes] = []
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                reads.append(png.read_bytes())
+            except FileNotFoundError:
+                reads.append(b"")
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for _ in range(4):
+            CHECK.render(result, tmp_path)
+    finally:
+        done.set()
+        reader.join()
+    assert len(reads) > 20
+    partial = [r for r in reads if not (r.startswith(b"\x89PNG\r\n\x1a\n")
+                                        and r.endswith(b"IEND\xaeB`\x82"))]
+    assert not partial, f"{len(partial)} of {len(reads)} reads saw a partial PNG"
+    assert json.loads((tmp_path / "precision.json").read_text())["rows"]

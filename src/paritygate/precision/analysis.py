@@ -1,4 +1,4 @@
-"""From raw accumulators to a judged, JSON-serialisable precision report.
+"""From raw accumulators to a judged :class:`~paritygate.precision.report.PrecisionReport`.
 
 ``run_precision(subject, spec, k_local, k_out)`` is the library entry point:
 it builds the model once, runs the precision pass (and the ONNX comparison),

@@ -128,7 +128,8 @@ def encode_probe(tokenizer: Any, probe: Probe, max_tokens: int) -> list[int]:
             raise ValueError(f"probe {probe.id!r} is a chat but the tokenizer has no chat template")
         ids = list(_apply_template(tokenizer, probe, tokenize=True))
     else:
-        ids = list(tokenizer(probe.text or "", add_special_tokens=True)["input_ids"])
+        # verbose=False: a cut text may still exceed the model's length before the cut below
+        ids = list(tokenizer(probe.text or "", add_special_tokens=True, verbose=False)["input_ids"])
     if len(ids) > max_tokens:
         ids = ids[-max_tokens:] if side == "left" else ids[:max_tokens]
     return ids
