@@ -176,3 +176,32 @@ def test_sb3_multi_input_swapped_keys_are_named(dict_run: Path, tmp_path: Path) 
     assert "only when 'pos' and 'vel' are fed into each other's input" in result.message, (
         result.message)
     assert result.metrics["inputs_swapped"] == 1, result.metrics
+
+
+def test_init_on_the_dict_zip_proposes_a_config_that_passes(
+    dict_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The zip's Dict space (its readable data JSON) gives the keys and shapes: with the
+    probes filled in and ``vel``'s normalisation added, every check passes."""
+    import yaml
+
+    from paritygate import write_config
+
+    monkeypatch.chdir(tmp_path)
+    written = write_config(dict_run / "ppo_dict.zip", out=Path("configs/dict.yaml"))
+    assert written.todos == ["policy.probes.generator"], written.todos
+    data = yaml.safe_load(written.path.read_text())
+    policy = data["policy"]
+    assert policy["factory_kwargs"] == {"spaces": SPACES, "n_actions": 2, "net_arch": NET_ARCH}
+    assert policy["call"] == "dict"
+    assert policy["inputs"] == [{"name": "pos", "shape": [2]}, {"name": "vel", "shape": [2]}]
+    policy["inputs"][1]["preprocessing"] = {
+        "training": "paritygate.adapters.sb3:normalize_training",
+        "serving": "paritygate.adapters.sb3:normalize_serving",
+        "stats": str(dict_run / "vel_norm.json")}
+    policy["probes"] = {"file": str(dict_run / "probes.npz")}
+    gate = Gate(config_from_dict({**data, "checks": CHECKS}, written.path),
+                report_dir=tmp_path / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
+    assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
+        c: r.message for c, r in results.items() if r.status != "pass"}
