@@ -267,6 +267,10 @@ class RootCause:
     message: str
     explains: tuple[str, ...] = ()
     fix: str | None = None
+    finding: str | None = None
+    """The root check's first finding kind (``missing_reset``, ``squash_missing``), ``None``
+    when it failed by a threshold, a regression or a NaN only: what other code acts on when no
+    edge of the graph names the fault (``kind`` is then ``independent``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -275,6 +279,7 @@ class RootCause:
             "message": self.message,
             "explains": list(self.explains),
             "fix": self.fix,
+            "finding": self.finding,
         }
 
 
@@ -371,9 +376,10 @@ def explain(
         kind, edge_fix = root_edge.kind, root_edge.fix
     else:
         kind, edge_fix = ("independent" if first.id in linkable else "no_golden"), None
+    finding = next((r.finding for r in first.reasons if r.kind == "finding"), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
-        first.fix or edge_fix,
+        first.fix or edge_fix, finding,
     )
     return out, root_cause
 
