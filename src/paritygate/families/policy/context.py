@@ -286,13 +286,16 @@ class PolicyContext:
 
         return run_rollouts(self)
 
-    def rollout_step_diagnosis(self, raw: np.ndarray) -> dict[str, float]:
-        """Where the paths part at one raw observation: model inputs (preprocessing) or
-        outputs on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
+    def rollout_step_diagnosis(self, raw: Mapping[str, np.ndarray],
+                               incoming: Mapping[str, np.ndarray] | None = None
+                               ) -> dict[str, Any]:
+        """Where the paths part at one raw observation (per observation input; ``incoming``:
+        the training path's recurrent inputs there): model inputs (preprocessing) or outputs
+        on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
         step_diagnosis`."""
         from paritygate.families.policy.rollout import step_diagnosis
 
-        return step_diagnosis(self, raw)
+        return step_diagnosis(self, dict(raw), incoming)
 
     @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:
