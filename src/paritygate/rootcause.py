@@ -67,6 +67,11 @@ def _provenance_only(consequence: CheckResult) -> bool:
     return _failed_only(consequence, lambda n: n == "provenance_max_abs_diff")
 
 
+def _declared_outputs_only(root: CheckResult, c: CheckResult) -> bool:
+    """export_integrity failed only on its declared outputs after the first."""
+    return _failed_only(c, lambda n: n == "declared_outputs_differ")
+
+
 def _not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
     """The artifact carries the checkpoint's tensors; the inference model does not."""
     inits = c.details.get("initializers") or {}
@@ -234,6 +239,13 @@ GRAPH: tuple[Explanation, ...] = (
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
                          ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
+    Explanation("recurrent_parity", "state_outputs",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ"),
+                ("export_integrity",),
+                "the artifact's state outputs are not the state the policy feeds back",
+                fix="export the new state in the declared order and per-row layout (batch on "
+                    "axis 0)",
+                only_if=(("export_integrity", _declared_outputs_only),)),
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
                 ("rollout_parity",),
                 "the serving preprocessing feeds the artifact other model inputs than the "

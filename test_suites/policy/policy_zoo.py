@@ -257,11 +257,15 @@ SHAPE_FAULTS: tuple[Fault, ...] = (
           "the serving export returns c under h_out and h under c_out",
           sb.recurrent_artifact(sb.swapped_states),
           ("state outputs swapped", "'c_out' and 'h_out'"),
-          base="recurrent", kind="state_swapped"),
+          {"export_integrity": "its declared outputs h_out and c_out differ from the "
+                               "inference model's"},
+          base="recurrent", kind="state_swapped", linked=("export_integrity",)),
     Fault("recurrent_state_shape", "recurrent_parity",
           "the serving export returns h as (num_layers, batch, hidden)",
           sb.recurrent_artifact(sb.layered_state), ("state shape mismatch", "'h_out'"),
-          base="recurrent", kind="state_shape"),
+          {"export_integrity": "its declared output h_out has another shape than the "
+                               "inference model's"},
+          base="recurrent", kind="state_shape", linked=("export_integrity",)),
 )
 
 SHAPE_FAULTS_BY_ID = {f.id: f for f in SHAPE_FAULTS}
@@ -504,7 +508,9 @@ FAULTS: tuple[Fault, ...] = (
           "served SAC actor clamps log_std at [-3, 2], training at [-5, 2]",
           zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_other_clamp"),
           ("log_std clamp differs", "held at -3"),
-          base="sac"),
+          {"export_integrity": "its declared output log_std differs from the training "
+                               "model's"},
+          base="sac", linked=("export_integrity",)),
     Fault("cleanrl_stale_artifact", "export_integrity",
           "CleanRL actor exported from weights 1e-3 relative away, no manifest",
           zb.cleanrl_stale_artifact,
