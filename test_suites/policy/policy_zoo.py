@@ -522,6 +522,12 @@ FAULTS: tuple[Fault, ...] = (
           "CleanRL actor-critic: the bare actor_logstd parameter not declared training-only",
           zb.model_variant(training_heads=["critic"]),
           ("unexpected checkpoint keys", "actor_logstd"), base="cleanrl"),
+    Fault("second_output_differs", "export_integrity",
+          "artifact serves probs = softmax(logits / 0.5) as its second declared output; the "
+          "inference model serves softmax(logits)",
+          zb.hot_probs_artifact,
+          ("declared output 'probs' (output_names[1]) differs from the inference model's",),
+          kind="declared_output_differs"),
     Fault("manifest_required_missing", "export_integrity",
           "clean artifact without manifest.json, policy.require_manifest: true",
           zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),

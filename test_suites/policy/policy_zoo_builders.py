@@ -232,6 +232,31 @@ def shared_norm(clean: Path, out: Path) -> Overrides:
     return over
 
 
+def probs_variant(clean: Path, out: Path) -> Overrides:
+    """The demo serving ``(logits, probs)``: the inference model returns both, the artifact
+    is exported from it on the fly."""
+    return {"policy": {"inference_factory": f"{FAULTS_MODULE}:build_probs_inference",
+                       "output_names": ["logits", "probs"], "artifact": None,
+                       "manifest": None}}
+
+
+def hot_probs_artifact(clean: Path, out: Path) -> Overrides:
+    """The ``(logits, probs)`` demo whose artifact computes probs at temperature 0.5 (the
+    inference model at 1); its manifest names the clean checkpoint."""
+    from paritygate.demo import faults
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v for k, v in _state(clean).items()
+             if not k.startswith(("value_head.", "aux_head."))}
+    artifact = _export(_loaded(faults.HotProbsInference(), state), out / "policy.onnx",
+                       output_names=["logits", "probs"])
+    ckpt = clean / "policy.safetensors"
+    _manifest(artifact, ckpt)
+    return {"policy": {"inference_factory": f"{FAULTS_MODULE}:build_probs_inference",
+                       "output_names": ["logits", "probs"], "checkpoint": str(ckpt),
+                       "artifact": str(artifact)}}
+
+
 def value_head_exported(clean: Path, state: dict[str, Any], artifact: Path) -> None:
     from paritygate.demo import faults
     from paritygate.demo.policy import TrainingPolicy
