@@ -240,21 +240,26 @@ def probs_variant(clean: Path, out: Path) -> Overrides:
                        "manifest": None}}
 
 
-def hot_probs_artifact(clean: Path, out: Path) -> Overrides:
-    """The ``(logits, probs)`` demo whose artifact computes probs at temperature 0.5 (the
-    inference model at 1); its manifest names the clean checkpoint."""
-    from paritygate.demo import faults
+def probs_artifact(served: str, inference_factory: str = f"{FAULTS_MODULE}:build_probs_inference"
+                   ) -> Builder:
+    """The demo serving ``(logits, probs)`` from ``paritygate.demo.faults.<served>`` (its
+    manifest names the clean checkpoint), gated with ``inference_factory``."""
 
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v for k, v in _state(clean).items()
-             if not k.startswith(("value_head.", "aux_head."))}
-    artifact = _export(_loaded(faults.HotProbsInference(), state), out / "policy.onnx",
-                       output_names=["logits", "probs"])
-    ckpt = clean / "policy.safetensors"
-    _manifest(artifact, ckpt)
-    return {"policy": {"inference_factory": f"{FAULTS_MODULE}:build_probs_inference",
-                       "output_names": ["logits", "probs"], "checkpoint": str(ckpt),
-                       "artifact": str(artifact)}}
+    def build(clean: Path, out: Path) -> Overrides:
+        from paritygate.demo import faults
+
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v for k, v in _state(clean).items()
+                 if not k.startswith(("value_head.", "aux_head."))}
+        artifact = _export(_loaded(getattr(faults, served)(), state), out / "policy.onnx",
+                           output_names=["logits", "probs"])
+        ckpt = clean / "policy.safetensors"
+        _manifest(artifact, ckpt)
+        return {"policy": {"inference_factory": inference_factory,
+                           "output_names": ["logits", "probs"], "checkpoint": str(ckpt),
+                           "artifact": str(artifact)}}
+
+    return build
 
 
 def value_head_exported(clean: Path, state: dict[str, Any], artifact: Path) -> None:

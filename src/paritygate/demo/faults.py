@@ -345,3 +345,11 @@ class HotProbsInference(ProbsInference):
 
 def build_probs_inference(**kwargs: Any) -> nn.Module:
     return ProbsInference(**kwargs)
+
+
+class NanProbsInference(ProbsInference):
+    """Its second output is NaN: the log of negative probabilities."""
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits, probs = super().forward(obs)
+        return logits, torch.log(-probs)
