@@ -239,13 +239,15 @@ GRAPH: tuple[Explanation, ...] = (
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
                          ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
-    Explanation("recurrent_parity", "state_outputs",
-                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ"),
-                ("export_integrity",),
-                "the artifact's state outputs are not the state the policy feeds back",
+    Explanation("recurrent_parity", "recurrent_state",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
+                 "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
+                ("export_integrity", "rollout_parity"),
+                "the artifact carries the recurrent state differently from the training model "
+                "(named by recurrent_parity)",
                 fix="export the new state in the declared order and per-row layout (batch on "
-                    "axis 0)",
-                only_if=(("export_integrity", _declared_outputs_only),)),
+                    "axis 0), reset to the initial state on the episode-start input",
+                only_if=(("export_integrity", _declared_outputs_only), *_ROLLOUT)),
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
                 ("rollout_parity",),
                 "the serving preprocessing feeds the artifact other model inputs than the "

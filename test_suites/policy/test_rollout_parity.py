@@ -331,4 +331,11 @@ def test_recurrent_missing_reset_diverges_naming_the_first_step(recurrent_cartpo
     assert f"actions diverge at step {rows[0]['first_divergent_step']}" in result.message
     assert ("the artifact's output on the training model input and the training path's "
             "state differs by") in result.message
-    assert gate.evaluate("recurrent_parity", golden=False).status == "fail"
+    from paritygate.rootcause import explain
+
+    sequences = gate.evaluate("recurrent_parity", golden=False)
+    assert "missing_reset" in sequences.finding_kinds()
+    explained, root = explain([sequences, result])
+    assert root is not None and (root.check, root.kind) == ("recurrent_parity", "recurrent_state")
+    assert explained[1].consequence_of == "recurrent_parity"
+    assert explained[1].message.startswith("see recurrent_parity: ")
