@@ -260,6 +260,13 @@ SHAPE_FAULTS: tuple[Fault, ...] = (
           {"export_integrity": "its declared outputs h_out and c_out differ from the "
                                "inference model's"},
           base="recurrent", kind="state_swapped", linked=("export_integrity",)),
+    Fault("recurrent_stale_artifact", "recurrent_parity",
+          "the LSTM actor exported from weights 1e-3 relative away, no manifest",
+          sb.recurrent_stale, ("single step differs", "not a state-handling fault"),
+          {"logits_agreement": "the artifact computes another checkpoint's logits",
+           "export_integrity": "no manifest, and its weights are another checkpoint's"},
+          absent=("wrong initial state", "missing reset"),
+          base="recurrent", kind="step_outputs_differ"),
     Fault("recurrent_state_shape", "recurrent_parity",
           "the serving export returns h as (num_layers, batch, hidden)",
           sb.recurrent_artifact(sb.layered_state), ("state shape mismatch", "'h_out'"),

@@ -28,14 +28,15 @@ def _inference_state(clean: Path) -> dict[str, Any]:
 
 
 def _export(clean: Path, out: Path, module: torch.nn.Module, order: list[str],
-            names: list[str], outputs: list[str], examples: dict[str, Any]) -> Overrides:
+            names: list[str], outputs: list[str], examples: dict[str, Any],
+            state: dict[str, Any] | None = None) -> Overrides:
     """Export ``module`` (the clean inference weights loaded) taking the inputs ``order``
     positionally, its ONNX inputs named ``names``; a manifest for the clean checkpoint."""
     from paritygate.engines.torch_engine import ForwardAdapter
     from paritygate.families.policy.export import export_onnx, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
-    module.load_state_dict(_inference_state(clean), strict=True)
+    module.load_state_dict(state if state is not None else _inference_state(clean), strict=True)
     adapter = ForwardAdapter(module.eval(), order, "positional").eval()
     artifact = export_onnx(adapter, tuple(examples[n] for n in order), out / "policy.onnx",
                            input_names=names, output_names=outputs)
@@ -160,6 +161,24 @@ def layered_state() -> torch.nn.Module:
             return logits, h.unsqueeze(0), c
 
     return Layered(value_head=False)
+
+
+def recurrent_stale(clean: Path, out: Path) -> Overrides:
+    """The LSTM actor exported from weights 1e-3 relative away, without a manifest."""
+    import os
+
+    from paritygate.demo.shapes import LSTMPolicy
+
+    module = LSTMPolicy(value_head=False)
+    state = _inference_state(clean)
+    gen = torch.Generator().manual_seed(1)
+    moved = {k: v + 1e-3 * v.abs().max() * torch.randn(v.shape, generator=gen)
+             for k, v in state.items()}
+    names = ["obs", "h_in", "c_in", "episode_start"]
+    overrides = _export(clean, out, module, names, names, ["logits", "h_out", "c_out"],
+                        _recurrent_examples(), state=moved)
+    os.remove(out / "manifest.json")
+    return overrides
 
 
 def gate_reset(clean: Path, out: Path) -> Overrides:

@@ -187,11 +187,16 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    marks = sorted({0, steps // 2, steps - 1})
+    m.note(f"{steps} steps x {rows} sequences, state fed back; policy-output error per step: "
+           + ", ".join(f"step {t} {free[t]:.3g}" for t in marks)
+           + f" (error growth {_growth(free):.3g}x)")
     if first_over < 0:
         return m
 
     # teacher-forced: the artifact given the training model's incoming state at every step
     forced: list[float] = []
+    forced_rest: list[float] = []  # rows that do not start an episode at that step
     forced_state: dict[str, list[float]] = {n: [] for n in names}
     swapped: set[tuple[str, str]] = set()
     reset_depends: list[int] = []
@@ -208,6 +213,10 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                         for a, b in zip(names, perm, strict=True) if a != b):
                     swapped.update((a, b) for a, b in zip(names, perm, strict=True) if a != b)
         reset_rows = starts[t] if t else np.zeros(rows, bool)
+        rest = ~starts[t]
+        if rest.any():
+            forced_rest.append(_max_diff(ref[ctx.output_name][rest],
+                                         teacher[ctx.output_name][rest]))
         if reset_rows.any():  # the step after a reset must not depend on the previous episode
             at = {k: v[reset_rows] for k, v in ref_feeds.items()}
             again = dict(at)
@@ -232,6 +241,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.fail("state_swapped",
                f"state outputs swapped: the artifact's {text} hold each other's values (fed "
                f"back into the wrong inputs from step 1 on); {where}", metric="max_abs_diff")
+    elif max(forced_rest, default=0.0) > limit:
+        m.fail("step_outputs_differ",
+               f"the artifact's single step differs from the training model's by up to "
+               f"{max(forced_rest):.3g} given the same observations and incoming state, away "
+               "from episode starts too: not a state-handling fault (stale artifact or another "
+               f"computation; see logits_agreement and export_integrity); {where}",
+               metric="max_abs_diff")
     elif reset_depends:
         how = (f"its episode-start input {rec.episode_start!r} does not reset the state"
                if rec.episode_start else "the state is not reset")
@@ -275,6 +291,7 @@ CHECK = CheckSpec(
     measures={"policy": measure},
     defaults=DEFAULTS,
     feeds_probes=True,
-    kinds=("state_missing", "state_shape", "state_swapped", "missing_reset",
+    kinds=("state_missing", "state_shape", "state_swapped", "step_outputs_differ",
+           "missing_reset",
            "wrong_initial_state", "state_outputs_differ", "sequence_outputs_differ"),
 )
