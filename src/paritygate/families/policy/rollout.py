@@ -208,15 +208,6 @@ def action_margins(discrete: bool, outputs: np.ndarray) -> np.ndarray:
     return margins
 
 
-def observation_of(ctx: PolicyContext, obs: Any) -> Observation:
-    """The environment's observation as one raw array per observation input: a ``Dict``
-    observation split into its declared keys, anything else the first input."""
-    raw = ctx.raw_inputs
-    if isinstance(obs, Mapping):
-        return {name: np.asarray(obs[name], dtype=raw[name].dtype) for name in raw}
-    return {ctx.input_name: np.asarray(obs, dtype=raw[ctx.input_name].dtype)}
-
-
 def run_episode(ctx: PolicyContext, policy: PolicyPath, seed: int) -> Episode:
     """One closed-loop episode of ``policy`` from ``reset(seed=seed)``, at most
     ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping."""
@@ -234,7 +225,7 @@ def run_episode(ctx: PolicyContext, policy: PolicyPath, seed: int) -> Episode:
     try:
         obs, _ = env.reset(seed=seed)
         for step in range(rollout.spec.max_steps):
-            raw = observation_of(ctx, obs)
+            raw = policy.observe(obs)
             observations.append(raw)
             incoming.append(policy.incoming)
             out = np.asarray(policy.act(raw), dtype=np.float32).ravel()
@@ -299,6 +290,9 @@ class PolicyPath:
         self.preprocessors = preprocessors
         self.served = served
         self.recurrent = ctx.spec.recurrent
+        self.output_name = ctx.output_name
+        self.dtypes = {name: value.dtype for name, value in ctx.raw_inputs.items()}
+        self.first = ctx.input_name
         self.state: dict[str, np.ndarray] = {}
         self.incoming: dict[str, np.ndarray] = {}
         """The recurrent inputs of the step about to be taken (state, episode-start flag)."""
@@ -315,6 +309,13 @@ class PolicyPath:
             state[rec.episode_start] = np.ones(1, np.float32)
         self.incoming = state
 
+    def observe(self, obs: Any) -> Observation:
+        """The environment's observation as one raw array per observation input: a ``Dict``
+        observation split into its declared keys, anything else the first input."""
+        if isinstance(obs, dict | Mapping):
+            return {name: np.asarray(obs[name], dtype) for name, dtype in self.dtypes.items()}
+        return {self.first: np.asarray(obs, self.dtypes[self.first])}
+
     def act(self, raw: Observation) -> np.ndarray:
         """The policy output row for one raw observation (the state moves on one step)."""
         out = self.engine.infer({**_model_inputs(raw, self.preprocessors), **self.incoming})
@@ -325,7 +326,7 @@ class PolicyPath:
             self.incoming = dict(self.state)
             if rec.episode_start is not None:
                 self.incoming[rec.episode_start] = np.zeros(1, np.float32)
-        return np.asarray(out[self.ctx.output_name][0])
+        return np.asarray(out[self.output_name][0])
 
 
 def _preprocessors(ctx: PolicyContext, side: int) -> dict[str, Any]:
