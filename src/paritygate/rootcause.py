@@ -67,6 +67,11 @@ def _provenance_only(consequence: CheckResult) -> bool:
     return _failed_only(consequence, lambda n: n == "provenance_max_abs_diff")
 
 
+def _declared_outputs_only(root: CheckResult, c: CheckResult) -> bool:
+    """export_integrity failed only on its declared outputs after the first."""
+    return _failed_only(c, lambda n: n == "declared_outputs_differ")
+
+
 def _not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
     """The artifact carries the checkpoint's tensors; the inference model does not."""
     inits = c.details.get("initializers") or {}
@@ -236,6 +241,15 @@ GRAPH: tuple[Explanation, ...] = (
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
                          ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
+    Explanation("recurrent_parity", "recurrent_state",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
+                 "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
+                ("export_integrity", "rollout_parity"),
+                "the artifact carries the recurrent state differently from the training model "
+                "(named by recurrent_parity)",
+                fix="export the new state in the declared order and per-row layout (batch on "
+                    "axis 0), reset to the initial state on the episode-start input",
+                only_if=(("export_integrity", _declared_outputs_only), *_ROLLOUT)),
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
                 ("rollout_parity",),
                 "the serving preprocessing feeds the artifact other model inputs than the "

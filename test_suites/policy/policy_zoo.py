@@ -257,7 +257,9 @@ SHAPE_FAULTS: tuple[Fault, ...] = (
           "the serving export returns c under h_out and h under c_out",
           sb.recurrent_artifact(sb.swapped_states),
           ("state outputs swapped", "'c_out' and 'h_out'"),
-          base="recurrent", kind="state_swapped"),
+          {"export_integrity": "its declared outputs h_out and c_out differ from the "
+                               "inference model's"},
+          base="recurrent", kind="state_swapped", linked=("export_integrity",)),
     Fault("recurrent_stale_artifact", "recurrent_parity",
           "the LSTM actor exported from weights 1e-3 relative away, no manifest",
           sb.recurrent_stale, ("single step differs", "not a state-handling fault"),
@@ -268,7 +270,9 @@ SHAPE_FAULTS: tuple[Fault, ...] = (
     Fault("recurrent_state_shape", "recurrent_parity",
           "the serving export returns h as (num_layers, batch, hidden)",
           sb.recurrent_artifact(sb.layered_state), ("state shape mismatch", "'h_out'"),
-          base="recurrent", kind="state_shape"),
+          {"export_integrity": "its declared output h_out has another shape than the "
+                               "inference model's"},
+          base="recurrent", kind="state_shape", linked=("export_integrity",)),
 )
 
 SHAPE_FAULTS_BY_ID = {f.id: f for f in SHAPE_FAULTS}
@@ -511,7 +515,9 @@ FAULTS: tuple[Fault, ...] = (
           "served SAC actor clamps log_std at [-3, 2], training at [-5, 2]",
           zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_other_clamp"),
           ("log_std clamp differs", "held at -3"),
-          base="sac"),
+          {"export_integrity": "its declared output log_std differs from the training "
+                               "model's"},
+          base="sac", linked=("export_integrity",)),
     Fault("cleanrl_stale_artifact", "export_integrity",
           "CleanRL actor exported from weights 1e-3 relative away, no manifest",
           zb.cleanrl_stale_artifact,
@@ -523,6 +529,22 @@ FAULTS: tuple[Fault, ...] = (
           "CleanRL actor-critic: the bare actor_logstd parameter not declared training-only",
           zb.model_variant(training_heads=["critic"]),
           ("unexpected checkpoint keys", "actor_logstd"), base="cleanrl"),
+    Fault("second_output_differs", "export_integrity",
+          "artifact serves probs = softmax(logits / 0.5) as its second declared output; the "
+          "inference model serves softmax(logits)",
+          zb.probs_artifact("HotProbsInference"),
+          ("declared output 'probs' (output_names[1]) differs from the inference model's",),
+          kind="declared_output_differs"),
+    Fault("second_output_nan", "export_integrity",
+          "artifact serves NaN as its second declared output 'probs'",
+          zb.probs_artifact("NanProbsInference"),
+          ("the artifact's declared output 'probs' (output_names[1]) has", "NaN"),
+          kind="declared_output_nonfinite"),
+    Fault("second_output_unmatched", "export_integrity",
+          "artifact serves (logits, probs); the inference model returns the logits alone",
+          zb.probs_artifact("ProbsInference", "paritygate.demo.policy:build_inference_model"),
+          ("'probs' (output_names[1]) has no counterpart in the inference model's result",),
+          kind="declared_output_unmatched"),
     Fault("manifest_required_missing", "export_integrity",
           "clean artifact without manifest.json, policy.require_manifest: true",
           zb.manifest_required, ("no manifest at", "policy.require_manifest is true")),
