@@ -255,3 +255,90 @@ def test_nested_training_state_gets_its_state_dict_key(
     assert "policy.state_dict_key" in written.todos
     key = yaml.safe_load(written.path.read_text())["policy"]["state_dict_key"]
     assert key.startswith("TODO") and "agent.sac, agent.qf" in key
+
+
+_SHAPE_CHECKS = ["weights_load", "batchnorm_export", "head_removal", "dropout_off",
+                 "logits_agreement", "export_integrity"]
+
+
+def _init_and_gate(folder: Path, tmp: Path, fill: dict[str, object],
+                   checks: list[str]) -> tuple[dict[str, object], list[str], dict[str, object]]:
+    """init on ``folder``'s checkpoint (its artifact beside it), the TODOs filled with
+    ``fill``; returns the proposed policy section, its TODOs and the check statuses."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    written = write_config(folder / "policy.safetensors", out=tmp / "configs" / "subject.yaml")
+    data = yaml.safe_load(written.path.read_text())
+    proposed = dict(data["policy"])
+    data["policy"].update(fill)
+    gate = Gate(config_from_dict({**data, "checks": checks}, written.path),
+                report_dir=tmp / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in checks}
+    statuses = {c: (r.status, r.message) for c, r in results.items()}
+    return proposed, written.todos, statuses
+
+
+def test_init_proposes_the_inputs_of_a_dict_artifact(
+    build_once, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paritygate.demo import shapes
+
+    folder = build_once("demo-shapes-dict", shapes.build_dict)
+    monkeypatch.chdir(tmp_path)
+    mod = "paritygate.demo.shapes"
+    proposed, todos, statuses = _init_and_gate(folder, tmp_path, {
+        "training_factory": f"{mod}:build_dict_training",
+        "inference_factory": f"{mod}:build_dict_inference",
+        "policy_output": "logits", "call": "dict",
+        "probes": {"generator": f"{mod}:dict_probes", "count": 16}}, _SHAPE_CHECKS)
+    assert set(todos) == {"policy.training_factory", "policy.inference_factory",
+                          "policy.policy_output", "policy.call", "policy.probes.generator"}
+    expected = shapes.dict_config(folder)["policy"]["inputs"]
+    assert proposed["inputs"] == [{"name": i["name"], "shape": i["shape"]} for i in expected]
+    assert "input_name" not in proposed and "recurrent" not in proposed
+    assert all(s == "pass" for s, _ in statuses.values()), statuses
+
+
+def test_init_proposes_the_state_pairs_of_a_recurrent_artifact(
+    build_once, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from paritygate.demo import shapes
+
+    folder = build_once("demo-shapes-recurrent", shapes.build_recurrent)
+    monkeypatch.chdir(tmp_path)
+    mod = "paritygate.demo.shapes"
+    proposed, todos, statuses = _init_and_gate(folder, tmp_path, {
+        "training_factory": f"{mod}:build_recurrent_training",
+        "inference_factory": f"{mod}:build_recurrent_inference",
+        "policy_output": 0,
+        "probes": {"generator": f"{mod}:recurrent_probes", "count": 16}},
+        [*_SHAPE_CHECKS, "recurrent_parity"])
+    assert set(todos) == {"policy.training_factory", "policy.inference_factory",
+                          "policy.policy_output", "policy.probes.generator"}
+    demo = shapes.recurrent_config(folder)["policy"]
+    assert proposed["inputs"] == [{"name": "obs", "shape": [shapes.OBS_DIM]},
+                                  "h_in", "c_in", "episode_start"]
+    assert proposed["recurrent"] == {"states": demo["recurrent"]["states"],
+                                     "episode_start": "episode_start"}
+    assert proposed["output_names"] == demo["output_names"]
+    assert all(s == "pass" for s, _ in statuses.values()), statuses
+
+
+def test_state_pairs_are_guessed_by_name_and_unknown_shapes_are_todo() -> None:
+    from paritygate.init_inputs import inputs_lines, layout
+
+    found = layout([("obs", ["batch", 8]), ("state_in_h", ["batch", 32]),
+                    ("prev_c", ["batch", "hidden"]), ("dones", ["batch"])],
+                   ["action", "state_out_h", "next_c"])
+    assert found.states == [("state_in_h", "state_out_h", [32]), ("prev_c", "next_c", None)]
+    assert found.episode_start == "dones" and found.observations == [("obs", [8])]
+    data = yaml.safe_load("policy:\n" + "\n".join(inputs_lines(found, "x", None)))
+    from paritygate.init_infer import find_todos
+
+    assert find_todos(data) == ["policy.recurrent.states[1].shape"]
+    # no state: a flag-like name is an observation; several observations leave call TODO
+    plain = layout([("image", ["b", 1, 6, 6]), ("done", ["b"])], ["logits"])
+    assert not plain.recurrent and [n for n, _ in plain.observations] == ["image", "done"]
+    assert find_todos(yaml.safe_load("policy:\n" + "\n".join(
+        inputs_lines(plain, "x", None)))) == ["policy.call"]

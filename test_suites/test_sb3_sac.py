@@ -173,3 +173,40 @@ def test_init_on_the_sac_zip_proposes_a_config_that_passes(
     results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
     assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
         c: r.message for c, r in results.items() if r.status != "pass"}
+
+
+ROLLOUT = {"env": "Pendulum-v1", "seeds": [0, 1, 2], "max_steps": 60}
+
+
+@pytest.mark.parametrize("tanh", [True, False], ids=["clean", "missing-tanh"])
+def test_sb3_sac_rollout_parity(sac_run: Path, tmp_path: Path, tanh: bool) -> None:
+    """Closed loop on Pendulum-v1: SB3's deterministic action on both paths; an export without
+    the tanh acts 2 * mean, diverges, and the probe-level squash_missing is the root cause."""
+    from paritygate.rootcause import explain
+
+    artifact = _own_action_export(sac_run, tmp_path / "export" / "policy.onnx", tanh=tanh)
+    config = _config(sac_run, tmp_path, "action", artifact=str(artifact),
+                     output_names=["action", "log_std"], rollout=ROLLOUT)
+    gate = Gate(config, report_dir=tmp_path / "reports")
+    start = time.perf_counter()
+    rollout = gate.evaluate("rollout_parity", golden=False)
+    wall = time.perf_counter() - start
+    assert rollout.metrics["episodes"] == 3 and rollout.metrics["steps"] > 0, rollout.metrics
+    if tanh:
+        assert rollout.status == "pass", rollout.message
+        assert rollout.metrics["unexcused_divergences"] == 0
+        assert rollout.metrics["max_action_abs_diff"] < 1e-4, rollout.metrics
+        assert wall < 60, wall
+        return
+    assert rollout.status == "fail" and rollout.metrics["unexcused_divergences"] >= 1, (
+        rollout.message)
+    assert rollout.reasons[0].finding == "action_divergence", rollout.message
+    logits = gate.evaluate("logits_agreement", golden=False)
+    explained, cause = explain([logits, rollout])
+    assert logits.status == "fail" and logits.reasons[0].finding == "squash_missing", (
+        logits.message)
+    assert cause is not None and cause.check == "logits_agreement", cause
+    assert "rollout_parity" in cause.explains, cause
+    by_id = {r.id: r for r in explained}
+    assert by_id["rollout_parity"].message.startswith("see logits_agreement:"), (
+        by_id["rollout_parity"].message)

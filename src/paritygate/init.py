@@ -32,6 +32,7 @@ from paritygate.init_infer import (
 )
 from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
+from paritygate.init_inputs import InputLayout, inputs_lines, layout, sb3_dict_spaces
 
 __all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
 
@@ -240,6 +241,7 @@ def _policy_text(
     keys = list(state)
     heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
+    spaces = sb3_dict_spaces(source) if sb3 is not None else None
     base = out.parent
     n_params = sum(int(t.numel()) for t in state.values())
     lines = config_header(source, out, name, name_note, "policy")
@@ -250,7 +252,23 @@ def _policy_text(
             f"(relative to this file) the module:callable names below import from: {why}"
         )
     lines.append("policy:")
-    if sb3 is not None:
+    if sb3 is not None and spaces is not None:
+        kwargs = {"spaces": {k: v if v is not None else f"{TODO}: this key's shape"
+                             for k, v in spaces.items()},
+                  "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"]}
+        lines += [
+            "  # Stable-Baselines3 MultiInputPolicy (read through policy.pth, weights_only): the",
+            "  # Dict space's keys and shapes from the zip's data JSON (its readable text; the",
+            f"  # pickled space is never loaded), n_actions and net_arch from {source.name}.",
+            "  training_factory: paritygate.adapters.sb3:multi_input_training_policy    "
+            "# -> {logits, value}",
+            "  inference_factory: paritygate.adapters.sb3:multi_input_inference_policy  "
+            "# actor path only",
+            "  factory_kwargs: {"
+            + ", ".join(f"{k}: {json.dumps(v)}" for k, v in kwargs.items())
+            + "}",
+        ]
+    elif sb3 is not None:
         kwargs = {k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")}
         lines += [
             "  # Stable-Baselines3 ActorCriticPolicy (read through policy.pth, weights_only):",
@@ -301,6 +319,7 @@ def _policy_text(
     lines.append(f"  training_heads: {_q(heads)}   # training-only module prefixes: {head_note}")
     onnx_inputs: list[tuple[str, list[Any]]] = []
     onnx_outputs: list[str] = []
+    artifact_name = artifact.name if artifact is not None else ""
     if artifact is not None:
         onnx_inputs, onnx_outputs = _onnx_io(artifact)
         lines.append(f"  artifact: {_rel(artifact, base)}")
@@ -310,9 +329,6 @@ def _policy_text(
             if manifest.exists()
             else "  # no manifest.json beside the artifact: provenance is proven numerically"
         )
-        if len(onnx_inputs) > 1:
-            lines.append(f"  # {TODO}: the artifact has {len(onnx_inputs)} inputs "
-                         f"({', '.join(n for n, _ in onnx_inputs)}); the gate feeds one")
     else:
         shipped = _rel(Path.cwd() / "export" / name / "policy.onnx", base)
         lines.append(f"  # artifact: {shipped}   # omitted: exported on the fly on every run; "
@@ -324,7 +340,15 @@ def _policy_text(
                      + _q(f"{TODO}: dict key (e.g. logits) or tuple index (e.g. 0) of the policy "
                           "output in the training forward's result")
                      )
-    if onnx_inputs:
+    found: InputLayout | None = None
+    if len(onnx_inputs) > 1:
+        found = layout(onnx_inputs, onnx_outputs)
+        lines += inputs_lines(found, f"the artifact's inputs and shapes ({artifact_name})",
+                              "dict" if spaces is not None else None)
+    elif spaces is not None:
+        found = InputLayout(observations=list(spaces.items()), order=list(spaces))
+        lines += inputs_lines(found, "the zip's Dict observation space", "dict")
+    elif onnx_inputs:
         name_in, dims = onnx_inputs[0]
         lines.append(f"  input_name: {_q(name_in)}   # from the artifact; shape {dims}")
     else:
@@ -344,12 +368,15 @@ def _policy_text(
                      "names: review")
         if log_stds or layers:
             lines += _distribution_lines(state, log_stds, layers)
+    if found is None:
+        lines += [
+            "  # preprocessing:          # both sides' observation preprocessing, if any",
+            "  #   training: mypkg.obs:normalize_torch   # fn(raw, stats_path=..., **kwargs)",
+            "  #   serving: myserving.obs:normalize_numpy",
+            "  #   stats: obs_norm.json",
+            "  #   discrete_features: []",
+        ]
     lines += [
-        "  # preprocessing:          # both sides' observation preprocessing, if any",
-        "  #   training: mypkg.obs:normalize_torch   # fn(raw, stats_path=..., **kwargs)",
-        "  #   serving: myserving.obs:normalize_numpy",
-        "  #   stats: obs_norm.json",
-        "  #   discrete_features: []",
         "  probes:                   # raw observations the checks feed",
         "    generator: "
         + _q(f"{TODO}: module:callable(count, seed) -> raw observations (N, ...); "

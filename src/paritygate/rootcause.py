@@ -196,12 +196,14 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("logits_agreement", "action_transform",
                 ("squash_missing", "action_scale_missing", "action_bias_missing",
                  "action_clip_differs", "log_std_clamp_differs"),
-                ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer"),
+                ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
+                 "rollout_parity"),
                 "the serving side turns the policy's Gaussian into actions differently from "
                 "training (policy.distribution)",
                 fix="apply the declared squash (clip bounds), action scale and bias and "
                     "log_std clamp in the served actor, or declare what it serves in "
-                    "policy.distribution"),
+                    "policy.distribution",
+                only_if=_ROLLOUT),
     Explanation("head_removal", "step_removed", ("step_removed",),
                 ("batchnorm_export", "logits_agreement", "rollout_parity"),
                 "the inference model lacks a step of the training forward", only_if=_ROLLOUT),

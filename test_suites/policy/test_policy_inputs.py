@@ -194,3 +194,60 @@ def test_sections_for_single_input_policies(policy: dict[str, Any], cause: str,
     with pytest.raises(InputError) as err:
         config_from_dict(data, tmp_path / "gate.yaml")
     assert cause in str(err.value)
+
+
+def test_uint8_image_probes_keep_their_dtype_through_the_edge_cases(
+        dict_clean: Path, tmp_path: Path) -> None:
+    """An 8-bit image input holds no NaN: the default edge cases leave ``missing`` out for
+    it (with a note) and take its extremes from the dtype; the clean policy passes."""
+    from paritygate.demo.shapes import dict_probes
+    from paritygate.gate import Gate
+
+    probes = dict_probes(16, 0)
+    probes["image"] = probes["image"].astype(np.uint8)
+    np.savez(tmp_path / "probes.npz", **probes)
+    cfg = subject_config(tmp_path, "dict", dict_clean, {})
+    data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+    data["policy"]["probes"] = {"file": str(tmp_path / "probes.npz")}
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = Gate(config_from_dict(data, cfg))
+    for check_id in ("preprocessing_parity", "logits_agreement"):
+        result = gate.evaluate(check_id, golden=False)
+        assert result.status == "pass", (check_id, result.message)
+    notes = gate.evaluate("preprocessing_parity", golden=False).details["notes"]
+    assert any("input 'image': edge case 'missing' left out: uint8" in n for n in notes), notes
+
+
+def test_edge_cases_keep_the_probe_dtype() -> None:
+    from paritygate.checks.preprocessing_parity import edge_cases
+
+    raw = np.array([[0, 255], [3, 4]], np.uint8)
+    cases = edge_cases(raw)
+    assert "missing_value" not in cases and "all_missing" not in cases
+    assert all(c.dtype == np.uint8 for c in cases.values())
+    assert cases["extreme_high"].max() == 255 and cases["extreme_low"].min() == 0
+    floats = edge_cases(raw.astype(np.float32))
+    assert np.isnan(floats["all_missing"]).all() and floats["extreme_high"].max() == 1e4
+
+
+def test_artifact_inputs_in_another_order_pass(dict_clean: Path, tmp_path: Path) -> None:
+    """ONNX Runtime feeds inputs by name: an own export that lists the declared inputs in
+    another order is the same artifact."""
+    import onnx
+
+    from paritygate.gate import Gate
+
+    model = onnx.load(str(dict_clean / "policy.onnx"))
+    inputs = list(model.graph.input)
+    del model.graph.input[:]
+    model.graph.input.extend(reversed(inputs))
+    onnx.save(model, str(tmp_path / "reordered.onnx"))
+    cfg = subject_config(tmp_path, "dict", dict_clean,
+                         {"policy": {"artifact": str(tmp_path / "reordered.onnx")}})
+    data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+    gate = Gate(config_from_dict(data, cfg))
+    assert [i.name for i in onnx.load(str(tmp_path / "reordered.onnx")).graph.input] != [
+        i["name"] for i in data["policy"]["inputs"]]
+    for check_id in ("export_integrity", "logits_agreement"):
+        result = gate.evaluate(check_id, golden=False)
+        assert result.status == "pass", (check_id, result.message)

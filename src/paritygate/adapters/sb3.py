@@ -40,6 +40,10 @@ and ``critic_target``::
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
 
+``multi_input_training_policy`` / ``multi_input_inference_policy``: a ``MultiInputPolicy``
+(``CombinedExtractor`` over a ``Dict`` of float ``Box`` keys), ``factory_kwargs: {spaces:
+{pos: [2], vel: [2]}, n_actions: 2}``, called with ``call: dict``.
+
 ``recurrent_training_policy`` / ``recurrent_inference_policy`` do the same for sb3-contrib's
 ``RecurrentPPO`` (``MlpLstmPolicy``): ``forward(obs, h, c, episode_start) -> (logits, h, c)``,
 the training-only heads ``value_net``, ``mlp_extractor.value_net`` and ``lstm_critic``.
@@ -106,6 +110,64 @@ def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = 
             return self.action_net(self.mlp_extractor.forward_actor(features))
 
     return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+
+
+def _multi_input(spaces: dict[str, list[int]], n_actions: int,
+                 net_arch: list[int] | None) -> tuple[Any, dict[str, Any]]:
+    try:
+        import gymnasium as gym
+        from stable_baselines3.common.policies import MultiInputActorCriticPolicy
+    except ImportError:
+        raise MissingExtra("stable-baselines3", "sb3") from None
+    if not isinstance(spaces, dict) or not spaces:
+        raise ValueError("spaces must map each observation key to its shape, e.g. "
+                         "{pos: [2], vel: [2]}")
+    obs_space = gym.spaces.Dict({
+        key: gym.spaces.Box(-np.inf, np.inf, shape=tuple(int(d) for d in shape),
+                            dtype=np.float32)
+        for key, shape in spaces.items()})
+    kwargs = {"observation_space": obs_space, "action_space": gym.spaces.Discrete(n_actions),
+              "lr_schedule": lambda _: 0.0,
+              "net_arch": list(net_arch) if net_arch is not None else [64, 64]}
+    return MultiInputActorCriticPolicy, kwargs
+
+
+def multi_input_training_policy(spaces: dict[str, list[int]], n_actions: int,
+                                net_arch: list[int] | None = None) -> Any:
+    """The whole SB3 ``MultiInputActorCriticPolicy`` (PPO/A2C ``MultiInputPolicy``, its
+    ``CombinedExtractor``) over a ``Dict`` of float ``Box`` spaces, ``spaces`` mapping each key
+    to its shape; ``forward(obs_dict)`` returns ``{"logits", "value"}``."""
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch)
+
+    class MultiInputTraining(cls):  # type: ignore[misc, valid-type]
+        def forward(self, obs: dict[str, torch.Tensor]  # type: ignore[override]
+                    ) -> dict[str, torch.Tensor]:
+            features = self.extract_features(obs, self.pi_features_extractor)
+            latent_pi, latent_vf = self.mlp_extractor(features)
+            return {"logits": self.action_net(latent_pi), "value": self.value_net(latent_vf)}
+
+    return MultiInputTraining(**kwargs)
+
+
+def multi_input_inference_policy(spaces: dict[str, list[int]], n_actions: int,
+                                 net_arch: list[int] | None = None) -> Any:
+    """The actor path of the same policy (value network removed); ``forward(obs_dict)``
+    returns the logits."""
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch)
+
+    class MultiInputInference(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            del self.value_net
+            del self.mlp_extractor.value_net
+            self.optimizer = None
+
+        def forward(self, obs: dict[str, torch.Tensor]  # type: ignore[override]
+                    ) -> torch.Tensor:
+            features = self.extract_features(obs, self.pi_features_extractor)
+            return self.action_net(self.mlp_extractor.forward_actor(features))
+
+    return MultiInputInference(**kwargs)
 
 
 def _recurrent_class() -> Any:
@@ -222,10 +284,13 @@ def sac_inference_policy(obs_dim: int, action_low: list[float], action_high: lis
     return SACInferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
 
 
-def save_vecnormalize_stats(vec_normalize: Any, path: str | Path) -> Path:
+def save_vecnormalize_stats(vec_normalize: Any, path: str | Path,
+                            key: str | None = None) -> Path:
     """Write a ``VecNormalize``'s observation statistics (mean, var, count, epsilon, clip) to
-    JSON, the ``policy.preprocessing.stats`` file of the adapter's normalisers."""
-    rms = vec_normalize.obs_rms
+    JSON, the ``policy.preprocessing.stats`` file of the adapter's normalisers; ``key``: one
+    key's statistics of a ``Dict`` observation space (``norm_obs_keys``), the
+    ``policy.inputs[i].preprocessing.stats`` of that input."""
+    rms = vec_normalize.obs_rms if key is None else vec_normalize.obs_rms[key]
     stats = {
         "mean": np.asarray(rms.mean, np.float64).tolist(),
         "var": np.asarray(rms.var, np.float64).tolist(),

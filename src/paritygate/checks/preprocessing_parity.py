@@ -24,25 +24,46 @@ DEFAULTS = {
 }
 
 
+def unrepresentable_kinds(raw: np.ndarray, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Edge-case kinds the probes' dtype cannot hold: ``missing`` (NaN) for integer and
+    boolean observations (uint8 images, discrete states)."""
+    if np.issubdtype(raw.dtype, np.floating):
+        return ()
+    return tuple(k for k in kinds if k == "missing")
+
+
+def _extremes(dtype: np.dtype) -> tuple[tuple[str, float | int], ...]:
+    """The extreme values an observation of ``dtype`` can take: +-1e4 for floats, the
+    type's own bounds for integers (a uint8 image's 0 and 255), True for booleans."""
+    if np.issubdtype(dtype, np.floating):
+        return (("extreme_high", 1e4), ("extreme_low", -1e4))
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return (("extreme_high", int(info.max)), ("extreme_low", int(info.min)))
+    return (("extreme_high", 1),)
+
+
 def edge_cases(raw: np.ndarray, kinds: tuple[str, ...] = EDGE_CASE_KINDS) -> dict[str, np.ndarray]:
     """Named probe batches: the probes plus the edge cases of ``kinds`` (``missing``:
-    one NaN per feature and an all-NaN row; ``extremes``: zeros and +-1e4; ``empty``: 0
-    rows; ``long``: ~4096 rows)."""
+    one NaN per feature and an all-NaN row, float observations only; ``extremes``: zeros
+    and +-1e4, or an integer dtype's bounds; ``empty``: 0 rows; ``long``: ~4096 rows), each
+    in the probes' dtype."""
     base = raw[np.all(np.isfinite(raw.reshape(len(raw), -1)), axis=1)]
-    row = base[:1] if len(base) else np.zeros((1, *raw.shape[1:]), np.float32)
+    row = base[:1] if len(base) else np.zeros((1, *raw.shape[1:]), raw.dtype)
     d = row.reshape(-1).shape[0]
     cases = {"probes": raw}
-    if "missing" in kinds:
+    skipped = unrepresentable_kinds(raw, kinds)
+    if "missing" in kinds and "missing" not in skipped:
         missing = np.repeat(row, d, axis=0).reshape(d, -1)
         missing[np.arange(d), np.arange(d)] = np.nan
         cases["missing_value"] = missing.reshape(d, *raw.shape[1:])
         cases["all_missing"] = np.full_like(row, np.nan)
     if "extremes" in kinds:
         cases["zeros"] = np.zeros_like(row)
-        for label, value in (("extreme_high", 1e4), ("extreme_low", -1e4)):
+        for label, value in _extremes(raw.dtype):
             cases[label] = np.full_like(row, value)
     if "empty" in kinds:
-        cases["empty"] = np.zeros((0, *raw.shape[1:]), np.float32)
+        cases["empty"] = np.zeros((0, *raw.shape[1:]), raw.dtype)
     if "long" in kinds:
         reps = max(1, 4096 // max(1, len(base)))
         cases["long"] = np.tile(base if len(base) else row, (reps,) + (1,) * (raw.ndim - 1))
@@ -175,6 +196,9 @@ def _measure_input(
     findings go to ``m``, their messages led by ``prefix`` (the input's name, when several)."""
     discrete = list(pre.discrete_features)
     cases = edge_cases(raw_probes, kinds)
+    for kind in unrepresentable_kinds(raw_probes, kinds):
+        m.note(f"{prefix}edge case {kind!r} left out: {raw_probes.dtype} observations "
+               "cannot hold NaN")
     worst_case, worst_diff, worst_feature = "", 0.0, -1
     discrete_mismatch = 0
     per_feature: np.ndarray | None = None
