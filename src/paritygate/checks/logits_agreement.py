@@ -135,7 +135,9 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if candidate is None:
         m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
-    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"])
+    continuous = ctx.spec.action_space == "continuous"
+    gaussian = continuous and ctx.spec.distribution is not None
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"], gaussian=gaussian)
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
@@ -143,7 +145,6 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     judged = {**limits, "max_abs_diff": limit}
     if factor > 1:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
-    continuous = ctx.spec.action_space == "continuous"
     stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
     transform = None
     if continuous and ctx.spec.distribution is not None and stats:
