@@ -9,12 +9,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from paritygate import write_config
-from paritygate.init_infer import gitignore_proposal, names_a_policy
+from paritygate.init_infer import gitignore_proposal, head_prefixes, names_a_policy
 
 
 def _checkpoint(path: Path) -> Path:
@@ -139,7 +140,10 @@ def test_cleanrl_training_checkpoint_gets_a_config_that_passes(
     assert policy["distribution"]["log_std"] == "parameter"
     assert policy["distribution"]["log_std_key"] == "actor_logstd"
     assert set(written.todos) == {"policy.training_factory", "policy.inference_factory",
-                                  "policy.policy_output", "policy.probes.generator"}
+                                  "policy.policy_output", "policy.probes.generator",
+                                  "policy.distribution.squash", "policy.distribution.action_scale",
+                                  "policy.distribution.action_bias"}
+    policy["distribution"].update(squash="clip", action_scale=1.0, action_bias=0.0)
     policy.update(training_factory="paritygate.demo.continuous:build_cleanrl_agent",
                   inference_factory="paritygate.demo.continuous:build_cleanrl_actor",
                   policy_output="mean", output_names=["mean"],
@@ -151,6 +155,106 @@ def test_cleanrl_training_checkpoint_gets_a_config_that_passes(
     results = {cid: gate.evaluate(cid, golden=False) for cid in checks}
     assert {c: r.status for c, r in results.items()} == dict.fromkeys(checks, "pass"), {
         c: r.message for c, r in results.items() if r.status != "pass"}
+
+
+def _sac_filled(data: dict[str, Any]) -> dict[str, Any]:
+    """The demo SAC config init wrote, only its TODOs filled."""
+    policy = data["policy"]
+    policy["distribution"].update(log_std_key="log_std", log_std_clamp=[-5.0, 2.0],
+                                  squash="tanh", serving_output="action")
+    policy.update(training_factory="paritygate.demo.continuous:build_sac_agent",
+                  inference_factory="paritygate.demo.continuous:build_sac_actor",
+                  policy_output="mean", output_names=["action", "log_std"],
+                  probes={"generator": "paritygate.demo.continuous:probe_observations",
+                          "count": 16})
+    return data
+
+
+def _passes(data: dict[str, Any], path: Path, report_dir: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    checks = ["weights_load", "head_removal", "dropout_off", "logits_agreement"]
+    gate = Gate(config_from_dict({**data, "checks": checks}, path), report_dir=report_dir)
+    results = {cid: gate.evaluate(cid, golden=False) for cid in checks}
+    assert {c: r.status for c, r in results.items()} == dict.fromkeys(checks, "pass"), {
+        c: r.message for c, r in results.items() if r.status != "pass"}
+
+
+def _sac_proposal(policy: dict[str, Any]) -> None:
+    dist = policy["distribution"]
+    assert policy["action_space"] == "continuous"
+    assert dist["log_std"] == "output"
+    assert dist["action_scale"] == [2.0, 1.0] and dist["action_bias"] == [0.5, -0.25]
+
+
+def test_sac_torch_checkpoint_gets_its_critics_and_gaussian(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SAC agent's safetensors (actor with ``fc_logstd`` and action_scale/bias buffers, a
+    ``qf1`` critic): the critic is a training head, the Gaussian a ``log_std: output`` block
+    with scale and bias from the buffers and the rest TODO; filled, the checks pass."""
+    import torch
+    from safetensors.torch import save_file
+
+    from paritygate.demo.continuous import SACAgent
+
+    repo = _repo(tmp_path / "proj")
+    monkeypatch.chdir(repo)
+    torch.manual_seed(0)
+    ckpt = repo / "runs" / "sac.safetensors"
+    ckpt.parent.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in SACAgent().state_dict().items()}, str(ckpt))
+    written = write_config(ckpt, out=Path("configs/sac.yaml"))
+    data = yaml.safe_load(written.path.read_text())
+    assert data["policy"]["training_heads"] == ["qf1"]
+    _sac_proposal(data["policy"])
+    assert set(written.todos) == {
+        "policy.training_factory", "policy.inference_factory", "policy.policy_output",
+        "policy.probes.generator", "policy.distribution.log_std_key",
+        "policy.distribution.log_std_clamp", "policy.distribution.squash",
+        "policy.distribution.serving_output"}
+    _passes(_sac_filled(data), written.path, repo / "reports")
+
+
+def test_q_network_names_are_heads() -> None:
+    keys = [f"{m}.0.weight" for m in ("actor", "qf1", "qf2", "q1", "critic_target", "qformer")]
+    assert head_prefixes(keys) == ["qf1", "qf2", "q1", "critic_target"]
+
+
+def test_nested_training_state_gets_its_state_dict_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``{"agent": {"sac": sd}, "optim": ..., "global_step": N}``: no common name holds the
+    state dict, init finds it one level further down and writes ``state_dict_key:
+    agent.sac`` (filled, the checks pass); with two such mappings the key is TODO listing
+    both."""
+    import torch
+
+    from paritygate.demo.continuous import SACAgent
+
+    repo = _repo(tmp_path / "proj")
+    monkeypatch.chdir(repo)
+    torch.manual_seed(0)
+    agent = SACAgent()
+    ckpt = repo / "runs" / "train_state.pt"
+    ckpt.parent.mkdir(parents=True)
+    optimizer = torch.optim.Adam(agent.parameters())
+    torch.save({"agent": {"sac": agent.state_dict()}, "optim": optimizer.state_dict(),
+                "global_step": 1000}, ckpt)
+    written = write_config(ckpt, out=Path("configs/train-state.yaml"))
+    data = yaml.safe_load(written.path.read_text())
+    assert data["policy"]["state_dict_key"] == "agent.sac"
+    _sac_proposal(data["policy"])
+    _passes(_sac_filled(data), written.path, repo / "reports")
+
+    two = repo / "runs" / "two.pt"
+    torch.save({"agent": {"sac": agent.state_dict(), "qf": agent.qf1.state_dict()},
+                "global_step": 1000}, two)
+    written = write_config(two, out=Path("configs/two.yaml"))
+    assert "policy.state_dict_key" in written.todos
+    key = yaml.safe_load(written.path.read_text())["policy"]["state_dict_key"]
+    assert key.startswith("TODO") and "agent.sac, agent.qf" in key
 
 
 _SHAPE_CHECKS = ["weights_load", "batchnorm_export", "head_removal", "dropout_off",

@@ -149,6 +149,22 @@ def find_state_dict(
                      "agent.actor)")
 
 
+def nested_state_dict_keys(path: Path, *, allow_pickle: bool = False) -> list[str]:
+    """Dotted keys of the mappings of tensors one or two levels down a training checkpoint
+    (``agent.actor`` of ``{"agent": {"actor": sd}, "optim": ..., "global_step": N}``), the
+    largest first: the candidates for ``policy.state_dict_key``."""
+    obj = _torch_load(str(path), path, None, allow_pickle)
+    found: list[tuple[int, str]] = []
+    if isinstance(obj, Mapping):
+        for name, value in obj.items():
+            if _is_state_dict(value):
+                found.append((len(value), str(name)))
+            elif isinstance(value, Mapping):
+                found += [(len(inner), f"{name}.{key}") for key, inner in value.items()
+                          if _is_state_dict(inner)]
+    return [key for _, key in sorted(found, key=lambda f: -f[0])]
+
+
 def _as_state_dict(
     obj: Any, path: Path, key: str | None = None
 ) -> tuple[dict[str, Any], str | None]:

@@ -163,12 +163,78 @@ def bare_log_std(keys: list[str]) -> list[str]:
     return [k for k in keys if "." not in k and k.lower().replace("_", "").endswith("logstd")]
 
 
+def _load_state(source: Path) -> tuple[dict[str, Any], str | None, list[str]]:
+    """The checkpoint's state dict, its key, and the candidate keys when a training
+    checkpoint holds one only under an uncommon nested key (``agent.actor``): the largest
+    candidate is read, and more than one leaves the key TODO."""
+    from paritygate.checkpoints import (
+        STATE_DICT_KEY,
+        load_checkpoint_state,
+        nested_state_dict_keys,
+    )
+
+    try:
+        state, key = load_checkpoint_state(source)
+        return state, key, []
+    except InputError as exc:
+        if exc.key != STATE_DICT_KEY:
+            raise
+        candidates = nested_state_dict_keys(source)
+        if not candidates:
+            raise
+    state, key = load_checkpoint_state(source, state_dict_key=candidates[0])
+    return state, key, candidates
+
+
+def _buffer_value(state: dict[str, Any], name: str) -> Any:
+    """An ``action_scale`` / ``action_bias`` buffer's value (one number when all equal)."""
+    found = [k for k in state if k == name or k.endswith("." + name)]
+    if len(found) != 1:
+        return None
+    values = [float(v) for v in state[found[0]].detach().float().reshape(-1).tolist()]
+    return values[0] if len(set(values)) == 1 else values
+
+
+def _log_std_layers(keys: list[str]) -> list[str]:
+    """Modules that compute a log-std from the trunk (CleanRL SAC's ``fc_logstd``)."""
+    modules = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    return sorted(m for m in modules
+                  if m.rsplit(".", 1)[-1].lower().replace("_", "").endswith("logstd"))
+
+
+def _distribution_lines(state: dict[str, Any], log_stds: list[str], layers: list[str]
+                        ) -> list[str]:
+    """The ``distribution`` block: the log-std's source, and the squash, scale and bias (TODO
+    unless ``action_scale`` / ``action_bias`` buffers give them)."""
+    lines = ["  distribution:            # the Gaussian (README: continuous actions); review"]
+    if log_stds:
+        lines += [f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
+                  "checkpoint (a training head: the served actor returns the mean)",
+                  f"    log_std_key: {_q(log_stds[0])}"]
+    else:
+        lines += [f"    log_std: output        # {layers[0]!r} computes it in the forward",
+                  "    log_std_key: " + _q(f"{TODO}: dict key or tuple index of the log-std "
+                                           "in the training forward's result"),
+                  "    log_std_clamp: " + _q(f"{TODO}: [min, max] the training side clamps "
+                                             "the raw log-std to, or null")]
+    lines.append("    squash: " + _q(f"{TODO}: tanh (SAC) | clip (clipped to the action box) "
+                                     "| none"))
+    for name, what in (("action_scale", "(high - low) / 2"), ("action_bias", "(high + low) / 2")):
+        value = _buffer_value(state, name)
+        if value is None:
+            lines.append(f"    {name}: " + _q(f"{TODO}: {what} of the action box"))
+        else:
+            lines.append(f"    {name}: {_q(value)}   # from the checkpoint's {name} buffer")
+    if not log_stds:
+        lines.append("    serving_output: " + _q(f"{TODO}: mean (the artifact serves the "
+                                                  "Gaussian's mean) | action (the env action)"))
+    return lines
+
+
 def _policy_text(
     source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
 ) -> str:
-    from paritygate.checkpoints import load_checkpoint_state
-
-    state, state_key = load_checkpoint_state(source)
+    state, state_key, key_candidates = _load_state(source)
     sac = _sac_layout(source, state)
     if sac is not None:
         return _sac_text(source, out, name, name_note, sac, len(state))
@@ -229,7 +295,14 @@ def _policy_text(
     lines += [
         f"  checkpoint: {_rel(source, base)}   # {len(keys)} tensors, {n_params:,} values",
     ]
-    if state_key is not None:
+    if len(key_candidates) > 1:
+        lines.append("  state_dict_key: " + _q(f"{TODO}: the key of the policy's state dict, "
+                                               f"one of {', '.join(key_candidates)}")
+                     + f"   # proposed below from {state_key}")
+    elif key_candidates:
+        lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: the only "
+                     "mapping of tensors found under its keys")
+    elif state_key is not None:
         lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: its state "
                      "dict sits under this key (found by name; dotted when nested)")
     if any(k.startswith("module.") for k in keys):
@@ -288,21 +361,13 @@ def _policy_text(
         action = "continuous" if sb3["continuous"] else "discrete"
         lines.append(f"  action_space: {action}   # from the policy's tensors")
     else:
-        guess = "continuous" if log_stds or any(
+        layers = _log_std_layers(keys)
+        guess = "continuous" if log_stds or layers or any(
             k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
         lines.append(f"  action_space: {guess}   # discrete | continuous; guessed from tensor "
                      "names: review")
-        if log_stds:
-            lines += [
-                "  distribution:            # the Gaussian (README: continuous actions); review",
-                f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
-                "checkpoint (a training head: the served actor returns the mean)",
-                f"    log_std_key: {_q(log_stds[0])}",
-                "    squash: none           # tanh (SAC) | clip (clipped to the action box) | "
-                "none",
-                "    action_scale: 1.0      # (high - low) / 2 of the action box for tanh / clip",
-                "    action_bias: 0.0       # (high + low) / 2",
-            ]
+        if log_stds or layers:
+            lines += _distribution_lines(state, log_stds, layers)
     if found is None:
         lines += [
             "  # preprocessing:          # both sides' observation preprocessing, if any",

@@ -18,6 +18,8 @@ TODO = "TODO"
 
 _HEAD_WORDS = ("value", "critic", "aux", "v_head", "vf_", "q_head", "baseline", "reward_head")
 """Module-name starts that usually mark training-only heads (PPO critics, auxiliary losses)."""
+_Q_NETWORK = re.compile(r"(target_)?(qf\d*|q\d+|q_?net\w*)(_target)?")
+"""Module names of SAC / TD3 Q-networks (CleanRL's ``qf1``, ``qf2``; ``q1``, ``qnet``)."""
 _ATTENTION_WORDS = ("attn", "attention")
 """Parts of a module name that mark an attention block: nothing inside one is a head."""
 _ATTENTION_PROJECTIONS = frozenset({"query", "key", "q", "k", "q_proj", "k_proj", "qk"})
@@ -67,7 +69,8 @@ def head_prefixes(keys: list[str]) -> list[str]:
     for key in keys:
         parts = key.split(".")
         for depth in range(1, len(parts)):
-            if not parts[depth - 1].lower().startswith(_HEAD_WORDS):
+            part = parts[depth - 1].lower()
+            if not part.startswith(_HEAD_WORDS) and not _Q_NETWORK.fullmatch(part):
                 continue
             enclosing = [part.lower() for part in parts[: depth - 1]]
             siblings = children[".".join(parts[: depth - 1])]

@@ -200,13 +200,14 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="export only the inference model's declared outputs"),
     Explanation("logits_agreement", "action_transform",
                 ("squash_missing", "action_scale_missing", "action_bias_missing",
-                 "log_std_clamp_differs"),
+                 "action_clip_differs", "log_std_clamp_differs"),
                 ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
                  "rollout_parity"),
                 "the serving side turns the policy's Gaussian into actions differently from "
                 "training (policy.distribution)",
-                fix="apply the declared squash, action scale and bias and log_std clamp in the "
-                    "served actor, or declare what it serves in policy.distribution",
+                fix="apply the declared squash (clip bounds), action scale and bias and "
+                    "log_std clamp in the served actor, or declare what it serves in "
+                    "policy.distribution",
                 only_if=_ROLLOUT),
     Explanation("head_removal", "step_removed", ("step_removed",),
                 ("batchnorm_export", "logits_agreement", "rollout_parity"),

@@ -107,6 +107,16 @@ CONTINUOUS_BASES: dict[str, dict[str, Any]] = {
         "distribution": {"log_std": "parameter", "log_std_key": "actor_logstd",
                          "squash": "clip"},
     },
+    # the CleanRL actor serving the env action: its mean clipped to the box [-1, 1]
+    "cleanrl_clip": {
+        "training_factory": f"{_CONTINUOUS}:build_cleanrl_agent",
+        "inference_factory": f"{_CONTINUOUS}:build_cleanrl_clipped_actor",
+        "checkpoint": "cleanrl.pt", "state_dict_key": "agent.actor_critic",
+        "training_heads": ["critic", "actor_logstd"], "policy_output": "mean",
+        "output_names": ["action"], "action_space": "continuous",
+        "distribution": {"log_std": "parameter", "log_std_key": "actor_logstd",
+                         "squash": "clip", "serving_output": "action"},
+    },
     # a SAC actor serving the env action and its log_std (tanh, scale, bias, clamp)
     "sac": {
         "training_factory": f"{_CONTINUOUS}:build_sac_agent",
@@ -517,7 +527,31 @@ FAULTS: tuple[Fault, ...] = (
           ("log_std clamp differs", "held at -3"),
           {"export_integrity": "its declared output log_std differs from the training "
                                "model's"},
-          base="sac", linked=("export_integrity",)),
+          base="sac", linked=("export_integrity",), kind="log_std_clamp_differs"),
+    Fault("sac_log_std_clamp_looser", "logits_agreement",
+          "served SAC actor clamps log_std at [-20, 2] (its second output), training at [-5, 2]",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_sac_actor_looser_clamp"),
+          ("log_std clamp differs", "training model's log_std is held at -5",
+           "serving clamp is looser or missing", "declared log_std_clamp [-5.0, 2.0]"),
+          {"export_integrity": "its declared output log_std differs from the training "
+                               "model's"},
+          base="sac", linked=("export_integrity",), kind="log_std_clamp_differs"),
+    Fault("cleanrl_action_clip_differs", "logits_agreement",
+          "served CleanRL actor clips its action at 0.1, the declared box (squash: clip) at 1",
+          zb.model_variant(inference_factory=f"{_CONTINUOUS}:build_cleanrl_actor_other_clip"),
+          ("the action clip bound differs", "clips the mean at 0.1 from above and at -0.1 "
+           "from below", "the declared clip is [-1, 1]"),
+          {"head_removal": "the served actor's forward clips at another bound"},
+          absent=("a step (shared norm, activation) was removed",),
+          linked=("head_removal",), base="cleanrl_clip", kind="action_clip_differs"),
+    Fault("cleanrl_fp16_undeclared", "export_integrity",
+          "CleanRL actor converted to float16 inside (keep_io_types), artifact_dtype not set",
+          zb.cleanrl_fp16(None),
+          ("precision conversion: the artifact stores its weights in float16",
+           "set policy.artifact_dtype: float16"),
+          {"logits_agreement": "float16 weights held to the float32 limits (the mean's and "
+                               "the Gaussian's)"},
+          linked=("logits_agreement",), base="cleanrl", kind="undeclared_precision"),
     Fault("cleanrl_stale_artifact", "export_integrity",
           "CleanRL actor exported from weights 1e-3 relative away, no manifest",
           zb.cleanrl_stale_artifact,

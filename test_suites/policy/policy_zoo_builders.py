@@ -557,3 +557,35 @@ def cleanrl_stale_artifact(clean: Path, out: Path) -> Overrides:
     artifact = export_onnx(actor.eval(), torch.from_numpy(probe_observations(4, 0)),
                            out / "policy.onnx", input_name="obs", output_names=["mean"])
     return {"policy": {"artifact": str(artifact)}}
+
+
+def cleanrl_fp16(declared: str | None) -> Builder:
+    """The CleanRL actor exported from the gated checkpoint and converted to float16 inside
+    (``keep_io_types``); ``declared`` is the config's ``policy.artifact_dtype``."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        import onnx
+        import torch
+        from onnxconverter_common import float16
+
+        from paritygate.checkpoints import load_state_dict
+        from paritygate.demo.continuous import CleanRLActor, probe_observations
+        from paritygate.families.policy.export import export_onnx
+
+        state = load_state_dict(clean / "cleanrl.pt", state_dict_key="agent.actor_critic")
+        actor = CleanRLActor()
+        actor.load_state_dict({k: v for k, v in state.items() if k in actor.state_dict()},
+                              strict=True)
+        out.mkdir(parents=True, exist_ok=True)
+        fp32 = export_onnx(actor.eval(), torch.from_numpy(probe_observations(4, 0)),
+                           out / "fp32.onnx", input_name="obs", output_names=["mean"])
+        artifact = out / "policy.onnx"
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True),
+                  str(artifact))
+        fp32.unlink()
+        policy: dict[str, Any] = {"artifact": str(artifact)}
+        if declared is not None:
+            policy["artifact_dtype"] = declared
+        return {"policy": policy}
+
+    return build

@@ -98,6 +98,26 @@ def test_clean_continuous_policy_passes_every_check(zoo, base) -> None:
         assert logits["gaussian_kl_max"] < 1e-9 and logits["logprob_delta_max_abs"] < 1e-5
 
 
+def test_declared_fp16_gaussian_artifact_passes(zoo, tmp_path) -> None:
+    """The twin of ``cleanrl_fp16_undeclared``: the same float16 artifact, declared, passes;
+    the Gaussian limits take the fp16/fp32 tier, each named in the note."""
+    from policy_zoo import evaluate_all, fault_config
+    from policy_zoo_builders import cleanrl_fp16
+
+    clean = zoo.clean_for("cleanrl")
+    results = evaluate_all(fault_config(clean, tmp_path, cleanrl_fp16("float16")(clean, tmp_path),
+                                        "cleanrl"))
+    expected = {**dict.fromkeys(POLICY_CHECKS, "pass"), "preprocessing_parity": "skip"}
+    assert {cid: r.status for cid, r in results.items()} == expected, {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+    logits = results["logits_agreement"]
+    assert logits.metrics["action_max_abs_diff"] > 2e-5  # over the float32 limit
+    note = " ".join(logits.details["notes"])
+    for name in ("action_max_abs_diff 0.0442", "std_max_abs_diff 0.0442",
+                 "gaussian_kl_max 7.81e-05", "logprob_delta_max_abs 0.0442"):
+        assert name in note, note
+
+
 @pytest.mark.parametrize("fault", _params())
 def test_fault_fails_with_its_cause(zoo, fault) -> None:
     result = zoo.results(fault.id)[fault.check]
@@ -106,6 +126,8 @@ def test_fault_fails_with_its_cause(zoo, fault) -> None:
         assert cause in result.message, f"{cause!r} not in: {result.message}"
     for wrong in fault.absent:
         assert wrong not in result.message, f"{wrong!r} (a wrong cause) in: {result.message}"
+    if fault.kind is not None:
+        assert fault.kind in result.finding_kinds(), result.finding_kinds()
 
 
 @pytest.mark.parametrize("fault", _params())

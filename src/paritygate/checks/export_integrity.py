@@ -130,19 +130,6 @@ def _swapped_inputs(ctx: PolicyContext, limit: float) -> list[tuple[str, str]]:
     return pairs
 
 
-def _clamped(ctx: PolicyContext, name: str, value: np.ndarray) -> np.ndarray:
-    """The artifact's log-std as both sides use it (``log_std_clamp``); other outputs as
-    they are."""
-    dist = ctx.spec.distribution
-    names = ctx.spec.output_names
-    if (dist is not None and dist.log_std == "output" and dist.log_std_clamp is not None
-            and len(names) > 1 and name == names[1]):
-        low, high = dist.log_std_clamp
-        clipped: np.ndarray = np.clip(value, low, high)
-        return clipped
-    return value
-
-
 def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> None:
     """Every declared output after the first, compared on the probes with the inference
     model's output of the same position and, where the training model says what it should be
@@ -176,7 +163,9 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
             continue
         against = [("the inference model", expected, cand)]
         if name in training:
-            against.append(("the training model", training[name], _clamped(ctx, name, cand)))
+            # Compared as served: the declared log_std clamp applies to the training side's
+            # raw output only, so a serving clamp that differs shows here.
+            against.append(("the training model", training[name], cand))
         for who, ref, got in against:
             ref = np.asarray(ref)
             bad = finite_report(f"{who}'s {label}", ref)

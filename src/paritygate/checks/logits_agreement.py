@@ -135,7 +135,9 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if candidate is None:
         m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
-    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"])
+    continuous = ctx.spec.action_space == "continuous"
+    gaussian = continuous and ctx.spec.distribution is not None
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"], gaussian=gaussian)
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
@@ -143,7 +145,6 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     judged = {**limits, "max_abs_diff": limit}
     if factor > 1:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
-    continuous = ctx.spec.action_space == "continuous"
     stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
     transform = None
     if continuous and ctx.spec.distribution is not None and stats:
@@ -182,14 +183,40 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-_TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing")
+_TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing",
+                    "action_clip_differs")
+
+
+def _held(values: np.ndarray) -> str:
+    """The value(s) a clip holds actions at: one, or their range."""
+    lo, hi = float(values.min()), float(values.max())
+    return f"{lo:.4g}" if hi - lo <= 1e-6 * max(1.0, abs(hi)) else f"{lo:.4g} to {hi:.4g}"
+
+
+def _clip_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
+                    tol: float) -> tuple[str, str] | None:
+    """Name a clip bound that differs: the served actions are the mean clipped at the values
+    they are held at (per dimension) instead of the declared ``bias -/+ scale``."""
+    scale, bias = scale_bias(dist, mean.shape[-1])
+    declared = (f"the declared clip is [{_held(bias - np.abs(scale))}, "
+                f"{_held(bias + np.abs(scale))}] (bias -/+ scale, squash: clip)")
+    if np.max(np.abs(served - mean)) <= tol:
+        return "action_clip_differs", f"the artifact does not clip the action where {declared}"
+    if np.max(np.abs(np.clip(mean, served.min(0), served.max(0)) - served)) > tol:
+        return None
+    upper, lower = served[served < mean - tol], served[served > mean + tol]
+    held = [f"at {_held(upper)} from above"] if upper.size else []
+    held += [f"at {_held(lower)} from below"] if lower.size else []
+    return ("action_clip_differs", f"the action clip bound differs: the artifact clips the "
+            f"mean {' and '.join(held)} where {declared}")
 
 
 def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
                       tol: float) -> tuple[str, str] | None:
-    """Name an env-action transform the artifact skipped: ``(kind, text)`` or ``None``."""
+    """Name an env-action transform the artifact skipped or changed: ``(kind, text)`` or
+    ``None``."""
     if dist.squash == "clip":
-        return None  # clip only bounds the action: scale and bias never multiply it
+        return _clip_transform(dist, mean, served, tol)
     scale, bias = scale_bias(dist, mean.shape[-1])
     unit = np.tanh(mean) if dist.squash == "tanh" else mean
     hypotheses = [("action_scale_missing", bias + unit, "the action scale is not applied "
@@ -206,15 +233,24 @@ def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarr
     return None
 
 
-def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray
-                 ) -> tuple[float, float] | None:
-    """The artifact's log-std held at one value where it differs (another clamp bound):
-    ``(its bound, the training side's value furthest past it)``."""
-    held = candidate[differs]
-    if held.size == 0 or float(np.ptp(held)) > 1e-6:
-        return None
-    past = reference.raw_log_std[differs]
-    return float(held[0]), float(past.min() if past.min() < held[0] else past.max())
+def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray,
+                 declared: list[float] | None) -> str | None:
+    """Another log-std clamp on one side, where the two log-stds differ: the artifact's held
+    at one value the training model's goes past (a tighter serving clamp), or the training
+    model's held at its clamp while the artifact's goes past it (a looser or missing one)."""
+    held, past = candidate[differs], reference.raw_log_std[differs]
+    side = f"declared log_std_clamp {declared}"
+    if held.size and float(np.ptp(held)) <= 1e-6:
+        beyond = float(past.min() if past.min() < held[0] else past.max())
+        return (f"log_std clamp differs: the artifact's log_std is held at {held[0]:.4g} "
+                f"where the training model's is {beyond:.4g} ({side})")
+    clamped = reference.log_std[differs]
+    if clamped.size and float(np.ptp(clamped)) <= 1e-6:
+        beyond = float(held.min() if held.min() < clamped[0] else held.max())
+        return (f"log_std clamp differs: the training model's log_std is held at "
+                f"{clamped[0]:.4g} where the artifact's goes to {beyond:.4g}, so the serving "
+                f"clamp is looser or missing ({side})")
+    return None
 
 
 def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
@@ -247,19 +283,18 @@ def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
         m.fail("nonfinite_output", bad)
         return found[0] if found else None
     cand_mean = ref.mean if dist.serving_output == "action" else candidate
-    cand = gaussian(dist, cand_mean, cand_log_std)
+    # The declared clamp is the training side's (its raw output needs it); a log-std the
+    # artifact serves is compared as served, so a serving clamp that differs shows.
+    cand = gaussian(dist, cand_mean, cand_log_std, clamp=dist.log_std == "parameter")
     std_gap = np.abs(ref.std - cand.std)
     std_limit = float(limits.get("std_max_abs_diff") or 0.0)
     m.metric("std_max_abs_diff", float(std_gap.max()) if std_gap.size else 0.0,
              threshold=limits.get("std_max_abs_diff"))
     if std_gap.size and std_gap.max() > std_limit:
-        clamp = _clamp_cause(ref, cand.log_std, std_gap > std_limit)
+        clamp = _clamp_cause(ref, cand.log_std, std_gap > std_limit, dist.log_std_clamp)
         if clamp is not None:
-            declared = dist.log_std_clamp
             m.fail("log_std_clamp_differs",
-                   f"log_std clamp differs: the artifact's log_std is held at {clamp[0]:.4g} "
-                   f"where the training model's is {clamp[1]:.4g} (declared log_std_clamp "
-                   f"{declared}); std differs by up to {float(std_gap.max()):.3g}",
+                   f"{clamp}; std differs by up to {float(std_gap.max()):.3g}",
                    metric="std_max_abs_diff")
             found = found or ("log_std_clamp_differs", "")
     if dist.serving_output == "action":

@@ -4,7 +4,8 @@
 ``actor_logstd`` parameter, a ``critic``); the served actor keeps ``actor_mean`` only.
 ``SACActor``: a SAC actor (mean and clamped log_std heads) beside a Q-network; the served actor
 returns the deterministic env action ``bias + scale * tanh(mean)`` and its log_std. The faulty
-variants each skip one step of that transform (the fault zoo's continuous entries).
+variants each skip or change one step of that transform (the fault zoo's continuous entries);
+``CleanRLClippedActor`` serves the env action, the mean clipped to the box.
 Weights are seeded, not trained: the gate compares paths, not returns.
 """
 
@@ -22,6 +23,8 @@ HIDDEN = 32
 LOG_STD_CLAMP = (-5.0, 2.0)
 ACTION_SCALE = (2.0, 1.0)
 ACTION_BIAS = (0.5, -0.25)
+CLIP_BOUND = 1.0
+"""The clipped CleanRL actor's action box [-1, 1] (``squash: clip``, ``action_scale: 1.0``)."""
 
 
 def _mlp(out: int) -> nn.Sequential:
@@ -132,6 +135,23 @@ class _OtherClamp(SACActor):
     clamp = (-3.0, 2.0)
 
 
+class _LooserClamp(SACActor):
+    clamp = (-20.0, 2.0)
+
+
+class CleanRLClippedActor(CleanRLActor):
+    """A served actor returning the env action: the mean clipped to the action box."""
+
+    bound = CLIP_BOUND
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor_mean(obs).clamp(-self.bound, self.bound)  # type: ignore[no-any-return]
+
+
+class _OtherClip(CleanRLClippedActor):
+    bound = 0.1
+
+
 def _served(actor_cls: type[SACActor]) -> type[SACServed]:
     return type(f"SACServed{actor_cls.__name__}", (SACServed,), {"actor_cls": actor_cls})
 
@@ -166,6 +186,18 @@ def build_sac_actor_without_bias() -> nn.Module:
 
 def build_sac_actor_other_clamp() -> nn.Module:
     return _served(_OtherClamp)()
+
+
+def build_sac_actor_looser_clamp() -> nn.Module:
+    return _served(_LooserClamp)()
+
+
+def build_cleanrl_clipped_actor() -> nn.Module:
+    return CleanRLClippedActor()
+
+
+def build_cleanrl_actor_other_clip() -> nn.Module:
+    return _OtherClip()
 
 
 def probe_observations(count: int, seed: int) -> np.ndarray:

@@ -35,7 +35,8 @@ _EDGE = 1 - 1e-9
 
 @dataclass(frozen=True)
 class Gaussian:
-    """One side's diagonal Gaussian on the probes (log_std after the declared clamp)."""
+    """One side's diagonal Gaussian on the probes (the training side's log_std after the
+    declared clamp; a served log_std as served)."""
 
     mean: np.ndarray  # (N, A)
     log_std: np.ndarray  # (N, A)
@@ -74,10 +75,13 @@ def clamp_log_std(dist: ActionTransform, log_std: np.ndarray) -> np.ndarray:
     return np.clip(arr, dist.log_std_clamp[0], dist.log_std_clamp[1])
 
 
-def gaussian(dist: ActionTransform, mean: np.ndarray, log_std: np.ndarray) -> Gaussian:
+def gaussian(dist: ActionTransform, mean: np.ndarray, log_std: np.ndarray, *,
+             clamp: bool = True) -> Gaussian:
+    """A Gaussian from a mean and a raw log-std, the declared clamp applied unless
+    ``clamp=False`` (a log-std as an artifact serves it, its own clamp already applied)."""
     mean64 = np.asarray(mean, dtype=np.float64)
     raw = np.broadcast_to(np.asarray(log_std, dtype=np.float64), mean64.shape)
-    return Gaussian(mean64, clamp_log_std(dist, raw), raw)
+    return Gaussian(mean64, clamp_log_std(dist, raw) if clamp else raw, raw)
 
 
 def kl_per_row(reference: Gaussian, candidate: Gaussian) -> np.ndarray:

@@ -171,3 +171,23 @@ def logits_thresholds(tier: dict[str, float]) -> dict[str, float | None]:
         "argmax_disagreement": None,
         "topk_overlap_min": None,
     }
+
+
+def gaussian_thresholds(tier: dict[str, float]) -> dict[str, float]:
+    """``logits_agreement``'s Gaussian-policy thresholds for an artifact of a lower precision,
+    from its tier (the fp32 defaults' derivations, with the tier's numbers).
+
+    - ``action_max_abs_diff`` and ``std_max_abs_diff``: the mean's budget, the tier's
+      ``max_abs_diff`` (:func:`logits_thresholds`), as at fp32.
+    - ``gaussian_kl_max``: the tier's ``kl_max`` (10x its mean per-token KL ``k3_kl``).
+    - ``logprob_delta_max_abs``: the tier's worst-token log-prob bound ``delta_max_abs``: a
+      sampled action's log-prob is judged like a token's.
+    """
+    logits = logits_thresholds(tier)
+    budget = float(logits["max_abs_diff"] or 0.0)
+    return {
+        "action_max_abs_diff": budget,
+        "std_max_abs_diff": budget,
+        "gaussian_kl_max": float(logits["kl_max"] or 0.0),
+        "logprob_delta_max_abs": tier["delta_max_abs"],
+    }

@@ -376,7 +376,7 @@ class PolicyContext:
                                  match["comparable"])
 
     def artifact_limits(
-        self, thresholds: Thresholds, fp32_keys: Sequence[str]
+        self, thresholds: Thresholds, fp32_keys: Sequence[str], *, gaussian: bool = False
     ) -> tuple[dict[str, float | None], str | None]:
         """A check's thresholds for this artifact's declared precision, and a note naming
         their tier (:func:`paritygate.families.policy.export.artifact_limits`); values the
@@ -384,7 +384,7 @@ class PolicyContext:
         from paritygate.families.policy.export import artifact_limits
 
         return artifact_limits(self.artifact_precision, thresholds, fp32_keys,
-                               thresholds.overrides)
+                               thresholds.overrides, gaussian=gaussian)
 
     def precision_subject(self) -> Any:
         import torch

@@ -61,7 +61,8 @@ def _log_std(ctx: PolicyContext, dist: DistributionSpec, *, training: bool) -> A
 
 def training_log_std(ctx: PolicyContext, dist: DistributionSpec) -> np.ndarray:
     """The training model's log-std on the probes (``log_std: output``), clamped to
-    ``log_std_clamp`` as both sides are before use."""
+    ``log_std_clamp`` (the training side's raw output; what the serving side serves is
+    compared as served)."""
     value = np.asarray(_training_output(ctx, dist.log_std_key), np.float32)
     if dist.log_std_clamp is not None:
         low, high = dist.log_std_clamp

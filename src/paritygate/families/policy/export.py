@@ -332,13 +332,17 @@ def artifact_limits(
     thresholds: Mapping[str, float | None],
     fp32_keys: Sequence[str],
     overrides: Collection[str] = (),
+    *,
+    gaussian: bool = False,
 ) -> tuple[dict[str, float | None], str | None]:
     """``thresholds`` with the fp32 torch-vs-ONNX limits named in ``fp32_keys`` (and
-    ``logits_agreement``'s distribution limits, where present) replaced by the declared
-    precision's tier (:func:`paritygate.metrics.tiers.logits_thresholds`), and a note naming
+    ``logits_agreement``'s distribution and Gaussian limits, where present) replaced by the
+    declared precision's tier (:func:`paritygate.metrics.tiers.logits_thresholds`,
+    :func:`~paritygate.metrics.tiers.gaussian_thresholds`), and a note naming
     the tier; unchanged, with no note, for a float32 artifact. Names in ``overrides`` (set in
-    the config) keep their value."""
-    from paritygate.metrics.tiers import logits_thresholds
+    the config) keep their value. ``gaussian``: a Gaussian policy's limits are judged, so the
+    tier replaces them too."""
+    from paritygate.metrics.tiers import gaussian_thresholds, logits_thresholds
 
     found = precision.tier()
     if found is None:
@@ -352,7 +356,12 @@ def artifact_limits(
     for name in ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min"):
         if name in out and name not in overrides:
             out[name] = limits[name]
-    names = [n for n in [*fp32_keys, "kl_max", "tv_max"] if n in out]
+    tiered = gaussian_thresholds(tier) if gaussian else {}
+    for name, value in tiered.items():
+        if name in out and name not in overrides:
+            out[name] = value
+    categorical = [] if gaussian else ["kl_max", "tv_max"]
+    names = [n for n in [*fp32_keys, *categorical, *tiered] if n in out]
     kept = [n for n in names if n in overrides]
     note = (f"limits from the {key} precision tier (policy.artifact_dtype {precision.declared}, "
             "see paritygate.metrics.tiers): "
