@@ -128,3 +128,22 @@ def test_a_check_failing_only_against_its_baseline_is_not_the_root_before_a_find
     # alone, a regression is still the root cause of its run
     _, root = explain([logits])
     assert root is not None and root.check == "logits_agreement"
+
+
+def test_the_root_cause_carries_its_finding_kind_with_or_without_an_edge() -> None:
+    """A root no edge names (``independent``) still tells code its cause as a record."""
+    _, alone = explain([_failing("recurrent_parity", "step_outputs_differ",
+                                 "the artifact's single step differs ...",
+                                 {"max_abs_diff": 0.3})])
+    assert alone is not None and (alone.kind, alone.finding) == ("independent",
+                                                                 "step_outputs_differ")
+    _, edged = explain([_failing("logits_agreement", "squash_missing", "the tanh ...",
+                                 {"max_abs_diff": 1.0}),
+                        _failing("head_removal", "step_removed", "a step ...",
+                                 {"policy_max_abs_diff": 1.0})])
+    assert edged is not None
+    assert (edged.kind, edged.finding) == ("action_transform", "squash_missing")
+    _, breach = explain([_failing("logits_agreement", None, "max_abs_diff above",
+                                  {"max_abs_diff": 1.0})])
+    assert breach is not None and breach.finding is None
+    assert alone.to_json()["finding"] == "step_outputs_differ"

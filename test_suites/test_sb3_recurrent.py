@@ -124,3 +124,34 @@ def test_recurrent_ppo_artifact_without_reset_is_a_missing_reset(
     seq = results["recurrent_parity"]
     assert seq.status == "fail" and "missing_reset" in seq.finding_kinds(), seq.message
     assert "missing reset" in seq.message and "first over tolerance at step" in seq.message
+
+
+# --- rollout_parity: the state fed back step by step in CartPole-v1 --------------------------
+
+
+def _rollout_config(folder: Path, artifact: Path | None = None) -> dict[str, Any]:
+    data = _config(folder, artifact)
+    data["policy"]["rollout"] = {"env": "CartPole-v1", "episodes": 6, "seed": 0,
+                                 "max_steps": 200}
+    return data
+
+
+
+def test_trained_recurrent_ppo_passes_rollout_parity_with_its_state_fed_back(
+        trained: Path, tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    gate = Gate(config_from_dict(_rollout_config(trained), tmp_path / "gate.yaml"))
+    result = gate.evaluate("rollout_parity", golden=False)
+    assert result.status == "pass", result.message
+    assert result.metrics["action_agreement"] == 1.0 and result.metrics["episodes"] == 6
+    assert result.metrics["max_return_abs_diff"] == 0.0
+    serving = gate.context.rollouts.serving
+    # the state moved: each step's incoming state is the previous step's state output
+    first = serving[0].incoming_states
+    assert float(first[0]["episode_start"][0]) == 1.0 and not first[0]["h_in"].any()
+    assert float(first[1]["episode_start"][0]) == 0.0 and first[1]["h_in"].any()
+    # the next episode starts from the state the last one left, its flag set
+    assert serving[1].incoming_states[0]["h_in"].any()
+    assert float(serving[1].incoming_states[0]["episode_start"][0]) == 1.0

@@ -67,6 +67,11 @@ def _provenance_only(consequence: CheckResult) -> bool:
     return _failed_only(consequence, lambda n: n == "provenance_max_abs_diff")
 
 
+def _declared_outputs_only(root: CheckResult, c: CheckResult) -> bool:
+    """export_integrity failed only on its declared outputs after the first."""
+    return _failed_only(c, lambda n: n == "declared_outputs_differ")
+
+
 def _not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
     """The artifact carries the checkpoint's tensors; the inference model does not."""
     inits = c.details.get("initializers") or {}
@@ -237,6 +242,15 @@ GRAPH: tuple[Explanation, ...] = (
                 "logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
                          ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
+    Explanation("recurrent_parity", "recurrent_state",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
+                 "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
+                ("export_integrity", "rollout_parity"),
+                "the artifact carries the recurrent state differently from the training model "
+                "(named by recurrent_parity)",
+                fix="export the new state in the declared order and per-row layout (batch on "
+                    "axis 0), reset to the initial state on the episode-start input",
+                only_if=(("export_integrity", _declared_outputs_only), *_ROLLOUT)),
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
                 ("rollout_parity",),
                 "the serving preprocessing feeds the artifact other model inputs than the "
@@ -268,6 +282,10 @@ class RootCause:
     message: str
     explains: tuple[str, ...] = ()
     fix: str | None = None
+    finding: str | None = None
+    """The root check's first finding kind (``missing_reset``, ``squash_missing``), ``None``
+    when it failed by a threshold, a regression or a NaN only: what other code acts on when no
+    edge of the graph names the fault (``kind`` is then ``independent``)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -276,6 +294,7 @@ class RootCause:
             "message": self.message,
             "explains": list(self.explains),
             "fix": self.fix,
+            "finding": self.finding,
         }
 
 
@@ -372,9 +391,10 @@ def explain(
         kind, edge_fix = root_edge.kind, root_edge.fix
     else:
         kind, edge_fix = ("independent" if first.id in linkable else "no_golden"), None
+    finding = next((r.finding for r in first.reasons if r.kind == "finding"), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
-        first.fix or edge_fix,
+        first.fix or edge_fix, finding,
     )
     return out, root_cause
 

@@ -232,6 +232,36 @@ def shared_norm(clean: Path, out: Path) -> Overrides:
     return over
 
 
+def probs_variant(clean: Path, out: Path) -> Overrides:
+    """The demo serving ``(logits, probs)``: the inference model returns both, the artifact
+    is exported from it on the fly."""
+    return {"policy": {"inference_factory": f"{FAULTS_MODULE}:build_probs_inference",
+                       "output_names": ["logits", "probs"], "artifact": None,
+                       "manifest": None}}
+
+
+def probs_artifact(served: str, inference_factory: str = f"{FAULTS_MODULE}:build_probs_inference"
+                   ) -> Builder:
+    """The demo serving ``(logits, probs)`` from ``paritygate.demo.faults.<served>`` (its
+    manifest names the clean checkpoint), gated with ``inference_factory``."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        from paritygate.demo import faults
+
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v for k, v in _state(clean).items()
+                 if not k.startswith(("value_head.", "aux_head."))}
+        artifact = _export(_loaded(getattr(faults, served)(), state), out / "policy.onnx",
+                           output_names=["logits", "probs"])
+        ckpt = clean / "policy.safetensors"
+        _manifest(artifact, ckpt)
+        return {"policy": {"inference_factory": inference_factory,
+                           "output_names": ["logits", "probs"], "checkpoint": str(ckpt),
+                           "artifact": str(artifact)}}
+
+    return build
+
+
 def value_head_exported(clean: Path, state: dict[str, Any], artifact: Path) -> None:
     from paritygate.demo import faults
     from paritygate.demo.policy import TrainingPolicy

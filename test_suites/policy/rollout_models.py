@@ -69,3 +69,91 @@ def unseeded_cartpole(**kwargs: Any) -> Any:
             return self.env.reset(seed=1000 + _RESETS[0], options=options)
 
     return IgnoresSeed(gym.make("CartPole-v1", **kwargs))
+
+
+def cartpole_four_actions(**kwargs: Any) -> Any:
+    """CartPole-v1 taking four actions (action % 2 pushes the cart): the recurrent demo's
+    four logits steer it."""
+    import gymnasium
+
+    class FourActions(gymnasium.ActionWrapper):  # type: ignore[misc]
+        def __init__(self, env: Any) -> None:
+            super().__init__(env)
+            self.action_space = gymnasium.spaces.Discrete(4)
+
+        def action(self, action: Any) -> int:
+            return int(action) % 2
+
+    return FourActions(gymnasium.make("CartPole-v1", **kwargs))
+
+
+def cartpole_dict(**kwargs: Any) -> Any:
+    """CartPole-v1 observing a Dict: ``pos`` (cart position, pole angle) and ``vel`` (their
+    velocities)."""
+    import gymnasium
+
+    class DictObservation(gymnasium.ObservationWrapper):  # type: ignore[misc]
+        def __init__(self, env: Any) -> None:
+            super().__init__(env)
+            box = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+            self.observation_space = gymnasium.spaces.Dict({"pos": box, "vel": box})
+
+        def observation(self, obs: Any) -> dict[str, np.ndarray]:
+            obs = np.asarray(obs, np.float32)
+            return {"pos": obs[[0, 2]], "vel": obs[[1, 3]]}
+
+    return DictObservation(gymnasium.make("CartPole-v1", **kwargs))
+
+
+# --- a Dict-observation policy for cartpole_dict -----------------------------------------------
+
+POS_SCALE = np.array([2.4, 0.21], np.float32)
+VEL_SCALE = np.array([1.0, 1.5], np.float32)
+
+
+class DictCartPolePolicy(nn.Module):
+    """forward({"pos": ..., "vel": ...}) -> {logits, value} (the actor alone: logits)."""
+
+    def __init__(self, hidden: int = 16, value_head: bool = True) -> None:
+        super().__init__()
+        self.pos = nn.Sequential(nn.Linear(2, hidden), nn.Tanh())
+        self.vel = nn.Sequential(nn.Linear(2, hidden), nn.Tanh())
+        self.policy_head = nn.Linear(2 * hidden, 2)
+        if value_head:
+            self.value_head = nn.Linear(2 * hidden, 1)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> Any:
+        features = torch.cat([self.pos(obs["pos"]), self.vel(obs["vel"])], dim=-1)
+        logits = self.policy_head(features)
+        if hasattr(self, "value_head"):
+            return {"logits": logits, "value": self.value_head(features)}
+        return logits
+
+
+def dict_cartpole_training(**kwargs: Any) -> nn.Module:
+    return DictCartPolePolicy(value_head=True)
+
+
+def dict_cartpole_inference(**kwargs: Any) -> nn.Module:
+    return DictCartPolePolicy(value_head=False)
+
+
+def scale_pos_training(raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(raw) / torch.from_numpy(POS_SCALE)
+
+
+def scale_pos_serving(raw: np.ndarray) -> np.ndarray:
+    return raw / POS_SCALE
+
+
+def scale_vel_training(raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(raw) / torch.from_numpy(VEL_SCALE)
+
+
+def scale_vel_serving(raw: np.ndarray) -> np.ndarray:
+    return raw / VEL_SCALE
+
+
+def scale_vel_serving_stale(raw: np.ndarray) -> np.ndarray:
+    """The pole's angular velocity scaled by last release's 0.5 instead of 1.5."""
+    return raw / np.array([1.0, 0.5], np.float32)

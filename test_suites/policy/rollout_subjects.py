@@ -105,6 +105,69 @@ def pendulum_config(clean: Path, **rollout: Any) -> dict[str, Any]:
             "python_path": [str(HERE)], "policy": policy}
 
 
+def build_dict_cartpole(folder: Path) -> None:
+    """A Dict-observation policy (``pos``, ``vel``) for CartPole behind a Dict wrapper
+    (seeded init); checkpoint, probes (one array per key), artifact."""
+    import rollout_models
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = rollout_models.dict_cartpole_training()
+    with torch.no_grad():
+        model.policy_head.weight.mul_(4.0)  # decided actions: margins well above near-ties
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "policy.safetensors"))
+    rng = np.random.default_rng(0)
+    np.savez(folder / "probes.npz",
+             pos=rng.normal(0, [1.0, 0.1], size=(32, 2)).astype(np.float32),
+             vel=rng.normal(0, [0.5, 0.5], size=(32, 2)).astype(np.float32))
+    export(dict_cartpole_config(folder), folder)
+
+
+def dict_cartpole_config(clean: Path, **rollout: Any) -> dict[str, Any]:
+    """The gate config of the Dict CartPole subject in ``clean``."""
+    artifact = clean / "policy.onnx"
+    policy: dict[str, Any] = {
+        "training_factory": f"{MODELS}:dict_cartpole_training",
+        "inference_factory": f"{MODELS}:dict_cartpole_inference",
+        "checkpoint": str(clean / "policy.safetensors"),
+        "training_heads": ["value_head"],
+        "policy_output": "logits",
+        "call": "dict",
+        "inputs": [
+            {"name": "pos", "shape": [2],
+             "preprocessing": {"training": f"{MODELS}:scale_pos_training",
+                               "serving": f"{MODELS}:scale_pos_serving"}},
+            {"name": "vel", "shape": [2],
+             "preprocessing": {"training": f"{MODELS}:scale_vel_training",
+                               "serving": f"{MODELS}:scale_vel_serving"}},
+        ],
+        "probes": {"file": str(clean / "probes.npz")},
+        "rollout": {"factory": f"{MODELS}:cartpole_dict", "episodes": 4, "seed": 0,
+                    "max_steps": 200, **rollout},
+    }
+    if artifact.exists():
+        policy["artifact"] = str(artifact)
+    return {"name": "dict-cartpole", "family": "policy", "seed": 0,
+            "python_path": [str(HERE)], "policy": policy}
+
+
+def recurrent_cartpole_config(clean: Path) -> dict[str, Any]:
+    """The recurrent demo (``paritygate.demo.shapes.build_recurrent``) in ``clean``, stepped in
+    CartPole-v1 taking its four actions."""
+    import yaml
+
+    data = yaml.safe_load((clean / "gate.yaml").read_text(encoding="utf-8"))
+    for key in ("checkpoint", "artifact"):
+        data["policy"][key] = str(clean / data["policy"][key])
+    data["python_path"] = [str(HERE)]
+    data["policy"]["rollout"] = {"factory": f"{MODELS}:cartpole_four_actions", "episodes": 4,
+                                 "seed": 0, "max_steps": 200}
+    return data
+
+
 def export(data: dict[str, Any], folder: Path) -> Path:
     """``paritygate export`` of a subject's config into ``folder`` (policy.onnx + manifest)."""
     from paritygate.config import config_from_dict

@@ -182,18 +182,28 @@ def test_single_input_spec_defaults() -> None:
     assert [i.name for i in rec.observation_inputs] == ["obs"]
 
 
-@pytest.mark.parametrize(("policy", "cause"), [
-    ({"inputs": ["a", "b"], "rollout": {"env": "CartPole-v1"}}, "rollout_parity steps"),
-    ({"inputs": ["a", "b"], "distribution": {}}, "takes one observation input"),
-])
-def test_sections_for_single_input_policies(policy: dict[str, Any], cause: str,
-                                            tmp_path: Path) -> None:
+def _spec(tmp_path: Path, **policy: Any) -> Any:
     data = {"name": "x", "family": "policy", "policy": {
         "training_factory": "m:f", "inference_factory": "m:g", "checkpoint": "c.safetensors",
         "probes": {"generator": "m:p"}, **policy}}
+    return config_from_dict(data, tmp_path / "gate.yaml")
+
+
+def test_distribution_is_for_single_input_policies(tmp_path: Path) -> None:
     with pytest.raises(InputError) as err:
-        config_from_dict(data, tmp_path / "gate.yaml")
-    assert cause in str(err.value)
+        _spec(tmp_path, inputs=["a", "b"], distribution={})
+    assert "takes one observation input" in str(err.value)
+
+
+@pytest.mark.parametrize("policy", [
+    {"inputs": ["a", "b"]},
+    {"inputs": ["obs"], "output_names": ["logits", "h_out"],
+     "recurrent": {"states": [{"input": "h_in", "output": "h_out", "shape": [4]}]}},
+])
+def test_rollout_takes_dict_and_recurrent_policies(policy: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    config = _spec(tmp_path, rollout={"env": "CartPole-v1"}, **policy)
+    assert config.policy.rollout.env == "CartPole-v1"
 
 
 def test_uint8_image_probes_keep_their_dtype_through_the_edge_cases(

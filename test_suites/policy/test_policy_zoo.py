@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import policy_zoo_builders as zb
 import pytest
 from policy_zoo import (
     CONTINUOUS_BASES,
@@ -18,7 +19,9 @@ from policy_zoo import (
     POLICY_CHECKS,
     ROLLOUT_CHECKS,
     SHAPE_FAULTS,
+    evaluate_all,
     failing,
+    fault_config,
 )
 
 ZOO_MD = Path(__file__).with_name("ZOO.md")
@@ -51,6 +54,19 @@ def test_clean_demo_passes_every_check(zoo) -> None:
     results = zoo.results("clean")
     assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
         cid: r.message for cid, r in results.items() if r.status != "pass"}
+
+
+def test_clean_twin_of_second_output_differs_passes_every_check(zoo) -> None:
+    """The demo serving (logits, probs), exported from its own inference model: its second
+    declared output is compared and agrees."""
+    out = zoo.root / "second_output_clean"
+    config = fault_config(zoo.clean, out, zb.probs_variant(zoo.clean, out))
+    results = evaluate_all(config)
+    assert {cid: r.status for cid, r in results.items()} == dict.fromkeys(POLICY_CHECKS, "pass"), {
+        cid: r.message for cid, r in results.items() if r.status != "pass"}
+    integrity = results["export_integrity"].metrics
+    assert integrity["declared_outputs_differ"] == 0
+    assert integrity["declared_output_diff_ratio"] < 1.0
 
 
 @pytest.mark.xdist_group("cartpole")

@@ -252,3 +252,90 @@ def test_continuous_actions_follow_the_declared_distribution(pendulum: Path,
     assert env_action(ctx, mean).tolist() == pytest.approx([2.0 * np.tanh(0.5)])
     assert env_action(ctx, mean, served=True).tolist() == [0.5]
     assert env_action(ctx, np.array([3.0], np.float32), served=True).tolist() == [2.0]
+
+
+# --- a Dict observation and a recurrent policy, stepped closed loop ------------------------------
+
+
+@pytest.fixture(scope="module")
+def dict_cartpole(build_once: Any) -> Path:
+    return build_once("dict-cartpole", rs.build_dict_cartpole)
+
+
+@pytest.fixture(scope="module")
+def recurrent_cartpole(build_once: Any) -> Path:
+    from paritygate.demo import shapes
+
+    return build_once("recurrent-cartpole", lambda out: shapes.build_recurrent(out, seed=1))
+
+
+def test_dict_observation_policy_passes_clean(dict_cartpole: Path, tmp_path: Path) -> None:
+    gate = _gate(rs.dict_cartpole_config(dict_cartpole), tmp_path)
+    result = gate.evaluate("rollout_parity", golden=False)
+    assert result.status == "pass", result.message
+    assert result.metrics["action_agreement"] == 1.0 and result.metrics["episodes"] == 4
+    episode = gate.context.rollouts.serving[0]
+    assert set(episode.observations) == {"pos", "vel"}
+    assert episode.observations["vel"].shape == (episode.length, 2)
+
+
+def test_dict_key_preprocessing_fault_diverges_naming_the_key(dict_cartpole: Path,
+                                                            tmp_path: Path) -> None:
+    data = rs.dict_cartpole_config(dict_cartpole)
+    data["policy"]["inputs"][1]["preprocessing"]["serving"] = (
+        "rollout_models:scale_vel_serving_stale")
+    gate = _gate(data, tmp_path)
+    result = gate.evaluate("rollout_parity", golden=False)
+    assert result.status == "fail"
+    assert set(result.finding_kinds()) == {"action_divergence"}
+    first = result.metrics["first_divergent_step"]
+    assert first is not None and f"actions diverge at step {first}" in result.message
+    assert "serving preprocessing's model input 'vel' differs by" in result.message
+    assert "'pos'" not in result.message
+
+
+def test_a_dict_policy_in_an_environment_without_its_keys_is_bad_input(
+        dict_cartpole: Path, tmp_path: Path) -> None:
+    gate = _gate(rs.dict_cartpole_config(dict_cartpole), tmp_path,
+                 policy={"rollout": {"factory": None, "env": "CartPole-v1"}})
+    with pytest.raises(InputError) as info:
+        gate.evaluate("rollout_parity")
+    assert info.value.key == "policy.rollout.env"
+    assert "need a Dict space with those keys" in info.value.cause, info.value.line()
+
+
+def test_recurrent_policy_passes_with_its_state_fed_back(recurrent_cartpole: Path,
+                                                        tmp_path: Path) -> None:
+    gate = _gate(rs.recurrent_cartpole_config(recurrent_cartpole), tmp_path)
+    result = gate.evaluate("rollout_parity", golden=False)
+    assert result.status == "pass", result.message
+    assert result.metrics["action_agreement"] == 1.0
+    episode = gate.context.rollouts.training[0]
+    assert [float(s["episode_start"][0]) for s in episode.incoming_states[:2]] == [1.0, 0.0]
+
+
+def test_recurrent_missing_reset_diverges_naming_the_first_step(recurrent_cartpole: Path,
+                                                               tmp_path: Path) -> None:
+    """The zoo's missing reset (the export ignores its episode-start input): the serving path
+    runs on from the state fed in, the training path resets to its learned initial state."""
+    import shape_zoo_builders as sb
+
+    overrides = sb.recurrent_artifact(sb.no_reset)(recurrent_cartpole, tmp_path / "artifact")
+    gate = _gate(rs.recurrent_cartpole_config(recurrent_cartpole), tmp_path, **overrides)
+    result = gate.evaluate("rollout_parity", golden=False)
+    assert result.status == "fail"
+    assert set(result.finding_kinds()) == {"action_divergence"}
+    first = result.metrics["first_divergent_step"]
+    rows = [r for r in result.details["episodes"] if r["verdict"] == "diverged"]
+    assert rows and first == min(r["first_divergent_step"] for r in rows)
+    assert f"actions diverge at step {rows[0]['first_divergent_step']}" in result.message
+    assert ("the artifact's output on the training model input and the training path's "
+            "state differs by") in result.message
+    from paritygate.rootcause import explain
+
+    sequences = gate.evaluate("recurrent_parity", golden=False)
+    assert "missing_reset" in sequences.finding_kinds()
+    explained, root = explain([sequences, result])
+    assert root is not None and (root.check, root.kind) == ("recurrent_parity", "recurrent_state")
+    assert explained[1].consequence_of == "recurrent_parity"
+    assert explained[1].message.startswith("see recurrent_parity: ")

@@ -1,4 +1,8 @@
-"""export_integrity: the artifact is well formed and built from this checkpoint."""
+"""export_integrity: the artifact is well formed and built from this checkpoint.
+
+Every declared output after the first is compared with the inference model's output of the
+same position and, where the training model says what it should be (a recurrent state, a
+distribution's log-std output), with the training model's."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.base import take_rows
-from paritygate.metrics import magnitude_factor, scaled_note
+from paritygate.metrics import finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -124,6 +128,79 @@ def _swapped_inputs(ctx: PolicyContext, limit: float) -> list[tuple[str, str]]:
             if out.shape == ref.shape and np.abs(out - ref).max() <= limit:
                 pairs.append((a, b))
     return pairs
+
+
+def _clamped(ctx: PolicyContext, name: str, value: np.ndarray) -> np.ndarray:
+    """The training model's raw log-std under the declared ``log_std_clamp`` (the training
+    side's clamp; the artifact's is compared as served, so a serving clamp that differs
+    shows); other outputs as they are."""
+    dist = ctx.spec.distribution
+    names = ctx.spec.output_names
+    if (dist is not None and dist.log_std == "output" and dist.log_std_clamp is not None
+            and len(names) > 1 and name == names[1]):
+        low, high = dist.log_std_clamp
+        clipped: np.ndarray = np.clip(value, low, high)
+        return clipped
+    return value
+
+
+def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> None:
+    """Every declared output after the first, compared on the probes with the inference
+    model's output of the same position and, where the training model says what it should be
+    (a recurrent state, a distribution's log-std output), with the training model's; each
+    within the fp32 budget scaled with that output's magnitude. NaN/Inf fail by name."""
+    names = ctx.spec.output_names
+    if len(names) < 2:
+        return
+    served = ctx.candidate_outputs
+    inference = ctx.inference_declared_outputs
+    training = ctx.training_declared_outputs
+    worst = 0.0
+    differing = 0
+    for index, name in enumerate(names[1:], start=1):
+        if name not in served:  # outputs_differ names it
+            continue
+        label = f"declared output {name!r} (output_names[{index}])"
+        cand = np.asarray(served[name])
+        bad = finite_report(f"the artifact's {label}", cand)
+        if bad:
+            differing += 1
+            m.fail("declared_output_nonfinite", bad, metric="declared_outputs_differ")
+            continue
+        expected = inference.get(name)
+        if expected is None:
+            differing += 1
+            m.fail("declared_output_unmatched",
+                   f"the artifact's {label} has no counterpart in the inference model's "
+                   f"result (no key {name!r} and no element {index}): nothing shows what the "
+                   "artifact serves there", metric="declared_outputs_differ")
+            continue
+        against = [("the inference model", expected, cand)]
+        if name in training:
+            against.append(("the training model", _clamped(ctx, name, training[name]), cand))
+        for who, ref, got in against:
+            ref = np.asarray(ref)
+            bad = finite_report(f"{who}'s {label}", ref)
+            if bad:
+                differing += 1
+                m.fail("declared_output_nonfinite", bad, metric="declared_outputs_differ")
+                continue
+            limit = base_limit * magnitude_factor(ref)
+            if ref.shape != got.shape:
+                differing += 1
+                m.fail("declared_output_differs",
+                       f"the artifact's {label} has shape {list(got.shape)}, {who}'s "
+                       f"{list(ref.shape)}", metric="declared_outputs_differ")
+                continue
+            diff = float(np.max(np.abs(got.astype(np.float64) - ref))) if ref.size else 0.0
+            worst = max(worst, diff / limit if limit > 0 else (0.0 if diff == 0 else np.inf))
+            if diff > limit:
+                differing += 1
+                m.fail("declared_output_differs",
+                       f"the artifact's {label} differs from {who}'s by up to {diff:.3g} "
+                       f"on the probes (limit {limit:.3g})", metric="declared_outputs_differ")
+    m.metric("declared_outputs_differ", differing, threshold=0)
+    m.metric("declared_output_diff_ratio", worst, bad="none", ratchet=False)
 
 
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
@@ -266,6 +343,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
             "checkpoint tensor exported into another layer's place: a shifted key or "
             "head index in the export script)")
+    _declared_outputs(ctx, m, float(limits["provenance_max_abs_diff"] or 0.0))
     swapped = _swapped_inputs(ctx, limit) if len(ctx.inputs) > 1 else []
     for a, b in swapped:
         m.fail("inputs_swapped",
@@ -305,5 +383,6 @@ CHECK = CheckSpec(
     kinds=("onnx_invalid", "inputs_differ", "outputs_differ", "batch_axis_baked",
            "batch_sizes_fail", "manifest_required", "not_from_checkpoint", "provenance_not_loaded",
            "provenance_unproven", "stale_manifest", "artifact_modified", "misplaced_tensor",
-           "undeclared_precision", "precision_not_stored", "inputs_swapped"),
+           "undeclared_precision", "precision_not_stored", "inputs_swapped",
+           "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched"),
 )

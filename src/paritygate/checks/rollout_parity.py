@@ -3,7 +3,10 @@
 ``policy.rollout`` names a Gymnasium environment and the reset seeds of N episodes. Each
 episode is stepped twice, closed loop, each path in its own copy of the environment: once
 by the training path (training preprocessing, the training model) and once by the serving
-path (serving preprocessing, the ONNX artifact). Actions are deterministic (argmax of
+path (serving preprocessing, the ONNX artifact). A Dict observation is split into the
+declared inputs (each key through its own preprocessing); a recurrent policy's state is fed
+back on each path step by step, reset at every episode start (through its episode-start
+input when it declares one, as served). Actions are deterministic (argmax of
 discrete logits; continuous outputs clipped to the action space). Per episode the check
 reports the first divergent step and the action margin there, the share of steps the paths
 agreed on, the difference in return and length, and how far the observation trajectories
@@ -80,6 +83,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     first_margin: float | None = None
     rows: list[dict[str, Any]] = []
     curves: list[dict[str, Any]] = []
+    multi = len(ctx.raw_inputs) > 1
+    preprocessed = bool(ctx.input_preprocessors)
+    recurrent = ctx.spec.recurrent is not None
     for index, (ref, cand) in enumerate(zip(rollouts.training, rollouts.serving, strict=True)):
         label = f"episode {index} (seed {ref.seed})"
         for side, ep in (("training path", ref), ("artifact", cand)):
@@ -97,9 +103,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             min_margin = min(min_margin, float(np.min(ref.margins[:agreed])))
         if agreed and not rollouts.discrete:
             action_drift = max(action_drift, float(np.max(diff[:agreed])))
-        seen = min(len(ref.observations), len(cand.observations), agreed + 1)
-        drift = float(np.max(np.abs(ref.observations[:seen].astype(np.float64)
-                                    - cand.observations[:seen]))) if seen else 0.0
+        drift = ref.observation_drift(cand, agreed + 1)
         obs_drift = max(obs_drift, drift)
         agreeing += agreed
         compared += max(ref.length, cand.length)
@@ -130,7 +134,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             else:
                 unexcused += 1
                 row["verdict"] = "diverged"
-                where = ctx.rollout_step_diagnosis(ref.observations[at])
+                where = ctx.rollout_step_diagnosis(
+                    ref.observation(at),
+                    ref.incoming_states[at] if ref.incoming_states else None)
                 how = (f"logit margin {margin:.3g} >= near-tie tolerance {tie:g}"
                        if rollouts.discrete else
                        f"action difference {diff[at]:.3g} > action_tolerance {tol:g}")
@@ -138,7 +144,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                        f"{label}: actions diverge at step {at}: training path "
                        f"{_fmt_action(ref.actions[at])} vs artifact "
                        f"{_fmt_action(cand.actions[at])} ({how}); {outcome}; "
-                       f"{_diagnosis(where, ctx.spec.preprocessing is not None)}",
+                       f"{_diagnosis(where, preprocessed, multi, recurrent)}",
                        metric="unexcused_divergences")
         elif ref.nonfinite_step is None and cand.nonfinite_step is None and (
                 abs(d_return) > rtol * max(1.0, abs(ref.episode_return))
@@ -193,13 +199,17 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-def _diagnosis(where: dict[str, float], preprocessed: bool) -> str:
+def _diagnosis(where: dict[str, Any], preprocessed: bool, multi: bool, recurrent: bool
+               ) -> str:
     """Which half of the serving path parts from training at the divergent observation."""
     inputs, outputs = where["input_max_abs_diff"], where["output_max_abs_diff"]
     parts = []
     if preprocessed:
-        parts.append(f"serving preprocessing's model input differs by {inputs:.3g}")
-    parts.append(f"the artifact's output on the training model input differs by {outputs:.3g}")
+        key = f" {where['worst_input']!r}" if multi else ""
+        parts.append(f"serving preprocessing's model input{key} differs by {inputs:.3g}")
+    given = " and the training path's state" if recurrent else ""
+    parts.append(f"the artifact's output on the training model input{given} differs by "
+                 f"{outputs:.3g}")
     return "at that observation " + " and ".join(parts)
 
 

@@ -324,3 +324,32 @@ def build_untraceable_inference(**kwargs: Any) -> nn.Module:
             return logits
 
     return Untraceable(**kwargs)
+
+
+class ProbsInference(InferencePolicy):
+    """Serving model returning ``(logits, probs)``: the action probabilities as a second
+    declared output, ``softmax(logits / temperature)``."""
+
+    temperature = 1.0
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits = super().forward(obs)
+        return logits, torch.softmax(logits / self.temperature, dim=-1)
+
+
+class HotProbsInference(ProbsInference):
+    """Its second output at temperature 0.5: the logits agree, the served probs do not."""
+
+    temperature = 0.5
+
+
+def build_probs_inference(**kwargs: Any) -> nn.Module:
+    return ProbsInference(**kwargs)
+
+
+class NanProbsInference(ProbsInference):
+    """Its second output is NaN: the log of negative probabilities."""
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits, probs = super().forward(obs)
+        return logits, torch.log(-probs)

@@ -52,6 +52,9 @@ class RootCauseRecord(_Strict):
     message: str
     explains: list[str] = Field(description="checks that fail as a consequence")
     fix: str | None
+    finding: str | None = Field(
+        None, description="the root check's first finding kind (e.g. missing_reset); null when "
+        "it failed by a threshold, regression or NaN only")
 
 
 class ReasonRecord(_Strict):

@@ -41,7 +41,8 @@ def _root(data: dict[str, Any]) -> RootCause | None:
     rc = data.get("root_cause")
     if not rc:
         return None
-    return RootCause(rc["check"], rc["kind"], rc["message"], tuple(rc["explains"]), rc["fix"])
+    return RootCause(rc["check"], rc["kind"], rc["message"], tuple(rc["explains"]), rc["fix"],
+                     rc.get("finding"))
 
 
 def _rows(data: dict[str, Any], extras: dict[str, Rendered], *, html: bool) -> list[dict]:

@@ -278,10 +278,6 @@ class PolicySpec(StrictModel):
         if self.distribution is not None and len(self.input_names) > 1:
             raise ValueError("policy.distribution (a Gaussian policy) takes one observation "
                              "input and no recurrent state")
-        if self.rollout is not None and (several or self.recurrent is not None):
-            raise ValueError("rollout_parity steps policies of one observation input and no "
-                             "recurrent state; recurrent_parity checks recurrent policies over "
-                             "sequences (remove policy.rollout)")
         rec = self.recurrent
         if rec is not None:
             for state in rec.states:

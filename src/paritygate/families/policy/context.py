@@ -268,6 +268,49 @@ class PolicyContext:
         return self.inference_engine.infer(self.feeds)[self.output_name]
 
     @cached_property
+    def inference_declared_outputs(self) -> dict[str, np.ndarray | None]:
+        """The inference model's output for each declared output after the first, on the
+        probes: the element of the same position in its result (the dict key of that name,
+        else the tuple index); ``None`` where its result has no such element."""
+        import torch
+
+        from paritygate.engines.torch_engine import call_forward
+
+        names = self.input_names
+        tensors = {n: torch.from_numpy(np.ascontiguousarray(self.feeds[n])) for n in names}
+        with torch.inference_mode():
+            result = call_forward(self.inference_model, tensors, names, self.spec.call)
+        out: dict[str, np.ndarray | None] = {}
+        for index, name in enumerate(self.spec.output_names[1:], start=1):
+            value: Any = None
+            if isinstance(result, Mapping):
+                value = result.get(name)
+                if value is None and len(result) > index and all(
+                        k not in result for k in self.spec.output_names):
+                    value = list(result.values())[index]
+            elif isinstance(result, (tuple, list)) and len(result) > index:
+                value = result[index]
+            out[name] = (value.detach().float().cpu().numpy()
+                         if isinstance(value, torch.Tensor) else None)
+        return out
+
+    @cached_property
+    def training_declared_outputs(self) -> dict[str, np.ndarray]:
+        """What the training model says a declared output after the first should be, on the
+        probes: each recurrent state output, and the log-std of a distribution whose log_std
+        is an output (the artifact's ``output_names[1]``), clamped as declared."""
+        out: dict[str, np.ndarray] = {}
+        if self.spec.recurrent is not None:
+            result = self.reference.infer(self.feeds)
+            out.update({name: result[name] for name in self.spec.state_output_names})
+        dist = self.spec.distribution
+        if dist is not None and dist.log_std == "output" and len(self.spec.output_names) > 1:
+            from paritygate.families.policy.distribution import training_log_std
+
+            out[self.spec.output_names[1]] = training_log_std(self, dist)
+        return out
+
+    @cached_property
     def rollout_env(self) -> Any:
         """The ``policy.rollout`` environment (:class:`paritygate.families.policy.rollout.
         RolloutEnv`), built and checked against the policy on first use; ``None`` without
@@ -286,13 +329,16 @@ class PolicyContext:
 
         return run_rollouts(self)
 
-    def rollout_step_diagnosis(self, raw: np.ndarray) -> dict[str, float]:
-        """Where the paths part at one raw observation: model inputs (preprocessing) or
-        outputs on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
+    def rollout_step_diagnosis(self, raw: Mapping[str, np.ndarray],
+                               incoming: Mapping[str, np.ndarray] | None = None
+                               ) -> dict[str, Any]:
+        """Where the paths part at one raw observation (per observation input; ``incoming``:
+        the training path's recurrent inputs there): model inputs (preprocessing) or outputs
+        on the same input (artifact); see :func:`~paritygate.families.policy.rollout.
         step_diagnosis`."""
         from paritygate.families.policy.rollout import step_diagnosis
 
-        return step_diagnosis(self, raw)
+        return step_diagnosis(self, dict(raw), incoming)
 
     @cached_property
     def candidate_outputs(self) -> dict[str, np.ndarray]:

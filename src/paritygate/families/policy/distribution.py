@@ -59,6 +59,16 @@ def _log_std(ctx: PolicyContext, dist: DistributionSpec, *, training: bool) -> A
     return ctx.candidate_outputs.get(names[1]) if len(names) > 1 else None
 
 
+def training_log_std(ctx: PolicyContext, dist: DistributionSpec) -> np.ndarray:
+    """The training model's log-std on the probes (``log_std: output``), clamped to
+    ``log_std_clamp`` as both sides are before use."""
+    value = np.asarray(_training_output(ctx, dist.log_std_key), np.float32)
+    if dist.log_std_clamp is not None:
+        low, high = dist.log_std_clamp
+        value = np.clip(value, low, high).astype(np.float32)
+    return value
+
+
 def candidate_log_std(ctx: PolicyContext, dist: DistributionSpec) -> np.ndarray | None:
     """The artifact's log-std: the checkpoint tensor (``parameter``), its second output
     (``output``), or ``None`` when it serves none."""

@@ -2,16 +2,19 @@
 
 Each path steps its own copy of the environment from the same reset seeds: the training
 path feeds raw observations through the training preprocessing into the training model,
-the serving path through the serving preprocessing into the ONNX artifact. Actions are
-deterministic; :func:`env_action` is the one place a policy output becomes the action the
-environment receives, and :func:`action_margin` says how close that choice was.
+the serving path through the serving preprocessing into the ONNX artifact. A ``Dict``
+observation is split into the declared inputs, each key through its own preprocessing; a
+recurrent policy's state outputs are fed back into its state inputs step by step on each
+path (:class:`PolicyPath`). Actions are deterministic; :func:`env_action` is the one place a
+policy output becomes the action the environment receives, and :func:`action_margin` says how
+close that choice was.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,8 +26,8 @@ if TYPE_CHECKING:
     from paritygate.families.policy.config import RolloutSpec
     from paritygate.families.policy.context import PolicyContext
 
-Policy = Callable[[np.ndarray], np.ndarray]
-"""One path: a raw observation ``(*obs,)`` in, the policy output row ``(A,)`` out."""
+Observation = dict[str, np.ndarray]
+"""One raw observation: an array ``(*shape,)`` per observation input."""
 
 
 @dataclass
@@ -32,8 +35,9 @@ class Episode:
     """One path's episode: what it saw, what it output and did, and what it was paid."""
 
     seed: int
-    observations: np.ndarray
-    """(T, *obs) raw observations, one per step the policy acted on."""
+    observations: dict[str, np.ndarray]
+    """Raw observations, one per step the policy acted on: (T, *shape) per observation
+    input."""
     outputs: np.ndarray
     """(T, A) policy outputs."""
     actions: np.ndarray
@@ -46,6 +50,23 @@ class Episode:
     truncated: bool = False
     nonfinite_step: int | None = None
     """The step whose policy output held NaN/Inf: the episode ends there, unstepped."""
+    incoming_states: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """A recurrent policy's inputs besides the observation at each step (state, episode-start
+    flag; batch of one); empty otherwise."""
+
+    def observation(self, step: int) -> Observation:
+        """The raw observation of ``step``, per observation input."""
+        return {name: value[step] for name, value in self.observations.items()}
+
+    def observation_drift(self, other: Episode, steps: int) -> float:
+        """Max |difference| of the two episodes' raw observations over the first ``steps``."""
+        drift = 0.0
+        for name, value in self.observations.items():
+            n = min(steps, len(value), len(other.observations[name]))
+            if n:
+                drift = max(drift, float(np.max(np.abs(
+                    value[:n].astype(np.float64) - other.observations[name][:n]))))
+        return drift
 
     @property
     def length(self) -> int:
@@ -106,10 +127,28 @@ class RolloutEnv:
         def bad(why: str) -> InputError:
             return InputError(self._config_path, self.key, why)
 
-        obs_shape = tuple(self.observation_space.shape or ())
-        if obs_shape != tuple(ctx.raw_probes.shape[1:]):
-            raise bad(f"{self.name} observes shape {list(obs_shape)} but the probes (raw "
-                      f"observations) have {list(ctx.raw_probes.shape[1:])}")
+        space = self.observation_space
+        names = list(ctx.raw_inputs)
+        if isinstance(space, gym.spaces.Dict):
+            keys = list(space.spaces)
+            absent = [n for n in names if n not in keys]
+            if absent:
+                raise bad(f"{self.name} observes a Dict with keys {keys}, without the declared "
+                          f"observation inputs {absent} (policy.inputs)")
+            shapes = {n: tuple(space.spaces[n].shape or ()) for n in names}
+        elif len(names) > 1:
+            raise bad(f"{self.name} observes a {type(space).__name__} space; policy.inputs "
+                      f"declares the observation inputs {names}, which need a Dict space with "
+                      "those keys")
+        else:
+            shapes = {names[0]: tuple(space.shape or ())}
+        for name, shape in shapes.items():
+            probes = tuple(ctx.raw_inputs[name].shape[1:])
+            if shape != probes:
+                what = "" if len(names) == 1 and not isinstance(space, gym.spaces.Dict) \
+                    else f" key {name!r} of"
+                raise bad(f"{self.name} observes{what} shape {list(shape)} but the probes (raw "
+                          f"observations) have {list(probes)}")
         width = int(np.prod(ctx.reference_outputs.shape[1:]))
         if self.discrete:
             if ctx.spec.action_space != "discrete":
@@ -169,31 +208,32 @@ def action_margins(discrete: bool, outputs: np.ndarray) -> np.ndarray:
     return margins
 
 
-def run_episode(ctx: PolicyContext, policy: Policy, seed: int, *, served: bool = False
-                ) -> Episode:
+def run_episode(ctx: PolicyContext, policy: PolicyPath, seed: int) -> Episode:
     """One closed-loop episode of ``policy`` from ``reset(seed=seed)``, at most
-    ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping. ``served``:
-    ``policy`` is the serving path (its output read as the artifact's, see :func:`env_action`)."""
+    ``policy.rollout.max_steps`` steps; a NaN/Inf output ends it before stepping."""
     rollout = ctx.rollout_env
     assert rollout is not None
     env = rollout.make()
-    observations: list[np.ndarray] = []
+    observations: list[Observation] = []
+    incoming: list[dict[str, np.ndarray]] = []
     outputs: list[np.ndarray] = []
     actions: list[Any] = []
     rewards: list[float] = []
     terminated = truncated = False
     nonfinite: int | None = None
+    policy.start_episode()
     try:
         obs, _ = env.reset(seed=seed)
         for step in range(rollout.spec.max_steps):
-            raw = np.asarray(obs, dtype=np.float32)
-            out = np.asarray(policy(raw), dtype=np.float32).ravel()
+            raw = policy.observe(obs)
             observations.append(raw)
+            incoming.append(policy.incoming)
+            out = np.asarray(policy.act(raw), dtype=np.float32).ravel()
             outputs.append(out)
             if not math.isfinite(float(out.sum())) and not np.isfinite(out).all():
                 nonfinite = step
                 break
-            action = env_action(ctx, out, served=served)
+            action = env_action(ctx, out, served=policy.served)
             actions.append(action)
             obs, reward, terminated, truncated, _ = env.step(action)
             rewards.append(float(reward))
@@ -201,12 +241,13 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int, *, served: bool =
                 break
     finally:
         env.close()
-    shape = tuple(rollout.observation_space.shape or ())
     act_dtype = np.int64 if rollout.discrete else np.float32
     acted = np.asarray(outputs, np.float32).reshape(len(outputs), -1)
+    stacked = {name: np.asarray([o[name] for o in observations], value.dtype).reshape(
+        -1, *value.shape[1:]) for name, value in ctx.raw_inputs.items()}
     return Episode(
         seed=seed,
-        observations=np.asarray(observations, np.float32).reshape(-1, *shape),
+        observations=stacked,
         outputs=acted,
         actions=np.asarray(actions, act_dtype),
         margins=action_margins(rollout.discrete, acted[: len(actions)]),
@@ -214,6 +255,7 @@ def run_episode(ctx: PolicyContext, policy: Policy, seed: int, *, served: bool =
         terminated=bool(terminated),
         truncated=bool(truncated),
         nonfinite_step=nonfinite,
+        incoming_states=incoming if ctx.spec.recurrent is not None else [],
     )
 
 
@@ -223,30 +265,84 @@ def _as_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
-def training_path(ctx: PolicyContext) -> Policy:
-    """Training preprocessing, then the training model's policy output (torch, eval)."""
-    pre = ctx.training_preprocess
-    engine, name, out = ctx.reference, ctx.input_name, ctx.output_name
-
-    def act(raw: np.ndarray) -> np.ndarray:
-        x = raw[None].copy()
-        x = x if pre is None else _as_array(pre(x))
-        return engine.infer({name: x})[out][0]  # type: ignore[no-any-return]
-
-    return act
+def _model_inputs(raw: Observation, preprocessors: dict[str, Any]) -> dict[str, np.ndarray]:
+    """One raw observation as a batch of one per input, each key through its preprocessing."""
+    out = {}
+    for name, value in raw.items():
+        x = value[None].copy()
+        fn = preprocessors.get(name)
+        out[name] = x if fn is None else _as_array(fn(x))
+    return out
 
 
-def serving_path(ctx: PolicyContext) -> Policy:
-    """Serving preprocessing, then the candidate artifact (ONNX Runtime)."""
-    pre = ctx.serving_preprocess
-    engine, name, out = ctx.candidate, ctx.input_name, ctx.output_name
+class PolicyPath:
+    """One path stepping episodes: its preprocessing per observation input and its engine,
+    and for a recurrent policy its state, fed back step by step.
 
-    def act(raw: np.ndarray) -> np.ndarray:
-        x = raw[None].copy()
-        x = x if pre is None else _as_array(pre(x))
-        return np.asarray(engine.infer({name: x})[out][0])
+    At an episode start the state is the initial state, or, when the policy declares an
+    episode-start input, the state the previous episode left with the flag set to 1.0 (the
+    model resets itself on it, as it does when served)."""
 
-    return act
+    def __init__(self, ctx: PolicyContext, engine: Any, preprocessors: dict[str, Any],
+                 *, served: bool) -> None:
+        self.ctx = ctx
+        self.engine = engine
+        self.preprocessors = preprocessors
+        self.served = served
+        self.recurrent = ctx.spec.recurrent
+        self.output_name = ctx.output_name
+        self.dtypes = {name: value.dtype for name, value in ctx.raw_inputs.items()}
+        self.first = ctx.input_name
+        self.state: dict[str, np.ndarray] = {}
+        self.incoming: dict[str, np.ndarray] = {}
+        """The recurrent inputs of the step about to be taken (state, episode-start flag)."""
+
+    def start_episode(self) -> None:
+        rec = self.recurrent
+        if rec is None:
+            return
+        carried = rec.episode_start is not None and self.state and all(
+            np.isfinite(v).all() for v in self.state.values())
+        state = dict(self.state) if carried else {
+            name: value[None].copy() for name, value in self.ctx.initial_states.items()}
+        if rec.episode_start is not None:
+            state[rec.episode_start] = np.ones(1, np.float32)
+        self.incoming = state
+
+    def observe(self, obs: Any) -> Observation:
+        """The environment's observation as one raw array per observation input: a ``Dict``
+        observation split into its declared keys, anything else the first input."""
+        if isinstance(obs, dict | Mapping):
+            return {name: np.asarray(obs[name], dtype) for name, dtype in self.dtypes.items()}
+        return {self.first: np.asarray(obs, self.dtypes[self.first])}
+
+    def act(self, raw: Observation) -> np.ndarray:
+        """The policy output row for one raw observation (the state moves on one step)."""
+        out = self.engine.infer({**_model_inputs(raw, self.preprocessors), **self.incoming})
+        rec = self.recurrent
+        if rec is not None:
+            self.state = {s.input: np.asarray(out[s.output], np.float32)
+                          for s in rec.states}
+            self.incoming = dict(self.state)
+            if rec.episode_start is not None:
+                self.incoming[rec.episode_start] = np.zeros(1, np.float32)
+        return np.asarray(out[self.output_name][0])
+
+
+def _preprocessors(ctx: PolicyContext, side: int) -> dict[str, Any]:
+    return {name: fns[side] for name, fns in (ctx.input_preprocessors or {}).items()
+            if fns[side] is not None}
+
+
+def training_path(ctx: PolicyContext) -> PolicyPath:
+    """Training preprocessing (per input), then the training model's policy output (torch,
+    eval)."""
+    return PolicyPath(ctx, ctx.reference, _preprocessors(ctx, 0), served=False)
+
+
+def serving_path(ctx: PolicyContext) -> PolicyPath:
+    """Serving preprocessing (per input), then the candidate artifact (ONNX Runtime)."""
+    return PolicyPath(ctx, ctx.candidate, _preprocessors(ctx, 1), served=True)
 
 
 @dataclass
@@ -271,22 +367,28 @@ def run_rollouts(ctx: PolicyContext) -> Rollouts | None:
         env=env.name,
         seeds=seeds,
         training=[run_episode(ctx, train, s) for s in seeds],
-        serving=[run_episode(ctx, serve, s, served=True) for s in seeds],
+        serving=[run_episode(ctx, serve, s) for s in seeds],
         discrete=env.discrete,
     )
 
 
-def step_diagnosis(ctx: PolicyContext, raw: np.ndarray) -> dict[str, float]:
+def step_diagnosis(ctx: PolicyContext, raw: Observation,
+                   incoming: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """At one raw observation both paths saw: how far the serving preprocessing's model input
-    is from the training one's, and how far the artifact's output is from the training
-    model's on the same (training) model input."""
-    x = raw[None].astype(np.float32)
-    t_in = x if ctx.training_preprocess is None else _as_array(ctx.training_preprocess(x.copy()))
-    s_in = x if ctx.serving_preprocess is None else _as_array(ctx.serving_preprocess(x.copy()))
-    ref = ctx.reference.infer({ctx.input_name: t_in})[ctx.output_name]
-    cand = np.asarray(ctx.candidate.infer({ctx.input_name: t_in})[ctx.output_name])
-    same = t_in.shape == s_in.shape
+    is from the training one's (worst input named), and how far the artifact's output is from
+    the training model's on the same (training) model input and, for a recurrent policy, the
+    training path's incoming state (``incoming``)."""
+    t_in = _model_inputs(raw, _preprocessors(ctx, 0))
+    s_in = _model_inputs(raw, _preprocessors(ctx, 1))
+    per_input = {name: (float(np.max(np.abs(t_in[name].astype(np.float64) - s_in[name])))
+                        if t_in[name].shape == s_in[name].shape else float("inf"))
+                 for name in t_in}
+    worst = max(per_input, key=lambda n: per_input[n])
+    feeds = {**t_in, **(incoming or {})}
+    ref = ctx.reference.infer(feeds)[ctx.output_name]
+    cand = np.asarray(ctx.candidate.infer(feeds)[ctx.output_name])
     return {
-        "input_max_abs_diff": float(np.max(np.abs(t_in - s_in))) if same else float("inf"),
+        "input_max_abs_diff": per_input[worst],
+        "worst_input": worst,
         "output_max_abs_diff": float(np.max(np.abs(ref.astype(np.float64) - cand))),
     }
