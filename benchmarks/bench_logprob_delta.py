@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from paired import paired_times
 
 
 def main() -> None:
@@ -68,16 +69,7 @@ def main() -> None:
             ctx.__dict__.pop("_sampled_hf", None)  # generate again: drop its cached_property
             CHECK.measures["causal_lm"](ctx, thresholds)
 
-        minimal()
-        check()  # warm-up both paths
-        t_min: list[float] = []
-        t_chk: list[float] = []
-        for i in range(args.repeats):
-            pair = ((minimal, t_min), (check, t_chk))
-            for fn, times in pair if i % 2 == 0 else pair[::-1]:
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+        t_min, t_chk = paired_times(minimal, check, args.repeats)
         m_min, m_chk = statistics.median(t_min), statistics.median(t_chk)
         tokens = sum(len(p) for p in prompts)
         print(f"sequences {len(prompts)}, prompt tokens {tokens}, repeats {args.repeats}")

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paired import paired_times
 
 HIDDEN = 64
 
@@ -122,16 +122,7 @@ def main() -> None:
             m = CHECK.measures["policy"](ctx, thresholds)
             assert not m.findings, m.findings
 
-        minimal()
-        check()  # warm-up both
-        t_min: list[float] = []
-        t_chk: list[float] = []
-        for i in range(args.repeats):
-            pair = ((minimal, t_min), (check, t_chk))
-            for fn, times in pair if i % 2 == 0 else pair[::-1]:
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+        t_min, t_chk = paired_times(minimal, check, args.repeats)
         m_min, m_chk = statistics.median(t_min), statistics.median(t_chk)
         print(f"{args.steps} steps x {args.sequences} sequences, LSTM {HIDDEN}, "
               f"repeats {args.repeats}")

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paired import paired_times
 
 OBS_SCALE = [1.0, 0.5, 0.1, 0.5]
 
@@ -177,16 +177,7 @@ def main() -> None:
             m = CHECK.measures["policy"](ctx, thresholds)
             assert not m.findings, m.findings
 
-        minimal()
-        check()  # warm-up both paths
-        t_min: list[float] = []
-        t_chk: list[float] = []
-        for i in range(args.repeats):
-            pair = ((minimal, t_min), (check, t_chk))
-            for fn, times in pair if i % 2 == 0 else pair[::-1]:
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
+        t_min, t_chk = paired_times(minimal, check, args.repeats)
         m_min, m_chk = statistics.median(t_min), statistics.median(t_chk)
         print(f"episodes {len(seeds)} per path, env steps {steps[0]} (both paths), "
               f"repeats {args.repeats}")
