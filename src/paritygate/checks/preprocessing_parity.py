@@ -161,6 +161,18 @@ def _fill_cause(cases: list[_Case], limit: float) -> str | None:
     )
 
 
+def _flipped_features(cases: list[_Case], limit: float) -> list[int]:
+    """Features where every finite disagreement is the same value with the opposite sign
+    (serving = -training), or ``[]`` when any disagreement is something else."""
+    features: set[int] = set()
+    for c in cases:
+        rows, cols = np.nonzero(c.diff > limit)
+        if len(rows) and not np.all(np.abs(c.ref[rows, cols] + c.cand[rows, cols]) <= limit):
+            return []
+        features.update(int(j) for j in cols)
+    return sorted(features)
+
+
 def _diagnose(
     cases: list[_Case], limit: float, raw_passthrough: bool, at_clip: bool
 ) -> tuple[str, str]:
@@ -171,6 +183,11 @@ def _diagnose(
     fill = _fill_cause(cases, limit)
     if fill is not None:
         return "fill_differs", fill
+    flipped = _flipped_features(cases, limit)
+    if flipped and not any(c.nonfinite_mismatch.any() for c in cases):
+        return ("sign_flipped",
+                f"features {flipped[:12]} have the opposite sign on the serving side (serving "
+                "= -training: a flipped axis or sign convention)")
     if at_clip:
         return "clip_differs", "another clip range (only saturated values differ)"
     return "stats_differ", "normalisation statistics differ (stale stats or another epsilon)"
@@ -320,6 +337,6 @@ CHECK = CheckSpec(
     measures={"policy": measure},
     defaults=DEFAULTS,
     kinds=("training_raised", "serving_raised", "output_shape", "normalisation_missing",
-           "fill_differs", "clip_differs", "stats_differ", "nonfinite_mismatch",
+           "fill_differs", "clip_differs", "sign_flipped", "stats_differ", "nonfinite_mismatch",
            "discrete_mismatch"),
 )

@@ -239,6 +239,13 @@ def normalize_serving_clip(raw: np.ndarray, *, stats_path: str | Path) -> np.nda
     return _serve(raw, load_stats(stats_path), clip=5.0)
 
 
+def normalize_serving_sign_flipped(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
+    """Serving normaliser whose feature 1 has the opposite sign (an axis convention flipped)."""
+    z = _serve(raw, load_stats(stats_path))
+    z[:, 1] = -z[:, 1]
+    return z
+
+
 def normalize_serving_fill_zero(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     """Serving normaliser filling missing values with 0 instead of the feature mean."""
     return _serve(raw, load_stats(stats_path), fill_zero=True)
