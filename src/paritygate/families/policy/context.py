@@ -191,16 +191,26 @@ class PolicyContext:
             call=self.spec.call,
             output_name=self.output_name,
             select=self.spec.policy_output,
-            extra_outputs=training_state_outputs(self.spec),
+            extra_outputs=training_extra_outputs(self.spec),
             name="torch training model (eval, fp32)",
         )
+
+    @cached_property
+    def reference_results(self) -> dict[str, np.ndarray]:
+        """The training forward on the probes, run once: its raw policy output, each recurrent
+        state output and a distribution's log-std output (:data:`TRAINING_LOG_STD`)."""
+        return self.reference.infer(self.feeds)
 
     @cached_property
     def reference_outputs(self) -> np.ndarray:
         """Training model's policy output on the probes, (N, A); as the deterministic env
         action when the artifact serves actions (``distribution.serving_output: action``)."""
-        return self.as_served(self.reference.infer(self.feeds)[
-            self.output_name])
+        return self.as_served(self.reference_results[self.output_name])
+
+    @property
+    def training_log_std(self) -> np.ndarray:
+        """The training forward's raw log-std output on the probes (``log_std: output``)."""
+        return self.reference_results[TRAINING_LOG_STD]
 
     def reference_gaussian(self) -> Any:
         """The training model's Gaussian on the probes (``policy.distribution`` set):
@@ -301,7 +311,7 @@ class PolicyContext:
         is an output (the artifact's ``output_names[1]``), clamped as declared."""
         out: dict[str, np.ndarray] = {}
         if self.spec.recurrent is not None:
-            result = self.reference.infer(self.feeds)
+            result = self.reference_results
             out.update({name: result[name] for name in self.spec.state_output_names})
         dist = self.spec.distribution
         if dist is not None and dist.log_std == "output" and len(self.spec.output_names) > 1:
@@ -501,6 +511,20 @@ def check_forward_call(config: GateConfig, spec: PolicySpec, model: Any, side: s
             config.path, key,
             f"the {side} forward takes {_takes(model.forward)} but the gate feeds "
             f"{_fed(spec)}; {fix}") from None
+
+
+TRAINING_LOG_STD = "log_std (training output)"
+"""The reference engine's label for a distribution's log-std output (no output is named so)."""
+
+
+def training_extra_outputs(spec: PolicySpec) -> dict[str, str | int]:
+    """What the reference engine selects besides the policy output: each recurrent state
+    output and, with ``distribution.log_std: output``, the log-std (:data:`TRAINING_LOG_STD`)."""
+    extra = dict(training_state_outputs(spec) or {})
+    dist = spec.distribution
+    if dist is not None and dist.log_std == "output":
+        extra[TRAINING_LOG_STD] = dist.log_std_key
+    return extra
 
 
 def training_state_outputs(spec: PolicySpec) -> dict[str, str | int] | None:

@@ -36,17 +36,9 @@ def deterministic_action(spec: PolicySpec, output: np.ndarray, *, served: bool =
 # --- the two sides of a gate ---------------------------------------------------------------------
 
 
-def _training_output(ctx: PolicyContext, select: str | int) -> np.ndarray:
-    from paritygate.engines.torch_engine import TorchEngine
-
-    engine = TorchEngine(ctx.training_model, input_name=ctx.input_name, output_name="out",
-                         select=select)
-    return engine.infer({ctx.input_name: ctx.probes})["out"]
-
-
 def reference_gaussian(ctx: PolicyContext, dist: DistributionSpec) -> Gaussian:
     """The training model's Gaussian on the probes (mean: the raw policy output)."""
-    mean = _training_output(ctx, ctx.spec.policy_output)
+    mean = ctx.reference_results[ctx.output_name]
     return gaussian(dist, mean, _log_std(ctx, dist, training=True))
 
 
@@ -54,7 +46,7 @@ def _log_std(ctx: PolicyContext, dist: DistributionSpec, *, training: bool) -> A
     if dist.log_std == "parameter":
         return ctx.state[str(dist.log_std_key)].detach().double().numpy()
     if training:
-        return _training_output(ctx, dist.log_std_key)
+        return ctx.training_log_std
     names = ctx.spec.output_names
     return ctx.candidate_outputs.get(names[1]) if len(names) > 1 else None
 
@@ -63,7 +55,7 @@ def training_log_std(ctx: PolicyContext, dist: DistributionSpec) -> np.ndarray:
     """The training model's log-std on the probes (``log_std: output``), clamped to
     ``log_std_clamp`` (the training side's raw output; what the serving side serves is
     compared as served)."""
-    value = np.asarray(_training_output(ctx, dist.log_std_key), np.float32)
+    value = np.asarray(ctx.training_log_std, np.float32)
     if dist.log_std_clamp is not None:
         low, high = dist.log_std_clamp
         value = np.clip(value, low, high).astype(np.float32)
@@ -91,8 +83,10 @@ def check_distribution(ctx: PolicyContext) -> None:
         hint = f"its log-std tensors: {named}" if named else "none is named like a log-std"
         raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} is not a tensor of the "
                          f"checkpoint ({hint})")
+    if dist.log_std == "output":
+        _check_log_std_output(ctx, dist, key)
     try:
-        dims = int(np.prod(_training_output(ctx, ctx.spec.policy_output).shape[1:]))
+        dims = int(np.prod(ctx.reference_results[ctx.output_name].shape[1:]))
     except Exception:  # a forward that fails is the checks' to report
         return
     for name in ("action_scale", "action_bias"):
@@ -102,11 +96,15 @@ def check_distribution(ctx: PolicyContext) -> None:
             raise InputError(ctx.config.path, f"policy.distribution.{name}", f"{n} values for "
                              f"a policy output of {dims} action dimensions (give one, or one "
                              "per dimension)")
-    if dist.log_std == "parameter":
-        return
+
+
+def _check_log_std_output(ctx: PolicyContext, dist: DistributionSpec, key: str) -> None:
+    """``log_std_key`` must pick a tensor out of the training forward's result (two probe rows,
+    before the reference forward selects it on every probe)."""
     import torch
 
     from paritygate.engines.torch_engine import select_output
+    from paritygate.errors import InputError
 
     with torch.random.fork_rng(devices=[]), torch.inference_mode():
         try:
