@@ -391,7 +391,7 @@ def explain(
         kind, edge_fix = root_edge.kind, root_edge.fix
     else:
         kind, edge_fix = ("independent" if first.id in linkable else "no_golden"), None
-    finding = next((r.finding for r in first.reasons if r.kind == "finding"), None)
+    finding = next(iter(first.finding_kinds()), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
         first.fix or edge_fix, finding,

@@ -136,8 +136,8 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
     continuous = ctx.spec.action_space == "continuous"
-    gaussian = continuous and ctx.spec.distribution is not None
-    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"], gaussian=gaussian)
+    is_gaussian = continuous and ctx.spec.distribution is not None
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"], gaussian=is_gaussian)
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
@@ -147,8 +147,8 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
     stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
     transform = None
-    if continuous and ctx.spec.distribution is not None and stats:
-        transform = measure_gaussian(m, ctx, ctx.spec.distribution, candidate, limits, limit)
+    if is_gaussian and ctx.spec.distribution is not None and stats:
+        transform = measure_gaussian(m, ctx, ctx.spec.distribution, candidate, limits)
     if stats and stats.get("max_abs", 0) > limit and transform is None:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
@@ -254,7 +254,7 @@ def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray
 
 
 def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
-                     candidate: np.ndarray, limits: Mapping[str, float | None], limit: float
+                     candidate: np.ndarray, limits: Mapping[str, float | None]
                      ) -> str | None:
     """The distribution metrics of a continuous policy; the kind of a named action-transform
     fault, or ``None``."""

@@ -111,9 +111,6 @@ class RecurrentSpec(StrictModel):
     ``(t + b) % reset_every == 0`` (and at step 0), so resets fall on different rows."""
 
 
-CALL_MODES = ("positional", "keyword", "dict")
-
-
 class RolloutSpec(StrictModel):
     """``rollout_parity``: seeded Gymnasium episodes, stepped by both paths."""
 

@@ -55,8 +55,6 @@ class PolicyContext:
     """The configured artifact (opened and validated while building), or ``None``: then
     the first check that needs an artifact exports one into ``export_dir``."""
     export_dir: Path
-    training_preprocess: Any = None
-    serving_preprocess: Any = None
     family: str = "policy"
     exported_on_the_fly: bool = False
     probe_rows_dropped: int = 0
@@ -77,11 +75,6 @@ class PolicyContext:
     @property
     def n_probes(self) -> int:
         return len(self.probes)
-
-    @property
-    def multi_input(self) -> bool:
-        """More than one model input (a Dict observation or a recurrent state)."""
-        return len(self.spec.input_names) > 1
 
     @cached_property
     def feeds(self) -> dict[str, np.ndarray]:
@@ -572,7 +565,8 @@ def step_state(ctx: PolicyContext, rows: int, *, start: bool) -> dict[str, np.nd
 
 
 def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, feeds: Any) -> None:
-    """``policy.policy_output`` must pick a tensor out of the training forward's result."""
+    """``policy.policy_output``, each recurrent state's ``training_output`` and a Gaussian's
+    ``log_std_key`` must pick tensors out of the training forward's result (two probe rows)."""
     import torch
 
     from paritygate.engines.torch_engine import call_forward, select_output
@@ -588,12 +582,17 @@ def check_policy_output(config: GateConfig, spec: PolicySpec, model: Any, feeds:
             picked = select_output(output, spec.policy_output)
         except (KeyError, IndexError, TypeError, AttributeError):
             picked = None
-        for key, which in (training_state_outputs(spec) or {}).items():
+        for key, which in training_extra_outputs(spec).items():
             try:
                 state = select_output(output, which)
             except (KeyError, IndexError, TypeError, AttributeError):
                 state = None
-            if not isinstance(state, torch.Tensor):
+            if key == TRAINING_LOG_STD:
+                if not isinstance(state, torch.Tensor) or isinstance(output, torch.Tensor):
+                    raise InputError(config.path, "policy.distribution.log_std_key",
+                                     f"{which!r} does not pick log_std out of the training "
+                                     "forward's result")
+            elif not isinstance(state, torch.Tensor):
                 index = spec.state_output_names.index(key)
                 raise InputError(
                     config.path, f"policy.recurrent.states[{index}].training_output",
@@ -692,7 +691,6 @@ def build_policy_context(
                 f"{spec.preprocessing_key(name)}.training",
                 "training preprocessing turns finite probes into NaN/Inf",
             )
-    train_pre, serve_pre = pres.get(spec.observation_inputs[0].name, (None, None))
     feeds = {**inputs, **_initial_feeds(config, spec, len(next(iter(inputs.values()))))}
     check_policy_output(config, spec, training, feeds)
 
@@ -721,8 +719,6 @@ def build_policy_context(
         state_dict_source=source,
         state_dict_key_reason="set by policy.state_dict_key" if spec.state_dict_key else
         "found under a common name; set policy.state_dict_key to choose another",
-        training_preprocess=train_pre,
-        serving_preprocess=serve_pre,
         input_preprocessors=pres,
     )
     from paritygate.families.policy.distribution import check_distribution

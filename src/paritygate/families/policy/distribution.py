@@ -70,8 +70,10 @@ def candidate_log_std(ctx: PolicyContext, dist: DistributionSpec) -> np.ndarray 
 
 
 def check_distribution(ctx: PolicyContext) -> None:
-    """Bad input, up front: a ``parameter`` log-std the checkpoint lacks, or an ``output``
-    the training forward does not return (exit 2 naming ``policy.distribution.log_std_key``)."""
+    """Bad input, up front: a ``parameter`` log-std the checkpoint lacks (exit 2 naming
+    ``policy.distribution.log_std_key``; an ``output`` key is checked with the policy output,
+    :func:`~paritygate.families.policy.context.check_policy_output`), or an action scale or
+    bias of another width than the policy output."""
     from paritygate.errors import InputError
 
     dist = ctx.spec.distribution
@@ -83,8 +85,6 @@ def check_distribution(ctx: PolicyContext) -> None:
         hint = f"its log-std tensors: {named}" if named else "none is named like a log-std"
         raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} is not a tensor of the "
                          f"checkpoint ({hint})")
-    if dist.log_std == "output":
-        _check_log_std_output(ctx, dist, key)
     try:
         dims = int(np.prod(ctx.reference_results[ctx.output_name].shape[1:]))
     except Exception:  # a forward that fails is the checks' to report
@@ -97,24 +97,3 @@ def check_distribution(ctx: PolicyContext) -> None:
                              f"a policy output of {dims} action dimensions (give one, or one "
                              "per dimension)")
 
-
-def _check_log_std_output(ctx: PolicyContext, dist: DistributionSpec, key: str) -> None:
-    """``log_std_key`` must pick a tensor out of the training forward's result (two probe rows,
-    before the reference forward selects it on every probe)."""
-    import torch
-
-    from paritygate.engines.torch_engine import select_output
-    from paritygate.errors import InputError
-
-    with torch.random.fork_rng(devices=[]), torch.inference_mode():
-        try:
-            output = ctx.training_model(torch.from_numpy(ctx.probes[:2]))
-        except Exception:  # a forward that fails is the checks' to report
-            return
-        try:
-            picked = select_output(output, dist.log_std_key)
-        except (KeyError, IndexError, TypeError, AttributeError):
-            picked = None
-    if not isinstance(picked, torch.Tensor) or isinstance(output, torch.Tensor):
-        raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} does not pick log_std out "
-                         "of the training forward's result")

@@ -166,11 +166,6 @@ def preprocess(
         ) from None
 
 
-def preprocessors(config: GateConfig, spec: PolicySpec) -> tuple[Any, Any]:
-    """The first observation input's two preprocessing callables (``None`` without one)."""
-    return input_preprocessors(config, spec).get(spec.observation_inputs[0].name, (None, None))
-
-
 def input_preprocessors(config: GateConfig, spec: PolicySpec) -> dict[str, tuple[Any, Any]]:
     """``{input name: (training, serving)}`` for each observation input with preprocessing."""
     out = {}
