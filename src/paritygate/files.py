@@ -40,13 +40,10 @@ def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[
     return removed
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call ``write(fh)`` on a temp file beside ``path``, then ``os.replace`` it into place.
-
-    Safe under pytest-xdist and for readers polling ``path``: they see the old file or the
-    new one, never a partial one. Stale temp files of killed writers are removed first
-    (:func:`clean_stale_temps`); on any error, an interrupt included, the temp file goes.
-    """
+def _stage(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
+    """``write(fh)`` on a new temp file beside ``path`` (its name returned), not yet in place;
+    stale temp files of killed writers are removed first (:func:`clean_stale_temps`), and on
+    any error, an interrupt included, the temp file goes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -54,6 +51,20 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
         os.chmod(tmp, _umask_mode())  # mkstemp creates 0600; reports and golden are shared files
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write(fh)`` on a temp file beside ``path``, then ``os.replace`` it into place.
+
+    Safe under pytest-xdist and for readers polling ``path``: they see the old file or the
+    new one, never a partial one (:func:`_stage` says what happens to the temp file).
+    """
+    tmp = _stage(path, write)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -61,19 +72,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return path
 
 
-def _stage(path: Path, data: bytes) -> str:
-    """``data`` in a new temp file beside ``path`` (its name returned), not yet in place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, _umask_mode())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
+def _writer(data: bytes) -> Callable[[IO[bytes]], Any]:
+    """A ``write(fh)`` callback that writes ``data``."""
+    return lambda fh: fh.write(data)
 
 
 def atomic_write_many(files: dict[Path, bytes]) -> list[Path]:
@@ -83,7 +84,7 @@ def atomic_write_many(files: dict[Path, bytes]) -> list[Path]:
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files.items():
-            staged.append((_stage(path, data), path))
+            staged.append((_stage(path, _writer(data)), path))
         for tmp, path in staged:
             os.replace(tmp, path)
     finally:
@@ -94,7 +95,7 @@ def atomic_write_many(files: dict[Path, bytes]) -> list[Path]:
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
-    return atomic_write(path, lambda fh: fh.write(data))
+    return atomic_write(path, _writer(data))
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
