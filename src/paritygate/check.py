@@ -45,6 +45,20 @@ class Thresholds(Mapping[str, float]):
         return frozenset(k for k, v in self.overrides.items() if v is None)
 
 
+def cause_limit(thresholds: Mapping[str, float], name: str) -> float:
+    """The limit past which a check may name a cause from the metric ``name`` (a higher-is-bad
+    one): the effective threshold, never below the check's calibrated default.
+
+    A threshold the config tightened below its default fails the check by the verdict's plain
+    breach (``threshold_breach``), never by a finding that asserts a cause: the causes a check
+    names are calibrated against its defaults, not against a tighter limit that the model's own
+    noise may cross."""
+    value = float(thresholds[name])
+    if isinstance(thresholds, Thresholds) and name in thresholds.defaults:
+        return max(value, float(thresholds.defaults[name]))
+    return value
+
+
 Measure = Callable[[Any, Thresholds], Measurement]
 """One family's measurement, ``measure(ctx, thresholds)``. Each check types its function on
 that family's context (``PolicyContext``, ``LMContext``, ``HFModelContext``); the gate hands

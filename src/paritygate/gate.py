@@ -140,8 +140,9 @@ class Gate:
             measurement.fail("nonfinite_output", str(exc))
         if spec.feeds_probes and measurement.skipped is None:
             self.context.note_probes(measurement)  # probe rows left out of the inputs, and why
-        for name in thresholds.informational & set(measurement.metrics):  # ``null``: not judged
-            measurement.metrics[name] = replace(measurement.metrics[name], threshold=None)
+        for name, metric in measurement.metrics.items():  # ``null``: not judged
+            if {name, metric.limit_key} & thresholds.informational:
+                measurement.metrics[name] = replace(metric, threshold=None)
         return measurement
 
     def provenance(self) -> dict[str, Any]:

@@ -70,6 +70,7 @@ def declared_kinds(check_id: str) -> frozenset[str] | None:
     return _DECLARED.get(check_id)
 
 
+
 @dataclass(frozen=True)
 class Finding:
     """A named cause that fails a check: ``kind`` is for code, ``message`` for people."""
@@ -118,6 +119,9 @@ class Metric:
     """One of many per-item numbers (a layer's error): judged and ratcheted like any metric,
     but kept out of the report's metric tables, report.json ``metrics`` and JUnit; the check's
     own table and files list them, and golden stores them in ``<check_id>.detail.json``."""
+    limit_key: str | None = None
+    """The threshold key its limit comes from (``thresholds.<check>.<key>``) when that is not
+    the metric's own name (``p99_abs_diff`` is bounded by ``max_abs_diff``)."""
 
     def is_finite(self) -> bool:
         """False for NaN/Inf values; ``None`` means not measured and counts as finite."""
@@ -150,6 +154,8 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
+    hints: dict[str, str] = field(default_factory=dict)
+    """Metric name -> what its breach usually means, for people (:meth:`hint`)."""
 
     def metric(
         self,
@@ -162,13 +168,14 @@ class Measurement:
         key: bool = False,
         ratchet: bool = True,
         detail: bool = False,
+        limit_key: str | None = None,
     ) -> Metric:
         """Record a metric; ``value`` is converted to a plain Python number."""
         if value is not None and not isinstance(value, (bool, int)):
             value = float(value)
         elif isinstance(value, int) and not isinstance(value, bool):
             value = int(value)
-        m = Metric(name, value, bad, threshold, unit, key, ratchet, detail)
+        m = Metric(name, value, bad, threshold, unit, key, ratchet, detail, limit_key)
         self.metrics[name] = m
         return m
 
@@ -191,6 +198,16 @@ class Measurement:
         if finding not in self.findings:
             self.findings.append(finding)
         return finding
+
+    def hint(self, metric: str, text: str) -> None:
+        """Say what a breach of ``metric`` usually means (``"artifact logits differ; possible
+        causes: stale artifact, ..."``) when the measurement itself names no cause.
+
+        Not a finding: the breach stays a plain threshold breach (root cause kind
+        ``threshold_breach``); the verdict adds the text to the breach's sentence, and drops it
+        when the golden baseline breaches too (a tightened threshold).
+        """
+        self.hints[metric] = text
 
     def note(self, text: str) -> None:
         """Record context for the report that is not a failure."""

@@ -47,6 +47,10 @@ class Explanation:
     only_if: tuple[tuple[str, Callable[[CheckResult, CheckResult], bool]], ...] = ()
     """Explained checks linked only when ``test(root, consequence)`` holds: decided from
     what the consequence measured (checks absent here are linked whenever they fail)."""
+    breaches: tuple[str, ...] = ()
+    """Metrics of ``check`` whose plain threshold breach (no finding) also identifies the edge,
+    but only where it explains a failing consequence: the consequence measured the same thing
+    (a lone breach stays ``threshold_breach``)."""
 
     def links(self, root: CheckResult, consequence: CheckResult) -> bool:
         test = dict(self.only_if).get(consequence.id)
@@ -238,10 +242,10 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("logits_agreement", "artifact_outputs_differ",
                 ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
                 ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
-                "the artifact's outputs differ from torch eval (the cause is named by "
-                "logits_agreement)",
+                "the artifact's outputs differ from torch eval (measured by logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
-                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
+                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT),
+                breaches=("max_abs_diff",)),
     Explanation("recurrent_parity", "recurrent_state",
                 ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
                  "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
@@ -310,12 +314,24 @@ def _baseline_only(result: CheckResult) -> bool:
     return bool(found) and all(r.kind == "regression" for r in found)
 
 
-def _matches(result: CheckResult, edge: Explanation) -> bool:
-    """The root failed by one of the edge's finding kinds (any failed rule for ``None``)."""
+def _matches(result: CheckResult, edge: Explanation) -> str | None:
+    """``"finding"`` when the root failed by one of the edge's finding kinds (any failed rule
+    for ``None``), ``"breach"`` when only by a plain breach of one of its ``breaches``."""
     found = _findings(result)
     if edge.finding_kinds is None:
-        return bool(found) or not result.reasons
-    return any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found)
+        return "finding" if found or not result.reasons else None
+    if any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found):
+        return "finding"
+    plain = not any(r.kind == "finding" for r in found)
+    if plain and any(r.kind == "breach" and r.metric in edge.breaches for r in found):
+        return "breach"
+    return None
+
+
+def _plain_breach(result: CheckResult) -> bool:
+    """Failed by a threshold breach and no finding: nothing names a cause but the numbers."""
+    found = _findings(result)
+    return any(r.kind == "breach" for r in found) and not any(r.kind == "finding" for r in found)
 
 
 def _own_measurement(result: CheckResult) -> str:
@@ -343,7 +359,8 @@ def explain(
     """Results with consequential failures marked and reworded, plus the run's root cause.
 
     ``None`` when nothing failed. Without a matching edge the first failing check
-    is the root cause (kind ``"independent"``), a check that failed only against its
+    is the root cause (kind ``"threshold_breach"`` when it failed by thresholds and named no
+    cause, else ``"independent"``), a check that failed only against its
     baseline coming after one with a finding or a threshold breach. Idempotent: results
     already marked keep their messages.
     """
@@ -362,14 +379,18 @@ def explain(
         root = linkable.get(edge.check)
         if root is None or root.status != "fail" or root.id in by:
             continue
-        if not _matches(root, edge):
+        how = _matches(root, edge)
+        if how is None:
             continue
-        matched.setdefault(root.id, edge)
+        linked = False
         for cid in edge.explains:
             if (cid in linkable and cid not in by and cid not in roots and cid != root.id
                     and edge.links(root, linkable[cid])):
                 by[cid] = (root.id, edge)
                 roots.add(root.id)
+                linked = True
+        if how == "finding" or linked:
+            matched.setdefault(root.id, edge)
     out: list[CheckResult] = []
     for r in results:
         r = dataclasses.replace(r)
@@ -389,8 +410,10 @@ def explain(
     root_edge = matched.get(first.id)
     if root_edge is not None:
         kind, edge_fix = root_edge.kind, root_edge.fix
+    elif first.id not in linkable:
+        kind, edge_fix = "no_golden", None
     else:
-        kind, edge_fix = ("independent" if first.id in linkable else "no_golden"), None
+        kind, edge_fix = ("threshold_breach" if _plain_breach(first) else "independent"), None
     finding = next(iter(first.finding_kinds()), None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),

@@ -319,6 +319,7 @@ def _sentences(
     tied: dict[str, list[Finding]] = {}
     out: list[str] = []
     fix: str | None = None
+    tightened: list[Metric] = []
     for finding in measurement.findings:
         name = finding.metric
         if name is not None and name in measurement.metrics:
@@ -342,8 +343,7 @@ def _sentences(
                 f"golden {_fmt(gold)}: the threshold was tightened below what this model has "
                 "always measured"
             ))
-            fix = (f"loosen thresholds.{measurement.check_id}.{name} or fix the model, then "
-                   "re-bless")
+            tightened.append(m)
             tied.pop(name, None)  # the check's generic explanation does not apply
             continue
         numbers = []
@@ -358,11 +358,16 @@ def _sentences(
                 n_findings += 1
             continue
         side = "above" if m.bad == "higher" else "below"
-        if name in breached and name not in regressed:
+        hint = measurement.hints.get(name)
+        possible = f": {hint}" if hint else ""
+        if name in breached and name not in regressed and not hint:
             plain.append((name, value, _fmt(m.threshold), side))
+        elif name in breached and name not in regressed:
+            out.append(sentence(f"{name} {value} is {side} the threshold {_fmt(m.threshold)}"
+                                f"{possible}"))
         elif name in breached:
             out.append(sentence(f"{name} {value} is {side} the threshold {_fmt(m.threshold)} "
-                                f"and regressed from the golden {_fmt(gold)}"))
+                                f"and regressed from the golden {_fmt(gold)}{possible}"))
         else:
             out.append(sentence(regressed[name]))
     if nonfinite:
@@ -375,7 +380,29 @@ def _sentences(
         out += [sentence(f"{n} {v} is {side} the threshold {t}") for n, v, t, side in plain]
     for findings in tied.values():  # tied to a metric that did not fail: keep the cause
         out += [sentence(f.message) for f in findings]
+    if tightened:
+        fix = _loosen(measurement.check_id, tightened)
     if no_golden:
         out.append("no golden baseline.")
         fix = fix or "bless a baseline once every check passes"
     return out, fix
+
+
+def threshold_keys(check_id: str) -> frozenset[str]:
+    """The threshold keys a config may set for ``check_id`` (``thresholds.<check>.<key>``): its
+    declared defaults, the one list the config validation, README's tables and a likely fix
+    share. Empty for an id that is not a registered check."""
+    from paritygate.checks import CHECK_IDS, get_check
+
+    return frozenset(get_check(check_id).defaults) if check_id in CHECK_IDS else frozenset()
+
+
+def _loosen(check_id: str, tightened: list[Metric]) -> str:
+    """The likely fix of thresholds tightened below what the model has always measured: the
+    config keys behind them, named only when the check declares them (README lists every
+    declared key), once each."""
+    declared = threshold_keys(check_id)
+    keys = dict.fromkeys(m.limit_key or m.name for m in tightened)
+    parts = [f"thresholds.{check_id}.{k}" if k in declared
+             else f"the limit of {k} (the check's notes say where it comes from)" for k in keys]
+    return f"loosen {' and '.join(parts)} or fix the model, then re-bless"

@@ -77,9 +77,10 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             f"artifact contains random operators: {random_ops[:5]} (dropout exported in "
             "training mode: call model.eval() before exporting)")
     m.metric("torch_repeat_max_abs_diff", torch_spread,
-             threshold=thresholds["repeat_max_abs_diff"], key=True)
+             threshold=thresholds["repeat_max_abs_diff"], key=True,
+             limit_key="repeat_max_abs_diff")
     m.metric("artifact_repeat_max_abs_diff", artifact_spread,
-             threshold=thresholds["repeat_max_abs_diff"])
+             threshold=thresholds["repeat_max_abs_diff"], limit_key="repeat_max_abs_diff")
     m.metric("modules_in_training_mode", len(in_training), threshold=0)
     m.metric("random_ops", len(random_ops), threshold=0)
     m.details["repeats"] = k

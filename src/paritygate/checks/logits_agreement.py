@@ -83,7 +83,8 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     m.metric("mean_abs_diff", diff["mean_abs"], bad="none", ratchet=False)
     # A percentile of the same differences: never above max_abs_diff, so its limit bounds it too
     # and gives its golden comparison a noise floor (threshold_fraction of it).
-    m.metric("p99_abs_diff", diff["p99_abs"], threshold=thresholds["max_abs_diff"])
+    m.metric("p99_abs_diff", diff["p99_abs"], threshold=thresholds["max_abs_diff"],
+             limit_key="max_abs_diff")
     m.metric("max_rel_diff", diff["max_rel"], bad="none", ratchet=False)
     if continuous:
         return diff
@@ -172,12 +173,14 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
                    f"(0/{matches['comparable']} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
-        else:
+        elif hint:  # the outputs themselves show how they differ
             m.fail(
                 "artifact_outputs_differ",
                 f"artifact logits differ from the training model's by up to "
-                f"{stats['max_abs']:.3g}{hint}; stale artifact, low-precision layer or "
-                "changed output scaling", metric="max_abs_diff")
+                f"{stats['max_abs']:.3g}{hint}", metric="max_abs_diff")
+        else:  # only the size of the gap: a plain breach, the usual causes for people
+            m.hint("max_abs_diff", "artifact logits differ from the training model's; possible "
+                   "causes: stale artifact, low-precision layer or changed output scaling")
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
     return m
@@ -344,16 +347,12 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     candidate = np.concatenate(cands)  # (N, V)
     limits = _tier_thresholds(ctx, m, thresholds)
     stats = compare_logits(m, reference, candidate, limits)
-    limit = limits["max_abs_diff"]
-    if stats and limit is not None and stats.get("max_abs", 0.0) > limit:
-        m.fail(
-            "engine_logits_differ",
-            f"cached engine logits differ from the trainer's forward by up to "
-            f"{stats['max_abs']:.3g} (engine {ctx.engine_model_dir.name} in "
-            f"{ctx.spec.engine.dtype}, trainer in {ctx.spec.training.dtype}): stale checkpoint, "
-            "lower precision or a cache bug",
-            metric="max_abs_diff",
-        )
+    if stats:  # the size of the gap names no cause: the usual ones, for people
+        m.hint("max_abs_diff",
+               f"cached engine logits differ from the trainer's forward (engine "
+               f"{ctx.engine_model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
+               f"{ctx.spec.training.dtype}); possible causes: stale checkpoint, lower precision "
+               "or a cache bug")
     for row in m.details.get("worst_probes", []):
         row["position"] = owners[row["probe"]]
     m.metric("rows", len(reference), bad="none", ratchet=False)
@@ -394,6 +393,6 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
-           "undeclared_precision", "engine_logits_differ", *_TRANSFORM_KINDS,
+           "undeclared_precision", *_TRANSFORM_KINDS,
            "log_std_clamp_differs"),
 )

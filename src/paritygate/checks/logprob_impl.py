@@ -393,6 +393,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                     threshold=thresholds[key],
                     key=(key == "categorical_max_abs" and not prefix),
                     ratchet=key not in NEW_METRICS,
+                    limit_key=key,
                 )
         m.details[f"{prefix or 'user_'}function"] = name
     m.details["convention"] = getattr(ctx.logprob_fn, "convention", "model")

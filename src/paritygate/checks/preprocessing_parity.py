@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, cause_limit
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         assert pre is not None  # both preprocessing callables come from this section
         results[name] = _measure_input(
             m, ctx.raw_inputs[name], training, serving, pre, ctx.spec.probes.edge_case_kinds,
-            limit, f"input {name!r}: " if several else "")
+            cause_limit(thresholds, "max_abs_diff"), f"input {name!r}: " if several else "")
     worst_input = max(results, key=lambda n: results[n].worst_diff)
     worst = results[worst_input]
     m.metric("max_abs_diff", worst.worst_diff, threshold=limit, key=True)

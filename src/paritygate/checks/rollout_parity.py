@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.check import CheckSpec, Rendered, Thresholds, cause_limit
 from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             "artifact_return": np.cumsum(cand.rewards).tolist(),
         })
     limit = thresholds["max_observation_abs_diff"]
-    if obs_drift > limit:
+    if obs_drift > cause_limit(thresholds, "max_observation_abs_diff"):
         worst = max(rows, key=lambda r: float(r["observation_max_abs_diff"]))
         m.fail("trajectory_differs",
                f"episode {worst['episode']} (seed {worst['seed']}): observations differ by up "
