@@ -153,6 +153,14 @@ GRAPH: tuple[Explanation, ...] = (
                 "the served copy is not this checkpoint's tensors",
                 fix="re-export the serving copy from the checkpoint under test "
                     "(paritygate export CONFIG)"),
+    Explanation("weights_load", "adapter_difference",
+                ("adapter_difference",),
+                _DOWNSTREAM_LM,
+                "the served copy differs from the checkpoint by a low-rank update of its "
+                "projection weights (an adapter merged otherwise)",
+                fix="merge the adapter the checkpoint was trained with into the served copy at "
+                    "its training scale (peft: merge_and_unload under the training LoraConfig's "
+                    "r and lora_alpha), or serve the checkpoint under test"),
     Explanation("weights_load", "stale_engine_weights",
                 ("stale_served_weights",),
                 _DOWNSTREAM_LM,

@@ -232,6 +232,68 @@ def serving_export(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["sampling"].pop("serving")
 
 
+LORA_RANK = 4
+LORA_ALPHA = 8
+"""The adapter the LoRA policy was trained with: scale lora_alpha / r = 2 on q_proj and v_proj."""
+
+
+def _lora_build(model: Path, root: Path) -> Path:
+    """Once per variants root: a LoRA policy built with peft on the demo LM (the training
+    checkpoint: the adapter merged at its training scale) and the served copies a user might
+    ship beside it (base only, merged under another lora_alpha, re-merged from the saved
+    adapter). Each copy is the demo's directory with its weights replaced."""
+    build = root / "lora-build"
+    if (build / "done").exists():
+        return build
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    def base() -> Any:
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+    def config(alpha: int) -> LoraConfig:
+        return LoraConfig(r=LORA_RANK, lora_alpha=alpha, lora_dropout=0.0,
+                          target_modules=["q_proj", "v_proj"])
+
+    def save(name: str, state: dict[str, Any], head: dict[str, Any]) -> None:
+        folder = build / name
+        shutil.copytree(model, folder)
+        tensors = {k: v.detach().contiguous() for k, v in {**state, **head}.items()}
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    head = {k: v for k, v in load_file(str(model / "model.safetensors")).items()
+            if k.startswith("v_head.")}
+    torch.manual_seed(3)
+    policy = get_peft_model(base(), config(LORA_ALPHA))
+    gen = torch.Generator().manual_seed(3)
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:  # a trained adapter (peft starts B at zero)
+            param.data = torch.randn(param.shape, generator=gen) * 0.05
+    adapter = {k: v.detach().clone() for k, v in policy.state_dict().items() if "lora_" in k}
+    policy.save_pretrained(build / "adapter")
+    save("policy", policy.merge_and_unload().state_dict(), head)  # the checkpoint under test
+    save("base", base().state_dict(), {})
+    other = get_peft_model(base(), config(2 * LORA_ALPHA))
+    other.load_state_dict(adapter, strict=False)
+    save("other-scale", other.merge_and_unload().state_dict(), {})
+    again = PeftModel.from_pretrained(base(), build / "adapter")
+    save("remerged", again.merge_and_unload().state_dict(), {})
+    (build / "done").write_text("ok")
+    return build
+
+
+def _lora_serving(served: str) -> Patch:
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        build = _lora_build(model, out.parent)
+        cfg["causal_lm"]["model_dir"] = str(build / "policy")
+        cfg["causal_lm"]["serving"] = {"model_dir": str(build / served)}
+
+    patch.__name__ = f"lora_{served}"
+    return patch
+
+
 def sampling_wrong_format(cfg: dict[str, Any], model: Path, out: Path) -> None:
     """The served generation_config.json is declared a vLLM file: HF fields read as vLLM's."""
     cfg["causal_lm"]["sampling"]["serving"] = str(model / "generation_config.json")
@@ -437,6 +499,21 @@ FAULTS += (
         {"logprob_impl": "computes in bfloat16"},
         ("logprob_delta",),
     ),
+    Fault(
+        "lora_base_served",
+        _lora_serving("base"),
+        {"weights_load": "differs from training by a low-rank update on 4 modules (q_proj, "
+                         "v_proj)"},
+        ("logits_agreement", "logprob_delta"),
+    ),
+    Fault(
+        "lora_other_scale",
+        _lora_serving("other-scale"),
+        {"weights_load": "differs from training by a low-rank update on 4 modules (q_proj, "
+                         "v_proj)"},
+        # twice the adapter's update flips greedy tokens too
+        ("logits_agreement", "logprob_delta", "generation_parity"),
+    ),
 )
 
 CLEAN_VARIANTS: tuple[Fault, ...] = (
@@ -452,6 +529,8 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("trl_ppo", _trainer_fn("trl_ppo"), {}),
     Fault("verl_response", _trainer_fn("verl_response"), {}),
     Fault("verl_response_t07", _trainer_fn("verl_response", temperature=0.7), {}),
+    # the LoRA policy served as the adapter re-merged at its training scale
+    Fault("lora_merged", _lora_serving("remerged"), {}),
 )
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
@@ -466,6 +545,7 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "trl_ppo": ("logprob_impl",),
     "verl_response": ("logprob_impl",),
     "verl_response_t07": ("logprob_impl", "logprob_delta"),
+    "lora_merged": LM_CHECKS,
 }
 
 

@@ -283,7 +283,9 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
             f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
     for key in diff.nonfinite[:5]:
         m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
-    if diff.value_diffs:
+    if diff.low_rank:
+        _adapter_difference(m, diff, where)
+    elif diff.value_diffs:
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(
             f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "
@@ -320,6 +322,28 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                 "serve the full-precision weights"
             )
     return diff
+
+
+def _adapter_difference(m: Measurement, diff: Any, where: str) -> None:
+    """Every differing tensor is a projection weight that differs by a low-rank update: an
+    adapter merged otherwise than in training, not another checkpoint."""
+    from paritygate.families.causal_lm.weights import projection_module
+
+    modules = sorted({projection_module(k) or k for k in diff.low_rank})
+    ranks = sorted(set(diff.low_rank.values()))
+    rank = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]} to {ranks[-1]}"
+    worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])[:3]
+    named = ", ".join(f"{k} (rank {diff.low_rank[k]}, max diff {v:.3g})" for k, v in worst)
+    m.fail(
+        "adapter_difference",
+        f"the served copy differs from training by a low-rank update on {len(diff.low_rank)} "
+        f"modules ({', '.join(modules)}): an adapter not merged, merged with another scale, or "
+        f"another adapter (difference rank {rank}; every other tensor of {where} is the "
+        f"checkpoint's): {named}",
+        metric="serving_tensors_differing",
+    )
+    m.details["adapter_difference"] = {
+        "modules": modules, "tensors": len(diff.low_rank), "ranks": dict(diff.low_rank)}
 
 
 def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Measurement:
@@ -359,5 +383,6 @@ CHECK = CheckSpec(
            "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
            "values_altered", "engine_values_altered", "served_tensors_missing",
            "served_tensors_extra", "served_shape_mismatch", "served_nonfinite",
-           "stale_served_weights", "precision_change", "checkpoint_coverage"),
+           "stale_served_weights", "adapter_difference", "precision_change",
+           "checkpoint_coverage"),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +44,87 @@ class WeightsDiff:
     """Served keys the checkpoint stores as one tied tensor (``lm_head.weight`` of a
     ``tie_word_embeddings`` model), each mapped to the checkpoint key it is tied to; their
     values are compared with that tensor like any other (an equal copy is the same model)."""
+    low_rank: dict[str, int] = field(default_factory=dict)
+    """Each differing key's numerical rank of (served - checkpoint), filled only when every
+    differing tensor is an attention/MLP projection weight whose difference has low rank
+    (:func:`adapter_ranks`): the signature of a low-rank adapter merged otherwise."""
 
     def served_dtypes(self) -> set[str]:
         """The lower dtypes the served copy stores (empty when none changed)."""
         return {served for _, served in self.dtype_changes.values()}
+
+
+ADAPTER_MAX_RANK = 64
+"""The highest difference rank read as an adapter's (LoRA ranks are 4-64 in practice), and never
+above a quarter of the tensor's smaller side: a full-rank change is another checkpoint's."""
+RANK_RTOL = 1e-2
+"""A difference has rank r when its best rank-r approximation leaves under 1% of its Frobenius
+norm: the rounding of fp32 merged weights (~6e-8 relative) stays far below, while a full-rank
+change (another optimiser step) leaves most of its norm outside any small rank."""
+_PROJECTIONS = ("query_key_value", "c_attn", "c_fc", "fc1", "fc2", "dense", "dense_h_to_4h",
+                "dense_4h_to_h", "wqkv", "query", "key", "value", "wq", "wk", "wv", "wo", "w1",
+                "w2", "w3")
+
+
+def projection_module(key: str) -> str | None:
+    """The module name of an attention/MLP projection weight (``q_proj`` of
+    ``model.layers.0.self_attn.q_proj.weight``), or ``None`` for any other tensor (embeddings,
+    norms, biases, the LM head)."""
+    parts = key.split(".")
+    if len(parts) < 2 or parts[-1] != "weight":
+        return None
+    module = parts[-2]
+    return module if module.endswith("proj") or module.lower() in _PROJECTIONS else None
+
+
+def difference_rank(reference: Any, candidate: Any) -> int | None:
+    """Numerical rank of ``candidate - reference`` (two 2-D tensors), or ``None`` when it is
+    above :data:`ADAPTER_MAX_RANK` (or a quarter of the smaller side).
+
+    A seeded randomized range finder (``max_rank + 8`` probes, float64) holds the cost at
+    O(m n r) per tensor: the difference's energy outside the probed span must be under
+    :data:`RANK_RTOL`, and its rank is the fewest singular values that leave no more."""
+    import torch
+
+    delta = candidate.double() - reference.double()  # (m, n)
+    rows, cols = delta.shape
+    limit = min(ADAPTER_MAX_RANK, min(rows, cols) // 4)
+    total = float((delta * delta).sum())
+    if not math.isfinite(total):
+        return None
+    if total == 0.0:
+        return 0
+    if limit < 1:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    probes = torch.randn(cols, min(limit + 8, cols), generator=gen, dtype=torch.float64)
+    basis, _ = torch.linalg.qr(delta @ probes)  # (m, k)
+    energy = torch.linalg.svdvals(basis.T @ delta) ** 2  # (k,), largest first
+    allowed = RANK_RTOL**2 * total
+    if total - float(energy.sum()) > allowed:
+        return None
+    left = total - torch.cumsum(energy, 0)  # energy outside the top 1, 2, ... values
+    rank = int((left > allowed).sum()) + 1
+    return rank if rank <= limit else None
+
+
+def adapter_ranks(training: dict[str, Any], served: dict[str, Any], keys: list[str],
+                  ) -> dict[str, int]:
+    """Each key's difference rank when every one of ``keys`` is a projection weight whose
+    served value differs from the training value by a low-rank update; else empty. Stops at
+    the first key that is not, so a stale checkpoint costs one rank estimate at most."""
+    if not keys or any(projection_module(k) is None for k in keys):
+        return {}
+    ranks: dict[str, int] = {}
+    for key in keys:
+        t, s = training[key], served[key]
+        if t.dim() != 2:
+            return {}
+        rank = difference_rank(t.to(s.dtype), s)
+        if rank is None:
+            return {}
+        ranks[key] = rank
+    return ranks
 
 
 def _dtype_name(tensor: Any) -> str:
@@ -117,4 +195,6 @@ def compare_states(
             diff.value_diffs[key] = float(torch.nan_to_num(delta, nan=float("inf")).max())
         else:
             diff.value_diffs[key] = float((expected.long() - s.long()).abs().max())
+    if not diff.missing and not diff.extra and not diff.shape and not diff.untied:
+        diff.low_rank = adapter_ranks(train, serve, sorted(diff.value_diffs))
     return diff
