@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, cause_limit
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
 
@@ -103,7 +103,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         diff = diff_stats(reference, candidate)["max_abs"]
     m.metric("policy_max_abs_diff", diff, threshold=thresholds["policy_max_abs_diff"], key=True)
     if (
-        diff > thresholds["policy_max_abs_diff"]
+        diff > cause_limit(thresholds, "policy_max_abs_diff")
         and not differing
         and not foreign
         and not random_sides

@@ -327,9 +327,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
 def _adapter_difference(m: Measurement, diff: Any, where: str) -> None:
     """Every differing tensor is a projection weight that differs by a low-rank update: an
     adapter merged otherwise than in training, not another checkpoint."""
-    from paritygate.families.causal_lm.weights import projection_module
-
-    modules = sorted({projection_module(k) or k for k in diff.low_rank})
+    modules = diff.adapter_modules()
     ranks = sorted(set(diff.low_rank.values()))
     rank = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]} to {ranks[-1]}"
     worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])[:3]

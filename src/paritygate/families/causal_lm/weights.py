@@ -49,6 +49,10 @@ class WeightsDiff:
     differing tensor is an attention/MLP projection weight whose difference has low rank
     (:func:`adapter_ranks`): the signature of a low-rank adapter merged otherwise."""
 
+    def adapter_modules(self) -> list[str]:
+        """The projection modules a low-rank update touches (``q_proj``, ``v_proj``), sorted."""
+        return sorted({projection_module(k) or k for k in self.low_rank})
+
     def served_dtypes(self) -> set[str]:
         """The lower dtypes the served copy stores (empty when none changed)."""
         return {served for _, served in self.dtype_changes.values()}
