@@ -9,6 +9,7 @@ from typing import Any
 
 from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.hf_loading import safetensors_files
+from paritygate.reading import check_input
 
 
 def read_state(directory: Path) -> dict[str, Any]:
@@ -17,6 +18,7 @@ def read_state(directory: Path) -> dict[str, Any]:
 
     state: dict[str, Any] = {}
     for path in safetensors_files(directory):
+        check_input(path, None, what="safetensors file")
         state.update(load_file(str(path)))
     return state
 

@@ -537,11 +537,13 @@ def initial_states(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray
     for i, state in enumerate(spec.recurrent.states):
         key = f"policy.recurrent.states[{i}].initial"
         if isinstance(state.initial, str):
+            from paritygate.reading import load_arrays
+
             path = config.resolve(state.initial)
-            try:
-                value = np.load(path, allow_pickle=False).astype(np.float32)
-            except Exception as exc:
-                raise InputError(path, key, f"unreadable initial state: {exc}") from None
+            loaded = load_arrays(path, key, what="initial state")
+            if isinstance(loaded, dict):
+                raise InputError(path, key, "an initial state is one .npy array, not an .npz")
+            value = np.asarray(loaded).astype(np.float32)
             if list(value.shape) != list(state.shape):
                 raise InputError(path, key, f"initial state of shape {list(value.shape)}, "
                                  f"the state is declared {list(state.shape)}")
@@ -696,9 +698,9 @@ def build_policy_context(
 
     given = None
     if spec.artifact is not None and not force_export:
-        given = config.resolve(spec.artifact)
-        if not given.exists():
-            raise InputError(given, "policy.artifact", "artifact not found")
+        from paritygate.reading import check_input
+
+        given = check_input(config.resolve(spec.artifact), "policy.artifact", what="artifact")
     if _stamp(ckpt) != stat_before:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
     ctx = PolicyContext(
