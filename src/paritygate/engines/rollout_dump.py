@@ -18,8 +18,9 @@ sequence, same column names; needs pyarrow). Fields:
 - ``logprobs_mode`` (``raw`` | ``processed``, optional, default ``processed``).
 - ``engine`` (string, optional): who wrote the dump (``vllm``, ``sglang``, ``hf``...).
 
-A bad dump raises :class:`~paritygate.errors.InputError` naming the line (1-based; the row
-for Parquet) and the field. The file is at most
+The JSON Schema of a record is published as ``schemas/rollout_dump.schema.json``
+(:data:`DUMP_RECORD_SCHEMA`). A bad dump raises :class:`~paritygate.errors.InputError`
+naming the line (1-based; the row for Parquet) and the field. The file is at most
 :data:`~paritygate.reading.MAX_DUMP_BYTES` on disk, checked before it is read.
 """
 
@@ -37,6 +38,58 @@ from paritygate.reading import MAX_DUMP_BYTES, check_input, read_text
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
           "logprobs_mode", "engine")
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+
+
+LOGPROB_SLACK = 1e-6
+"""A log-prob may exceed 0 by this much (an engine's float rounding of log(1))."""
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_LOGPROB = {"type": "number", "maximum": LOGPROB_SLACK}
+
+DUMP_RECORD_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "paritygate rollout dump record (one JSONL line or Parquet row)",
+    "description": "Beyond what JSON Schema states: token ids are below the model's "
+                   "config.json vocab_size, logprobs has one finite value per completion "
+                   "token (no NaN or Infinity), top_logprobs one mapping per completion "
+                   "token with values that are not NaN.",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["prompt_ids", "completion_ids", "logprobs"],
+    "properties": {
+        "prompt_ids": {**_TOKEN_IDS, "minItems": 1},
+        "completion_ids": _TOKEN_IDS,
+        "logprobs": {"type": "array", "items": _LOGPROB},
+        "sampling": {
+            "type": ["object", "null"],
+            "properties": {
+                "temperature": {"type": ["number", "null"], "minimum": 0},
+                "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "min_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "repetition_penalty": {"type": ["number", "null"], "minimum": 0},
+                "top_k": {"type": ["integer", "null"]},
+                "max_tokens": {"type": ["integer", "null"], "minimum": 0},
+                "max_new_tokens": {"type": ["integer", "null"], "minimum": 0},
+                "do_sample": {"type": ["boolean", "null"]},
+            },
+        },
+        "top_logprobs": {
+            "type": ["array", "null"],
+            "items": {"anyOf": [
+                {"type": "object", "patternProperties": {"^[0-9]+$": _LOGPROB},
+                 "additionalProperties": False},
+                {"type": "array", "items": {
+                    "type": "object", "required": ["key", "value"],
+                    "properties": {"key": {"type": "integer", "minimum": 0},
+                                   "value": _LOGPROB}}},
+            ]},
+        },
+        "logprobs_mode": {"enum": ["raw", "processed", None]},
+        "engine": {"type": ["string", "null"]},
+    },
+}
+"""The published JSON Schema of one record (``schemas/rollout_dump.schema.json``);
+:func:`validate_record` enforces it and the checks JSON Schema cannot state."""
 
 
 def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool,
@@ -62,7 +115,7 @@ def _in_vocab(path: Path, key: str, ids: Any, vocab_size: int | None) -> None:
 
 
 def _logprob_list(path: Path, key: str, values: Any, count: int) -> list[float]:
-    """Finite numbers ``<= 0`` (1e-6 of rounding allowed), one per completion token."""
+    """Finite numbers ``<= 0`` (:data:`LOGPROB_SLACK` allowed), one per completion token."""
     if not isinstance(values, (list, tuple)) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
     ):
@@ -74,7 +127,7 @@ def _logprob_list(path: Path, key: str, values: Any, count: int) -> list[float]:
         if not math.isfinite(v):
             raise InputError(path, key, f"log-prob {v} at position {at}: a sampled token's "
                                         "log-prob is finite")
-        if v > 1e-6:
+        if v > LOGPROB_SLACK:
             raise InputError(path, key, f"log-prob {v} at position {at}: a log-prob must be <= 0")
     return out
 
@@ -98,7 +151,7 @@ def _top_list(path: Path, key: str, top: Any, count: int,
         if any(tid < 0 for tid in step):
             raise InputError(path, key, f"step {at}: a token id must be non-negative")
         _in_vocab(path, key, list(step), vocab_size)
-        bad = [v for v in step.values() if math.isnan(v) or v > 1e-6]
+        bad = [v for v in step.values() if math.isnan(v) or v > LOGPROB_SLACK]
         if bad:
             raise InputError(path, key, f"step {at}: log-prob {bad[0]} (must be <= 0, not NaN)")
     return steps
