@@ -165,3 +165,33 @@ def test_bounds_are_documented_in_the_readme() -> None:
 
     for name in ("MAX_ARRAY_BYTES", "MAX_DUMP_BYTES", "MAX_CONFIG_BYTES", "SPARSE_MIN_BYTES"):
         assert name in readme, f"{name} ({getattr(reading, name)}) is not in the README"
+
+
+def test_every_reader_of_arrays_and_checkpoints_goes_through_paritygate_reading() -> None:
+    """``paritygate.reading`` is the ground floor (it imports only ``paritygate.errors``);
+    ``np.load`` lives only there, ``torch.load`` only in ``checkpoints`` (which checks the
+    file through it), and every module that opens safetensors or reads a user's file imports
+    it."""
+    import ast
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_architecture import SRC, import_graph
+
+    graph = import_graph()
+    assert graph["paritygate.reading"] <= {"paritygate.errors"}
+    np_loads = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                      if "np.load(" in p.read_text("utf-8") and p.name != "reading.py")
+    assert np_loads == [], "np.load belongs in paritygate.reading (load_arrays)"
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text("utf-8"))
+        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        if "torch.load" in calls:
+            assert path.name == "checkpoints.py", path
+    for user in ("paritygate.config", "paritygate.checkpoints", "paritygate.golden",
+                 "paritygate.engines.rollout_dump", "paritygate.engines.hf_loading",
+                 "paritygate.families.policy.probes", "paritygate.families.policy.context",
+                 "paritygate.families.causal_lm.probes", "paritygate.families.causal_lm.sampling",
+                 "paritygate.families.causal_lm.tokenizer", "paritygate.families.causal_lm.weights",
+                 "paritygate.families.hf_model.probes", "paritygate.families.hf_model.context",
+                 "paritygate.init", "paritygate.init_hf"):
+        assert "paritygate.reading" in graph[user], f"{user} does not read through it"

@@ -35,15 +35,20 @@ HARD_TIMEOUT_S = 10
 
 
 def zip_bomb(path: Path, inflated: int, member: str = "obs.npy") -> Path:
-    """A valid ``.npz`` whose one member (an ``.npy`` of float32 zeros) inflates to
-    ``inflated`` bytes. The deflate stream is one compressed block of 16 MiB of zeros repeated
-    (each block ends in a full flush, so the blocks are independent), which builds a
-    gigabyte bomb in about a second instead of deflating a gigabyte."""
+    """A valid ``.npz`` whose one member (an ``.npy`` of float32 zeros) inflates to about
+    ``inflated`` bytes (down to a whole float32). The deflate stream is one compressed block
+    of 16 MiB of zeros repeated (each block ends in a full flush, so the blocks are
+    independent), which builds a gigabyte bomb in about a second instead of deflating a
+    gigabyte."""
     header = np.lib.format.header_data_from_array_1_0(np.zeros(0, np.float32))
     header["shape"] = (inflated // 4,)
     head_io = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head_io, header)  # its length: padded to 64 bytes
+    header["shape"] = ((inflated - len(head_io.getvalue())) // 4,)
+    head_io = io.BytesIO()
     np.lib.format.write_array_header_1_0(head_io, header)
     head = head_io.getvalue()
+    inflated = len(head) + 4 * header["shape"][0]
     chunk = 1 << 24
     zeros = bytes(chunk)
     count, rest = divmod(inflated - len(head), chunk)
