@@ -228,13 +228,9 @@ def declared_array_bytes(path: Path) -> int:
         return _npy_header_bytes(fh)
 
 
-def load_arrays(path: str | Path, key: str | None, *, what: str = "array file") -> Any:
-    """``np.load`` of a ``.npy`` / ``.npz`` file, never pickled objects, after
-    :func:`check_input` and the declared-size bound :data:`MAX_ARRAY_BYTES`: a zip bomb or a
-    header declaring terabytes is refused before any member is inflated. An ``.npz`` comes
-    back as ``{name: array}`` (read whole, the archive closed), an ``.npy`` as its array."""
-    import numpy as np
-
+def check_array_file(path: str | Path, key: str | None, *, what: str = "array file") -> Path:
+    """:func:`check_input` for a ``.npy`` / ``.npz`` file, and its declared array bytes
+    (:func:`declared_array_bytes`) within :data:`MAX_ARRAY_BYTES`; nothing is inflated."""
     path = check_input(path, key, what=what, max_bytes=MAX_ARRAY_BYTES,
                        bound="MAX_ARRAY_BYTES")
     try:
@@ -245,6 +241,17 @@ def load_arrays(path: str | Path, key: str | None, *, what: str = "array file") 
         raise InputError(path, key, f"{what} declares {_gib(declared)} of array data, more "
                                     f"than the {_gib(MAX_ARRAY_BYTES)} bound (MAX_ARRAY_BYTES); "
                                     "refused before inflating it")
+    return path
+
+
+def load_arrays(path: str | Path, key: str | None, *, what: str = "array file") -> Any:
+    """``np.load`` of a ``.npy`` / ``.npz`` file, never pickled objects, after
+    :func:`check_array_file`: a zip bomb or a header declaring terabytes is refused before
+    any member is inflated. An ``.npz`` comes back as ``{name: array}`` (read whole, the
+    archive closed), an ``.npy`` as its array."""
+    import numpy as np
+
+    path = check_array_file(path, key, what=what)
     try:
         loaded = np.load(path, allow_pickle=False)
         if hasattr(loaded, "files"):

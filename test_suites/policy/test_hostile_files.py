@@ -2,8 +2,9 @@
 
 A 1.5 MB ``.npz`` whose member inflates to 1.5 GiB (a zip bomb), a 2 GiB sparse checkpoint
 made by ``truncate``: each ends in exit 2 and one line naming the file and the key, under a
-hard 10 s ``timeout`` on the subprocess. The demo policy is the clean subject, so the bomb
-is opened only where the gate really reads probes (after the checkpoint and the models).
+hard 10 s ``timeout`` on the subprocess. The demo policy is the clean subject: every other
+input is valid, and the policy context judges the checkpoint's and the probe file's bounds
+before it imports torch.
 """
 
 from __future__ import annotations

@@ -656,12 +656,13 @@ def build_policy_context(
     config: GateConfig, *, export_dir: Path | None = None, force_export: bool = False
 ) -> PolicyContext:
     """Load and validate every input of a policy gate."""
+    spec = config.policy
+    assert spec is not None
+    _check_files(config, spec)
     import torch
 
     from paritygate.checkpoints import load_checkpoint_state, read_checkpoint
 
-    spec = config.policy
-    assert spec is not None
     torch.manual_seed(config.seed)
     ckpt = config.resolve(spec.checkpoint)
     with keyed("policy.checkpoint"):
@@ -733,6 +734,23 @@ def build_policy_context(
 
         read_manifest(ctx.manifest_path)  # unreadable or not a mapping: bad input, up front
     return ctx
+
+
+def _check_files(config: GateConfig, spec: PolicySpec) -> None:
+    """The checkpoint, the probe file and each initial-state file may be read, and are within
+    their size bounds (:mod:`paritygate.reading`): judged from ``stat`` and headers before
+    torch is imported, so a sparse checkpoint or a zip bomb is refused in about a second."""
+    from paritygate.reading import check_array_file, check_input
+
+    with keyed("policy.checkpoint"):
+        check_input(config.resolve(spec.checkpoint), None, what="checkpoint")
+    if spec.probes.file is not None:
+        check_array_file(config.resolve(spec.probes.file), "policy.probes.file",
+                         what="probe file")
+    for i, state in enumerate(spec.recurrent.states if spec.recurrent else []):
+        if isinstance(state.initial, str):
+            check_array_file(config.resolve(state.initial),
+                             f"policy.recurrent.states[{i}].initial", what="initial state")
 
 
 def _initial_feeds(config: GateConfig, spec: PolicySpec, rows: int) -> dict[str, np.ndarray]:
