@@ -195,3 +195,25 @@ def test_every_reader_of_arrays_and_checkpoints_goes_through_paritygate_reading(
                  "paritygate.families.hf_model.probes", "paritygate.families.hf_model.context",
                  "paritygate.init", "paritygate.init_hf"):
         assert "paritygate.reading" in graph[user], f"{user} does not read through it"
+
+
+def test_config_over_its_size_bound_is_refused_unparsed(tmp_path: Path) -> None:
+    from paritygate.reading import MAX_CONFIG_BYTES
+
+    config = policy_config(tmp_path, {})
+    with open(config, "a", encoding="utf-8") as fh:
+        fh.write("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=None)
+    assert "MAX_CONFIG_BYTES" in line, line
+
+
+def test_sparse_config_is_refused(tmp_path: Path) -> None:
+    """A config file is judged like every input: a sparse one (a few bytes written at the
+    end of 3 GiB of holes) never reaches the YAML parser."""
+    config = tmp_path / "gate.yaml"
+    with open(config, "wb") as fh:
+        fh.truncate(3 * 2**30)
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=None)
+    assert "config file is" in line, line
