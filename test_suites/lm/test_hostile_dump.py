@@ -123,3 +123,20 @@ def test_published_schema_refuses_what_it_can_state() -> None:
         if case_id in ("positive-logprob", "negative-temperature"):
             with pytest.raises(jsonschema.ValidationError):
                 jsonschema.validate(record, published)
+
+
+def test_parquet_dump_declaring_more_than_the_bound_is_refused_undecompressed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Parquet dump is judged by the uncompressed size its footer declares: 2,000 equal
+    records are 4 kB on disk and 55 kB declared; with the bound between the two, refused."""
+    pytest.importorskip("pyarrow")
+    import paritygate.engines.rollout_dump as rollout_dump
+
+    record = {"prompt_ids": [1, 2] * 50, "completion_ids": [3] * 100, "logprobs": [-0.1] * 100}
+    path = rollout_dump.write_dump(tmp_path / "dump.parquet", [record] * 2000)
+    assert path.stat().st_size < 20_000
+    monkeypatch.setattr(rollout_dump, "MAX_DUMP_BYTES", 20_000)
+    with pytest.raises(InputError) as err:
+        read_dump(path)
+    assert "declares" in err.value.cause and "MAX_DUMP_BYTES" in err.value.cause

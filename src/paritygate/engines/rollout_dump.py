@@ -242,6 +242,15 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
         except ImportError:
             raise MissingExtra("pyarrow", "lm") from None
         try:
+            meta = pq.ParquetFile(path).metadata  # footer only: sizes as the file declares
+            declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        except Exception as exc:  # pyarrow raises many types for a bad file
+            raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
+        if declared > MAX_DUMP_BYTES:
+            raise InputError(path, None, f"Parquet dump declares {declared} bytes uncompressed, "
+                                         f"more than the {MAX_DUMP_BYTES} bound (MAX_DUMP_BYTES); "
+                                         "refused before decompressing it")
+        try:
             table = pq.read_table(path)
         except Exception as exc:  # pyarrow raises many types for a bad file
             raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
