@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import check_input
+from paritygate.reading import check_input, read_zip_member
 
 PICKLE_REFUSED = (
     "needs arbitrary unpickling, which can run code from the file; refused "
@@ -253,7 +253,8 @@ def load_checkpoint_state(
     if suffix == ".zip" and zipfile.is_zipfile(source):
         with zipfile.ZipFile(source) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
-                member = io.BytesIO(zf.read("policy.pth"))
+                member = io.BytesIO(read_zip_member(zf, "policy.pth", path, None,
+                                                    what="member", max_bytes=memory_bytes()))
                 try:
                     loaded = _torch_load(member, path, None, allow_pickle)
                 except InputError as exc:  # the member is named in the cause, the key stays free

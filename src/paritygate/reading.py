@@ -196,6 +196,33 @@ def read_text(
         raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
 
 
+MAX_ZIP_RATIO = 100
+"""A zip member (an SB3 checkpoint's ``policy.pth``) that declares more than this many times
+its compressed size, and more than :data:`SPARSE_MIN_BYTES`, is a zip bomb: tensors of
+trained weights compress by ~1.1x, and even an all-zero tensor the gate has to hold whole is
+not worth inflating a thousandfold."""
+
+
+def read_zip_member(
+    archive: zipfile.ZipFile, name: str, path: Path, key: str | None, *,
+    what: str = "zip member", max_bytes: int | None = None,
+) -> bytes:
+    """The bytes of member ``name`` of the zip ``archive`` (the file ``path``), after its
+    declared uncompressed size is judged: over ``max_bytes``, or over :data:`MAX_ZIP_RATIO`
+    times its compressed size (and :data:`SPARSE_MIN_BYTES`), it is refused uninflated."""
+    info = archive.getinfo(name)
+    size, packed = info.file_size, max(info.compress_size, 1)
+    if max_bytes is not None and size > max_bytes:
+        raise InputError(path, key, f"{what} {name} declares {_gib(size)}, more than the "
+                                    f"{_gib(max_bytes)} bound; refused before inflating it")
+    if size > SPARSE_MIN_BYTES and size > MAX_ZIP_RATIO * packed:
+        raise InputError(path, key, f"{what} {name} declares {_gib(size)} from "
+                                    f"{_gib(packed)} compressed ({size // packed}x, more than "
+                                    f"MAX_ZIP_RATIO {MAX_ZIP_RATIO}x): a zip bomb; refused "
+                                    "before inflating it")
+    return archive.read(name)
+
+
 def _npy_header_bytes(fh: Any) -> int:
     """Bytes of array data an ``.npy`` stream's header declares (shape x itemsize)."""
     import numpy as np

@@ -175,3 +175,12 @@ def test_directory_holding_a_fifo_is_refused(tmp_path: Path) -> None:
                     expect="dir")
     assert err.value.file == str(model / "tokenizer.json")
     assert "FIFO" in err.value.cause
+
+
+def test_sb3_zip_whose_policy_member_is_a_bomb(clean_demo: Path, tmp_path: Path) -> None:
+    """An SB3 ``.zip`` checkpoint whose ``policy.pth`` declares 1.5 GiB from 1.5 MB is refused
+    by the member's declared size and ratio (``MAX_ZIP_RATIO``), never inflated."""
+    ckpt = zip_bomb(tmp_path / "ppo.zip", 3 * 2**30 // 2, member="policy.pth")
+    cfg = write_config(tmp_path, clean_demo, {"policy": {"checkpoint": str(ckpt)}})
+    line = one_line(*run_cli(cfg), file=ckpt, key="policy.checkpoint")
+    assert "zip bomb" in line and "policy.pth" in line, line
