@@ -163,7 +163,8 @@ def test_bounds_are_documented_in_the_readme() -> None:
         assert f"{value:,}" in readme or str(value) in readme, name
     from paritygate import reading
 
-    for name in ("MAX_ARRAY_BYTES", "MAX_DUMP_BYTES", "MAX_CONFIG_BYTES", "SPARSE_MIN_BYTES"):
+    for name in ("MAX_ARRAY_BYTES", "MAX_DUMP_BYTES", "MAX_CONFIG_BYTES", "SPARSE_MIN_BYTES",
+                 "MAX_ZIP_RATIO"):
         assert name in readme, f"{name} ({getattr(reading, name)}) is not in the README"
 
 

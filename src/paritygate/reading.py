@@ -203,15 +203,15 @@ trained weights compress by ~1.1x, and even an all-zero tensor the gate has to h
 not worth inflating a thousandfold."""
 
 
-def read_zip_member(
-    archive: zipfile.ZipFile, name: str, path: Path, key: str | None, *,
+def check_zip_member(
+    info: zipfile.ZipInfo, path: Path, key: str | None, *,
     what: str = "zip member", max_bytes: int | None = None,
-) -> bytes:
-    """The bytes of member ``name`` of the zip ``archive`` (the file ``path``), after its
-    declared uncompressed size is judged: over ``max_bytes``, or over :data:`MAX_ZIP_RATIO`
-    times its compressed size (and :data:`SPARSE_MIN_BYTES`), it is refused uninflated."""
-    info = archive.getinfo(name)
+) -> None:
+    """A zip member's declared uncompressed size: over ``max_bytes``, or over
+    :data:`MAX_ZIP_RATIO` times its compressed size (and :data:`SPARSE_MIN_BYTES`), it is
+    refused, from the zip directory alone."""
     size, packed = info.file_size, max(info.compress_size, 1)
+    name = info.filename
     if max_bytes is not None and size > max_bytes:
         raise InputError(path, key, f"{what} {name} declares {_gib(size)}, more than the "
                                     f"{_gib(max_bytes)} bound; refused before inflating it")
@@ -220,6 +220,27 @@ def read_zip_member(
                                     f"{_gib(packed)} compressed ({size // packed}x, more than "
                                     f"MAX_ZIP_RATIO {MAX_ZIP_RATIO}x): a zip bomb; refused "
                                     "before inflating it")
+
+
+def check_zip_members(
+    path: Path, key: str | None, *, what: str = "zip member", max_bytes: int | None = None,
+) -> None:
+    """:func:`check_zip_member` for every member of the zip file ``path`` (a no-op for a
+    file that is not a zip); nothing is inflated."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            check_zip_member(info, path, key, what=what, max_bytes=max_bytes)
+
+
+def read_zip_member(
+    archive: zipfile.ZipFile, name: str, path: Path, key: str | None, *,
+    what: str = "zip member", max_bytes: int | None = None,
+) -> bytes:
+    """The bytes of member ``name`` of the zip ``archive`` (the file ``path``), once
+    :func:`check_zip_member` has judged its declared size."""
+    check_zip_member(archive.getinfo(name), path, key, what=what, max_bytes=max_bytes)
     return archive.read(name)
 
 

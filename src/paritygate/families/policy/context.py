@@ -738,12 +738,16 @@ def build_policy_context(
 
 def _check_files(config: GateConfig, spec: PolicySpec) -> None:
     """The checkpoint, the probe file and each initial-state file may be read, and are within
-    their size bounds (:mod:`paritygate.reading`): judged from ``stat`` and headers before
-    torch is imported, so a sparse checkpoint or a zip bomb is refused in about a second."""
-    from paritygate.reading import check_array_file, check_input
+    their size bounds (:mod:`paritygate.reading`; a zip checkpoint's members too): judged
+    from ``stat``, zip directories and headers before torch is imported, so a sparse
+    checkpoint or a zip bomb is refused in about a second."""
+    from paritygate.checkpoints import memory_bytes
+    from paritygate.reading import check_array_file, check_input, check_zip_members
 
     with keyed("policy.checkpoint"):
-        check_input(config.resolve(spec.checkpoint), None, what="checkpoint")
+        ckpt = check_input(config.resolve(spec.checkpoint), None, what="checkpoint")
+        # an SB3 zip or a torch zip file: its members' declared sizes (torch stores them)
+        check_zip_members(ckpt, None, what="member", max_bytes=memory_bytes())
     if spec.probes.file is not None:
         check_array_file(config.resolve(spec.probes.file), "policy.probes.file",
                          what="probe file")
