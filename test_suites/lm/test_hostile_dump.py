@@ -1,4 +1,5 @@
-"""A rollout dump is bad input, not a verdict, when it breaks its published schema.
+"""Hostile causal-LM inputs: a rollout dump that breaks its published schema is bad input, not
+a verdict, and so is a FIFO inside the model directory.
 
 Through the real CLI (``engines: [dump]``, a hard 10 s ``timeout``): a FIFO or a 2 GiB sparse
 file as the dump, an out-of-vocabulary token id, a NaN, -Infinity or positive log-prob and a
@@ -140,3 +141,21 @@ def test_parquet_dump_declaring_more_than_the_bound_is_refused_undecompressed(
     with pytest.raises(InputError) as err:
         read_dump(path)
     assert "declares" in err.value.cause and "MAX_DUMP_BYTES" in err.value.cause
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "config.json"])
+def test_fifo_inside_the_model_directory(demo_lm: Path, tmp_path: Path, name: str) -> None:
+    """A loader reads a model directory's files by name: a FIFO among them is named (the file
+    and ``causal_lm.model_dir``) before any of them is opened."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(demo_lm, model)
+    (model / name).unlink()
+    os.mkfifo(model / name)
+    data = clean_config(model)
+    data["golden"] = {"dir": str(tmp_path / "golden")}
+    config = tmp_path / "gate.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    line = _line(*_run(config), model / name, "causal_lm.model_dir: ")
+    assert "FIFO" in line, line
