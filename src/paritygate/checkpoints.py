@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError, MissingExtra
+from paritygate.reading import check_input, read_zip_member
 
 PICKLE_REFUSED = (
     "needs arbitrary unpickling, which can run code from the file; refused "
@@ -153,6 +154,7 @@ def nested_state_dict_keys(path: Path, *, allow_pickle: bool = False) -> list[st
     """Dotted keys of the mappings of tensors one or two levels down a training checkpoint
     (``agent.actor`` of ``{"agent": {"actor": sd}, "optim": ..., "global_step": N}``), the
     largest first: the candidates for ``policy.state_dict_key``."""
+    check_input(path, None, what="checkpoint")
     obj = _torch_load(str(path), path, None, allow_pickle)
     found: list[tuple[int, str]] = []
     if isinstance(obj, Mapping):
@@ -197,10 +199,7 @@ def read_checkpoint(path: Path) -> tuple[bytes, str]:
     take minutes before that became clear."""
     import hashlib
 
-    if not path.exists():
-        raise InputError(path, None, "checkpoint not found")
-    if path.is_dir():
-        raise InputError(path, None, "checkpoint is a directory, expected a file")
+    check_input(path, None, what="checkpoint")  # no FIFO, device or sparse file
     size = path.stat().st_size
     limit = memory_bytes()
     if limit is not None and size > limit:
@@ -236,10 +235,7 @@ def load_checkpoint_state(
     """:func:`load_state_dict`, and the dotted key of a training checkpoint the state dict was
     read from (``None``: the file is the state dict itself)."""
     if data is None:
-        if not path.exists():
-            raise InputError(path, None, "checkpoint not found")
-        if path.is_dir():
-            raise InputError(path, None, "checkpoint is a directory, expected a file")
+        check_input(path, None, what="checkpoint")
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         try:
@@ -257,7 +253,8 @@ def load_checkpoint_state(
     if suffix == ".zip" and zipfile.is_zipfile(source):
         with zipfile.ZipFile(source) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
-                member = io.BytesIO(zf.read("policy.pth"))
+                member = io.BytesIO(read_zip_member(zf, "policy.pth", path, None,
+                                                    what="member", max_bytes=memory_bytes()))
                 try:
                     loaded = _torch_load(member, path, None, allow_pickle)
                 except InputError as exc:  # the member is named in the cause, the key stays free

@@ -207,10 +207,21 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
         raise InputError(path, key, "; ".join([cause, *rest])) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
+    _refuse_special_files(config)
     from paritygate.imports import register_python_path
 
     register_python_path(config.path, [config.resolve(p) for p in config.python_path])
     return config
+
+
+def _refuse_special_files(config: GateConfig) -> None:
+    """No path the config names is a FIFO, device or socket (links followed): refused at load,
+    naming the key, before any reader could block on one. Each reader checks its file again
+    (:func:`paritygate.reading.check_input`) with its own size bounds."""
+    from paritygate.reading import check_input
+
+    for key, target in config.named_paths().items():
+        check_input(target, key, what="input", expect="any")
 
 
 def _validate_thresholds(config: GateConfig, path: Path) -> None:
@@ -239,7 +250,13 @@ def _validate_thresholds(config: GateConfig, path: Path) -> None:
 
 def load_config(path: str | Path) -> GateConfig:
     """Read and validate a gate config file."""
+    from paritygate.reading import MAX_CONFIG_BYTES, check_input
+
     p = Path(path)
+    if p.is_dir():
+        raise InputError(p, None, "config is a directory, expected a YAML file")
+    check_input(p, None, what="config file", max_bytes=MAX_CONFIG_BYTES,
+                bound="MAX_CONFIG_BYTES")
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -253,8 +270,7 @@ def load_config(path: str | Path) -> GateConfig:
     except OSError as exc:
         raise InputError(p, None, f"cannot read config: {exc.strerror}") from None
     try:
-        _refuse_alias_bombs(yaml.compose(text, Loader=yaml.SafeLoader), p)
-        data = yaml.safe_load(text)
+        data = _parse_yaml(text, p)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else None
@@ -263,15 +279,33 @@ def load_config(path: str | Path) -> GateConfig:
     return config_from_dict(data, p)
 
 
-MAX_YAML_VALUES = 100_000
-"""A config expands to at most this many values once its aliases are followed: a few
-kilobytes of nested aliases (an alias bomb) would otherwise expand to billions before
-any key is looked at."""
+MAX_YAML_ALIAS_VALUES = 100_000
+"""Aliases add at most this many values to a config: a few hundred bytes of nested aliases
+(an alias bomb) would otherwise expand to billions before any key is looked at. Values
+written out are not counted here (the file's size, :data:`~paritygate.reading.MAX_CONFIG_BYTES`,
+bounds them), so a long list written out meets its own key's bound instead."""
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    """The YAML document of ``text``, parsed once (libyaml where installed): composed into
+    nodes, the alias expansion bounded (:func:`_refuse_alias_bombs`), then constructed."""
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        root = loader.get_single_node()
+        _refuse_alias_bombs(root, path)
+        return None if root is None else loader.construct_document(root)
+    finally:
+        loader.dispose()
 
 
 def _refuse_alias_bombs(root: Any, path: Path) -> None:
-    """Count the values the composed YAML expands to, each shared node once per use (memoised
-    per node, so the count itself stays linear in the file); refuse past the cap."""
+    """Refuse a document whose aliases add more than :data:`MAX_YAML_ALIAS_VALUES` values.
+
+    Each node's expanded size is memoised (so the count stays linear in the file); what
+    aliases add is the expanded size less the distinct nodes, which is zero in a file
+    without aliases. Checked at every node against the distinct nodes seen so far (never
+    more than the document's), so a bomb is refused at the anchor that blows up."""
     sizes: dict[int, int] = {}
 
     def size(node: Any, depth: int) -> int:
@@ -285,10 +319,10 @@ def _refuse_alias_bombs(root: Any, path: Path) -> None:
         elif isinstance(node, yaml.SequenceNode):
             total += sum(size(v, depth + 1) for v in node.value)
         sizes[id(node)] = total
-        if total > MAX_YAML_VALUES:
+        if total - len(sizes) > MAX_YAML_ALIAS_VALUES:
             raise InputError(
-                path, _line(node), f"YAML aliases expand to more than {MAX_YAML_VALUES} values "
-                "(nested anchors and aliases); write the values out")
+                path, _line(node), f"YAML aliases expand to more than {MAX_YAML_ALIAS_VALUES} "
+                "values beyond those written (nested anchors and aliases); write the values out")
         return total
 
     if root is not None:

@@ -29,7 +29,9 @@ def _read_record(path: Path) -> dict[str, Any]:
     else is bad input naming the file and key (a string value would silently switch the
     metric's regression check off)."""
     from paritygate.errors import InputError
+    from paritygate.reading import check_input
 
+    check_input(path, None, what="golden file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

@@ -401,9 +401,13 @@ def write_config(
 
     Never overwrites: an existing ``out`` is an :class:`InputError`.
     """
+    from paritygate.reading import check_input
+
     source = Path(source)
     if not source.exists():
         raise InputError(source, None, "checkpoint or model directory not found")
+    check_input(source, None, what="checkpoint or model directory",
+                expect="dir" if source.is_dir() else "file")
     gate, why = gate_name(source, name, Path(out) if out is not None else None)
     name_note = f"from {why}; names golden/{gate}/: edit to rename"
     target = Path(out) if out is not None else Path("configs") / f"{gate}.yaml"
@@ -418,7 +422,10 @@ def write_config(
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")
-        text = _policy_text(source, target, gate, _find_artifact(source, artifact), name_note)
+        found = _find_artifact(source, artifact)
+        if found is not None:
+            check_input(found, "--artifact", what="artifact")
+        text = _policy_text(source, target, gate, found, name_note)
     import yaml
 
     todos = find_todos(yaml.safe_load(text))

@@ -16,6 +16,7 @@ from paritygate.errors import InputError
 from paritygate.init_infer import TODO, config_header, head_prefixes
 from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
+from paritygate.reading import check_input, read_text
 
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 """Class-name endings of transformers' causal-LM classes (``LlamaForCausalLM``,
@@ -24,8 +25,8 @@ _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(read_text(path, None, what="JSON file"))
+    except json.JSONDecodeError as exc:
         raise InputError(path, None, f"unreadable JSON: {exc}") from None
     return data if isinstance(data, dict) else {}
 
@@ -38,6 +39,7 @@ def _safetensors_keys(model_dir: Path) -> list[str]:
     from safetensors import safe_open
 
     for path in files:
+        check_input(path, None, what="safetensors file")
         with safe_open(str(path), framework="numpy") as handle:
             keys += list(handle.keys())
     return keys

@@ -17,6 +17,7 @@ from typing import Any
 
 from paritygate.init_infer import TODO
 from paritygate.init_infer import yaml_scalar as _q
+from paritygate.reading import read_zip_member
 
 _DIRECTION_WORDS = frozenset({"in", "out", "input", "output", "inputs", "outputs", "prev",
                               "next", "new", "old", "last", "current", "cur"})
@@ -80,13 +81,19 @@ def layout(inputs: list[tuple[str, list[Any]]], outputs: list[str]) -> InputLayo
     return found
 
 
+MAX_SB3_DATA_BYTES = 64 * 2**20
+"""An SB3 zip's ``data`` member (JSON of the spaces and hyper-parameters, a few kB) is read
+only up to this size."""
+
+
 def sb3_dict_spaces(checkpoint: Path) -> dict[str, list[int] | None] | None:
     """The keys and shapes of an SB3 zip's ``Dict`` observation space, read from the readable
     ``spaces`` text of its ``data`` JSON (the pickled space is never loaded); ``None`` when the
     space is not a ``Dict``. A key that is not a ``Box`` has shape ``None``."""
     try:
         with zipfile.ZipFile(checkpoint) as zf:
-            data = json.loads(zf.read("data"))
+            data = json.loads(read_zip_member(zf, "data", checkpoint, None, what="member",
+                                              max_bytes=MAX_SB3_DATA_BYTES))
     except (KeyError, OSError, ValueError, zipfile.BadZipFile):
         return None
     space = data.get("observation_space") if isinstance(data, dict) else None

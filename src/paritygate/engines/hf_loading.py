@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
+from paritygate.reading import check_input, read_text
 
 
 @contextlib.contextmanager
@@ -92,10 +93,11 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
     through ``auto_map`` needs ``trust_remote_code``), safetensors headers unreadable."""
     import json
 
+    check_input(directory, None, what="model directory", expect="dir")
     path = directory / "config.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_text(path, None, what="config.json"))
+    except ValueError as exc:
         raise InputError(path, None, f"unreadable config.json: {exc}") from None
     if not isinstance(data, dict):
         raise InputError(path, None, "config.json is not a JSON object")
@@ -113,6 +115,7 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
             "architecture (missing, misspelled, or newer than this transformers)",
         )
     for file in safetensors_files(directory):
+        check_input(file, None, what="safetensors file")  # no FIFO, device or sparse shard
         try:
             from safetensors import safe_open
 
@@ -122,6 +125,25 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
             raise InputError(
                 file, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
             ) from None
+
+
+def config_vocab_size(directory: Path) -> int | None:
+    """``vocab_size`` of a model directory's ``config.json`` (top level or ``text_config``),
+    ``None`` when it does not say: the number of token ids the model can embed."""
+    import json
+
+    try:
+        data = json.loads(read_text(directory / "config.json", None, what="config.json"))
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    for node in (data, data.get("text_config")):
+        if isinstance(node, dict):
+            size = node.get("vocab_size")
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    return None
 
 
 TOKENIZER_FILES = (
@@ -138,6 +160,7 @@ def require_tokenizer_files(directory: Path, key: str | None) -> None:
     it would measure nothing of the model's real inputs."""
     if not directory.is_dir():
         raise InputError(directory, key, "tokenizer directory not found")
+    check_input(directory, key, what="tokenizer directory", expect="dir")
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise InputError(
             directory,
@@ -155,8 +178,8 @@ def safetensors_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
+            weight_map = json.loads(read_text(index, None, what="index"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
             raise InputError(index, "weight_map", f"unreadable index: {exc}") from None
         return [directory / name for name in sorted(set(weight_map.values()))]
     files = sorted(directory.glob("*.safetensors"))

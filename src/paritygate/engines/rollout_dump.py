@@ -3,20 +3,25 @@
 One record per sequence, in JSONL (one JSON object per line) or Parquet (one row per
 sequence, same column names; needs pyarrow). Fields:
 
-- ``prompt_ids`` (list of int, required, non-empty): the prompt token ids.
-- ``completion_ids`` (list of int, required): the generated token ids.
+- ``prompt_ids`` (list of int, required, non-empty): the prompt token ids, each in
+  ``[0, vocab_size)`` of the model (its ``config.json``).
+- ``completion_ids`` (list of int, required): the generated token ids, in the same range.
 - ``logprobs`` (list of float, required, same length as ``completion_ids``): the engine's
-  log-prob of each generated token.
+  log-prob of each generated token: finite and ``<= 0`` (a sampled token had a probability).
 - ``sampling`` (object, optional): the sampling params of the request (``temperature``,
   ``top_p``, ``top_k``, ``min_p``, ``max_tokens``/``max_new_tokens``, ``stop``, ``seed``...).
-  A record with ``temperature: 0`` (or ``do_sample: false``) is a greedy rollout.
+  A record with ``temperature: 0`` (or ``do_sample: false``) is a greedy rollout;
+  ``temperature`` is finite and ``>= 0``, ``top_p`` and ``min_p`` in ``[0, 1]``.
 - ``top_logprobs`` (list, optional, same length as ``completion_ids``): per token a mapping
-  token id -> log-prob (JSON object keys are strings of ints).
+  token id -> log-prob (JSON object keys are strings of ints); ids in the vocabulary, values
+  ``<= 0`` and not NaN (``-Infinity``: a token the processed distribution excludes).
 - ``logprobs_mode`` (``raw`` | ``processed``, optional, default ``processed``).
 - ``engine`` (string, optional): who wrote the dump (``vllm``, ``sglang``, ``hf``...).
 
-A bad dump raises :class:`~paritygate.errors.InputError` naming the line (1-based; the row
-for Parquet) and the field.
+The JSON Schema of a record is published as ``schemas/rollout_dump.schema.json``
+(:data:`DUMP_RECORD_SCHEMA`). A bad dump raises :class:`~paritygate.errors.InputError`
+naming the line (1-based; the row for Parquet) and the field. The file is at most
+:data:`~paritygate.reading.MAX_DUMP_BYTES` on disk, checked before it is read.
 """
 
 from __future__ import annotations
@@ -28,24 +33,156 @@ from typing import Any
 
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
+from paritygate.reading import MAX_DUMP_BYTES, check_input, read_text
 
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
           "logprobs_mode", "engine")
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 
 
-def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool) -> list[int]:
+LOGPROB_SLACK = 1e-6
+"""A log-prob may exceed 0 by this much (an engine's float rounding of log(1))."""
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_LOGPROB = {"type": "number", "maximum": LOGPROB_SLACK}
+
+DUMP_RECORD_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "paritygate rollout dump record (one JSONL line or Parquet row)",
+    "description": "Beyond what JSON Schema states: token ids are below the model's "
+                   "config.json vocab_size, logprobs has one finite value per completion "
+                   "token (no NaN or Infinity), top_logprobs one mapping per completion "
+                   "token with values that are not NaN.",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["prompt_ids", "completion_ids", "logprobs"],
+    "properties": {
+        "prompt_ids": {**_TOKEN_IDS, "minItems": 1},
+        "completion_ids": _TOKEN_IDS,
+        "logprobs": {"type": "array", "items": _LOGPROB},
+        "sampling": {
+            "type": ["object", "null"],
+            "properties": {
+                "temperature": {"type": ["number", "null"], "minimum": 0},
+                "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "min_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+                "repetition_penalty": {"type": ["number", "null"], "minimum": 0},
+                "top_k": {"type": ["integer", "null"]},
+                "max_tokens": {"type": ["integer", "null"], "minimum": 0},
+                "max_new_tokens": {"type": ["integer", "null"], "minimum": 0},
+                "do_sample": {"type": ["boolean", "null"]},
+            },
+        },
+        "top_logprobs": {
+            "type": ["array", "null"],
+            "items": {"anyOf": [
+                {"type": "object", "patternProperties": {"^[0-9]+$": _LOGPROB},
+                 "additionalProperties": False},
+                {"type": "array", "items": {
+                    "type": "object", "required": ["key", "value"],
+                    "properties": {"key": {"type": "integer", "minimum": 0},
+                                   "value": _LOGPROB}}},
+            ]},
+        },
+        "logprobs_mode": {"enum": ["raw", "processed", None]},
+        "engine": {"type": ["string", "null"]},
+    },
+}
+"""The published JSON Schema of one record (``schemas/rollout_dump.schema.json``);
+:func:`validate_record` enforces it and the checks JSON Schema cannot state."""
+
+
+def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool,
+              vocab_size: int | None) -> list[int]:
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
     ):
         raise InputError(path, f"{where}: {name}", "must be a list of non-negative token ids")
     if non_empty and not value:
         raise InputError(path, f"{where}: {name}", "must not be empty")
+    _in_vocab(path, f"{where}: {name}", value, vocab_size)
     return [int(v) for v in value]
 
 
-def validate_record(path: Path, where: str, rec: Any) -> dict[str, Any]:
-    """One validated, normalised record; ``where`` is ``line N`` or ``row N``."""
+def _in_vocab(path: Path, key: str, ids: Any, vocab_size: int | None) -> None:
+    if vocab_size is None or not ids:
+        return
+    worst = max(ids)
+    if worst >= vocab_size:
+        at = list(ids).index(worst)
+        raise InputError(path, key, f"token id {worst} (position {at}) is outside the model's "
+                                    f"vocabulary of {vocab_size} ids (config.json vocab_size)")
+
+
+def _logprob_list(path: Path, key: str, values: Any, count: int) -> list[float]:
+    """Finite numbers ``<= 0`` (:data:`LOGPROB_SLACK` allowed), one per completion token."""
+    if not isinstance(values, (list, tuple)) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
+        raise InputError(path, key, "must be a list of numbers")
+    if len(values) != count:
+        raise InputError(path, key, f"{len(values)} log-probs for {count} completion tokens")
+    out = [float(v) for v in values]
+    for at, v in enumerate(out):
+        if not math.isfinite(v):
+            raise InputError(path, key, f"log-prob {v} at position {at}: a sampled token's "
+                                        "log-prob is finite")
+        if v > LOGPROB_SLACK:
+            raise InputError(path, key, f"log-prob {v} at position {at}: a log-prob must be <= 0")
+    return out
+
+
+def _top_list(path: Path, key: str, top: Any, count: int,
+              vocab_size: int | None) -> list[dict[int, float]]:
+    """One ``{token id: log-prob}`` per completion token: ids in the vocabulary, values
+    ``<= 0`` and not NaN (``-inf`` is a token the processed distribution excludes)."""
+    if not isinstance(top, (list, tuple)) or len(top) != count:
+        raise InputError(path, key, "must be one mapping per completion token")
+    try:
+        steps = [
+            {int(d["key"]): float(d["value"]) for d in step}
+            if isinstance(step, (list, tuple))
+            else {int(k): float(v) for k, v in dict(step).items()}
+            for step in top
+        ]
+    except (TypeError, ValueError, KeyError):
+        raise InputError(path, key, "each step must map token id -> log-prob") from None
+    for at, step in enumerate(steps):
+        if any(tid < 0 for tid in step):
+            raise InputError(path, key, f"step {at}: a token id must be non-negative")
+        _in_vocab(path, key, list(step), vocab_size)
+        bad = [v for v in step.values() if math.isnan(v) or v > LOGPROB_SLACK]
+        if bad:
+            raise InputError(path, key, f"step {at}: log-prob {bad[0]} (must be <= 0, not NaN)")
+    return steps
+
+
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, math.inf), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+    "repetition_penalty": (0.0, math.inf),
+}
+"""The closed range of each numeric sampling param a dump record may hold (finite values)."""
+
+
+def _check_sampling(path: Path, where: str, params: dict[str, Any]) -> None:
+    for name, (low, high) in SAMPLING_RANGES.items():
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(path, f"{where}: sampling.{name}", f"must be a number, got "
+                                                               f"{type(value).__name__}")
+        if not (math.isfinite(value) and low <= value <= high):
+            shown = "no upper bound" if high == math.inf else f"at most {high}"
+            raise InputError(path, f"{where}: sampling.{name}",
+                             f"{value} is out of range (finite, at least {low}, {shown})")
+
+
+def validate_record(
+    path: Path, where: str, rec: Any, vocab_size: int | None = None
+) -> dict[str, Any]:
+    """One validated, normalised record; ``where`` is ``line N`` or ``row N``; token ids
+    are checked against ``vocab_size`` when it is known."""
     if not isinstance(rec, dict):
         raise InputError(path, where, "a record must be an object")
     for key in rec:
@@ -54,41 +191,18 @@ def validate_record(path: Path, where: str, rec: Any) -> dict[str, Any]:
     for key in REQUIRED:
         if rec.get(key) is None:
             raise InputError(path, f"{where}: {key}", "required field missing")
-    prompt = _int_list(path, where, "prompt_ids", rec["prompt_ids"], non_empty=True)
-    completion = _int_list(path, where, "completion_ids", rec["completion_ids"], non_empty=False)
-    lps = rec["logprobs"]
-    if not isinstance(lps, (list, tuple)) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in lps
-    ):
-        raise InputError(path, f"{where}: logprobs", "must be a list of numbers")
-    if len(lps) != len(completion):
-        raise InputError(
-            path, f"{where}: logprobs",
-            f"{len(lps)} log-probs for {len(completion)} completion tokens",
-        )
-    lps = [float(v) for v in lps]
-    if any(v > 1e-6 for v in lps if math.isfinite(v)):
-        raise InputError(path, f"{where}: logprobs", "a log-prob must be <= 0")
+    prompt = _int_list(path, where, "prompt_ids", rec["prompt_ids"], non_empty=True,
+                       vocab_size=vocab_size)
+    completion = _int_list(path, where, "completion_ids", rec["completion_ids"],
+                           non_empty=False, vocab_size=vocab_size)
+    lps = _logprob_list(path, f"{where}: logprobs", rec["logprobs"], len(completion))
     top = rec.get("top_logprobs")
     if top is not None:
-        if not isinstance(top, (list, tuple)) or len(top) != len(completion):
-            raise InputError(
-                path, f"{where}: top_logprobs", "must be one mapping per completion token"
-            )
-        try:
-            top = [
-                {int(d["key"]): float(d["value"]) for d in step}
-                if isinstance(step, (list, tuple))
-                else {int(k): float(v) for k, v in dict(step).items()}
-                for step in top
-            ]
-        except (TypeError, ValueError):
-            raise InputError(
-                path, f"{where}: top_logprobs", "each step must map token id -> log-prob"
-            ) from None
+        top = _top_list(path, f"{where}: top_logprobs", top, len(completion), vocab_size)
     sampling = rec.get("sampling") or {}
     if not isinstance(sampling, dict):
         raise InputError(path, f"{where}: sampling", "must be an object")
+    _check_sampling(path, where, sampling)
     try:
         spec = sampling_spec(sampling)
     except (KeyError, TypeError, ValueError) as exc:
@@ -128,15 +242,21 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
         except ImportError:
             raise MissingExtra("pyarrow", "lm") from None
         try:
+            meta = pq.ParquetFile(path).metadata  # footer only: sizes as the file declares
+            declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        except Exception as exc:  # pyarrow raises many types for a bad file
+            raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
+        if declared > MAX_DUMP_BYTES:
+            raise InputError(path, None, f"Parquet dump declares {declared} bytes uncompressed, "
+                                         f"more than the {MAX_DUMP_BYTES} bound (MAX_DUMP_BYTES); "
+                                         "refused before decompressing it")
+        try:
             table = pq.read_table(path)
         except Exception as exc:  # pyarrow raises many types for a bad file
             raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
         return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
     rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read rollout dump: {exc.strerror}") from None
+    lines = read_text(path, None, what="rollout dump").splitlines()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -147,17 +267,19 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
     return rows
 
 
-def read_dump(path: Path) -> list[dict[str, Any]]:
-    """Every validated record of a JSONL or Parquet dump."""
-    if not path.is_file():
-        raise InputError(path, None, "rollout dump not found")
+def read_dump(path: Path, *, vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``
+    when given). A FIFO, a device, a sparse file or one over
+    :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
+    check_input(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
+                bound="MAX_DUMP_BYTES")
     records = []
     for where, row in _rows(path):
         if isinstance(row, dict):
             row = {k: v for k, v in row.items() if v is not None}
             if isinstance(row.get("sampling"), dict):
                 row["sampling"] = {k: v for k, v in row["sampling"].items() if v is not None}
-        records.append(validate_record(path, where, row))
+        records.append(validate_record(path, where, row, vocab_size))
     if not records:
         raise InputError(path, None, "rollout dump holds no record")
     return records

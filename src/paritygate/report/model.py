@@ -132,12 +132,19 @@ def config_schema() -> dict[str, Any]:
     return schema
 
 
+def _dump_schema() -> dict[str, Any]:
+    from paritygate.engines.rollout_dump import DUMP_RECORD_SCHEMA
+
+    return DUMP_RECORD_SCHEMA
+
+
 def schema_texts() -> dict[str, str]:
     """File name -> text of every published schema."""
     return {
         name: json.dumps(schema, indent=2, sort_keys=True) + "\n"
         for name, schema in (("report.schema.json", report_schema()),
-                             ("config.schema.json", config_schema()))
+                             ("config.schema.json", config_schema()),
+                             ("rollout_dump.schema.json", _dump_schema()))
     }
 
 

@@ -24,6 +24,7 @@ from paritygate.families.causal_lm.serving import declared_serving_dtype, resolv
 from paritygate.families.causal_lm.tokenizer import encode_probe, is_cut, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
+from paritygate.reading import check_input
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -57,6 +58,8 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
+    dump: list[dict[str, Any]] | None = None
+    """``engines: [dump]``: the dump's records, validated when the context was built."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -251,13 +254,9 @@ class LMContext:
 
     @cached_property
     def _dump_records(self) -> list[dict[str, Any]]:
-        from paritygate.engines.rollout_dump import read_dump
-
-        if not self.spec.engine.dump:
-            raise InputError(
-                self.config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file"
-            )
-        return read_dump(self.config.resolve(self.spec.engine.dump))
+        if self.dump is not None:
+            return self.dump
+        return read_lm_dump(self.config, self.spec, self.model_dir)
 
     def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
         from paritygate.engines.rollout_dump import as_generation, is_greedy
@@ -361,15 +360,21 @@ def build_lm_context(config: GateConfig) -> LMContext:
     model_dir = config.resolve(spec.model_dir)
     if not model_dir.is_dir():
         raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
+    check_input(model_dir, "causal_lm.model_dir", what="model directory", expect="dir")
     if not (model_dir / "config.json").is_file():
         raise InputError(
             model_dir / "config.json", "causal_lm.model_dir", "model directory has no config.json"
         )
+    # A dump is validated first: its size and records need only config.json's vocab_size,
+    # so a bad dump is refused in a second, before tokenizers and models load.
+    dump = read_lm_dump(config, spec, model_dir) if "dump" in spec.engines else None
     trust = config.trust_remote_code
     with keyed("causal_lm.model_dir"):
         files = safetensors_files(model_dir)
         check_model_dir(model_dir, trust_remote_code=trust)
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
+    if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
+        check_input(engine_dir, served_from, what="model directory", expect="dir")
     if not (engine_dir / "config.json").is_file():
         raise InputError(cfg, served_from, f"no HF model directory at {engine_dir}")
     if engine_dir != model_dir:
@@ -451,7 +456,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         cfg,
         fn_key,
     )
-    return LMContext(
+    ctx = LMContext(
         config=config,
         spec=spec,
         model_dir=model_dir,
@@ -467,7 +472,22 @@ def build_lm_context(config: GateConfig) -> LMContext:
         logprob_fn=logprob_fn,
         served_from=served_from,
         declared_dtype=declared,
+        dump=dump,
     )
+    return ctx
+
+
+def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[dict[str, Any]]:
+    """The validated records of ``causal_lm.engine.dump``, token ids checked against the
+    training model's ``vocab_size``; a bad record is bad input naming the line and field."""
+    from paritygate.engines.hf_loading import config_vocab_size
+    from paritygate.engines.rollout_dump import read_dump
+
+    if not spec.engine.dump:
+        raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
+    with keyed("causal_lm.engine.dump"):
+        return read_dump(config.resolve(spec.engine.dump),
+                         vocab_size=config_vocab_size(model_dir))
 
 
 def _encode_checked(config: Any, side: str, tok: Any, probe: Probe, model_dir: Path) -> list[int]:

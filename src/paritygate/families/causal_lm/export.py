@@ -17,6 +17,7 @@ from paritygate.engines.hf_loading import safetensors_files
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.weights import is_training_only
 from paritygate.files import atomic_write_bytes, atomic_write_text
+from paritygate.reading import check_input
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -46,6 +47,7 @@ def write_serving_copy(source: Path, target: Path, heads: list[str]) -> list[str
         if path.is_file() and path.suffix != ".safetensors" and path.name != (
             "model.safetensors.index.json"
         ):
+            check_input(path, None, what="model file")  # a sparse file is not copied out
             shutil.copyfile(path, target / path.name)
     index = source / "model.safetensors.index.json"
     if index.is_file():

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
+from paritygate.reading import read_text
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,7 @@ def _parse(obj: Any, where: str, path: Path) -> Probe:
 
 def load_probes(path: Path) -> list[Probe]:
     """Read and validate a probes file; raises :class:`InputError` naming the line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InputError(path, "causal_lm.probes", "probes file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, "causal_lm.probes", f"cannot read probes: {exc}") from None
+    lines = read_text(path, "causal_lm.probes", what="probes file").splitlines()
     probes: list[Probe] = []
     seen: set[str] = set()
     for n, line in enumerate(lines, start=1):

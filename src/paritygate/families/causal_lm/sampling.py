@@ -18,6 +18,7 @@ import yaml
 
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
+from paritygate.reading import read_text
 
 COMPARED_FIELDS: tuple[str, ...] = (
     "temperature",
@@ -329,12 +330,7 @@ def load_sampling_file(
     ``trainer``, ``hf_generation_config``, ``vllm``. An unknown field is an
     :class:`InputError` naming it, in every format.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, None, "sampling config not found") from None
-    except OSError as exc:
-        raise InputError(path, None, f"cannot read sampling config: {exc.strerror}") from None
+    text = read_text(path, None, what="sampling config")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:

@@ -11,6 +11,7 @@ from typing import Any
 from paritygate.engines.hf_loading import quiet_transformers, require_tokenizer_files
 from paritygate.errors import InputError, shorten
 from paritygate.families.causal_lm.probes import Probe
+from paritygate.reading import read_text
 
 
 def load_tokenizer(
@@ -26,10 +27,7 @@ def load_tokenizer(
     except Exception as exc:  # transformers raises many types for unreadable dirs
         raise InputError(directory, "tokenizer", f"cannot load tokenizer: {exc}") from None
     if chat_template is not None:
-        try:
-            tok.chat_template = chat_template.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(chat_template, None, f"cannot read chat template: {exc}") from None
+        tok.chat_template = read_text(chat_template, None, what="chat template")
     return tok
 
 

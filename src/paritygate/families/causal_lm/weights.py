@@ -10,6 +10,7 @@ from typing import Any
 
 from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.hf_loading import safetensors_files
+from paritygate.reading import check_input
 
 
 def read_state(directory: Path) -> dict[str, Any]:
@@ -18,6 +19,7 @@ def read_state(directory: Path) -> dict[str, Any]:
 
     state: dict[str, Any] = {}
     for path in safetensors_files(directory):
+        check_input(path, None, what="safetensors file")
         state.update(load_file(str(path)))
     return state
 

@@ -22,6 +22,7 @@ from paritygate.engines.hf_loading import (
 from paritygate.errors import InputError, MissingExtra, keyed
 from paritygate.families.hf_model.probes import Batch, npz_batches, read_texts, text_batches
 from paritygate.provenance import sha256_file, sha256_files
+from paritygate.reading import check_input, read_text
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -163,10 +164,9 @@ def _model_class(config: GateConfig, spec: HFModelSpec, model_dir: Path) -> tupl
         reason, key = f"hf_model.auto_class {name}", "hf_model.auto_class"
     else:
         try:
-            architectures = (
-                json.loads((model_dir / "config.json").read_text()).get("architectures") or []
-            )
-        except (OSError, ValueError) as exc:
+            text = read_text(model_dir / "config.json", None, what="config.json")
+            architectures = json.loads(text).get("architectures") or []
+        except (ValueError, AttributeError) as exc:
             raise InputError(model_dir / "config.json", None, f"unreadable: {exc}") from None
         if not architectures:
             raise InputError(
@@ -207,6 +207,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
             config.path, "hf_model.model_dir", f"model directory not found: {model_dir}"
         )
     with keyed("hf_model.model_dir"):
+        check_input(model_dir, None, what="model directory", expect="dir")
         if not (model_dir / "config.json").is_file():
             raise InputError(model_dir / "config.json", None, "model directory has no config.json")
         check_model_dir(model_dir, trust_remote_code=config.trust_remote_code)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from paritygate.errors import InputError
+from paritygate.reading import load_arrays, read_text
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 NPZ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -23,10 +24,7 @@ NPZ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 def read_texts(path: Path) -> list[str]:
     """Texts of a ``.txt`` (non-empty lines) or ``.jsonl`` (``{"text": ...}``) probe file."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(path, "hf_model.probes", f"cannot read probes: {exc.strerror}") from None
+    lines = read_text(path, "hf_model.probes", what="probes file").splitlines()
     if path.suffix != ".jsonl":
         texts = [line for line in lines if line.strip()]
     else:
@@ -83,11 +81,10 @@ def npz_batches(path: Path, vocab_size: int | None, batch_size: int) -> list[Bat
     """Batches of the integer arrays in an ``.npz`` probe file."""
     import torch
 
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: np.asarray(data[k]) for k in NPZ_KEYS if k in data.files}
-    except Exception as exc:
-        raise InputError(path, "hf_model.probes", f"unreadable probes: {exc}") from None
+    data = load_arrays(path, "hf_model.probes", what="probes file")
+    if not isinstance(data, dict):
+        raise InputError(path, "hf_model.probes", "probes must be an .npz of named arrays")
+    arrays = {k: np.asarray(data[k]) for k in NPZ_KEYS if k in data}
     ids = arrays.get("input_ids")
     if ids is None:
         raise InputError(path, "input_ids", "the .npz has no input_ids array")

@@ -94,6 +94,22 @@ class StateSpec(StrictModel):
     index); default: the position of ``output`` in ``output_names``."""
 
 
+MAX_RECURRENT_STEPS = 10_000
+"""``recurrent.steps`` at most: sequences far past any training horizon (RecurrentPPO's
+n_steps are 128-2048) only multiply the run time; 10^7 steps would run for hours."""
+
+MAX_RECURRENT_SEQUENCES = 1_024
+"""``recurrent.sequences`` at most: the batch of parallel episodes each step feeds."""
+
+MAX_EPISODES = 1_000
+"""``rollout.episodes`` and the length of ``rollout.seeds`` at most: a thousand seeded
+episodes per path already bound a rate of unexcused divergence to ~0.1%."""
+
+MAX_EPISODE_STEPS = 100_000
+"""``rollout.max_steps`` at most: above Atari's 108,000-frame limit at frame skip 4 (27,000
+steps), so an environment without a time limit cannot run a gate for hours."""
+
+
 class RecurrentSpec(StrictModel):
     """A recurrent policy: state in, state out, checked over sequences (``recurrent_parity``)."""
 
@@ -102,10 +118,10 @@ class RecurrentSpec(StrictModel):
     """Input name of the episode-start flag (float, (N,), 1.0 at an episode's first step) the
     model resets its state on (``(1 - start) * state``, as sb3-contrib's RecurrentPPO). Without
     one, the gate feeds the initial state at every episode start on both sides."""
-    steps: int = Field(16, ge=2)
-    """Sequence length T."""
-    sequences: int = Field(8, ge=1)
-    """Parallel episodes in the batch."""
+    steps: int = Field(16, ge=2, le=MAX_RECURRENT_STEPS)
+    """Sequence length T (at most :data:`MAX_RECURRENT_STEPS`)."""
+    sequences: int = Field(8, ge=1, le=MAX_RECURRENT_SEQUENCES)
+    """Parallel episodes in the batch (at most :data:`MAX_RECURRENT_SEQUENCES`)."""
     reset_every: int = Field(5, ge=2)
     """Episode length: sequence ``b`` starts an episode at the steps ``t`` where
     ``(t + b) % reset_every == 0`` (and at step 0), so resets fall on different rows."""
@@ -119,12 +135,14 @@ class RolloutSpec(StrictModel):
     factory: str | None = None
     """``module:callable(**env_kwargs) -> gymnasium.Env``: an environment of your own."""
     env_kwargs: dict[str, Any] = {}
-    seeds: list[int] | None = Field(None, min_length=1)
-    """The reset seed of each episode; omitted: ``episodes`` seeds from ``seed`` up."""
-    episodes: int = Field(5, ge=1)
+    seeds: list[int] | None = Field(None, min_length=1, max_length=MAX_EPISODES)
+    """The reset seed of each episode; omitted: ``episodes`` seeds from ``seed`` up (at most
+    :data:`MAX_EPISODES` seeds)."""
+    episodes: int = Field(5, ge=1, le=MAX_EPISODES)
     seed: int = 0
-    max_steps: int = Field(500, ge=1)
-    """Steps per episode at most (the environment's own time limit may end it earlier)."""
+    max_steps: int = Field(500, ge=1, le=MAX_EPISODE_STEPS)
+    """Steps per episode at most (the environment's own time limit may end it earlier;
+    at most :data:`MAX_EPISODE_STEPS`)."""
     near_tie_margin: float = Field(1e-3, ge=0)
     """Discrete actions: a divergence is excused only where the training path's top-1 minus
     top-2 logit margin is below this (a near-tie)."""

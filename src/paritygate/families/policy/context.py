@@ -537,11 +537,13 @@ def initial_states(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray
     for i, state in enumerate(spec.recurrent.states):
         key = f"policy.recurrent.states[{i}].initial"
         if isinstance(state.initial, str):
+            from paritygate.reading import load_arrays
+
             path = config.resolve(state.initial)
-            try:
-                value = np.load(path, allow_pickle=False).astype(np.float32)
-            except Exception as exc:
-                raise InputError(path, key, f"unreadable initial state: {exc}") from None
+            loaded = load_arrays(path, key, what="initial state")
+            if isinstance(loaded, dict):
+                raise InputError(path, key, "an initial state is one .npy array, not an .npz")
+            value = np.asarray(loaded).astype(np.float32)
             if list(value.shape) != list(state.shape):
                 raise InputError(path, key, f"initial state of shape {list(value.shape)}, "
                                  f"the state is declared {list(state.shape)}")
@@ -654,12 +656,13 @@ def build_policy_context(
     config: GateConfig, *, export_dir: Path | None = None, force_export: bool = False
 ) -> PolicyContext:
     """Load and validate every input of a policy gate."""
+    spec = config.policy
+    assert spec is not None
+    _check_files(config, spec)
     import torch
 
     from paritygate.checkpoints import load_checkpoint_state, read_checkpoint
 
-    spec = config.policy
-    assert spec is not None
     torch.manual_seed(config.seed)
     ckpt = config.resolve(spec.checkpoint)
     with keyed("policy.checkpoint"):
@@ -696,9 +699,9 @@ def build_policy_context(
 
     given = None
     if spec.artifact is not None and not force_export:
-        given = config.resolve(spec.artifact)
-        if not given.exists():
-            raise InputError(given, "policy.artifact", "artifact not found")
+        from paritygate.reading import check_input
+
+        given = check_input(config.resolve(spec.artifact), "policy.artifact", what="artifact")
     if _stamp(ckpt) != stat_before:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
     ctx = PolicyContext(
@@ -731,6 +734,27 @@ def build_policy_context(
 
         read_manifest(ctx.manifest_path)  # unreadable or not a mapping: bad input, up front
     return ctx
+
+
+def _check_files(config: GateConfig, spec: PolicySpec) -> None:
+    """The checkpoint, the probe file and each initial-state file may be read, and are within
+    their size bounds (:mod:`paritygate.reading`; a zip checkpoint's members too): judged
+    from ``stat``, zip directories and headers before torch is imported, so a sparse
+    checkpoint or a zip bomb is refused in about a second."""
+    from paritygate.checkpoints import memory_bytes
+    from paritygate.reading import check_array_file, check_input, check_zip_members
+
+    with keyed("policy.checkpoint"):
+        ckpt = check_input(config.resolve(spec.checkpoint), None, what="checkpoint")
+        # an SB3 zip or a torch zip file: its members' declared sizes (torch stores them)
+        check_zip_members(ckpt, None, what="member", max_bytes=memory_bytes())
+    if spec.probes.file is not None:
+        check_array_file(config.resolve(spec.probes.file), "policy.probes.file",
+                         what="probe file")
+    for i, state in enumerate(spec.recurrent.states if spec.recurrent else []):
+        if isinstance(state.initial, str):
+            check_array_file(config.resolve(state.initial),
+                             f"policy.recurrent.states[{i}].initial", what="initial state")
 
 
 def _initial_feeds(config: GateConfig, spec: PolicySpec, rows: int) -> dict[str, np.ndarray]:

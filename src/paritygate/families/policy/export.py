@@ -175,8 +175,11 @@ def write_manifest(
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
+    from paritygate.reading import check_input
+
     if not path.exists():
         return None
+    check_input(path, "policy.manifest", what="manifest")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: JSON syntax and non-UTF-8 bytes

@@ -9,6 +9,7 @@ import numpy as np
 
 from paritygate.errors import InputError
 from paritygate.imports import import_callable
+from paritygate.reading import check_input, load_arrays
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -20,17 +21,8 @@ def load_probes(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:
     probes = spec.probes
     names = [i.name for i in spec.observation_inputs]
     if probes.file is not None:
-        path = config.resolve(probes.file)
-        if not path.exists():
-            raise InputError(path, "policy.probes.file", "probe file not found")
-        try:
-            loaded = np.load(path, allow_pickle=False)
-            if hasattr(loaded, "files"):
-                found: Any = {k: loaded[k] for k in loaded.files}
-            else:
-                found = loaded
-        except Exception as exc:
-            raise InputError(path, "policy.probes.file", f"unreadable probes: {exc}") from None
+        found: Any = load_arrays(config.resolve(probes.file), "policy.probes.file",
+                                 what="probe file")
     else:
         gen = import_callable(probes.generator or "", config.path, "policy.probes.generator")
         try:
@@ -176,11 +168,8 @@ def input_preprocessors(config: GateConfig, spec: PolicySpec) -> dict[str, tuple
         section = spec.preprocessing_key(spec_in.name)
         kwargs = dict(pre.kwargs)
         if pre.stats is not None:
-            stats = config.resolve(pre.stats)
-            if not stats.exists():
-                raise InputError(
-                    stats, f"{section}.stats", "preprocessing stats file not found"
-                )
+            stats = check_input(config.resolve(pre.stats), f"{section}.stats",
+                                what="preprocessing stats file")
             kwargs["stats_path"] = stats
         training = import_callable(pre.training, config.path, f"{section}.training")
         serving = import_callable(pre.serving, config.path, f"{section}.serving")

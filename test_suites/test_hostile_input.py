@@ -1,0 +1,220 @@
+"""Hostile paths and sizes through the real CLI: each ends in exit 2 within 10 s, one line.
+
+A FIFO never returns end-of-file, ``/dev/zero`` never ends, and a config can ask for 10^7
+recurrent steps or 10^9 steps per episode. Every case here is refused while the config is
+loaded (no path a config names may be a FIFO, device or socket; the bounds are the config
+models'), so none needs a demo build. Each runs as ``python -m paritygate run`` under a hard
+10 s ``timeout``: a hang fails the test instead of the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from paritygate.families.policy.config import (
+    MAX_EPISODE_STEPS,
+    MAX_EPISODES,
+    MAX_RECURRENT_STEPS,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY = ROOT / "configs" / "demo-policy.yaml"
+HARD_TIMEOUT_S = 10
+
+
+def run_cli(config: Path) -> tuple[int, str, str]:
+    """``paritygate run CONFIG`` in a subprocess, killed (and the test failed) past 10 s."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GITHUB_STEP_SUMMARY", "PARITYGATE_CONFIG")}
+    proc = subprocess.run([sys.executable, "-m", "paritygate", "run", str(config)],
+                          cwd=config.parent, capture_output=True, text=True,
+                          timeout=HARD_TIMEOUT_S, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def error_line(code: int, out: str, err: str, *, file: str, key: str | None) -> str:
+    """Exit 2, no traceback, stderr one ``paritygate: error:`` line naming file and key."""
+    assert code == 2, f"exit {code}\nstdout: {out[-800:]}\nstderr: {err[-800:]}"
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"stderr must be one line, got: {err[-800:]!r}"
+    line = lines[0]
+    assert line.startswith("paritygate: error: "), line
+    assert file in line, f"{file} not named in: {line}"
+    if key is not None:
+        assert f": {key}: " in line, f"key {key!r} not named in: {line}"
+    return line
+
+
+def policy_config(folder: Path, edit: dict[str, Any]) -> Path:
+    """The committed demo config with ``edit`` (dotted key -> value) applied."""
+    data = yaml.safe_load(POLICY.read_text(encoding="utf-8"))
+    for dotted, value in edit.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    path = folder / "gate.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def fifo(folder: Path, name: str) -> Path:
+    path = folder / name
+    os.mkfifo(path)
+    return path
+
+
+def dev_zero(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.symlink_to("/dev/zero")
+    return path
+
+
+RECURRENT = {"states": [{"input": "h", "output": "h_out", "shape": [4]}]}
+
+SPECIAL_PATHS: list[tuple[str, str, str, Any]] = [
+    # (case id, file name, config key its path goes under, how the special file is made)
+    ("fifo-checkpoint", "policy.safetensors", "policy.checkpoint", fifo),
+    ("fifo-pt-checkpoint", "policy.pt", "policy.checkpoint", fifo),
+    ("dev-zero-checkpoint", "policy.safetensors", "policy.checkpoint", dev_zero),
+    ("dev-zero-pt-checkpoint", "policy.pt", "policy.checkpoint", dev_zero),
+    ("fifo-artifact", "policy.onnx", "policy.artifact", fifo),
+    ("fifo-probes", "probes.npz", "policy.probes.file", fifo),
+    ("dev-zero-probes", "probes.npz", "policy.probes.file", dev_zero),
+    ("fifo-stats", "obs_norm.json", "policy.preprocessing.stats", fifo),
+    ("fifo-initial-state", "h0.npy", "policy.recurrent.states[0].initial", fifo),
+    ("fifo-manifest", "manifest.json", "policy.manifest", fifo),
+]
+
+
+@pytest.mark.parametrize(("file", "key", "make"), [c[1:] for c in SPECIAL_PATHS],
+                         ids=[c[0] for c in SPECIAL_PATHS])
+def test_special_file_as_an_input_path_is_refused_at_once(
+    tmp_path: Path, file: str, key: str, make: Any
+) -> None:
+    special = make(tmp_path, file)
+    edit: dict[str, Any] = {}
+    if key == "policy.probes.file":
+        edit["policy.probes"] = {"file": str(special)}
+    elif key.startswith("policy.recurrent"):
+        edit["policy.output_names"] = ["logits", "h_out"]
+        edit["policy.recurrent"] = {"states": [{**RECURRENT["states"][0],
+                                                "initial": str(special)}]}
+    else:
+        edit[key] = str(special)
+    code, out, err = run_cli(policy_config(tmp_path, edit))
+    line = error_line(code, out, err, file=str(special), key=key)
+    kind = "FIFO" if make is fifo else "character device"
+    assert kind in line and "only regular files" in line, line
+
+
+@pytest.mark.parametrize("make", [fifo, dev_zero], ids=["fifo", "dev-zero"])
+def test_the_config_itself_as_a_special_file(tmp_path: Path, make: Any) -> None:
+    config = make(tmp_path, "gate.yaml")
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=None)
+    assert "config file is a" in line, line
+
+
+BOUNDS: list[tuple[str, dict[str, Any], str, int]] = [
+    ("recurrent-steps-1e7", {"policy.output_names": ["logits", "h_out"],
+                             "policy.recurrent": {**RECURRENT, "steps": 10_000_000}},
+     "policy.recurrent.steps", MAX_RECURRENT_STEPS),
+    ("rollout-episodes-1e5", {"policy.rollout": {"env": "CartPole-v1", "episodes": 100_000}},
+     "policy.rollout.episodes", MAX_EPISODES),
+    ("rollout-max-steps-1e9", {"policy.rollout": {"env": "CartPole-v1",
+                                                  "max_steps": 1_000_000_000}},
+     "policy.rollout.max_steps", MAX_EPISODE_STEPS),
+    ("rollout-seeds-1e5", {"policy.rollout": {"env": "CartPole-v1",
+                                              "seeds": list(range(100_000))}},
+     "policy.rollout.seeds", MAX_EPISODES),
+]
+
+
+@pytest.mark.parametrize(("edit", "key", "bound"), [c[1:] for c in BOUNDS],
+                         ids=[c[0] for c in BOUNDS])
+def test_run_length_bounds_name_the_key(
+    tmp_path: Path, edit: dict[str, Any], key: str, bound: int
+) -> None:
+    """10^7 recurrent steps, 10^5 episodes or seeds, 10^9 steps per episode: refused by
+    the documented bound, naming the key; a 10^5 seeds list (no alias in the file) is not
+    blamed on YAML aliases."""
+    config = policy_config(tmp_path, edit)
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=key)
+    assert str(bound) in line, line
+    assert "aliases" not in line, line
+
+
+def test_bounds_are_documented_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, value in (("MAX_RECURRENT_STEPS", MAX_RECURRENT_STEPS),
+                        ("MAX_EPISODES", MAX_EPISODES),
+                        ("MAX_EPISODE_STEPS", MAX_EPISODE_STEPS)):
+        assert f"{value:,}" in readme or str(value) in readme, name
+    from paritygate import reading
+
+    for name in ("MAX_ARRAY_BYTES", "MAX_DUMP_BYTES", "MAX_CONFIG_BYTES", "SPARSE_MIN_BYTES",
+                 "MAX_ZIP_RATIO"):
+        assert name in readme, f"{name} ({getattr(reading, name)}) is not in the README"
+
+
+def test_every_reader_of_arrays_and_checkpoints_goes_through_paritygate_reading() -> None:
+    """``paritygate.reading`` is the ground floor (it imports only ``paritygate.errors``);
+    ``np.load`` lives only there, ``torch.load`` only in ``checkpoints`` (which checks the
+    file through it), and every module that opens safetensors or reads a user's file imports
+    it."""
+    import ast
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_architecture import SRC, import_graph
+
+    graph = import_graph()
+    assert graph["paritygate.reading"] <= {"paritygate.errors"}
+    np_loads = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                      if "np.load(" in p.read_text("utf-8") and p.name != "reading.py")
+    assert np_loads == [], "np.load belongs in paritygate.reading (load_arrays)"
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text("utf-8"))
+        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        if "torch.load" in calls:
+            assert path.name == "checkpoints.py", path
+    for user in ("paritygate.config", "paritygate.checkpoints", "paritygate.golden",
+                 "paritygate.engines.rollout_dump", "paritygate.engines.hf_loading",
+                 "paritygate.families.policy.probes", "paritygate.families.policy.context",
+                 "paritygate.families.causal_lm.probes", "paritygate.families.causal_lm.sampling",
+                 "paritygate.families.causal_lm.tokenizer", "paritygate.families.causal_lm.weights",
+                 "paritygate.families.hf_model.probes", "paritygate.families.hf_model.context",
+                 "paritygate.init", "paritygate.init_hf"):
+        assert "paritygate.reading" in graph[user], f"{user} does not read through it"
+
+
+def test_config_over_its_size_bound_is_refused_unparsed(tmp_path: Path) -> None:
+    from paritygate.reading import MAX_CONFIG_BYTES
+
+    config = policy_config(tmp_path, {})
+    with open(config, "a", encoding="utf-8") as fh:
+        fh.write("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=None)
+    assert "MAX_CONFIG_BYTES" in line, line
+
+
+def test_sparse_config_is_refused(tmp_path: Path) -> None:
+    """A config file is judged like every input: a sparse one (a few bytes written at the
+    end of 3 GiB of holes) never reaches the YAML parser."""
+    config = tmp_path / "gate.yaml"
+    with open(config, "wb") as fh:
+        fh.truncate(3 * 2**30)
+    code, out, err = run_cli(config)
+    line = error_line(code, out, err, file="gate.yaml", key=None)
+    assert "config file is" in line, line
