@@ -2,7 +2,10 @@
 
 The model's own ``load_state_dict`` is used, but the report is computed
 independently of it: missing, unexpected, shape, dtype and value mismatches,
-and tied parameters.
+and tied parameters. A checkpoint that stores one tensor under several names (SB3's
+shared features extractor under ``features_extractor``, ``pi_features_extractor`` and
+``vf_features_extractor``; tied weights) is judged by identity: a name the model lacks whose
+tensor is one the model loads under another name is an alias, not an unexpected key.
 """
 
 from __future__ import annotations
@@ -21,7 +24,64 @@ class LoadReport:
     dtype_mismatch: list[tuple[str, str, str]] = field(default_factory=list)
     value_mismatch: list[str] = field(default_factory=list)
     tied: list[str] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Checkpoint names the model lacks -> the loaded name holding the same tensor."""
     load_error: str | None = None
+
+
+def _storage(tensor: Any) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+    """Where a tensor's values live: the same storage, offset, shape and strides is the same
+    tensor under another name."""
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return None
+    if not tensor.numel() or not ptr:
+        return None
+    return ptr, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride())
+
+
+def _suffix(name: str) -> str:
+    return name.split(".", 1)[1] if "." in name else name
+
+
+def find_aliases(state: dict[str, Any], loaded: set[str], *, by_value: bool = True
+                 ) -> dict[str, str]:
+    """Checkpoint names outside ``loaded`` that store a tensor also stored under a loaded name:
+    the same storage (a module registered under several names, saved once), or, in a file
+    format that stores each name separately, equal non-constant values under the same name
+    below their first part (``vf_features_extractor.cnn.0.weight`` equal to
+    ``features_extractor.cnn.0.weight``; ``by_value=False``: storage only). ``{alias: loaded
+    name}``."""
+    import torch
+
+    where: dict[Any, str] = {}
+    by_suffix: dict[str, list[str]] = {}
+    for name in sorted(loaded):
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        spot = _storage(tensor)
+        if spot is not None:
+            where.setdefault(spot, name)
+        by_suffix.setdefault(_suffix(name), []).append(name)
+    found: dict[str, str] = {}
+    for name, tensor in state.items():
+        if name in loaded or not isinstance(tensor, torch.Tensor):
+            continue
+        spot = _storage(tensor)
+        if spot is not None and spot in where:
+            found[name] = where[spot]
+            continue
+        if not by_value or "." not in name or tensor.numel() < 2:
+            continue
+        for other in sorted(by_suffix.get(_suffix(name), [])):
+            ref = state[other]
+            if (ref.shape == tensor.shape and ref.dtype == tensor.dtype
+                    and torch.equal(ref, tensor) and bool((tensor != tensor.flatten()[0]).any())):
+                found[name] = other
+                break
+    return found
 
 
 def _lossless_upcast(tensor: Any, target: Any) -> bool:
@@ -71,6 +131,8 @@ def load_into(
         if target.dtype != tensor.dtype and not _lossless_upcast(tensor, target):
             report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
         loadable[name] = tensor
+    report.aliases = find_aliases(state, set(loadable))
+    report.unexpected = [n for n in report.unexpected if n not in report.aliases]
     report.missing = [n for n in model_state if n not in state and n not in tied_names]
     try:
         model.load_state_dict(loadable, strict=False)
