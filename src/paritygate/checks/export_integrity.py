@@ -86,12 +86,10 @@ def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
 def _target_network_finding(m: Measurement, matches: Mapping[str, Any]) -> dict[str, str]:
     """Name an artifact built from a target network: initializers whose values only a target
     network's tensors hold (``q_net_target``, ``actor_target``); its mapping, empty if none."""
-    from paritygate.families.policy.export import target_network
-
     targets: dict[str, str] = dict(matches.get("target_network") or {})
     if not targets:
         return targets
-    nets = sorted({str(target_network(t)) for t in targets.values()})
+    nets = list(matches.get("target_networks") or [])
     pairs = ", ".join(f"{k!r} = {v!r}" for k, v in list(targets.items())[:3])
     m.fail("target_network_served",
            f"the artifact was built from the target network {', '.join(nets)}: "

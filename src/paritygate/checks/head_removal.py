@@ -33,7 +33,7 @@ def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
     """Inference tensors under a declared head, less those that are also a policy-path tensor
     under another name (a shared module registered under the head's name too): identity, not
     names, decides what was left in."""
-    from paritygate.families.policy.loading import find_aliases
+    from paritygate.checkpoints import find_aliases
 
     def under(k: str) -> bool:
         return any(k == h or k.startswith(h + ".") for h in heads)

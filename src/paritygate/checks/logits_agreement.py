@@ -169,9 +169,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         precision = ctx.artifact_precision
         targets = matches.get("target_network") or {}
         if targets:
-            from paritygate.families.policy.export import target_network
-
-            nets = sorted({str(target_network(t)) for t in targets.values()})
+            nets = list(matches.get("target_networks") or [])
             m.fail("target_network_served",
                    f"artifact outputs differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact was built from the target network "

@@ -209,8 +209,9 @@ def match_initializers(
     2+ elements) with a checkpoint tensor of their shape. ``target_network`` maps each
     initializer whose values are found only under a target network's tensors
     (:func:`target_network`: ``q_net_target``, ``actor_target``, ``target_qf1``) to that
-    tensor: an artifact built from a training-only copy of the policy, whatever the
-    initializers are named; such an initializer is unmatched, never matched or misplaced.
+    tensor (``target_networks``: their names): an artifact built from a training-only copy of
+    the policy, whatever the initializers are named; such an initializer is unmatched, never
+    matched or misplaced.
     """
     import numpy as np
     from onnx import numpy_helper
@@ -298,6 +299,7 @@ def match_initializers(
         "not_in_model": not_in_model,
         "converted": converted,
         "target_network": targets,
+        "target_networks": sorted({str(target_network(t)) for t in targets.values()}),
     }
 
 
