@@ -1,4 +1,4 @@
-"""Real Stable-Baselines3 DQN (CartPole-v1) and TD3 (Pendulum-v1) checkpoints gated end to end
+"""Real Stable-Baselines3 DQN (CartPole-v1), TD3 and DDPG (Pendulum-v1) checkpoints gated end to end
 (skipped without stable-baselines3).
 
 Both are trained inside the test run (seeded, a few hundred steps), once for every test and
@@ -49,13 +49,15 @@ def _train_dqn(out: Path, seed: int = 0) -> None:
 
 
 def _train_td3(out: Path, seed: int = 0) -> None:
-    from stable_baselines3 import TD3
+    from stable_baselines3 import DDPG, TD3
 
     out.mkdir(parents=True, exist_ok=True)
-    model = TD3("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=64,
-                buffer_size=1000, seed=seed, device="cpu", policy_kwargs={"net_arch": NET_ARCH})
-    model.learn(300)
-    model.save(out / "td3_pendulum.zip")
+    for cls, name in ((TD3, "td3_pendulum.zip"), (DDPG, "ddpg_pendulum.zip")):
+        model = cls("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=64,
+                    buffer_size=1000, seed=seed, device="cpu",
+                    policy_kwargs={"net_arch": NET_ARCH})
+        model.learn(300 if cls is TD3 else 150)
+        model.save(out / name)
     rng = np.random.default_rng(seed)
     theta = rng.uniform(-np.pi, np.pi, 48)
     probes = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, 48)], 1)
@@ -172,6 +174,16 @@ def test_init_on_a_td3_zip_declares_the_deterministic_actor_and_passes(
     results = _evaluate(data, path, tmp_path)
     _passes(results)
     assert results["logits_agreement"].metrics["action_max_abs_diff"] < 1e-4
+
+
+def test_init_on_a_ddpg_zip_has_one_critic_and_passes(
+        td3_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data, path, todos = _init(td3_run / "ddpg_pendulum.zip", tmp_path, monkeypatch,
+                              td3_run / "probes.npy")
+    assert todos == ["policy.probes.generator"], todos
+    assert data["policy"]["factory_kwargs"]["n_critics"] == 1
+    assert data["policy"]["distribution"]["type"] == "deterministic"
+    _passes(_evaluate(data, path, tmp_path))
 
 
 def _td3_action_export(run: Path, out: Path, served: str) -> Path:
