@@ -109,6 +109,51 @@ def test_cnn_policy_passes_judged_by_identity(
     assert any("judged by identity" in n for n in notes), notes
 
 
+def keeps_alias_names(keep_value_net: bool = False, **kwargs: Any) -> Any:
+    """A team's own serving model: SB3's policy with the value network deleted but every name
+    of the shared extractor kept (``vf_features_extractor`` is the trunk under another name);
+    ``keep_value_net``: the fault twin that forgets to delete the value network."""
+    from paritygate.adapters.sb3_cnn import _cnn
+
+    cls, kw = _cnn(kwargs["obs_shape"], kwargs["n_actions"], kwargs["features_dim"],
+                   kwargs.get("net_arch"), True, True)
+
+    class KeepsAliases(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, **k: Any) -> None:
+            super().__init__(**k)
+            if not keep_value_net:
+                del self.value_net
+            del self.mlp_extractor.value_net
+            self.optimizer = None
+
+        def forward(self, obs: Any) -> Any:  # type: ignore[override]
+            return self.action_net(self.mlp_extractor.forward_actor(self.extract_features(obs)))
+
+    return KeepsAliases(**kw)
+
+
+def keeps_value_net(**kwargs: Any) -> Any:
+    return keeps_alias_names(keep_value_net=True, **kwargs)
+
+
+@pytest.mark.parametrize("factory,kind", [("keeps_alias_names", None),
+                                          ("keeps_value_net", "head_left")])
+def test_a_head_name_the_trunk_shares_is_not_a_head_left_in(
+        cnn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str,
+        kind: str | None) -> None:
+    data, path, _ = _init(cnn_run, tmp_path, monkeypatch)
+    data["python_path"] = [str(Path(__file__).resolve().parent)]
+    data["policy"]["inference_factory"] = f"test_sb3_cnn:{factory}"
+    data["policy"]["training_heads"] = ["value_net", "vf_features_extractor"]
+    result = Gate(config_from_dict(data, path), report_dir=tmp_path / "reports").evaluate(
+        "head_removal", golden=False)
+    if kind is None:
+        assert result.status == "pass", result.message
+        return
+    assert result.status == "fail" and list(result.finding_kinds()) == [kind], result.message
+    assert "value_net.weight" in result.message and "features_extractor" not in result.message
+
+
 def test_alias_names_holding_different_tensors_fail_weights_load(
         cnn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fault twin: the value side's copy of the extractor edited apart (one tensor nudged),
