@@ -125,11 +125,13 @@ def test_init_on_a_dqn_zip_keeps_q_net_as_the_policy_and_passes(
     _passes(_evaluate(data, path, tmp_path))
 
 
-@pytest.mark.parametrize("source", ["q_net", "q_net_target"], ids=["clean", "target-served"])
+@pytest.mark.parametrize("source", ["q_net", "q_net_target", "policy:q_net_target"],
+                         ids=["clean", "target-served", "target-served-own-names"])
 def test_dqn_served_from_its_target_network_is_named(
         dqn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
     """The team's export script picks the module by attribute; picking ``q_net_target`` ships
-    the lagging copy. Its initializers are named ``q_net.0.weight``, like neither."""
+    the lagging copy. Its initializers are named ``q_net.0.weight``, like neither; exported
+    through the whole policy they keep the checkpoint's own ``q_net_target.*`` names."""
     import torch
 
     from paritygate.adapters.sb3 import dqn_training_policy
@@ -137,8 +139,16 @@ def test_dqn_served_from_its_target_network_is_named(
 
     policy = dqn_training_policy(4, 2, NET_ARCH)
     policy.load_state_dict(load_state_dict(dqn_run / "dqn_cartpole.zip"))
-    artifact = _export(getattr(policy, source), torch.zeros(1, 4),
-                       tmp_path / "export" / "policy.onnx", "q_values")
+    module = getattr(policy, source.split(":")[-1])
+    if source.startswith("policy:"):  # the whole policy serves its target network's Q-values
+        class TargetServed(type(policy)):  # type: ignore[misc]
+            def forward(self, obs: torch.Tensor) -> torch.Tensor:
+                return self.q_net_target(obs)  # type: ignore[no-any-return]
+
+        policy.__class__ = TargetServed
+        module = policy
+    artifact = _export(module, torch.zeros(1, 4), tmp_path / "export" / "policy.onnx",
+                       "q_values")
     data, path, _ = _init(dqn_run / "dqn_cartpole.zip", tmp_path, monkeypatch,
                           dqn_run / "probes.npy")
     data["policy"]["artifact"] = str(artifact)

@@ -283,8 +283,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
                    "artifact with paritygate export, or write its manifest.json)")
         diff, against = provenance
-        if targets:
-            pass  # named above: the target network's tensors, whatever the outputs show
+        if targets:  # named above: the target network's tensors, whatever the outputs show
+            m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
         elif cast_proven:
             m.note(f"no manifest: provenance proven against the checkpoint cast to "
                    f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "

@@ -251,9 +251,10 @@ def match_initializers(
             rtol = 4 * UNIT_ROUNDOFF[stored]
         equal = [n for n, t in pool if np.array_equal(arr, t)]
         from_target = [n for n in equal if target_network(n)]
-        if from_target and len(from_target) == len(equal) and np.ptp(arr) > 0 and (
-                role is None or not _same(arr, role)):
-            targets[init.name] = from_target[0]  # only a target network holds these values
+        if from_target and len(from_target) == len(equal) and np.ptp(arr) > 0:
+            # only a target network holds these values (under any initializer name, its own
+            # included): the artifact serves the training-only copy
+            targets[init.name] = from_target[0]
             unmatched.append(init.name)
         elif role is None:  # no checkpoint tensor of this name: any of its value matches
             (matched if equal else unmatched).append(init.name)
