@@ -262,3 +262,58 @@ def load_checkpoint_state(
                 return _as_state_dict(loaded, path, state_dict_key)
     source = str(path) if data is None else io.BytesIO(data)
     return _as_state_dict(_torch_load(source, path, None, allow_pickle), path, state_dict_key)
+
+
+def _storage(tensor: Any) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+    """Where a tensor's values live: the same storage, offset, shape and strides is the same
+    tensor under another name."""
+    try:
+        ptr = tensor.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return None
+    if not tensor.numel() or not ptr:
+        return None
+    return ptr, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride())
+
+
+def _suffix(name: str) -> str:
+    return name.split(".", 1)[1] if "." in name else name
+
+
+def find_aliases(state: dict[str, Any], loaded: set[str], *, by_value: bool = True
+                 ) -> dict[str, str]:
+    """Checkpoint names outside ``loaded`` that store a tensor also stored under a loaded name:
+    the same storage (a module registered under several names, saved once), or, in a file
+    format that stores each name separately, equal non-constant values under the same name
+    below their first part (``vf_features_extractor.cnn.0.weight`` equal to
+    ``features_extractor.cnn.0.weight``; ``by_value=False``: storage only). ``{alias: loaded
+    name}``."""
+    import torch
+
+    where: dict[Any, str] = {}
+    by_suffix: dict[str, list[str]] = {}
+    for name in sorted(loaded):
+        tensor = state[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        spot = _storage(tensor)
+        if spot is not None:
+            where.setdefault(spot, name)
+        by_suffix.setdefault(_suffix(name), []).append(name)
+    found: dict[str, str] = {}
+    for name, tensor in state.items():
+        if name in loaded or not isinstance(tensor, torch.Tensor):
+            continue
+        spot = _storage(tensor)
+        if spot is not None and spot in where:
+            found[name] = where[spot]
+            continue
+        if not by_value or "." not in name or tensor.numel() < 2:
+            continue
+        for other in sorted(by_suffix.get(_suffix(name), [])):
+            ref = state[other]
+            if (ref.shape == tensor.shape and ref.dtype == tensor.dtype
+                    and torch.equal(ref, tensor) and bool((tensor != tensor.flatten()[0]).any())):
+                found[name] = other
+                break
+    return found

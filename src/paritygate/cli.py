@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         help="folder for the checkpoints, configs/ and golden/ (default: ./demo)",
     )
     demo.add_argument(
-        "--only", choices=("policy", "lm"), default=None, help="build one demo only"
+        "--only", choices=("policy", "lm", "rollout"), default=None,
+        help="build one demo only (rollout: a CartPole policy for rollout_parity)"
     )
 
     dump = sub.add_parser(
@@ -331,7 +332,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
         print(f"paritygate demo: building the demo causal LM in {out / 'lm'}", flush=True)
         causal_lm.build(out / "lm")
-    parts = [p for p in ("policy", "lm") if args.only in (None, p)]
+    if args.only in (None, "rollout"):
+        from paritygate.demo import rollout
+
+        print(f"paritygate demo: building the rollout demo policy in {out / 'rollout'}",
+              flush=True)
+        rollout.build(out / "rollout")
+    parts = [p for p in ("policy", "lm", "rollout") if args.only in (None, p)]
     configs = write_bundle(out, parts)
     print(f"paritygate demo: wrote {', '.join(str(p) for p in configs.values())} and golden "
           f"baselines in {out / 'golden'}")

@@ -202,12 +202,33 @@ def _log_std_layers(keys: list[str]) -> list[str]:
                   if m.rsplit(".", 1)[-1].lower().replace("_", "").endswith("logstd"))
 
 
+_ACTOR_TARGET = re.compile(r"(actor_target|target_actor)", re.I)
+_Q_NAMES = re.compile(r"(qf\d*|q\d+|q_?net\w*|critic\d*)(_target)?", re.I)
+
+
+def deterministic_actor(keys: list[str]) -> bool:
+    """A TD3/DDPG-style actor: no log-std, and an actor target network, or an actor beside
+    Q-networks (``qf1``, ``q1``; a PPO ``critic`` alone is a value network)."""
+    top = {k.split(".")[0] for k in keys if "." in k}
+    if any("logstd" in k.lower().replace("_", "") for k in keys):
+        return False
+    if any(_ACTOR_TARGET.fullmatch(t) for t in top):
+        return True
+    return "actor" in top and any(_Q_NAMES.fullmatch(t) and not t.lower().startswith("critic")
+                                  for t in top)
+
+
 def _distribution_lines(state: dict[str, Any], log_stds: list[str], layers: list[str]
                         ) -> list[str]:
-    """The ``distribution`` block: the log-std's source, and the squash, scale and bias (TODO
-    unless ``action_scale`` / ``action_bias`` buffers give them)."""
+    """The ``distribution`` block: the log-std's source (none for a deterministic actor), and
+    the squash, scale and bias (TODO unless ``action_scale`` / ``action_bias`` buffers give
+    them)."""
     lines = ["  distribution:            # the Gaussian (README: continuous actions); review"]
-    if log_stds:
+    if not log_stds and not layers:
+        lines = ["  distribution:            # a deterministic actor (TD3/DDPG: an actor target "
+                 "or Q-networks, no log-std); review",
+                 "    type: deterministic"]
+    elif log_stds:
         lines += [f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
                   "checkpoint (a training head: the served actor returns the mean)",
                   f"    log_std_key: {_q(log_stds[0])}"]
@@ -217,8 +238,8 @@ def _distribution_lines(state: dict[str, Any], log_stds: list[str], layers: list
                                            "in the training forward's result"),
                   "    log_std_clamp: " + _q(f"{TODO}: [min, max] the training side clamps "
                                              "the raw log-std to, or null")]
-    lines.append("    squash: " + _q(f"{TODO}: tanh (SAC) | clip (clipped to the action box) "
-                                     "| none"))
+    lines.append("    squash: " + _q(f"{TODO}: tanh (SAC, TD3) | clip (clipped to the action "
+                                     "box) | none"))
     for name, what in (("action_scale", "(high - low) / 2"), ("action_bias", "(high + low) / 2")):
         value = _buffer_value(state, name)
         if value is None:
@@ -227,7 +248,7 @@ def _distribution_lines(state: dict[str, Any], log_stds: list[str], layers: list
             lines.append(f"    {name}: {_q(value)}   # from the checkpoint's {name} buffer")
     if not log_stds:
         lines.append("    serving_output: " + _q(f"{TODO}: mean (the artifact serves the "
-                                                  "Gaussian's mean) | action (the env action)"))
+                                                  "policy output u) | action (the env action)"))
     return lines
 
 
@@ -238,6 +259,11 @@ def _policy_text(
     sac = _sac_layout(source, state)
     if sac is not None:
         return _sac_text(source, out, name, name_note, sac, len(state))
+    from paritygate.init_sb3 import sb3_text
+
+    text = sb3_text(source, out, name, name_note, state)
+    if text is not None:
+        return text
     keys = list(state)
     heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
@@ -362,11 +388,12 @@ def _policy_text(
         lines.append(f"  action_space: {action}   # from the policy's tensors")
     else:
         layers = _log_std_layers(keys)
-        guess = "continuous" if log_stds or layers or any(
+        deterministic = deterministic_actor(keys)
+        guess = "continuous" if log_stds or layers or deterministic or any(
             k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
         lines.append(f"  action_space: {guess}   # discrete | continuous; guessed from tensor "
                      "names: review")
-        if log_stds or layers:
+        if log_stds or layers or deterministic:
             lines += _distribution_lines(state, log_stds, layers)
     if found is None:
         lines += [

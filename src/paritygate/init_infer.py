@@ -20,6 +20,9 @@ _HEAD_WORDS = ("value", "critic", "aux", "v_head", "vf_", "q_head", "baseline", 
 """Module-name starts that usually mark training-only heads (PPO critics, auxiliary losses)."""
 _Q_NETWORK = re.compile(r"(target_)?(qf\d*|q\d+|q_?net\w*)(_target)?")
 """Module names of SAC / TD3 Q-networks (CleanRL's ``qf1``, ``qf2``; ``q1``, ``qnet``)."""
+_TARGET = re.compile(r"(target_\w+|\w+_target|target)")
+"""Module names of target networks (``q_net_target``, ``actor_target``, ``target_network``):
+training-only copies the policy lags behind."""
 _ATTENTION_WORDS = ("attn", "attention")
 """Parts of a module name that mark an attention block: nothing inside one is a head."""
 _ATTENTION_PROJECTIONS = frozenset({"query", "key", "q", "k", "q_proj", "k_proj", "qk"})
@@ -59,7 +62,12 @@ def head_prefixes(keys: list[str]) -> list[str]:
     A head hangs off the model beside its trunk. The value projection of an attention block
     (``attention.self.value`` beside ``query`` and ``key``) shares the word but is part of the
     trunk: a part inside an attention module (an enclosing part naming ``attn``/``attention``)
-    or beside query/key projections is never proposed."""
+    or beside query/key projections is never proposed. A target network (``*_target``,
+    ``target_*``) always is; a Q-network only beside an actor: without one (DQN's ``q_net``) the
+    Q-network is the policy."""
+    top = {key.split(".")[0].lower() for key in keys}
+    has_actor = any(not (_Q_NETWORK.fullmatch(p) or _TARGET.fullmatch(p)
+                         or p.startswith(_HEAD_WORDS)) for p in top)
     children: dict[str, set[str]] = {}
     for key in keys:
         parts = key.split(".")
@@ -70,7 +78,9 @@ def head_prefixes(keys: list[str]) -> list[str]:
         parts = key.split(".")
         for depth in range(1, len(parts)):
             part = parts[depth - 1].lower()
-            if not part.startswith(_HEAD_WORDS) and not _Q_NETWORK.fullmatch(part):
+            target = bool(_TARGET.fullmatch(part))
+            q_head = bool(_Q_NETWORK.fullmatch(part)) and has_actor
+            if not part.startswith(_HEAD_WORDS) and not q_head and not target:
                 continue
             enclosing = [part.lower() for part in parts[: depth - 1]]
             siblings = children[".".join(parts[: depth - 1])]

@@ -196,6 +196,13 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="re-export the artifact from the gated checkpoint "
                     "(paritygate export CONFIG)",
                 only_if=_ROLLOUT),
+    Explanation("export_integrity", "target_network_served", ("target_network_served",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact was built from the target network, a training-only copy of the "
+                "policy",
+                fix="export the online network (the policy the checkpoint acts with), not its "
+                    "target copy",
+                only_if=_ROLLOUT),
     Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
                 "the artifact carries a checkpoint tensor in another layer's place",
@@ -215,8 +222,9 @@ GRAPH: tuple[Explanation, ...] = (
                  "action_clip_differs", "log_std_clamp_differs"),
                 ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
                  "rollout_parity"),
-                "the serving side turns the policy's Gaussian into actions differently from "
-                "training (policy.distribution)",
+                "the serving side turns the policy output (a Gaussian's mean or a "
+                "deterministic actor's) into actions differently from training "
+                "(policy.distribution)",
                 fix="apply the declared squash (clip bounds), action scale and bias and "
                     "log_std clamp in the served actor, or declare what it serves in "
                     "policy.distribution",
@@ -247,6 +255,13 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="put the model in eval mode before exporting or serving (no dropout or "
                     "sampling on the inference path)",
                 only_if=(("precision_per_layer", _no_layer_over_budget), *_ROLLOUT)),
+    Explanation("logits_agreement", "target_network_served", ("target_network_served",),
+                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+                "the artifact was built from the target network, a training-only copy of the "
+                "policy",
+                fix="export the online network (the policy the checkpoint acts with), not its "
+                    "target copy",
+                only_if=(("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("logits_agreement", "artifact_outputs_differ",
                 ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
                 ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),

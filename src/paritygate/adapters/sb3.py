@@ -37,6 +37,11 @@ and ``critic_target``::
     distribution: {log_std: output, log_std_key: log_std, log_std_clamp: [-20, 2],
                    squash: tanh, action_scale: 2.0, action_bias: 0.0}
 
+DQN, TD3/DDPG (:mod:`paritygate.adapters.sb3_offpolicy`) and ``CnnPolicy``
+(:mod:`paritygate.adapters.sb3_cnn`) have factories of their own, importable from here too:
+``dqn_training_policy``, ``td3_training_policy``, ``cnn_training_policy`` and their
+``*_inference_policy``.
+
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
 
@@ -337,3 +342,20 @@ def normalize_serving(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     std = np.sqrt(np.asarray(s["var"], np.float32) + np.float32(s["epsilon"]))
     clip = np.float32(s["clip_obs"])
     return np.clip((x - mean) / std, -clip, clip).astype(np.float32)
+
+
+from paritygate.adapters.sb3_cnn import cnn_inference_policy, cnn_training_policy  # noqa: E402
+from paritygate.adapters.sb3_offpolicy import (  # noqa: E402
+    dqn_inference_policy,
+    dqn_training_policy,
+    td3_inference_policy,
+    td3_training_policy,
+)
+
+__all__ = [
+    "cnn_inference_policy", "cnn_training_policy", "dqn_inference_policy", "dqn_training_policy",
+    "inference_policy", "multi_input_inference_policy", "multi_input_training_policy",
+    "normalize_serving", "normalize_training", "recurrent_inference_policy",
+    "recurrent_training_policy", "sac_inference_policy", "sac_training_policy",
+    "save_vecnormalize_stats", "td3_inference_policy", "td3_training_policy", "training_policy",
+]

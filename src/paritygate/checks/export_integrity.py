@@ -83,6 +83,22 @@ def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
     return f"{match_text} (the graph around them differs: see logits_agreement)"
 
 
+def _target_network_finding(m: Measurement, matches: Mapping[str, Any]) -> dict[str, str]:
+    """Name an artifact built from a target network: initializers whose values only a target
+    network's tensors hold (``q_net_target``, ``actor_target``); its mapping, empty if none."""
+    targets: dict[str, str] = dict(matches.get("target_network") or {})
+    if not targets:
+        return targets
+    nets = list(matches.get("target_networks") or [])
+    pairs = ", ".join(f"{k!r} = {v!r}" for k, v in list(targets.items())[:3])
+    m.fail("target_network_served",
+           f"the artifact was built from the target network {', '.join(nets)}: "
+           f"{len(targets)}/{matches['comparable']} of its weight initializers hold that "
+           f"network's tensors, not the policy's ({pairs}); a target network is a "
+           "training-only copy that lags behind the policy", metric="stale_checkpoint")
+    return targets
+
+
 def _precision_finding(m: Measurement, precision: Any) -> bool:
     """Name the artifact's weight precision; a conversion the config does not declare (or a
     declared one the artifact does not have) is a finding. Returns whether it was one."""
@@ -241,7 +257,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.fail("batch_sizes_fail", f"artifact does not run at every batch size: {batch_failures}")
 
     manifest = ctx.manifest()
-    stale = modified = 0
+    modified = 0
     provenance = _numeric_provenance(ctx)
     matches = ctx.initializer_match
     m.details["initializers"] = matches
@@ -259,13 +275,17 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(tier_note)
     if manifest is None and factor > 1:
         m.note(scaled_note({"provenance_max_abs_diff": limit}, factor))
+    targets = _target_network_finding(m, matches)
+    stale = int(bool(targets))
     if manifest is None:
         where = f"no manifest at {ctx.manifest_path}"
         if ctx.spec.require_manifest:
             m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
                    "artifact with paritygate export, or write its manifest.json)")
         diff, against = provenance
-        if cast_proven:
+        if targets:  # named above: the target network's tensors, whatever the outputs show
+            m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
+        elif cast_proven:
             m.note(f"no manifest: provenance proven against the checkpoint cast to "
                    f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
                    "(judged by logits_agreement)")
@@ -372,5 +392,6 @@ CHECK = CheckSpec(
            "batch_sizes_fail", "manifest_required", "not_from_checkpoint", "provenance_not_loaded",
            "provenance_unproven", "stale_manifest", "artifact_modified", "misplaced_tensor",
            "undeclared_precision", "precision_not_stored", "inputs_swapped",
-           "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched"),
+           "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched",
+           "target_network_served"),
 )

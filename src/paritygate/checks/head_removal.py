@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,14 +29,31 @@ def _spread(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[seen].astype(np.float64) - b[seen]).max()) if seen.any() else 0.0
 
 
+def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
+    """Inference tensors under a declared head, less those that are also a policy-path tensor
+    under another name (a shared module registered under the head's name too): identity, not
+    names, decides what was left in."""
+    from paritygate.checkpoints import find_aliases
+
+    def under(k: str) -> bool:
+        return any(k == h or k.startswith(h + ".") for h in heads)
+
+    named = [k for k in state if under(k)]
+    shared = find_aliases(dict(state), {k for k in state if not under(k)}, by_value=False)
+    return [k for k in named if k not in shared]
+
+
 def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("head_removal")
     heads = list(ctx.spec.training_heads)
-    train_names = dict(ctx.training_model.named_modules())
+    # Every name a module is registered under (SB3 registers its shared features extractor
+    # three times): a head is matched by any of them.
+    train_names = dict(ctx.training_model.named_modules(remove_duplicate=False))
     infer_state = ctx.inference_model.state_dict()
     train_state = ctx.training_model.state_dict()
     for head in heads:
-        if head not in train_names and head not in train_state:
+        if head not in train_names and head not in train_state and not any(
+                k.startswith(head + ".") for k in train_state):
             m.fail(
                 "undeclared_head",
                 f"declared training head {head!r} is neither a module nor a parameter or "
@@ -59,8 +76,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         m.fail(
             "parameters_differ",
             f"inference parameters differ from the training model's: {differing[:5]}")
-    leftover = [k for k in infer_state
-                if any(k == h or k.startswith(h + ".") for h in heads)]
+    leftover = _left_heads(infer_state, heads)
     if leftover:
         m.fail(
             "head_left",

@@ -137,8 +137,9 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.fail("missing_output", f"artifact has no output {ctx.output_name!r}")
         return m
     continuous = ctx.spec.action_space == "continuous"
-    is_gaussian = continuous and ctx.spec.distribution is not None
-    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"], gaussian=is_gaussian)
+    dist = ctx.spec.distribution if continuous else None
+    limits, tier_note = ctx.artifact_limits(thresholds, ["max_abs_diff"],
+                                            gaussian=dist is not None)
     if tier_note:
         m.note(tier_note)
     factor = magnitude_factor(reference)
@@ -148,21 +149,35 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
     stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
     transform = None
-    if is_gaussian and ctx.spec.distribution is not None and stats:
-        transform = measure_gaussian(m, ctx, ctx.spec.distribution, candidate, limits)
+    if dist is not None and stats:
+        transform = (measure_gaussian(m, ctx, dist, candidate, limits) if dist.gaussian
+                     else measure_action(m, ctx, dist, ctx.reference_results[ctx.output_name],
+                                         candidate, limits))
     if stats and stats.get("max_abs", 0) > limit and transform is None:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
         hint = ""
         if np.isfinite(scale) and abs(scale - 1) > 1e-3 and np.nanstd(ratio) < 1e-3 * abs(scale):
-            hint = f" (candidate = reference x {scale:.4g}: a temperature baked into the artifact?)"
+            hint = (f" (candidate = reference x {scale:.4g}: "
+                    + ("an action scale applied on one side only? declare the action transform "
+                       "in policy.distribution)" if continuous
+                       else "a temperature baked into the artifact?)"))
         elif ctx.spec.action_space == "discrete":
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
         matches = ctx.initializer_match
         foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
         precision = ctx.artifact_precision
-        if precision.undeclared and precision.stored != "float32":
+        targets = matches.get("target_network") or {}
+        if targets:
+            nets = list(matches.get("target_networks") or [])
+            m.fail("target_network_served",
+                   f"artifact outputs differ from the training model's by up to "
+                   f"{stats['max_abs']:.3g}: the artifact was built from the target network "
+                   f"{', '.join(nets)} ({len(targets)} of its weight initializers are that "
+                   f"network's tensors, e.g. {next(iter(targets.values()))!r}), not the policy",
+                   metric="max_abs_diff")
+        elif precision.undeclared and precision.stored != "float32":
             m.fail("undeclared_precision",
                    f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact stores {precision.stored} weights "
@@ -230,6 +245,8 @@ def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarr
         hypotheses.insert(0, ("squash_missing", bias + scale * mean,
                               "the tanh squash is missing on the serving side "
                               "(action = bias + scale * mean)"))
+    hypotheses.append(("action_scale_missing", unit, "neither the action scale nor the bias is "
+                       "applied (action = squash(mean))"))
     for kind, expected, text in hypotheses:
         if np.max(np.abs(expected - served)) <= tol:
             return kind, text
@@ -256,27 +273,38 @@ def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray
     return None
 
 
+def measure_action(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
+                   mean: np.ndarray, candidate: np.ndarray,
+                   limits: Mapping[str, float | None]) -> str | None:
+    """The deterministic env actions of both sides (``action_max_abs_diff``) and, when the
+    artifact serves actions, a missing squash, scale or bias named by its kind (returned)."""
+    mean = np.asarray(mean, np.float64)
+    scale, _ = scale_bias(dist, mean.shape[-1])
+    action_limit = float(limits.get("action_max_abs_diff") or 0.0) * max(
+        1.0, float(np.max(np.abs(scale)))) * magnitude_factor(mean)
+    ref_action = ctx.deterministic_action(mean)
+    cand_action = ctx.deterministic_action(candidate, served=True)
+    action_diff = float(np.max(np.abs(ref_action - cand_action))) if ref_action.size else 0.0
+    m.metric("action_max_abs_diff", action_diff, threshold=limits.get("action_max_abs_diff")
+             and action_limit)
+    if dist.serving_output != "action" or action_diff <= action_limit:
+        return None
+    found = _action_transform(dist, mean, np.asarray(candidate, np.float64), 10 * action_limit)
+    if found is None:
+        return None
+    m.fail(found[0], f"deterministic actions differ by up to {action_diff:.3g}: {found[1]}",
+           metric="action_max_abs_diff")
+    return found[0]
+
+
 def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
                      candidate: np.ndarray, limits: Mapping[str, float | None]
                      ) -> str | None:
     """The distribution metrics of a continuous policy; the kind of a named action-transform
     fault, or ``None``."""
     ref: Gaussian = ctx.reference_gaussian()
-    scale, _ = scale_bias(dist, ref.mean.shape[-1])
-    action_limit = float(limits.get("action_max_abs_diff") or 0.0) * max(
-        1.0, float(np.max(np.abs(scale)))) * magnitude_factor(ref.mean)
-    ref_action = ctx.deterministic_action(ref.mean)
-    cand_action = ctx.deterministic_action(candidate, served=True)
-    action_diff = float(np.max(np.abs(ref_action - cand_action))) if ref_action.size else 0.0
-    m.metric("action_max_abs_diff", action_diff, threshold=limits.get("action_max_abs_diff")
-             and action_limit)
-    found = None
-    if dist.serving_output == "action" and action_diff > action_limit:
-        found = _action_transform(dist, ref.mean, np.asarray(candidate, np.float64),
-                                  10 * action_limit)
-        if found is not None:
-            m.fail(found[0], f"deterministic actions differ by up to {action_diff:.3g}: "
-                   f"{found[1]}", metric="action_max_abs_diff")
+    kind = measure_action(m, ctx, dist, ref.mean, candidate, limits)
+    found = (kind, "") if kind is not None else None
     cand_log_std = ctx.candidate_log_std()
     if cand_log_std is None:
         m.note("the artifact serves no log_std: the std, KL and log-prob metrics need it")
@@ -394,5 +422,5 @@ CHECK = CheckSpec(
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
            "undeclared_precision", *_TRANSFORM_KINDS,
-           "log_std_clamp_differs"),
+           "log_std_clamp_differs", "target_network_served"),
 )

@@ -93,6 +93,12 @@ def _side(m: Measurement, label: str, report: Any, model: Any, state: Mapping[st
         )
     if report.tied:
         m.note(f"{label}: tied weights not stored separately (fine): {report.tied[:5]}")
+    aliases = report.aliases
+    if aliases:
+        groups = sorted({(a.split(".")[0], n.split(".")[0]) for a, n in aliases.items()})
+        named = ", ".join(f"{a} = {n}" for a, n in groups[:4])
+        m.note(f"{label}: {len(aliases)} checkpoint names store a tensor the model loads under "
+               f"another name (one tensor, several names; judged by identity, fine): {named}")
 
 
 def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:

@@ -1,6 +1,7 @@
 """The bundled demo: checkpoints built on the spot, with the gate configs and golden to run them.
 
-``paritygate demo --out DIR`` builds ``DIR/policy`` and ``DIR/lm`` and writes
+``paritygate demo --out DIR`` builds ``DIR/policy``, ``DIR/lm`` and ``DIR/rollout`` (a
+CartPole policy for ``rollout_parity``) and writes
 ``DIR/configs`` (gate and sampling configs) and ``DIR/golden`` (blessed baselines
 and probe sets) beside them, so ``paritygate run DIR/configs/demo-policy.yaml``
 works from any directory. The configs and golden ship inside the wheel
@@ -13,7 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-DEMOS: dict[str, str] = {"policy": "demo-policy", "lm": "demo-lm"}
+DEMOS: dict[str, str] = {"policy": "demo-policy", "lm": "demo-lm", "rollout": "demo-rollout"}
 """Demo part (``paritygate demo --only``) -> gate name."""
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]

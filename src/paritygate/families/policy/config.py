@@ -168,11 +168,20 @@ class RolloutSpec(StrictModel):
         return [self.seed + i for i in range(self.episodes)]
 
 
-class DistributionSpec(StrictModel):
-    """A continuous policy's action distribution: a diagonal Gaussian over the pre-squash
-    action ``u``, whose mean is the policy output, turned into the env action by ``squash``."""
+GAUSSIAN_ONLY_KEYS: tuple[str, ...] = ("log_std", "log_std_key", "log_std_clamp", "samples")
+"""``policy.distribution`` keys that describe a Gaussian's spread: a deterministic actor has
+none."""
 
-    type: Literal["gaussian"] = "gaussian"
+
+class DistributionSpec(StrictModel):
+    """A continuous policy's action distribution and its action transform. ``gaussian``: a
+    diagonal Gaussian over the pre-squash action ``u``, whose mean is the policy output;
+    ``deterministic``: the policy output is ``u`` itself (TD3, DDPG). Either way ``squash``,
+    ``action_scale`` and ``action_bias`` turn ``u`` into the env action."""
+
+    type: Literal["gaussian", "deterministic"] = "gaussian"
+    """``gaussian`` (SAC, PPO on a Box) or ``deterministic`` (TD3/DDPG: no log-std; only the
+    action transform is declared and judged)."""
     log_std: Literal["parameter", "output"] = "parameter"
     """``parameter``: a state-independent tensor of the checkpoint (SB3 PPO, CleanRL PPO);
     ``output``: an output of the training forward (SAC) and, when the artifact serves it, the
@@ -193,10 +202,25 @@ class DistributionSpec(StrictModel):
     """Per dimension or one for all: (high + low) / 2 of the Box."""
     serving_output: Literal["mean", "action"] = "mean"
     """What the artifact's first output (and the inference model's output) holds: the
-    Gaussian's mean, like the training policy output, or the deterministic env action
-    (bias + scale * squash(mean)); then the training side's output is compared as that action."""
+    Gaussian's mean (a deterministic actor's pre-squash ``u``), like the training policy
+    output, or the deterministic env action (bias + scale * squash(mean)); then the training
+    side's output is compared as that action."""
     samples: int = Field(8, ge=1)
     """Actions sampled per probe for the behaviour log-prob delta."""
+
+    @property
+    def gaussian(self) -> bool:
+        """A Gaussian (it has a log-std) rather than a deterministic actor."""
+        return self.type == "gaussian"
+
+    @model_validator(mode="after")
+    def _deterministic_has_no_spread(self) -> DistributionSpec:
+        given = [k for k in GAUSSIAN_ONLY_KEYS if k in self.model_fields_set]
+        if self.type == "deterministic" and given:
+            raise ValueError(f"{', '.join(given)}: a deterministic actor has no log-std "
+                             "(type: deterministic takes squash, action_scale, action_bias and "
+                             "serving_output)")
+        return self
 
     @field_validator("log_std_clamp")
     @classmethod
@@ -264,8 +288,15 @@ class PolicySpec(StrictModel):
     """Outputs the artifact must declare, in order; the first is the policy output."""
     action_space: Literal["discrete", "continuous"] = "discrete"
     distribution: DistributionSpec | None = None
-    """A continuous policy's Gaussian (``action_space: continuous`` only): logits_agreement
-    then measures KL, mean and std, the deterministic action and the behaviour log-prob."""
+    """A continuous policy's Gaussian or deterministic actor (``action_space: continuous``
+    only): logits_agreement then measures the deterministic env action (and for a Gaussian KL,
+    mean and std and the behaviour log-prob) and names a missing squash, scale or bias."""
+
+    @property
+    def gaussian(self) -> DistributionSpec | None:
+        """``distribution`` when it is a Gaussian (``type: gaussian``), else ``None``."""
+        dist = self.distribution
+        return dist if dist is not None and dist.gaussian else None
     preprocessing: PreprocessingSpec | None = None
     probes: ProbeSpec
     opset: int = Field(18, ge=13)
@@ -291,7 +322,7 @@ class PolicySpec(StrictModel):
             raise ValueError("preprocessing given twice: policy.preprocessing and "
                              "policy.inputs[0].preprocessing")
         if self.distribution is not None and len(self.input_names) > 1:
-            raise ValueError("policy.distribution (a Gaussian policy) takes one observation "
+            raise ValueError("policy.distribution (a continuous actor) takes one observation "
                              "input and no recurrent state")
         rec = self.recurrent
         if rec is not None:

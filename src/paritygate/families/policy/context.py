@@ -210,15 +210,15 @@ class PolicyContext:
         :class:`paritygate.metrics.gaussian.Gaussian`."""
         from paritygate.families.policy.distribution import reference_gaussian
 
-        assert self.spec.distribution is not None
-        return reference_gaussian(self, self.spec.distribution)
+        assert self.spec.gaussian is not None
+        return reference_gaussian(self, self.spec.gaussian)
 
     def candidate_log_std(self) -> np.ndarray | None:
         """The artifact's log-std on the probes, or ``None`` when it serves none."""
         from paritygate.families.policy.distribution import candidate_log_std
 
-        assert self.spec.distribution is not None
-        return candidate_log_std(self, self.spec.distribution)
+        assert self.spec.gaussian is not None
+        return candidate_log_std(self, self.spec.gaussian)
 
     def deterministic_action(self, output: np.ndarray, *, served: bool = False) -> np.ndarray:
         """:func:`paritygate.families.policy.distribution.deterministic_action` of this spec."""
@@ -306,7 +306,7 @@ class PolicyContext:
         if self.spec.recurrent is not None:
             result = self.reference_results
             out.update({name: result[name] for name in self.spec.state_output_names})
-        dist = self.spec.distribution
+        dist = self.spec.gaussian
         if dist is not None and dist.log_std == "output" and len(self.spec.output_names) > 1:
             from paritygate.families.policy.distribution import training_log_std
 
@@ -514,7 +514,7 @@ def training_extra_outputs(spec: PolicySpec) -> dict[str, str | int]:
     """What the reference engine selects besides the policy output: each recurrent state
     output and, with ``distribution.log_std: output``, the log-std (:data:`TRAINING_LOG_STD`)."""
     extra = dict(training_state_outputs(spec) or {})
-    dist = spec.distribution
+    dist = spec.gaussian
     if dist is not None and dist.log_std == "output":
         extra[TRAINING_LOG_STD] = dist.log_std_key
     return extra
@@ -786,4 +786,39 @@ def open_artifact(artifact: Path, spec: PolicySpec, feeds: Mapping[str, np.ndarr
     )
     for name in spec.input_names[1:]:
         check_artifact_inputs(candidate.session, artifact, name, feeds[name])
+    check_input_dtypes(candidate.session, artifact, spec, feeds)
     return candidate
+
+
+_ORT_DTYPES = {"tensor(float)": "float32", "tensor(double)": "float64",
+               "tensor(float16)": "float16", "tensor(uint8)": "uint8", "tensor(int8)": "int8",
+               "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
+               "tensor(bool)": "bool", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32",
+               "tensor(uint64)": "uint64"}
+"""ONNX Runtime's input type names, as numpy dtype names."""
+
+
+def check_input_dtypes(session: Any, artifact: Path, spec: PolicySpec,
+                       feeds: Mapping[str, np.ndarray]) -> None:
+    """Every artifact input must take the dtype the gate feeds it (the probes as loaded, or
+    the training preprocessing's output): uint8 image probes fed to a float32 artifact are bad
+    input, named with both keys and both dtypes before any check runs."""
+    for spec_input in session.get_inputs():
+        fed = feeds.get(spec_input.name)
+        want = _ORT_DTYPES.get(spec_input.type)
+        if fed is None or want is None or np.dtype(want) == fed.dtype:
+            continue
+        name = spec_input.name
+        observation = name in {i.name for i in spec.observation_inputs}
+        pre = spec.input_preprocessing(name) if observation else None
+        if not observation:
+            source = f"the gate's recurrent input {name!r} ({fed.dtype})"
+        elif pre is not None:
+            source = (f"{spec.preprocessing_key(name)}.training gives {fed.dtype} for input "
+                      f"{name!r}")
+        else:
+            source = f"policy.probes are {fed.dtype} for input {name!r}"
+        raise InputError(
+            artifact, "policy.artifact",
+            f"input {name!r} takes {want}, but {source}: feed the artifact's dtype (save the "
+            f"probes as {want}, or export the artifact with a {fed.dtype} input)")

@@ -80,7 +80,7 @@ def check_distribution(ctx: PolicyContext) -> None:
     if dist is None:
         return
     key = "policy.distribution.log_std_key"
-    if dist.log_std == "parameter" and str(dist.log_std_key) not in ctx.state:
+    if dist.gaussian and dist.log_std == "parameter" and str(dist.log_std_key) not in ctx.state:
         named = [k for k in ctx.state if "std" in k.lower()][:3]
         hint = f"its log-std tensors: {named}" if named else "none is named like a log-std"
         raise InputError(ctx.config.path, key, f"{dist.log_std_key!r} is not a tensor of the "

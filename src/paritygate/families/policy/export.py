@@ -209,7 +209,12 @@ def match_initializers(
     ``converted`` counts those that match or fold, by dtype. ``not_in_model`` names matched
     initializers whose inference-model parameter of the same name holds other values (the
     checkpoint did not load into it). ``comparable`` counts initializers (floating point,
-    2+ elements) with a checkpoint tensor of their shape.
+    2+ elements) with a checkpoint tensor of their shape. ``target_network`` maps each
+    initializer whose values are found only under a target network's tensors
+    (:func:`target_network`: ``q_net_target``, ``actor_target``, ``target_qf1``) to that
+    tensor (``target_networks``: their names): an artifact built from a training-only copy of
+    the policy, whatever the initializers are named; such an initializer is unmatched, never
+    matched or misplaced.
     """
     import numpy as np
     from onnx import numpy_helper
@@ -227,6 +232,7 @@ def match_initializers(
     misplaced: dict[str, str] = {}
     not_in_model: list[str] = []
     rel: dict[str, float] = {}
+    targets: dict[str, str] = {}
     low: dict[str, str] = {}  # initializer -> its float16/bfloat16 dtype
     for init in onnx_model.graph.initializer:
         stored = LOW_PRECISION_INITIALIZERS.get(init.data_type)
@@ -247,7 +253,13 @@ def match_initializers(
             role = None if role is None else cast_rounded(role, stored)
             rtol = 4 * UNIT_ROUNDOFF[stored]
         equal = [n for n, t in pool if np.array_equal(arr, t)]
-        if role is None:  # no checkpoint tensor of this name: any of its value matches
+        from_target = [n for n in equal if target_network(n)]
+        if from_target and len(from_target) == len(equal) and np.ptp(arr) > 0:
+            # only a target network holds these values (under any initializer name, its own
+            # included): the artifact serves the training-only copy
+            targets[init.name] = from_target[0]
+            unmatched.append(init.name)
+        elif role is None:  # no checkpoint tensor of this name: any of its value matches
             (matched if equal else unmatched).append(init.name)
         elif _same(arr, role):
             matched.append(init.name)
@@ -290,7 +302,20 @@ def match_initializers(
         "max_rel_drift": max((rel[n] for n in drifted), default=0.0),
         "not_in_model": not_in_model,
         "converted": converted,
+        "target_network": targets,
+        "target_networks": sorted({str(target_network(t)) for t in targets.values()}),
     }
+
+
+def target_network(name: str) -> str | None:
+    """The target-network part of a tensor name (``q_net_target``, ``actor_target``,
+    ``critic_target``, CleanRL's ``target_network`` / ``qf1_target``, ``target_qf1``): a
+    training-only copy of a network that the policy lags behind; ``None`` otherwise."""
+    for part in name.split(".")[:-1]:
+        low = part.lower()
+        if low.endswith("_target") or low.startswith("target_") or low == "target":
+            return part
+    return None
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,18 @@
 
 The model's own ``load_state_dict`` is used, but the report is computed
 independently of it: missing, unexpected, shape, dtype and value mismatches,
-and tied parameters.
+and tied parameters. A checkpoint that stores one tensor under several names (SB3's
+shared features extractor under ``features_extractor``, ``pi_features_extractor`` and
+``vf_features_extractor``; tied weights) is judged by identity: a name the model lacks whose
+tensor is one the model loads under another name is an alias, not an unexpected key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from paritygate.checkpoints import find_aliases
 
 
 @dataclass
@@ -21,6 +26,8 @@ class LoadReport:
     dtype_mismatch: list[tuple[str, str, str]] = field(default_factory=list)
     value_mismatch: list[str] = field(default_factory=list)
     tied: list[str] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Checkpoint names the model lacks -> the loaded name holding the same tensor."""
     load_error: str | None = None
 
 
@@ -71,6 +78,8 @@ def load_into(
         if target.dtype != tensor.dtype and not _lossless_upcast(tensor, target):
             report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
         loadable[name] = tensor
+    report.aliases = find_aliases(state, set(loadable))
+    report.unexpected = [n for n in report.unexpected if n not in report.aliases]
     report.missing = [n for n in model_state if n not in state and n not in tied_names]
     try:
         model.load_state_dict(loadable, strict=False)
