@@ -25,6 +25,16 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
   non-finite logits instead of erroring): logits_agreement, NaN logits on both sides.
 - stale_checkpoint (weights_load): logits_agreement and logprob_delta; generation_parity
   passes, the peaked greedy argmax does not flip under the perturbed weights.
+- served_sampling_contradicts (sampling_config), served_tokenizer_contradicts
+  (tokenizer_parity): nothing else; the config names the training directory's file, so the
+  gate samples and tokenizes with it, and only the contradiction with the served directory's
+  own file shows that this is not what ships.
+
+Clean variants pass every LM check: a bfloat16 serving copy declared by serving.dtype
+(bf16_declared, bf16_saved_declared) or by its own config.json (bf16_saved_own_dtype) is judged
+by the bf16/fp32 tier everywhere (generation_parity excuses the demo's one flip, margin 0.036,
+under the tier's 0.354); served_sampling_agrees names the training files for a copy whose own
+files agree.
 """
 
 from __future__ import annotations

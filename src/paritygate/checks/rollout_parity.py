@@ -67,19 +67,26 @@ def _action_diff(ref: Episode, cand: Episode, n: int, discrete: bool) -> np.ndar
     return out
 
 
-def rollout_limits(ctx: PolicyContext) -> Limits:
-    """``near_tie_margin`` and ``action_tolerance`` for the artifact's declared precision
+def rollout_limits(ctx: PolicyContext, thresholds: Thresholds) -> Limits:
+    """``near_tie_margin``, ``action_tolerance``, ``return_tolerance`` and
+    ``max_observation_abs_diff`` for the artifact's declared precision
     (``policy.artifact_dtype``): :func:`paritygate.metrics.tiers.judged_limits`, so a float16
     artifact's steps are judged by the tier ``logits_agreement`` uses; values set under
-    ``policy.rollout`` win."""
+    ``policy.rollout`` (or ``thresholds.rollout_parity``) win."""
     from paritygate.metrics.tiers import judged_limits, tier_for
 
     spec = ctx.spec.rollout
     assert spec is not None
     declared = ctx.spec.artifact_dtype
     tier = None if declared == "float32" else tier_for("float32", declared)
-    defaults = {"near_tie_margin": spec.near_tie_margin, "action_tolerance": spec.action_tolerance}
-    return judged_limits(tier, defaults, spec.model_fields_set & set(defaults),
+    defaults: dict[str, float | None] = {
+        "near_tie_margin": spec.near_tie_margin, "action_tolerance": spec.action_tolerance,
+        "return_tolerance": spec.return_tolerance,
+        "max_observation_abs_diff": thresholds["max_observation_abs_diff"]}
+    user_set = spec.model_fields_set & set(defaults)
+    if thresholds.is_set("max_observation_abs_diff"):
+        user_set.add("max_observation_abs_diff")
+    return judged_limits(tier, defaults, user_set,
                          declared_by=f"policy.artifact_dtype {declared}")
 
 
@@ -96,9 +103,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no policy.rollout section: no environment to step the policy in")
     spec = ctx.spec.rollout
     assert spec is not None
-    limits = rollout_limits(ctx)
+    limits = rollout_limits(ctx, thresholds)
     tie, tol = float(limits["near_tie_margin"] or 0.0), float(limits["action_tolerance"] or 0.0)
-    rtol = spec.return_tolerance
+    rtol = float(limits["return_tolerance"] or 0.0)
     if limits.note() is not None:
         m.note(str(limits.note()))
     unexcused = excused = unexplained = nonfinite = 0
@@ -182,7 +189,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             row["verdict"] = "return differs"
             m.fail("return_differs",
                    f"{label}: the actions agree at every step but {outcome} (return "
-                   f"differs by {abs(d_return):.3g}, return_tolerance {rtol:g} relative): the "
+                   f"differs by {abs(d_return):.3g}, return_tolerance "
+                   f"{_limit(limits, 'return_tolerance')} relative): the "
                    f"environment is not reproducible under its reset seed",
                    metric="unexplained_return_diffs")
         rows.append(row)
@@ -192,12 +200,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             "training_return": np.cumsum(ref.rewards).tolist(),
             "artifact_return": np.cumsum(cand.rewards).tolist(),
         })
-    limit = thresholds["max_observation_abs_diff"]
+    limit = float(limits["max_observation_abs_diff"] or 0.0)
     if obs_drift > limit:
         worst = max(rows, key=lambda r: float(r["observation_max_abs_diff"]))
         m.fail("trajectory_differs",
                f"episode {worst['episode']} (seed {worst['seed']}): observations differ by up "
-               f"to {obs_drift:.3g} while the actions still agree (limit {limit:g}): the "
+               f"to {obs_drift:.3g} while the actions still agree (limit "
+               f"{_limit(limits, 'max_observation_abs_diff')}): the "
                "environment is not reproducible under its reset seed, or sub-tolerance action "
                "differences compound", metric="max_observation_abs_diff")
     m.metric("unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"],

@@ -212,6 +212,9 @@ def tier_limits(tier: Mapping[str, float]) -> dict[str, float | None]:
       that size on the top logit alone can reorder two logits that close.
     - ``action_tolerance``: ``rollout_parity``'s continuous per-step action difference: the
       mean's budget ``action_max_abs_diff`` (an action is the Gaussian's mean).
+    - ``return_tolerance`` (relative) and ``max_observation_abs_diff``: what agreeing actions
+      may compound into over an episode, 1x and 10x the action tolerance, the ratios of
+      ``rollout_parity``'s fp32 defaults (1e-4, 1e-3 against 1e-4).
     """
     logits = logits_thresholds(tier)
     gauss = gaussian_thresholds(tier)
@@ -221,6 +224,8 @@ def tier_limits(tier: Mapping[str, float]) -> dict[str, float | None]:
         **gauss,
         "near_tie_margin": logits["max_abs_diff"],
         "action_tolerance": gauss["action_max_abs_diff"],
+        "return_tolerance": gauss["action_max_abs_diff"],
+        "max_observation_abs_diff": 10 * gauss["action_max_abs_diff"],
     }
 
 
