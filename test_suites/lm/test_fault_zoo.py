@@ -77,3 +77,25 @@ def test_clean_variant_passes(lm_variants, variant: Fault) -> None:
         if check_id == "vllm_delta" and result.status == "skip":
             continue
         assert result.status == "pass", f"{check_id} on {variant.name}: {result.message}"
+
+
+@pytest.mark.parametrize(("fault", "check_id", "declared", "served"), [
+    ("served_sampling_contradicts", "sampling_config", "model/generation_config.json",
+     "served-float32/generation_config.json"),
+    ("served_tokenizer_contradicts", "tokenizer_parity", "model (causal_lm.tokenizer.serving)",
+     "served-float32 (differing"),
+])
+def test_a_declared_serving_file_against_the_served_dir_is_its_own_kind(
+    lm_variants, fault: str, check_id: str, declared: str, served: str
+) -> None:
+    result = lm_variants.evaluate(fault, check_id)
+    assert result.finding_kinds() == ["serving_file_contradicts_served_dir"], result.message
+    assert declared in result.message and served in result.message
+
+
+def test_a_declared_dtype_over_the_served_config_is_noted(lm_variants) -> None:
+    """bf16_declared's copy keeps config.json dtype float32: serving.dtype wins, and says so."""
+    result = lm_variants.evaluate("bf16_declared", "sampling_config")
+    assert result.status == "pass", result.message
+    assert ("serving dtype bfloat16 (causal_lm.serving.dtype) overrides the served directory's "
+            "config.json dtype float32") in " ".join(result.details["notes"])

@@ -157,6 +157,10 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         if name in compared and not any(d.field == name for d in diffs):
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
     record_contradictions(m, ctx, "sampling config", allow)
+    own = ctx.served_config_dtype
+    if declared and own and own != declared[1] and not declared[0].endswith("config.json dtype"):
+        m.note(f"serving dtype {declared[1]} ({declared[0]}) overrides the served directory's "
+               f"config.json dtype {own}, as an engine's dtype option does")
     m.metric(
         "fields_differing", len(unexplained), threshold=thresholds["fields_differing"], key=True
     )

@@ -20,7 +20,7 @@ from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safet
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
-from paritygate.families.causal_lm.served_files import Contradiction
+from paritygate.families.causal_lm.served_files import Contradiction, served_dtype
 from paritygate.families.causal_lm.serving import resolve_serving
 from paritygate.families.causal_lm.tokenizer import encode_probe, is_cut, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
@@ -58,6 +58,8 @@ class LMContext:
     """The config key the served directory came from (``causal_lm.model_dir`` when no serving
     directory is configured: the training directory is served)."""
     family: str = "causal_lm"
+    served_config_dtype: str | None = None
+    """The dtype the served directory's ``config.json`` states (``None``: none)."""
     contradictions: list[Contradiction] = field(default_factory=list)
     """Declared serving files that differ from the served directory's own
     (:mod:`~paritygate.families.causal_lm.served_files`): ``sampling_config`` and
@@ -501,6 +503,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         served_from=served_from,
         declared_dtype=declared,
         contradictions=contradictions,
+        served_config_dtype=served_dtype(engine_dir),
     )
 
 
