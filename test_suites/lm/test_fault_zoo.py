@@ -88,9 +88,14 @@ def test_clean_variant_passes(lm_variants, variant: Fault) -> None:
 def test_a_declared_serving_file_against_the_served_dir_is_its_own_kind(
     lm_variants, fault: str, check_id: str, declared: str, served: str
 ) -> None:
+    from paritygate.rootcause import explain
+
     result = lm_variants.evaluate(fault, check_id)
     assert result.finding_kinds() == ["serving_file_contradicts_served_dir"], result.message
     assert declared in result.message and served in result.message
+    _, root = explain([lm_variants.evaluate(fault, cid) for cid in LM_CHECKS])
+    assert root is not None
+    assert (root.check, root.kind) == (check_id, "serving_file_contradicts_served_dir")
 
 
 def test_a_declared_dtype_over_the_served_config_is_noted(lm_variants) -> None:
