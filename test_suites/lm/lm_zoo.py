@@ -252,6 +252,14 @@ def served_sampling_agrees(cfg: dict[str, Any], model: Path, out: Path) -> None:
     _names_training_files(cfg, model, _saved_copy(model, out))
 
 
+def served_sampling_allowed(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: as served_sampling_contradicts, with the engine really started on the declared
+    file (vLLM ``--generation-config``): accepted by an allow-list entry with its reason."""
+    served_sampling_contradicts(cfg, model, out)
+    cfg["causal_lm"]["sampling"]["allow"] = [
+        {"field": "served_dir", "reason": "the server starts with --generation-config ckpt/"}]
+
+
 def served_tokenizer_contradicts(cfg: dict[str, Any], model: Path, out: Path) -> None:
     """The copy that ships pads on the right (its own tokenizer_config.json); the config names
     the training directory's tokenizer (left padding) as the serving one."""
@@ -521,6 +529,7 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("bf16_saved_declared", bf16_saved_declared, {}),
     Fault("bf16_saved_own_dtype", bf16_saved_own_dtype, {}),
     Fault("served_sampling_agrees", served_sampling_agrees, {}),
+    Fault("served_sampling_allowed", served_sampling_allowed, {}),
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
     Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
@@ -539,6 +548,7 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "bf16_saved_declared": LM_CHECKS,
     "bf16_saved_own_dtype": LM_CHECKS,
     "served_sampling_agrees": LM_CHECKS,
+    "served_sampling_allowed": ("sampling_config",),
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
     "trl_logits_adapter": ("logprob_impl", "logprob_delta"),
