@@ -152,6 +152,14 @@ def _parser() -> argparse.ArgumentParser:
         help="ONNX artifact to inspect (default: the only .onnx file beside the checkpoint)",
     )
     init.add_argument(
+        "--serving",
+        type=Path,
+        default=None,
+        help="HF causal LM: the served copy (causal_lm.serving.model_dir); its own "
+        "generation_config.json, tokenizer, chat template and config.json dtype are the serving "
+        "defaults (default: a TODO)",
+    )
+    init.add_argument(
         "--name",
         default=None,
         help="gate name, naming golden/<name>/ (default: the --out file's name, else the "
@@ -350,7 +358,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_init(args: argparse.Namespace) -> int:
     from paritygate.init import write_config
 
-    written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name)
+    written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name,
+                           serving=args.serving)
     print(f"paritygate init: wrote {written.path}")
     for note in written.notes:
         print(f"paritygate init: {note}")

@@ -423,8 +423,10 @@ def write_config(
     out: Path | None = None,
     artifact: Path | None = None,
     name: str | None = None,
+    serving: Path | None = None,
 ) -> WrittenConfig:
-    """Inspect ``source`` (a checkpoint file or an HF model directory) and write a config.
+    """Inspect ``source`` (a checkpoint file or an HF model directory) and write a config;
+    ``serving`` is the served copy of an HF causal LM (``causal_lm.serving.model_dir``).
 
     Never overwrites: an existing ``out`` is an :class:`InputError`.
     """
@@ -441,10 +443,14 @@ def write_config(
     if target.exists():
         raise InputError(target, None, "already exists; refusing to overwrite (choose --out)")
     notes = [f"name {gate!r} ({name_note})"]
+    if serving is not None and not Path(serving).is_dir():
+        raise InputError(Path(serving), None,
+                         "--serving takes the served HF model directory of a causal LM")
     if source.is_dir():
         from paritygate.init_hf import hf_dir_text
 
-        text, family = hf_dir_text(source, target, gate, name_note)
+        text, family = hf_dir_text(source, target, gate, name_note,
+                                   Path(serving) if serving is not None else None)
         notes.append(f"family {family}")
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):

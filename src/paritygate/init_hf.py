@@ -45,18 +45,27 @@ def _safetensors_keys(model_dir: Path) -> list[str]:
     return keys
 
 
-def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[str, Any]) -> str:
+def _found_sampling(directory: Path) -> str:
+    """``temperature=0.7, top_p=0.9`` from a directory's generation_config.json ('' if none)."""
+    path = directory / "generation_config.json"
+    gen = _read_json(path) if path.is_file() else {}
+    return ", ".join(f"{k}={gen[k]}" for k in ("temperature", "top_p", "top_k", "max_new_tokens")
+                     if k in gen)
+
+
+def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[str, Any],
+             serving: Path | None = None) -> str:
+    """The causal-LM config. The serving side is named only by ``serving.model_dir`` (the
+    copy that ships, ``serving``; TODO when not given): its own generation_config.json,
+    tokenizer, chat template and config.json dtype are the serving defaults, so no serving
+    path or dtype is written that init cannot know."""
     base = out.parent
     keys = _safetensors_keys(source)
     heads = [f"{h}." for h in head_prefixes(keys)]
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        dtype = "float32"
+    dtype = _dtype(config)
     rel = _rel(source, base)
     tok_path = source / "tokenizer_config.json"
     tok = _read_json(tok_path) if tok_path.exists() else {}
-    gen_path = source / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.exists() else {}
     arch = _architecture(config)
     lines = [
         *config_header(source, out, name, name_note, "causal_lm"),
@@ -65,8 +74,28 @@ def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[st
         f"  model_dir: {rel}   # {arch}, {len(keys)} tensors",
         f"  training_only_heads: {_q(heads)}   # "
         + ("proposed from tensor names; review" if heads else "none found in tensor names"),
-        "  tokenizer:",
+        "  # The served directory's own generation_config.json, tokenizer, chat template and",
+        "  # config.json dtype are the serving defaults; a serving file declared elsewhere that",
+        "  # contradicts them fails as serving_file_contradicts_served_dir.",
+        "  serving:",
     ]
+    served_dtype = None
+    if serving is not None:
+        served_cfg = _read_json(serving / "config.json") if (serving / "config.json").is_file() \
+            else {}
+        served_dtype = _dtype(served_cfg) if served_cfg else None
+        found = _found_sampling(serving)
+        lines.append(f"    model_dir: {_rel(serving, base)}   # the copy that ships"
+                     + (f"; its generation_config.json: {found}" if found else ""))
+        if not (serving / "generation_config.json").is_file():
+            lines.append("    generation_config: " + _q(
+                f"{TODO}: the served sampling config ({serving.name} holds no "
+                "generation_config.json): a generation_config.json or vLLM SamplingParams YAML"))
+    else:
+        lines.append("    model_dir: " + _q(
+            f"{TODO}: the directory that ships (its own files are the serving side); "
+            f"the training directory itself: {rel}"))
+    lines.append("  tokenizer:")
     if tok:
         found = ", ".join(
             f"{k}={tok[k]}" for k in ("padding_side", "truncation_side") if k in tok
@@ -76,27 +105,15 @@ def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[st
         lines.append(f"    # tokenizer found in the model directory: {found or 'defaults'}, "
                      f"{template}")
         lines.append(f"    training: {rel}")
-        lines.append(f"    serving: {_q(f'{TODO}: the serving tokenizer directory (or {rel})')}")
     else:
         lines.append(f"    training: {_q(f'{TODO}: the training tokenizer directory')}")
-        lines.append(f"    serving: {_q(f'{TODO}: the serving tokenizer directory')}")
+    lines.append("    # serving: default: serving.model_dir's own tokenizer (and chat template)")
     lines += [
         "  sampling:",
         "    training: "
         + _q(f"{TODO}: the trainer's sampling YAML (temperature, top_p, top_k, max_new_tokens, "
              "stop, padding_side, ...)"),
-    ]
-    if gen:
-        shown = ", ".join(
-            f"{k}={gen[k]}" for k in ("temperature", "top_p", "top_k", "max_new_tokens")
-            if k in gen
-        )
-        lines.append(f"    serving: {rel}/generation_config.json   # found: {shown}; or a vLLM "
-                     "SamplingParams YAML")
-    else:
-        lines.append("    serving: " + _q(f"{TODO}: the serving sampling config "
-                                           "(generation_config.json or vLLM SamplingParams)"))
-    lines += [
+        "    # serving: default: serving.model_dir's own generation_config.json",
         "    allow: []   # accepted differences: - {field: ..., reason: ...}",
         "  probes: " + _q(f"{TODO}: a .jsonl of prompts, one {{\"id\", \"text\"}} or "
                           "{\"id\", \"messages\"} per line"),
@@ -108,7 +125,9 @@ def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[st
         "    logprobs_mode: processed   # processed: temperature/top-k/top-p applied; raw",
         f"    dtype: {dtype}   # from config.json",
         "  engine:",
-        f"    dtype: {dtype}   # the served dtype: float32 | bfloat16 | float16",
+        "    # dtype: default: the served config.json's dtype"
+        + (f" ({served_dtype})" if served_dtype else "")
+        + "; set serving.dtype to serve another",
         "    logprobs_mode: processed",
         "golden:",
         f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in "
@@ -116,6 +135,12 @@ def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[st
         "",
     ]
     return "\n".join(lines)
+
+
+def _dtype(config: dict[str, Any]) -> str:
+    """The float dtype config.json states (``dtype``, else ``torch_dtype``), else float32."""
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "float32"
 
 
 def _architecture(config: dict[str, Any]) -> str:
@@ -218,13 +243,21 @@ def _hf_model_text(
     return "\n".join(lines)
 
 
-def hf_dir_text(source: Path, out: Path, name: str, name_note: str) -> tuple[str, str]:
-    """The config text for an HF model directory and the family chosen, with its reason."""
+def hf_dir_text(
+    source: Path, out: Path, name: str, name_note: str, serving: Path | None = None
+) -> tuple[str, str]:
+    """The config text for an HF model directory and the family chosen, with its reason;
+    ``serving`` is the served copy of a causal LM (``serving.model_dir``)."""
     if not (source / "config.json").exists():
         raise InputError(source, None, "not an HF model directory (no config.json)")
     config = _read_json(source / "config.json")
     family, reason = hf_family(source, config)
+    if serving is not None and not (serving / "config.json").is_file():
+        raise InputError(serving, None, "not an HF model directory (no config.json)")
     if family == "causal_lm":
-        return _lm_text(source, out, name, name_note, config), f"causal_lm: {reason}"
+        text = _lm_text(source, out, name, name_note, config, serving)
+        return text, f"causal_lm: {reason}"
+    if serving is not None:
+        raise InputError(serving, None, f"--serving is for a causal LM; {reason}")
     text = _hf_model_text(source, out, name, name_note, config, reason)
     return text, f"hf_model: {reason}"

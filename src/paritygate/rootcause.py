@@ -291,6 +291,17 @@ GRAPH: tuple[Explanation, ...] = (
                 "the engine computes in another precision than the pinned tier judges",
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision"),
+    *(Explanation(check, "serving_file_contradicts_served_dir",
+                  ("serving_file_contradicts_served_dir",), explains,
+                  "a serving file the config declares is not the one the served directory "
+                  "ships, so the gate judged a serving setup that does not ship",
+                  fix="remove the declared serving path (the served directory's own file is "
+                      "the default), or ship the declared file")
+      for check, explains in (
+          ("tokenizer_parity",
+           ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity")),
+          ("sampling_config",
+           ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement")))),
     Explanation("tokenizer_parity", "tokenizer", None,
                 ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
                 "the serving tokenizer encodes prompts differently from training"),

@@ -209,6 +209,80 @@ def bf16_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["engine"].pop("dtype", None)
 
 
+def _saved_copy(
+    model: Path, out: Path, *, dtype: str = "float32", temperature: float | None = None,
+    padding_side: str | None = None,
+) -> Path:
+    """The served copy as an export script writes it: the demo loaded by transformers (value
+    head dropped), cast to ``dtype``, and written by ``save_pretrained`` with its tokenizer and
+    generation config (``temperature``, the tokenizer's ``padding_side`` changed if given)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    served = out / f"served-{dtype}"
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    lm = lm.to(getattr(torch, dtype))
+    if temperature is not None:
+        lm.generation_config.temperature = temperature
+    lm.save_pretrained(served)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    tokenizer.save_pretrained(served)
+    return served
+
+
+def _names_training_files(cfg: dict[str, Any], model: Path, served: Path) -> None:
+    """Serve ``served`` with the training directory's sampling file and tokenizer named as the
+    serving ones: what ``paritygate init`` wrote before the served directory's own files
+    became the serving defaults."""
+    cfg["causal_lm"]["serving"] = {"model_dir": str(served)}
+    cfg["causal_lm"]["sampling"]["serving"] = str(model / "generation_config.json")
+    cfg["causal_lm"]["tokenizer"]["serving"] = str(model)
+
+
+def served_sampling_contradicts(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The copy that ships samples at temperature 0.7 (its own generation_config.json); the
+    config names the training directory's file (temperature 1.0) as the serving one."""
+    _names_training_files(cfg, model, _saved_copy(model, out, temperature=0.7))
+
+
+def served_sampling_agrees(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: as served_sampling_contradicts, but the shipped generation config agrees."""
+    _names_training_files(cfg, model, _saved_copy(model, out))
+
+
+def served_sampling_allowed(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: as served_sampling_contradicts, with the engine really started on the declared
+    file (vLLM ``--generation-config``): accepted by an allow-list entry with its reason."""
+    served_sampling_contradicts(cfg, model, out)
+    cfg["causal_lm"]["sampling"]["allow"] = [
+        {"field": "served_dir", "reason": "the server starts with --generation-config ckpt/"}]
+
+
+def served_tokenizer_contradicts(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The copy that ships pads on the right (its own tokenizer_config.json); the config names
+    the training directory's tokenizer (left padding) as the serving one."""
+    _names_training_files(cfg, model, _saved_copy(model, out, padding_side="right"))
+
+
+def bf16_saved_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: a bfloat16 copy written by save_pretrained (config.json dtype bfloat16), declared
+    by ``serving.dtype``: every check judges it by the bf16/fp32 tier."""
+    cfg["causal_lm"]["serving"] = {"model_dir": str(_saved_copy(model, out, dtype="bfloat16")),
+                                   "dtype": "bfloat16"}
+    cfg["causal_lm"]["engine"].pop("dtype", None)
+    cfg["causal_lm"]["tokenizer"].pop("serving")
+    cfg["causal_lm"]["sampling"].pop("serving")
+
+
+def bf16_saved_own_dtype(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Clean: the same bfloat16 copy with no dtype in the gate config: the served directory's
+    own config.json (dtype bfloat16) is the serving dtype."""
+    bf16_saved_declared(cfg, model, out)
+    cfg["causal_lm"]["serving"].pop("dtype")
+
+
 def serving_eos_differs(cfg: dict[str, Any], model: Path, out: Path) -> None:
     """The served generation_config.json ends responses at '.' instead of the tokenizer's EOS:
     HF generate stops on the generation config's eos_token_id."""
@@ -494,6 +568,16 @@ FAULTS += (
         ("logprob_delta",),
     ),
     Fault(
+        "served_sampling_contradicts",
+        served_sampling_contradicts,
+        {"sampling_config": "generation_config.json (differing: temperature 1.0 vs 0.7)"},
+    ),
+    Fault(
+        "served_tokenizer_contradicts",
+        served_tokenizer_contradicts,
+        {"tokenizer_parity": "(differing: padding_side 'left' vs 'right')"},
+    ),
+    Fault(
         "trl_grpo_bf16",
         _trainer_fn("trl_grpo_bf16"),
         {"logprob_impl": "computes in bfloat16"},
@@ -519,6 +603,10 @@ FAULTS += (
 CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("serving_export", serving_export, {}),
     Fault("bf16_declared", bf16_declared, {}),
+    Fault("bf16_saved_declared", bf16_saved_declared, {}),
+    Fault("bf16_saved_own_dtype", bf16_saved_own_dtype, {}),
+    Fault("served_sampling_agrees", served_sampling_agrees, {}),
+    Fault("served_sampling_allowed", served_sampling_allowed, {}),
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
     Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
@@ -535,7 +623,11 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "serving_export": LM_CHECKS,
-    "bf16_declared": ("weights_load", "sampling_config", "logits_agreement", "logprob_delta"),
+    "bf16_declared": LM_CHECKS,
+    "bf16_saved_declared": LM_CHECKS,
+    "bf16_saved_own_dtype": LM_CHECKS,
+    "served_sampling_agrees": LM_CHECKS,
+    "served_sampling_allowed": ("sampling_config",),
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
     "trl_logits_adapter": ("logprob_impl", "logprob_delta"),

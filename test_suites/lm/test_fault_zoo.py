@@ -25,6 +25,16 @@ Which other checks also fail on each fault, and why (asserted by test_failing_se
   non-finite logits instead of erroring): logits_agreement, NaN logits on both sides.
 - stale_checkpoint (weights_load): logits_agreement and logprob_delta; generation_parity
   passes, the peaked greedy argmax does not flip under the perturbed weights.
+- served_sampling_contradicts (sampling_config), served_tokenizer_contradicts
+  (tokenizer_parity): nothing else; the config names the training directory's file, so the
+  gate samples and tokenizes with it, and only the contradiction with the served directory's
+  own file shows that this is not what ships.
+
+Clean variants pass every LM check: a bfloat16 serving copy declared by serving.dtype
+(bf16_declared, bf16_saved_declared) or by its own config.json (bf16_saved_own_dtype) is judged
+by the bf16/fp32 tier everywhere (generation_parity excuses the demo's one flip, margin 0.036,
+under the tier's 0.354); served_sampling_agrees names the training files for a copy whose own
+files agree.
 """
 
 from __future__ import annotations
@@ -67,3 +77,30 @@ def test_clean_variant_passes(lm_variants, variant: Fault) -> None:
         if check_id == "vllm_delta" and result.status == "skip":
             continue
         assert result.status == "pass", f"{check_id} on {variant.name}: {result.message}"
+
+
+@pytest.mark.parametrize(("fault", "check_id", "declared", "served"), [
+    ("served_sampling_contradicts", "sampling_config", "model/generation_config.json",
+     "served-float32/generation_config.json"),
+    ("served_tokenizer_contradicts", "tokenizer_parity", "model (causal_lm.tokenizer.serving)",
+     "served-float32 (differing"),
+])
+def test_a_declared_serving_file_against_the_served_dir_is_its_own_kind(
+    lm_variants, fault: str, check_id: str, declared: str, served: str
+) -> None:
+    from paritygate.rootcause import explain
+
+    result = lm_variants.evaluate(fault, check_id)
+    assert result.finding_kinds() == ["serving_file_contradicts_served_dir"], result.message
+    assert declared in result.message and served in result.message
+    _, root = explain([lm_variants.evaluate(fault, cid) for cid in LM_CHECKS])
+    assert root is not None
+    assert (root.check, root.kind) == (check_id, "serving_file_contradicts_served_dir")
+
+
+def test_a_declared_dtype_over_the_served_config_is_noted(lm_variants) -> None:
+    """bf16_declared's copy keeps config.json dtype float32: serving.dtype wins, and says so."""
+    result = lm_variants.evaluate("bf16_declared", "sampling_config")
+    assert result.status == "pass", result.message
+    assert ("serving dtype bfloat16 (causal_lm.serving.dtype) overrides the served directory's "
+            "config.json dtype float32") in " ".join(result.details["notes"])

@@ -23,36 +23,108 @@ def test_init_on_the_demo_lm_fill_bless_run(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     written = write_config(demo_lm, out=Path("configs/lm.yaml"), name="lm-init")
-    assert written.todos == ["causal_lm.tokenizer.serving", "causal_lm.sampling.training",
+    assert written.todos == ["causal_lm.serving.model_dir", "causal_lm.sampling.training",
                              "causal_lm.probes", "causal_lm.training.logprob_fn"]
     data = yaml.safe_load(written.path.read_text(encoding="utf-8"))
     section = data["causal_lm"]
     assert section["training_only_heads"] == ["v_head."]
-    assert section["sampling"]["serving"].endswith("model/generation_config.json")
+    # no serving path init cannot know: the served directory's own files are the defaults
+    assert "serving" not in section["sampling"] and "serving" not in section["tokenizer"]
+    assert "dtype" not in section["engine"]
     assert section["tokenizer"]["training"] == section["model_dir"]
     with pytest.raises(InputError) as refused:
         Gate.from_path(written.path)
-    assert refused.value.key == "causal_lm.tokenizer.serving"
+    assert refused.value.key == "causal_lm.serving.model_dir"
     assert "still TODO" in refused.value.cause
 
-    shutil.copy(REPO / "configs" / "sampling" / "demo-lm-train.yaml", "configs/trainer.yaml")
-    shutil.copy(REPO / "golden" / "demo-lm" / "probes.jsonl", "configs/probes.jsonl")
-    text = written.path.read_text(encoding="utf-8")
-    for key, value in {
-        "serving": section["model_dir"],
-        "training": "trainer.yaml",
-        "probes": "probes.jsonl",
-        "logprob_fn": "paritygate.families.causal_lm.logprobs:compute_logprobs",
-    }.items():
-        text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
-        assert n == 1, key
-    written.path.write_text(text, encoding="utf-8")
+    _fill_lm_todos(written.path, serving=section["model_dir"])
     for bless in (True, False):
         gate = Gate.from_path(written.path, update_golden=bless)
         results = [gate.evaluate(c.id) for c in gate.checks() if "gpu" not in c.marks]
         assert results and all(r.status in ("pass", "skip") for r in results), [
             (r.id, r.status, r.message) for r in results if r.status not in ("pass", "skip")]
     assert (tmp_path / "golden" / "lm-init" / "logprob_delta.json").is_file()
+
+
+def _fill_lm_todos(path: Path, serving: str | None) -> None:
+    """Fill the TODOs init leaves in an LM config: the trainer's sampling YAML and the probes
+    (copied beside the config), the reference log-prob function and, when given, the served
+    directory."""
+    shutil.copy(REPO / "configs" / "sampling" / "demo-lm-train.yaml", path.parent / "trainer.yaml")
+    shutil.copy(REPO / "golden" / "demo-lm" / "probes.jsonl", path.parent / "probes.jsonl")
+    text = path.read_text(encoding="utf-8")
+    values = {
+        "training": "trainer.yaml",
+        "probes": "probes.jsonl",
+        "logprob_fn": "paritygate.families.causal_lm.logprobs:compute_logprobs",
+    }
+    if serving is not None:
+        values["model_dir"] = serving
+    for key, value in values.items():
+        text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
+        assert n == 1, key
+    path.write_text(text, encoding="utf-8")
+
+
+def test_init_with_the_served_copy_catches_its_own_sampling(
+    demo_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """init on the training directory and the served copy (--serving): the config names only
+    serving.model_dir, so the copy's own generation_config.json (temperature 0.7) is what
+    sampling_config compares; the same copy at the trainer's temperature passes."""
+    from lm_zoo import _saved_copy
+
+    monkeypatch.chdir(tmp_path)
+    for temperature, status in ((0.7, "fail"), (None, "pass")):
+        out = tmp_path / ("hot" if temperature else "same")
+        out.mkdir()
+        served = _saved_copy(demo_lm, out, temperature=temperature)
+        written = write_config(demo_lm, out=out / "configs" / "lm.yaml", name="lm-served",
+                               serving=served)
+        assert "causal_lm.serving.model_dir" not in written.todos
+        section = yaml.safe_load(written.path.read_text(encoding="utf-8"))["causal_lm"]
+        assert section["serving"]["model_dir"] == "../served-float32"
+        assert "serving" not in section["sampling"] and "dtype" not in section["engine"]
+        _fill_lm_todos(written.path, serving=None)
+        result = Gate.from_path(written.path).evaluate("sampling_config", golden=False)
+        assert result.status == status, result.message
+        if temperature:
+            assert [r.finding for r in result.reasons if r.kind == "finding"] == ["field_differs"]
+            assert ("temperature differs: training 1.0 vs serving 0.7 (trainer.yaml vs "
+                    "generation_config.json)") in result.message
+
+
+def test_init_on_a_bf16_served_copy_is_self_consistent(
+    demo_lm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """init with a bfloat16 served copy (config.json dtype bfloat16) writes no dtype pair that
+    contradicts itself: no engine.dtype, the training dtype from the training directory; the
+    config runs and every check passes, judged by the bf16/fp32 tier; declaring
+    serving.dtype: bfloat16 on top is consistent too."""
+    from lm_zoo import _saved_copy
+
+    monkeypatch.chdir(tmp_path)
+    served = _saved_copy(demo_lm, tmp_path, dtype="bfloat16")
+    written = write_config(demo_lm, out=Path("configs/lm.yaml"), name="lm-bf16", serving=served)
+    text = written.path.read_text(encoding="utf-8")
+    section = yaml.safe_load(text)["causal_lm"]
+    assert section["training"]["dtype"] == "float32" and "dtype" not in section["engine"]
+    assert "dtype: default: the served config.json's dtype (bfloat16)" in text
+    _fill_lm_todos(written.path, serving=None)
+    for declare in (False, True):
+        if declare:
+            text = written.path.read_text(encoding="utf-8").replace(
+                "    model_dir: ../served-bfloat16", "    model_dir: ../served-bfloat16\n"
+                "    dtype: bfloat16")
+            written.path.write_text(text, encoding="utf-8")
+        gate = Gate.from_path(written.path)
+        results = [gate.evaluate(c.id, golden=False) for c in gate.checks()
+                   if "gpu" not in c.marks]
+        assert all(r.status in ("pass", "skip") for r in results), [
+            (r.id, r.message) for r in results if r.status not in ("pass", "skip")]
+        generation = next(r for r in results if r.id == "generation_parity")
+        assert "near_tie_margin 0.354 (bf16/fp32 tier; default 0.001 for fp32)" in " ".join(
+            generation.details["notes"])
 
 
 BERT_KEYS = [

@@ -339,3 +339,23 @@ def test_recurrent_missing_reset_diverges_naming_the_first_step(recurrent_cartpo
     assert root is not None and (root.check, root.kind) == ("recurrent_parity", "recurrent_state")
     assert explained[1].consequence_of == "recurrent_parity"
     assert explained[1].message.startswith("see recurrent_parity: ")
+
+
+def test_a_declared_float16_artifact_steps_under_its_tier(pendulum: Path, tmp_path: Path) -> None:
+    """The Pendulum actor converted to float16 inside (keep_io_types): undeclared, its actions
+    leave the fp32 action_tolerance (1e-4); declared by policy.artifact_dtype, rollout_parity
+    takes the fp16/fp32 tier's tolerance, as logits_agreement does, and names its source."""
+    built = zb.fp16_converted("float16")(pendulum, tmp_path / "fp16")
+    artifact = built["policy"]["artifact"]
+    undeclared = _gate(rs.pendulum_config(pendulum), tmp_path / "undeclared",
+                       policy={"artifact": artifact})
+    result = undeclared.evaluate("rollout_parity", golden=False)
+    assert result.status == "fail" and "action_divergence" in result.finding_kinds()
+    assert "> action_tolerance 0.0001)" in result.message
+    declared = _gate(rs.pendulum_config(pendulum), tmp_path / "declared",
+                     policy={"artifact": artifact, "artifact_dtype": "float16"})
+    result = declared.evaluate("rollout_parity", golden=False)
+    assert result.status == "pass", result.message
+    notes = " ".join(result.details["notes"])
+    assert "action_tolerance 0.0442 (fp16/fp32 tier; default 0.0001 for fp32)" in notes
+    assert 1e-4 < result.metrics["max_action_abs_diff"] < 0.0442

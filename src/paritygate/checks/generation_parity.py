@@ -8,7 +8,9 @@ forward over the engine's output (the prefix is the same), so that one batched f
 shared with ``logits_agreement``, replaces the step-by-step decode; only after a
 divergence or past the engine's last token does the training path decode on alone. The
 first divergent position of each probe is reported; a divergence is excused only at a
-near-tie, where the training path's top-2 logit margin is below ``causal_lm.near_tie_margin``.
+near-tie, where the training path's top-2 logit margin is below ``causal_lm.near_tie_margin``
+(for a copy served at a declared lower precision, its tier's margin unless the config sets one:
+:func:`paritygate.metrics.tiers.tier_limits`).
 The engine is the first of ``engines`` other than vLLM; with ``engines: [vllm]`` it is vLLM.
 """
 
@@ -124,7 +126,14 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         probes = [SimpleNamespace(id=f"rollout {i}") for i in range(len(engine_out.prompt_ids))]
     model = ctx.reference_model()
     tok = ctx.serving_tokenizer
-    tol = ctx.spec.near_tie_margin
+    limits = ctx.served_limits(
+        {"near_tie_margin": ctx.spec.near_tie_margin},
+        ctx.spec.model_fields_set & {"near_tie_margin"},
+    )
+    tol = float(limits["near_tie_margin"] or 0.0)
+    shown = f"{tol:g}" if limits.tier is None else limits.describe("near_tie_margin")
+    if limits.note() is not None:
+        m.note(str(limits.note()))
     rules = GreedyRules(tok, training.max_new_tokens, training.min_new_tokens,
                         list(training.stop), list(training.eos_token_ids))
     teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
@@ -169,7 +178,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                 excused += 1
                 m.note(
                     f"probe {probe.id!r}: divergence at token {at} excused, near-tie "
-                    f"(margin {margins[at]:.3g} < {tol:g})"
+                    f"(margin {margins[at]:.3g} < {shown})"
                 )
             else:
                 unexcused += 1
@@ -177,7 +186,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                     "greedy_divergence",
                     f"probe {probe.id!r}: greedy decoding diverges at token {at}: training "
                     f"{tok.decode([ref[at]])!r} vs engine {tok.decode([cand[at]])!r} "
-                    f"(logit margin {margins[at]:.3g} >= near-tie tolerance {tol:g})"
+                    f"(logit margin {margins[at]:.3g} >= near-tie tolerance {shown})"
                 )
         rows.append(row)
     m.metric(

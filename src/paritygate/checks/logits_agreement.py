@@ -393,25 +393,15 @@ def _tier_thresholds(
     ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
     """An engine in a lower precision than the trainer is judged by its precision tier (see
-    :func:`paritygate.metrics.tiers.logits_thresholds`); values the config sets win."""
-    from paritygate.metrics.tiers import PRECISION_TIERS, logits_thresholds, tier_for
-
-    merged: dict[str, float | None] = dict(thresholds)
-    key = ctx.spec.precision_tier
-    try:
-        tier = PRECISION_TIERS[key] if key else None
-        if tier is None:
-            key, tier = tier_for(ctx.spec.training.dtype, ctx.spec.engine.dtype)
-    except (KeyError, ValueError):
-        return merged  # no tier for this pair: the fp32 defaults (or the config's) apply
-    if key == "fp32/fp32":
-        return merged
-    merged.update({k: v for k, v in logits_thresholds(tier).items() if not thresholds.is_set(k)})
-    m.note(
-        f"thresholds from the {key} precision tier (trainer {ctx.spec.training.dtype}, engine "
-        f"{ctx.spec.engine.dtype}); argmax and top-k agreement reported, not judged"
-    )
-    return merged
+    :func:`paritygate.metrics.tiers.logits_thresholds`, through the LM context's
+    :meth:`~paritygate.families.causal_lm.context.LMContext.served_limits`); values the config
+    sets win."""
+    names = ("max_abs_diff", "kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
+    limits = ctx.served_limits(dict(thresholds), set(thresholds.overrides), names)
+    note = limits.note([n for n in names if n in limits])
+    if note:
+        m.note(f"{note}; argmax and top-k agreement reported, not judged")
+    return dict(limits)
 
 
 CHECK = CheckSpec(

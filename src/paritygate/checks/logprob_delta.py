@@ -20,6 +20,15 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.metrics.tiers import Limits
+
+
+def _limit(limits: Limits, tier_key: str, name: str) -> str:
+    """A delta limit and its source: the tier's (``0.354 (bf16/fp32 tier; ...)``), the
+    config's, or the fp32/fp32 tier the defaults are."""
+    if limits.tier is None and limits.sources.get(name) == "default":
+        return f"{limits[name]:.3g} ({tier_key} tier)"
+    return limits.describe(name)
 
 KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision_mismatch",
                           "temperature_mismatch")
@@ -45,23 +54,21 @@ DELTA_THRESHOLD_KEYS = (
 
 def effective_tier(
     ctx: LMContext, thresholds: Thresholds, engine_dtype: str
-) -> tuple[str, dict[str, float]]:
-    """The precision tier's thresholds, with the user's explicit overrides on top."""
-    from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
+) -> tuple[str, dict[str, float], Limits]:
+    """The precision tier's key and thresholds, with the user's explicit overrides on top
+    (:meth:`~paritygate.families.causal_lm.context.LMContext.served_limits`, the rule every
+    LM check shares), and the limits with their sources."""
+    from paritygate.metrics.tiers import resolve_tier
 
-    if ctx.spec.precision_tier:
-        key = ctx.spec.precision_tier
-        if key not in PRECISION_TIERS:
-            raise ValueError(f"unknown precision tier {key!r}; known: {', '.join(PRECISION_TIERS)}")
-        values = dict(PRECISION_TIERS[key])
-    else:
-        key, values = tier_for(ctx.spec.training.dtype, engine_dtype)
-    for name in DELTA_THRESHOLD_KEYS:
-        if thresholds.is_set(name):
-            values[name] = float(thresholds[name])
+    key, _ = resolve_tier(ctx.spec.precision_tier, ctx.spec.training.dtype, engine_dtype)
+    limits = ctx.served_limits(
+        {name: thresholds[name] for name in DELTA_THRESHOLD_KEYS},
+        {name for name in DELTA_THRESHOLD_KEYS if thresholds.is_set(name)},
+    )
+    values = {name: float(limits[name] or 0.0) for name in DELTA_THRESHOLD_KEYS}
     if "nonfinite_tokens" in thresholds:
         values["nonfinite_tokens"] = float(thresholds["nonfinite_tokens"])
-    return key, values
+    return key, values, limits
 
 
 def measure_delta(
@@ -73,7 +80,9 @@ def measure_delta(
 
     m = Measurement(check_id)
     engine_dtype = ctx.spec.engine.dtype
-    tier_key, tier = effective_tier(ctx, thresholds, engine_dtype)
+    tier_key, tier, limits = effective_tier(ctx, thresholds, engine_dtype)
+    if limits.note() is not None:
+        m.note(str(limits.note()))
     generation, serving = ctx.sampled(engine_name)
     training = ctx.training_sampling.spec()
     logp_train, logp_infer, mask = ctx.recompute(generation)
@@ -157,8 +166,11 @@ def measure_delta(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
             for w in stats.worst[:3]
         )
+        limits_text = ", ".join(
+            f"{name} {m.metrics[name].value:.3g} > {_limit(limits, tier_key, name)}"
+            for name in DELTA_THRESHOLD_KEYS if m.metrics[name].breaches())
         m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; "
-               f"worst: {worst}")
+               f"worst: {worst}" + (f" ({limits_text})" if limits_text else ""))
     m.note(f"diagnosis: {stats.diagnosis}")
     m.details["tier"] = {"name": tier_key, **tier}
     details = stats.to_details()

@@ -31,6 +31,7 @@ from paritygate.result import CheckResult, Measurement
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
     from paritygate.families.policy.rollout import Episode
+    from paritygate.metrics.tiers import Limits
 
 DEFAULTS: dict[str, float] = {
     # Deterministic actions from two fp32 paths agree at every step outside near-ties.
@@ -66,6 +67,35 @@ def _action_diff(ref: Episode, cand: Episode, n: int, discrete: bool) -> np.ndar
     return out
 
 
+def rollout_limits(ctx: PolicyContext, thresholds: Thresholds) -> Limits:
+    """``near_tie_margin``, ``action_tolerance``, ``return_tolerance`` and
+    ``max_observation_abs_diff`` for the artifact's declared precision
+    (``policy.artifact_dtype``): :func:`paritygate.metrics.tiers.judged_limits`, so a float16
+    artifact's steps are judged by the tier ``logits_agreement`` uses; values set under
+    ``policy.rollout`` (or ``thresholds.rollout_parity``) win."""
+    from paritygate.metrics.tiers import judged_limits, tier_for
+
+    spec = ctx.spec.rollout
+    assert spec is not None
+    declared = ctx.spec.artifact_dtype
+    tier = None if declared == "float32" else tier_for("float32", declared)
+    defaults: dict[str, float | None] = {
+        "near_tie_margin": spec.near_tie_margin, "action_tolerance": spec.action_tolerance,
+        "return_tolerance": spec.return_tolerance,
+        "max_observation_abs_diff": thresholds["max_observation_abs_diff"]}
+    user_set = spec.model_fields_set & set(defaults)
+    if thresholds.is_set("max_observation_abs_diff"):
+        user_set.add("max_observation_abs_diff")
+    return judged_limits(tier, defaults, user_set,
+                         declared_by=f"policy.artifact_dtype {declared}")
+
+
+def _limit(limits: Limits, name: str) -> str:
+    """A limit for a message: ``0.001``, or ``0.0442 (fp16/fp32 tier; default 0.001 for
+    fp32)`` where a tier set it."""
+    return f"{limits[name]:g}" if limits.tier is None else limits.describe(name)
+
+
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("rollout_parity")
     rollouts = ctx.rollouts
@@ -73,7 +103,11 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no policy.rollout section: no environment to step the policy in")
     spec = ctx.spec.rollout
     assert spec is not None
-    tie, tol, rtol = spec.near_tie_margin, spec.action_tolerance, spec.return_tolerance
+    limits = rollout_limits(ctx, thresholds)
+    tie, tol = float(limits["near_tie_margin"] or 0.0), float(limits["action_tolerance"] or 0.0)
+    rtol = float(limits["return_tolerance"] or 0.0)
+    if limits.note() is not None:
+        m.note(str(limits.note()))
     unexcused = excused = unexplained = nonfinite = 0
     agreeing = compared = 0
     obs_drift = 0.0
@@ -130,16 +164,18 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 excused += 1
                 row["verdict"] = "excused (near-tie)"
                 m.note(f"{label}: divergence at step {at} excused, near-tie (margin "
-                       f"{margin:.3g} < {tie:g}); {outcome}")
+                       f"{margin:.3g} < {_limit(limits, 'near_tie_margin')}); {outcome}")
             else:
                 unexcused += 1
                 row["verdict"] = "diverged"
                 where = ctx.rollout_step_diagnosis(
                     ref.observation(at),
                     ref.incoming_states[at] if ref.incoming_states else None)
-                how = (f"logit margin {margin:.3g} >= near-tie tolerance {tie:g}"
+                how = (f"logit margin {margin:.3g} >= near-tie tolerance "
+                       f"{_limit(limits, 'near_tie_margin')}"
                        if rollouts.discrete else
-                       f"action difference {diff[at]:.3g} > action_tolerance {tol:g}")
+                       f"action difference {diff[at]:.3g} > action_tolerance "
+                       f"{_limit(limits, 'action_tolerance')}")
                 m.fail("action_divergence",
                        f"{label}: actions diverge at step {at}: training path "
                        f"{_fmt_action(ref.actions[at])} vs artifact "
@@ -153,7 +189,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             row["verdict"] = "return differs"
             m.fail("return_differs",
                    f"{label}: the actions agree at every step but {outcome} (return "
-                   f"differs by {abs(d_return):.3g}, return_tolerance {rtol:g} relative): the "
+                   f"differs by {abs(d_return):.3g}, return_tolerance "
+                   f"{_limit(limits, 'return_tolerance')} relative): the "
                    f"environment is not reproducible under its reset seed",
                    metric="unexplained_return_diffs")
         rows.append(row)
@@ -163,12 +200,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             "training_return": np.cumsum(ref.rewards).tolist(),
             "artifact_return": np.cumsum(cand.rewards).tolist(),
         })
-    limit = thresholds["max_observation_abs_diff"]
-    if obs_drift > cause_limit(thresholds, "max_observation_abs_diff"):
+    limit = float(limits["max_observation_abs_diff"] or 0.0)
+    if obs_drift > max(limit, cause_limit(thresholds, "max_observation_abs_diff")):
         worst = max(rows, key=lambda r: float(r["observation_max_abs_diff"]))
         m.fail("trajectory_differs",
                f"episode {worst['episode']} (seed {worst['seed']}): observations differ by up "
-               f"to {obs_drift:.3g} while the actions still agree (limit {limit:g}): the "
+               f"to {obs_drift:.3g} while the actions still agree (limit "
+               f"{_limit(limits, 'max_observation_abs_diff')}): the "
                "environment is not reproducible under its reset seed, or sub-tolerance action "
                "differences compound", metric="max_observation_abs_diff")
     m.metric("unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"],

@@ -18,6 +18,16 @@ from paritygate.result import Measurement
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
 
+KIND = "serving_file_contradicts_served_dir"
+"""A declared serving file differs from the served directory's own
+(:mod:`paritygate.families.causal_lm.served_files`); ``sampling_config`` and
+``tokenizer_parity`` record it for the inputs each reads."""
+
+ALLOW_FIELD = "served_dir"
+"""The allow-list field (``sampling.allow``, ``tokenizer.allow``) that accepts a declared
+serving file the served engine really reads instead of the served directory's own (vLLM
+``--generation-config``, ``--tokenizer``, ``--chat-template``), with its reason."""
+
 # Any unexplained difference changes the sampled distribution or the response length,
 # so the importance ratio no longer describes the rollouts: zero tolerance.
 DEFAULTS: dict[str, float] = {"fields_differing": 0.0}
@@ -80,7 +90,23 @@ def declared_dtype_reason(spec: Any, key: str, dtype: str) -> str:
             tier = tier_for(spec.training.dtype, dtype)[0]
         except ValueError:
             return f"declared by {key}; set causal_lm.precision_tier to judge its numbers"
-    return f"declared by {key}; the {tier} precision tier judges logits_agreement and logprob_delta"
+    return (f"declared by {key}; the {tier} precision tier judges logits_agreement, logprob_delta "
+            "and generation_parity")
+
+
+def record_contradictions(
+    m: Measurement, ctx: LMContext, part: str, allow: Mapping[str, str]
+) -> None:
+    """Fail (or, allowed with ``served_dir``, note) each declared serving ``part`` file that
+    contradicts the served directory's own (see :attr:`LMContext.contradictions`).
+    """
+    for found in ctx.contradictions:
+        if found.part != part:
+            continue
+        if ALLOW_FIELD in allow:
+            m.note(f"{found.message()} (allowed: {allow[ALLOW_FIELD]})")
+        else:
+            m.fail(KIND, found.message())
 
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
@@ -97,7 +123,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     ):
         allow["dtype"] = declared_dtype_reason(ctx.spec, *declared)
     for name in allow:
-        if name not in compared:
+        if name not in compared and name != ALLOW_FIELD:
             m.fail("unknown_allow_field", f"allow-list names unknown sampling field {name!r}")
     for label, side in (("training", training), ("serving", serving)):
         contradiction = side.contradiction()
@@ -130,6 +156,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     for name in allow:
         if name in compared and not any(d.field == name for d in diffs):
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
+    record_contradictions(m, ctx, "sampling config", allow)
+    own = ctx.served_config_dtype
+    if declared and own and own != declared[1] and not declared[0].endswith("config.json dtype"):
+        m.note(f"serving dtype {declared[1]} ({declared[0]}) overrides the served directory's "
+               f"config.json dtype {own}, as an engine's dtype option does")
     m.metric(
         "fields_differing", len(unexplained), threshold=thresholds["fields_differing"], key=True
     )
@@ -160,5 +191,5 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    kinds=("unknown_allow_field", "wrong_format", "field_differs"),
+    kinds=("unknown_allow_field", "wrong_format", "field_differs", KIND),
 )

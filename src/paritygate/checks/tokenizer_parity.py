@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec
+from paritygate.checks.sampling_config import ALLOW_FIELD, KIND, record_contradictions
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
     for name in allow:
-        if name not in ALLOWABLE:
+        if name not in ALLOWABLE and name != ALLOW_FIELD:
             m.fail(
                 "unknown_allow_field",
                 f"allow-list names unknown tokenizer field {name!r}; known: {', '.join(ALLOWABLE)}"
@@ -133,6 +134,8 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             "chat_template_differs",
             "chat template differs between the training and the serving tokenizer")
 
+    for part in ("tokenizer", "chat template"):
+        record_contradictions(m, ctx, part, allow)
     m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
     m.metric(
         "special_ids_mismatched", special_mismatch, threshold=thresholds["special_ids_mismatched"]
@@ -160,6 +163,6 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=(*(f"{name}_differs" for name in ALLOWABLE), "unknown_allow_field",
-           "padding_side", "tokenization_differs"),
+           "padding_side", "tokenization_differs", KIND),
     feeds_probes=True,  # names the probes cut before tokenizing
 )

@@ -47,6 +47,9 @@ Published observations of train/inference mismatch in LLM RL:
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
 _U_FP32 = 2.0**-24
 _U_FP16 = 2.0**-11
 _U_BF16 = 2.0**-8
@@ -152,7 +155,7 @@ def tier_for(train_dtype: str, infer_dtype: str) -> tuple[str, dict[str, float]]
     )
 
 
-def logits_thresholds(tier: dict[str, float]) -> dict[str, float | None]:
+def logits_thresholds(tier: Mapping[str, float]) -> dict[str, float | None]:
     """``logits_agreement``'s thresholds for an LM served in a lower precision, from its tier.
 
     - ``max_abs_diff``: the tier's worst-token log-prob bound, on logits: a logit error moves
@@ -173,7 +176,7 @@ def logits_thresholds(tier: dict[str, float]) -> dict[str, float | None]:
     }
 
 
-def gaussian_thresholds(tier: dict[str, float]) -> dict[str, float]:
+def gaussian_thresholds(tier: Mapping[str, float]) -> dict[str, float]:
     """``logits_agreement``'s Gaussian-policy thresholds for an artifact of a lower precision,
     from its tier (the fp32 defaults' derivations, with the tier's numbers).
 
@@ -191,3 +194,147 @@ def gaussian_thresholds(tier: dict[str, float]) -> dict[str, float]:
         "gaussian_kl_max": float(logits["kl_max"] or 0.0),
         "logprob_delta_max_abs": tier["delta_max_abs"],
     }
+
+
+def tier_limits(tier: Mapping[str, float]) -> dict[str, float | None]:
+    """Every limit a precision tier sets, by the name each check reads it under: the one table
+    behind every comparison of a copy served at a declared precision.
+
+    - ``delta_*``, ``ratio_outside_frac``, ``k3_kl``: ``logprob_delta``'s token log-prob bounds
+      (the tier itself).
+    - ``max_abs_diff``, ``kl_max``, ``tv_max``, ``argmax_disagreement``, ``topk_overlap_min``:
+      ``logits_agreement`` (:func:`logits_thresholds`).
+    - ``action_max_abs_diff``, ``std_max_abs_diff``, ``gaussian_kl_max``,
+      ``logprob_delta_max_abs``: a Gaussian policy's limits (:func:`gaussian_thresholds`).
+    - ``near_tie_margin``: the top-2 logit margin under which ``generation_parity`` and a
+      discrete ``rollout_parity`` excuse a greedy flip: the tier's logit bound
+      ``max_abs_diff``. ``logits_agreement`` accepts logit errors up to that size, and an error
+      that size on the top logit alone can reorder two logits that close.
+    - ``action_tolerance``: ``rollout_parity``'s continuous per-step action difference: the
+      mean's budget ``action_max_abs_diff`` (an action is the Gaussian's mean).
+    - ``return_tolerance`` (relative) and ``max_observation_abs_diff``: what agreeing actions
+      may compound into over an episode, 1x and 10x the action tolerance, the ratios of
+      ``rollout_parity``'s fp32 defaults (1e-4, 1e-3 against 1e-4).
+    """
+    logits = logits_thresholds(tier)
+    gauss = gaussian_thresholds(tier)
+    return {
+        **{k: float(v) for k, v in tier.items()},
+        **logits,
+        **gauss,
+        "near_tie_margin": logits["max_abs_diff"],
+        "action_tolerance": gauss["action_max_abs_diff"],
+        "return_tolerance": gauss["action_max_abs_diff"],
+        "max_observation_abs_diff": 10 * gauss["action_max_abs_diff"],
+    }
+
+
+def resolve_tier(
+    pinned: str | None, training_dtype: str, served_dtype: str
+) -> tuple[str, dict[str, float]]:
+    """The tier a served copy is judged by: the pinned key (``causal_lm.precision_tier``),
+    else the tier of (training dtype, served dtype) (:func:`tier_for`). Raises ``ValueError``
+    for an unknown pinned key or a pair with no tier."""
+    if pinned:
+        if pinned not in PRECISION_TIERS:
+            raise ValueError(
+                f"unknown precision tier {pinned!r}; known: {', '.join(PRECISION_TIERS)}")
+        return pinned, dict(PRECISION_TIERS[pinned])
+    return tier_for(training_dtype, served_dtype)
+
+
+@dataclass(frozen=True)
+class Limits(Mapping[str, "float | None"]):
+    """A check's limits for a served copy, each with where it came from.
+
+    ``sources[name]`` is ``"config"`` (the user set it: it wins), ``"tier"`` (the declared
+    precision's tier) or ``"default"`` (the check's fp32 default). Built only by
+    :func:`judged_limits`.
+    """
+
+    by_name: Mapping[str, float | None]
+    sources: Mapping[str, str]
+    defaults: Mapping[str, float | None]
+    tier: str | None = None
+    """The tier key whose limits apply (``None``: no tier, the fp32 defaults)."""
+    declared_by: str = ""
+    """What declares the precision (``causal_lm.serving.dtype bfloat16``)."""
+
+    def __getitem__(self, name: str) -> float | None:
+        return self.by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_name)
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def source(self, name: str) -> str:
+        """Where ``name``'s limit comes from, for a message: ``bf16/fp32 tier; default 0.001
+        for fp32``, ``set in the config``; empty for an fp32 default with no tier."""
+        how = self.sources.get(name, "default")
+        if how == "config":
+            return "set in the config"
+        if how == "tier":
+            default = self.defaults.get(name)
+            shown = "not judged" if default is None else f"{default:.3g}"
+            return f"{self.tier} tier; default {shown} for fp32"
+        return "" if self.tier is None else "fp32 default; the tier sets no such limit"
+
+    def describe(self, name: str) -> str:
+        """``0.354 (bf16/fp32 tier; default 0.001 for fp32)``: the limit and its source."""
+        value = self.by_name.get(name)
+        shown = "not judged" if value is None else f"{value:.3g}"
+        source = self.source(name)
+        return f"{shown} ({source})" if source else shown
+
+    def note(self, names: Sequence[str] | None = None) -> str | None:
+        """One line naming the tier and every limit it set (and the ones the config kept),
+        ``None`` when no tier applies."""
+        if self.tier is None:
+            return None
+        shown = [n for n in (names if names is not None else list(self.by_name))
+                 if n in self.by_name]
+        tiered = [n for n in shown if self.sources.get(n) == "tier"]
+        kept = [n for n in shown if self.sources.get(n) == "config"]
+        text = (f"limits from the {self.tier} precision tier ({self.declared_by}, see "
+                "paritygate.metrics.tiers): "
+                + ", ".join(f"{n} {self.describe(n)}" for n in tiered))
+        if kept:
+            text += "; set in the config, so not from the tier: " + ", ".join(
+                f"{n} {self.describe(n)}" for n in kept)
+        return text
+
+
+def judged_limits(
+    tier: tuple[str, Mapping[str, float]] | None,
+    defaults: Mapping[str, float | None],
+    user_set: Collection[str] = (),
+    *,
+    names: Collection[str] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    declared_by: str = "",
+) -> Limits:
+    """The one rule for a copy served at a declared precision: each limit in ``defaults`` is
+    the user's value where the config sets it (``user_set``), else the tier's
+    (:func:`tier_limits`), else the fp32 default.
+
+    ``tier`` is ``(key, values)`` or ``None`` (fp32, no tier); the ``fp32/fp32`` tier is the
+    defaults themselves. ``names`` limits which defaults the tier may replace (all by
+    default); ``aliases`` maps a check's own name to the tier limit it takes
+    (``eval_max_abs_diff`` -> ``max_abs_diff``).
+    """
+    key = None if tier is None or tier[0] == "fp32/fp32" else tier[0]
+    table = tier_limits(tier[1]) if tier is not None and key is not None else {}
+    alias = dict(aliases or {})
+    values: dict[str, float | None] = {}
+    sources: dict[str, str] = {}
+    for name, default in defaults.items():
+        tier_name = alias.get(name, name)
+        if name in user_set:
+            values[name], sources[name] = default, "config"
+        elif table and (names is None or name in names) and tier_name in table:
+            values[name], sources[name] = table[tier_name], "tier"
+        else:
+            values[name], sources[name] = default, "default"
+    return Limits(values, sources, dict(defaults), key, declared_by)

@@ -44,13 +44,17 @@ class TokenizerSpec(StrictModel):
     training: str | None = None
     """Defaults to ``model_dir``."""
     serving: str | None = None
-    """Defaults to ``model_dir``."""
+    """Defaults to the served directory's own tokenizer (``serving.model_dir``, else
+    ``model_dir``); one declared elsewhere that differs from it fails ``tokenizer_parity``
+    (``serving_file_contradicts_served_dir``)."""
     training_chat_template: str | None = None
     """A Jinja file overriding the training tokenizer's template."""
     serving_chat_template: str | None = None
     allow: list[AllowEntry] = Field(default_factory=list)
     """Accepted differences: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``,
-    ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``."""
+    ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``; ``served_dir``: a
+    declared serving tokenizer or template the served engine reads instead of the served
+    directory's own."""
 
 
 SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm"]
@@ -63,7 +67,10 @@ class SamplingFiles(StrictModel):
     """YAML or JSON with the trainer's sampling fields."""
     serving: str | None = None
     """The serving ``generation_config.json`` or a vLLM sampling-parameters YAML; default:
-    ``serving.generation_config``, else ``generation_config.json`` of the served directory."""
+    ``serving.generation_config``, else ``generation_config.json`` of the served directory. A
+    generation config declared elsewhere that differs from the served directory's own fails
+    ``sampling_config`` (``serving_file_contradicts_served_dir``; allow-list field
+    ``served_dir``)."""
     training_format: SamplingFormat = "auto"
     """``auto`` detects the format from the content (reported by ``sampling_config``)."""
     serving_format: SamplingFormat = "auto"
@@ -71,18 +78,19 @@ class SamplingFiles(StrictModel):
 
 
 class ServingSpec(StrictModel):
-    """What is served: every field falls back to the training side when absent."""
+    """What is served: absent fields come from the served directory's own files."""
 
     model_dir: str | None = None
     """The served HF directory (default: ``causal_lm.model_dir``)."""
     tokenizer: str | None = None
-    """The served tokenizer directory (default: the served ``model_dir``)."""
+    """The served tokenizer directory (default: the served ``model_dir``'s own)."""
     generation_config: str | None = None
     """The served sampling config (default: ``<served model_dir>/generation_config.json``)."""
     engine: Literal["hf", "vllm", "dump"] | None = None
     """The serving engine; sets ``engines`` when that key is absent."""
     dtype: Dtype | None = None
-    """The dtype the engine computes in (same as ``engine.dtype``; default float32)."""
+    """The dtype the engine computes in (same as ``engine.dtype``; default: the served
+    ``config.json``'s ``dtype``, else float32)."""
 
 
 class TrainingSide(StrictModel):
@@ -144,7 +152,8 @@ class CausalLMSpec(StrictModel):
     ratio_eps: float = Field(0.2, gt=0, lt=1)
     """PPO clip range: tokens whose ratio exp(delta) leaves [1-eps, 1+eps] are counted."""
     near_tie_margin: float = Field(1e-3, ge=0)
-    """generation_parity excuses a divergence only where the top-2 logit margin is below this."""
+    """generation_parity excuses a divergence only where the top-2 logit margin is below this;
+    unset, a copy served at a declared lower precision takes its tier's margin."""
     generation_samples: int = Field(2, ge=1)
     """Sampled continuations per probe for ``logprob_delta``."""
 

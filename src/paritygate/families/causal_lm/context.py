@@ -20,15 +20,19 @@ from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safet
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
-from paritygate.families.causal_lm.serving import declared_serving_dtype, resolve_serving
+from paritygate.families.causal_lm.served_files import Contradiction, served_dtype
+from paritygate.families.causal_lm.serving import resolve_serving
 from paritygate.families.causal_lm.tokenizer import encode_probe, is_cut, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_file, sha256_files
 from paritygate.reading import check_input
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
+
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.metrics.tiers import Limits
     from paritygate.precision.subject import PrecisionSubject
 
 
@@ -55,6 +59,12 @@ class LMContext:
     """The config key the served directory came from (``causal_lm.model_dir`` when no serving
     directory is configured: the training directory is served)."""
     family: str = "causal_lm"
+    served_config_dtype: str | None = None
+    """The dtype the served directory's ``config.json`` states (``None``: none)."""
+    contradictions: list[Contradiction] = field(default_factory=list)
+    """Declared serving files that differ from the served directory's own
+    (:mod:`~paritygate.families.causal_lm.served_files`): ``sampling_config`` and
+    ``tokenizer_parity`` record them."""
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
@@ -75,6 +85,29 @@ class LMContext:
         """Settings that move the numbers by design, recorded with a blessed baseline: a
         regression against a baseline blessed under other settings says so."""
         return {"serving dtype": self.spec.engine.dtype, "training dtype": self.spec.training.dtype}
+
+    def served_limits(
+        self, defaults: Mapping[str, float | None], user_set: Collection[str],
+        names: Collection[str] | None = None,
+    ) -> Limits:
+        """A check's limits for the served copy: the user's values where the config sets
+        them, else the tier of the declared precision (``precision_tier``, else training dtype
+        against serving dtype), else the fp32 defaults
+        (:func:`paritygate.metrics.tiers.judged_limits`, one rule for every LM check)."""
+        from paritygate.metrics.tiers import judged_limits, resolve_tier
+
+        spec = self.spec
+        try:
+            tier = resolve_tier(spec.precision_tier, spec.training.dtype, spec.engine.dtype)
+        except ValueError:
+            tier = None  # no tier for this pair: the fp32 defaults (or the config's) apply
+        if spec.precision_tier:
+            by = f"causal_lm.precision_tier {spec.precision_tier}"
+        else:
+            source = self.declared_dtype[0] if self.declared_dtype else "causal_lm.engine.dtype"
+            by = (f"training {spec.training.dtype}, serving {spec.engine.dtype} from "
+                  f"{source}")
+        return judged_limits(tier, defaults, user_set, names=names, declared_by=by)
 
     @cached_property
     def probes_sha256(self) -> str:
@@ -355,8 +388,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     cfg = config.path
-    declared = declared_serving_dtype(spec)
-    spec, served_from = resolve_serving(config, spec)
+    spec, served_from, sources = resolve_serving(config, spec)
+    declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
     model_dir = config.resolve(spec.model_dir)
     if not model_dir.is_dir():
         raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
@@ -445,6 +478,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
 
     training_sampling = sampling("training", training_tok, spec.training.dtype)
     serving_sampling = sampling("serving", serving_tok, spec.engine.dtype)
+    contradictions = _served_dir_contradictions(
+        config, spec, sources, engine_dir, serving_sampling, serving_tok, probes)
     from paritygate.families.causal_lm.logprobs import as_model_level
 
     fn_key = "causal_lm.training.logprob_fn"
@@ -473,6 +508,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
         served_from=served_from,
         declared_dtype=declared,
         dump=dump,
+        contradictions=contradictions,
+        served_config_dtype=served_dtype(engine_dir),
     )
     return ctx
 
@@ -488,6 +525,50 @@ def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> lis
     with keyed("causal_lm.engine.dump"):
         return read_dump(config.resolve(spec.engine.dump),
                          vocab_size=config_vocab_size(model_dir))
+
+
+def _served_dir_contradictions(
+    config: GateConfig, spec: CausalLMSpec, sources: dict[str, str], served_dir: Path,
+    serving_sampling: SamplingFile, serving_tok: Any, probes: list[Probe],
+) -> list[Contradiction]:
+    """Declared serving files that differ from the served directory's own (see
+    :mod:`~paritygate.families.causal_lm.served_files`)."""
+    from paritygate.families.causal_lm.served_files import (
+        chat_template_contradiction,
+        has_tokenizer,
+        sampling_contradiction,
+        tokenizer_fields,
+    )
+
+    found: list[Contradiction | None] = []
+    declared_tok = config.resolve(spec.tokenizer.serving) if spec.tokenizer.serving else None
+    if ("tokenizer" in sources and declared_tok is not None
+            and declared_tok.resolve() != served_dir.resolve() and has_tokenizer(served_dir)):
+        with keyed(sources["tokenizer"]):
+            own_tok = load_tokenizer(served_dir, trust_remote_code=config.trust_remote_code)
+        fields = tokenizer_fields(
+            serving_tok, own_tok,
+            lambda tok: [encode_probe(tok, p, spec.max_prompt_tokens) for p in probes])
+        if spec.tokenizer.serving_chat_template and "chat_template" in fields:
+            fields.remove("chat_template")  # the override is judged on its own below
+        if fields:
+            found.append(Contradiction("tokenizer", sources["tokenizer"], declared_tok,
+                                       served_dir, tuple(fields)))
+    if spec.tokenizer.serving_chat_template:
+        found.append(chat_template_contradiction(
+            config.resolve(spec.tokenizer.serving_chat_template),
+            "causal_lm.tokenizer.serving_chat_template", served_dir))
+    own = served_dir / "generation_config.json"
+    if "sampling" in sources and own.is_file():
+        with keyed(sources["sampling"]):
+            own_file = load_sampling_file(
+                own, trainer=False, fmt="hf_generation_config",
+                eos_text=serving_tok.eos_token, eos_id=serving_tok.eos_token_id,
+                side_defaults={k: serving_sampling.values.get(k)
+                               for k in ("padding_side", "truncation_side", "dtype")},
+            )
+        found.append(sampling_contradiction(serving_sampling, own_file, sources["sampling"]))
+    return [c for c in found if c is not None]
 
 
 def _encode_checked(config: Any, side: str, tok: Any, probe: Probe, model_dir: Path) -> list[int]:

@@ -30,11 +30,19 @@ def _pick(
     return chosen[0] if chosen else (None, None)
 
 
-def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpec, str]:
-    """Fold the ``serving`` section into the engine/tokenizer/sampling keys it shares.
+def resolve_serving(
+    config: GateConfig, spec: CausalLMSpec
+) -> tuple[CausalLMSpec, str, dict[str, str]]:
+    """Fold the ``serving`` section into the engine/tokenizer/sampling keys it shares; what the
+    config leaves out comes from the served directory's own files
+    (:mod:`~paritygate.families.causal_lm.served_files`).
 
-    Returns the effective spec and the key the served directory came from.
+    Returns the effective spec, the key the served directory came from, and where each
+    serving input the config states came from (``tokenizer``, ``sampling``, ``dtype``: the
+    config key, or for the dtype the served ``config.json``); absent parts are defaults.
     """
+    from paritygate.families.causal_lm.served_files import served_dtype
+
     cfg = config.path
     srv = spec.serving
     dir_key, served = _pick(
@@ -44,20 +52,20 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
         "serving model_dir",
     )
     served_from = dir_key or "causal_lm.model_dir"
-    _, dtype = _pick(
+    dtype_key, dtype = _pick(
         cfg,
         [("causal_lm.serving.dtype", srv.dtype),
          ("causal_lm.engine.dtype",
           spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)],
         "serving dtype",
     )
-    _, tok = _pick(
+    tok_key, tok = _pick(
         cfg,
         [("causal_lm.serving.tokenizer", srv.tokenizer),
          ("causal_lm.tokenizer.serving", spec.tokenizer.serving)],
         "serving tokenizer",
     )
-    _, gen = _pick(
+    gen_key, gen = _pick(
         cfg,
         [("causal_lm.serving.generation_config", srv.generation_config),
          ("causal_lm.sampling.serving", spec.sampling.serving)],
@@ -78,6 +86,14 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
         gen = str(candidate)
     if tok is None and served:
         tok = served
+    sources = {part: key for part, key in
+               (("tokenizer", tok_key), ("sampling", gen_key), ("dtype", dtype_key)) if key}
+    own_dtype = served_dtype(served_dir) if dtype is None else None
+    if own_dtype is not None and own_dtype != "float32":
+        # the served directory's own config.json: the dtype vLLM (`auto`) and transformers
+        # load it in; float32 is the engine default anyway
+        dtype = own_dtype
+        sources["dtype"] = f"{served_dir.name}/config.json dtype"
     engine = spec.engine.model_copy(
         update={"model_dir": served, "dtype": dtype or spec.engine.dtype}
     )
@@ -88,7 +104,7 @@ def resolve_serving(config: GateConfig, spec: CausalLMSpec) -> tuple[CausalLMSpe
     }
     if srv.engine is not None and "engines" not in spec.model_fields_set:
         update["engines"] = [srv.engine]
-    return spec.model_copy(update=update), served_from
+    return spec.model_copy(update=update), served_from, sources
 
 
 def declared_serving_dtype(spec: CausalLMSpec) -> tuple[str, str] | None:

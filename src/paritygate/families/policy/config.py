@@ -145,9 +145,11 @@ class RolloutSpec(StrictModel):
     at most :data:`MAX_EPISODE_STEPS`)."""
     near_tie_margin: float = Field(1e-3, ge=0)
     """Discrete actions: a divergence is excused only where the training path's top-1 minus
-    top-2 logit margin is below this (a near-tie)."""
+    top-2 logit margin is below this (a near-tie); unset, a declared ``artifact_dtype``'s tier
+    sets it."""
     action_tolerance: float = Field(1e-4, ge=0)
-    """Continuous actions: a step agrees while the two actions differ by at most this."""
+    """Continuous actions: a step agrees while the two actions differ by at most this; unset,
+    a declared ``artifact_dtype``'s tier sets it."""
     return_tolerance: float = Field(1e-4, ge=0)
     """Episodes whose actions agree must have returns within this, relative to
     ``max(1, |return|)`` (fp32 noise of continuous actions compounds into ~1e-8)."""

@@ -363,41 +363,25 @@ def artifact_limits(
     *,
     gaussian: bool = False,
 ) -> tuple[dict[str, float | None], str | None]:
-    """``thresholds`` with the fp32 torch-vs-ONNX limits named in ``fp32_keys`` (and
-    ``logits_agreement``'s distribution and Gaussian limits, where present) replaced by the
-    declared precision's tier (:func:`paritygate.metrics.tiers.logits_thresholds`,
-    :func:`~paritygate.metrics.tiers.gaussian_thresholds`), and a note naming
-    the tier; unchanged, with no note, for a float32 artifact. Names in ``overrides`` (set in
-    the config) keep their value. ``gaussian``: a Gaussian policy's limits are judged, so the
-    tier replaces them too."""
-    from paritygate.metrics.tiers import gaussian_thresholds, logits_thresholds
+    """``thresholds`` for the artifact's declared precision, and a note naming the tier
+    (``None`` for a float32 artifact): :func:`paritygate.metrics.tiers.judged_limits`, the
+    rule every served-copy comparison uses. The fp32 torch-vs-ONNX limits named in
+    ``fp32_keys`` take the tier's ``max_abs_diff``; ``logits_agreement``'s distribution limits
+    (and, with ``gaussian``, a Gaussian policy's) take the tier's own; names in ``overrides``
+    (set in the config) keep their value."""
+    from paritygate.metrics.tiers import judged_limits
 
-    found = precision.tier()
-    if found is None:
-        return dict(thresholds), None
-    key, tier = found
-    limits = logits_thresholds(tier)
-    out = dict(thresholds)
-    for name in fp32_keys:
-        if name not in overrides:
-            out[name] = limits["max_abs_diff"]
-    for name in ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min"):
-        if name in out and name not in overrides:
-            out[name] = limits[name]
-    tiered = gaussian_thresholds(tier) if gaussian else {}
-    for name, value in tiered.items():
-        if name in out and name not in overrides:
-            out[name] = value
-    categorical = [] if gaussian else ["kl_max", "tv_max"]
-    names = [n for n in [*fp32_keys, *categorical, *tiered] if n in out]
-    kept = [n for n in names if n in overrides]
-    note = (f"limits from the {key} precision tier (policy.artifact_dtype {precision.declared}, "
-            "see paritygate.metrics.tiers): "
-            + ", ".join(f"{n} {out[n]:.3g}" for n in names if n not in overrides))
-    if kept:
-        note += "; set in the config, so not from the tier: " + ", ".join(
-            f"{n} {out[n]:.3g}" for n in kept)
-    return out, note
+    categorical = ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
+    gaussian_keys = ("action_max_abs_diff", "std_max_abs_diff", "gaussian_kl_max",
+                     "logprob_delta_max_abs")
+    judged = [*fp32_keys, *categorical, *(gaussian_keys if gaussian else ())]
+    limits = judged_limits(
+        precision.tier(), dict(thresholds), overrides, names=judged,
+        aliases={name: "max_abs_diff" for name in fp32_keys},
+        declared_by=f"policy.artifact_dtype {precision.declared}",
+    )
+    shown = [*fp32_keys, *(gaussian_keys if gaussian else ("kl_max", "tv_max"))]
+    return dict(limits), limits.note([n for n in shown if n in thresholds])
 
 
 LOW_PRECISION_INITIALIZERS = {10: "float16", 16: "bfloat16"}
