@@ -153,6 +153,8 @@ class Gate:
             "probes_sha256": ctx.probes_sha256,
             "config_sha256": config_hash,
             "numerics": self.numerics(),
+            **({"trainer": self.config.trainer_checkpoint.to_json()}
+               if self.config.trainer_checkpoint is not None else {}),
             "bless_command": self.bless_command(),
             "environment": environment(),
         }

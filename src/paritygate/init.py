@@ -396,8 +396,11 @@ def write_config(
     out: Path | None = None,
     artifact: Path | None = None,
     name: str | None = None,
+    checkpoint: int | str | None = None,
 ) -> WrittenConfig:
-    """Inspect ``source`` (a checkpoint file or an HF model directory) and write a config.
+    """Inspect ``source`` (a checkpoint file, an HF model directory or a trainer output_dir)
+    and write a config. With an output_dir, ``checkpoint`` picks the ``checkpoint-N`` to
+    inspect (default: the latest); the config names the output_dir.
 
     Never overwrites: an existing ``out`` is an :class:`InputError`.
     """
@@ -412,9 +415,21 @@ def write_config(
     notes = [f"name {gate!r} ({name_note})"]
     if source.is_dir():
         from paritygate.init_hf import hf_dir_text
+        from paritygate.trainer_output import is_output_dir, pin_output_dir, resolve_checkpoint
 
-        text, family = hf_dir_text(source, target, gate, name_note)
+        record = None
+        if is_output_dir(source) or checkpoint is not None:
+            record = resolve_checkpoint(
+                source, checkpoint, key="--checkpoint" if checkpoint is not None else None)
+        inspected = record.path if record is not None else source
+        text, family = hf_dir_text(inspected, target, gate, name_note)
         notes.append(f"family {family}")
+        if record is not None and record.output_dir is not None:
+            text = pin_output_dir(text, record, target, checkpoint)
+            notes.append(f"trainer output_dir: inspected {record.describe()}; run gates "
+                         + (f"checkpoint-{checkpoint}" if isinstance(checkpoint, int)
+                            else "the latest checkpoint-N")
+                         + " (paritygate run --checkpoint N for another, --all for each)")
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")

@@ -125,6 +125,10 @@ class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
     model_dir: str
+    """An HF model directory, or a trainer ``output_dir`` of ``checkpoint-N`` folders."""
+    checkpoint: int | Literal["latest", "final"] | None = None
+    """With a trainer ``output_dir`` as ``model_dir``: the step N of ``checkpoint-N`` to gate,
+    ``latest`` (the default) or ``final`` (the model saved at the output_dir's top)."""
     training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
     serving: ServingSpec = ServingSpec()
