@@ -53,14 +53,15 @@ class TokenizerSpec(StrictModel):
     ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``."""
 
 
-SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm"]
+SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm", "trl"]
 
 
 class SamplingFiles(StrictModel):
     """The trainer's sampling config and the serving one, plus accepted differences."""
 
     training: str
-    """YAML or JSON with the trainer's sampling fields."""
+    """YAML or JSON with the trainer's sampling fields, the trainer's own TRL config YAML (the
+    file ``trl grpo --config`` reads), or an HF ``generation_config.json``."""
     serving: str | None = None
     """The serving ``generation_config.json`` or a vLLM sampling-parameters YAML; default:
     ``serving.generation_config``, else ``generation_config.json`` of the served directory."""
@@ -68,6 +69,9 @@ class SamplingFiles(StrictModel):
     """``auto`` detects the format from the content (reported by ``sampling_config``)."""
     serving_format: SamplingFormat = "auto"
     allow: list[AllowEntry] = Field(default_factory=list)
+    strict: bool = False
+    """A TRL config's fields that change sampling but cannot be mapped (``generation_kwargs``
+    the gate does not model, guided decoding) are bad input (exit 2) instead of listed."""
 
 
 class ServingSpec(StrictModel):

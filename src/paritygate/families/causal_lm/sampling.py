@@ -175,6 +175,8 @@ class SamplingFile:
     """Every field name as written in the file."""
     default_sources: dict[str, str] = field(default_factory=dict)
     """Where a field the file does not state comes from (``dtype``: the config key)."""
+    not_compared_reasons: dict[str, str] = field(default_factory=dict)
+    """Why this file's fields are not compared, where the file's format says (a TRL config)."""
 
     def source(self, name: str) -> str:
         """Where ``name``'s value comes from: this file, or the setting that filled it in."""
@@ -188,10 +190,9 @@ class SamplingFile:
         """A configured format that the file's fields contradict (see format_contradiction)."""
         return format_contradiction(self)
 
-    @staticmethod
-    def not_compared_reason(name: str) -> str:
+    def not_compared_reason(self, name: str) -> str:
         """Why a known field is not compared."""
-        return NOT_COMPARED.get(name, "not modelled")
+        return self.not_compared_reasons.get(name) or NOT_COMPARED.get(name, "not modelled")
 
     @property
     def compared_fields(self) -> tuple[str, ...]:
@@ -321,13 +322,16 @@ def load_sampling_file(
     eos_text: str | None = None,
     eos_id: int | None = None,
     default_sources: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> SamplingFile:
     """Read one sampling config. ``side_defaults`` fills padding/truncation side and dtype
     from that side's tokenizer and model settings when the file does not state them.
 
     ``fmt`` is ``auto`` (detected from the content, see :func:`detect_format`) or one of
-    ``trainer``, ``hf_generation_config``, ``vllm``. An unknown field is an
-    :class:`InputError` naming it, in every format.
+    ``trainer``, ``hf_generation_config``, ``vllm``, ``trl`` (a TRL trainer config, training
+    side: :mod:`paritygate.families.causal_lm.trainer_config`; ``strict`` makes its
+    unmappable fields an error). An unknown field is an :class:`InputError` naming it, in
+    every format.
     """
     try:
         text = path.read_text(encoding="utf-8")
@@ -342,6 +346,14 @@ def load_sampling_file(
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")
+    from paritygate.families.causal_lm import trainer_config as trl
+
+    if fmt == "trl" or (fmt == "auto" and trainer and trl.is_trl_config(data)):
+        found = sorted(trl.TRL_MARKERS & set(data))[:3]
+        how = "configured" if fmt == "trl" else f"TRL trainer config (fields {found})"
+        return trl.load_trl_sampling(  # type: ignore[no-any-return]
+            path, data, detection=how, strict=strict, side_defaults=side_defaults,
+            eos_text=eos_text, eos_id=eos_id, default_sources=dict(default_sources or {}))
     if fmt == "auto":
         fmt, detection = detect_format(data, trainer=trainer, suffix=path.suffix)
     else:
