@@ -346,14 +346,13 @@ def load_sampling_file(
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")
-    from paritygate.families.causal_lm import trainer_config as trl
+    import paritygate.families.causal_lm.trainer_config as trl
 
     if fmt == "trl" or (fmt == "auto" and trainer and trl.is_trl_config(data)):
         found = sorted(trl.TRL_MARKERS & set(data))[:3]
         how = "configured" if fmt == "trl" else f"TRL trainer config (fields {found})"
-        return trl.load_trl_sampling(  # type: ignore[no-any-return]
-            path, data, detection=how, strict=strict, side_defaults=side_defaults,
-            eos_text=eos_text, eos_id=eos_id, default_sources=dict(default_sources or {}))
+        return _load_trl(path, data, how, strict, side_defaults, eos_text, eos_id,
+                         dict(default_sources or {}))
     if fmt == "auto":
         fmt, detection = detect_format(data, trainer=trainer, suffix=path.suffix)
     else:
@@ -401,6 +400,44 @@ def load_sampling_file(
         path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
         dict(default_sources or {}),
     )
+
+
+def _load_trl(
+    path: Path,
+    data: dict[str, Any],
+    detection: str,
+    strict: bool,
+    side_defaults: dict[str, Any],
+    eos_text: str | None,
+    eos_id: int | None,
+    sources: dict[str, str],
+) -> SamplingFile:
+    """A TRL trainer config as the training side (format ``trl``; see
+    :mod:`paritygate.families.causal_lm.trainer_config` for the mapping)."""
+    import paritygate.families.causal_lm.trainer_config as trl
+
+    mapped, listed, reasons, notes = trl.map_trl_config(data, path, strict=strict)
+    values: dict[str, Any] = {
+        **TRAINER_DEFAULTS, **trl.TRL_DEFAULTS, **side_defaults,
+        "eos_token_id": [] if eos_id is None else [eos_id],
+    }
+    for name in trl.TRL_DEFAULTS:
+        sources.setdefault(name, "TRL's default")
+    explicit: set[str] = set()
+    for target, value in mapped.items():
+        try:
+            values[target] = _normalise(target, value, path)
+        except InputError as exc:
+            raw = next((k for k, v in trl.TRL_FIELDS.items() if v == target and k in data),
+                       target)
+            raise InputError(path, raw, exc.cause) from None
+        explicit.add(target)
+    if "do_sample" not in explicit:
+        values["do_sample"] = values["temperature"] > 0.0
+    if notes:
+        detection = f"{detection}; mapped: {', '.join(notes)}"
+    return SamplingFile(path, "trl", values, explicit, 0, detection, listed, eos_text, eos_id,
+                        set(data), sources, reasons)
 
 
 def format_contradiction(side: SamplingFile) -> str | None:
