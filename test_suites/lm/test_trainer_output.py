@@ -82,6 +82,11 @@ def test_output_dir_resolves_to_latest_and_records_the_step(grpo_run: Path, tmp_
                                                    tmp_path / "gate.yaml"), "2")
     assert overridden.trainer_checkpoint.step == 2
     assert overridden.trainer_checkpoint.chosen_by == "--checkpoint 2"
+    from paritygate.gate import Gate
+
+    path = _write(trl_run.gate_config(grpo_run), tmp_path / "api.yaml")
+    assert Gate.from_path(path, checkpoint=2).config.trainer_checkpoint.step == 2
+    assert Gate.from_path(path).config.trainer_checkpoint.step == 4
 
 
 def test_bad_output_dirs_and_steps_are_input_errors(grpo_run: Path, tmp_path: Path) -> None:
