@@ -111,3 +111,20 @@ def test_bad_input_is_logged_and_training_goes_on_unless_stop_on_fail(
     assert first.status in ("input_error", "error") and first.line and "\n" not in first.line
     assert len(gate.outcomes) == (1 if stop_on_fail else 2)
     assert model.num_timesteps == (128 if stop_on_fail else 256)
+
+
+def test_eval_callbacks_new_best_model_is_gated(blessed: Path, tmp_path: Path) -> None:
+    import gymnasium as gym
+    from stable_baselines3.common.callbacks import EvalCallback
+
+    from paritygate.integrations.sb3 import ParityGateCallback
+
+    model = _model(3)
+    gate = ParityGateCallback(blessed)
+    best = tmp_path / "best"
+    model.learn(256, callback=EvalCallback(
+        gym.make("CartPole-v1"), callback_on_new_best=gate, eval_freq=128,
+        n_eval_episodes=2, best_model_save_path=str(best), verbose=0))
+    assert gate.outcomes and {o.checkpoint for o in gate.outcomes} == {best / "best_model.zip"}
+    assert all(o.status == "pass" for o in gate.outcomes), [o.summary() for o in gate.outcomes]
+    assert (best / "paritygate" / "best_model" / "report.json").is_file()
