@@ -10,6 +10,9 @@ the heavy pieces load when a gate actually runs. The Python API::
     results = gate.run()                      # one CheckResult per check, judged with golden
     written = write_reports(gate, results, Path("reports/demo-policy"))
     print(written.status)                     # "pass" or "fail"
+
+In a training loop, ``paritygate.mismatch(logp_train, logp_infer, mask)`` measures the
+trainer/engine log-prob mismatch of a batch (see :mod:`paritygate.metrics.mismatch`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ __all__ = [
     "GateConfig",
     "InputError",
     "Measurement",
+    "Mismatch",
     "WrittenReport",
     "export",
     "load_config",
+    "mismatch",
     "summary_table",
     "write_config",
     "write_reports",
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
     from paritygate.families import export
     from paritygate.gate import Gate
     from paritygate.init import write_config
+    from paritygate.metrics.mismatch import Mismatch, mismatch
     from paritygate.report import WrittenReport, summary_table, write_reports
     from paritygate.result import CheckResult, Measurement
 
@@ -55,6 +61,8 @@ _LAZY = {
     "CHECK_IDS": "paritygate.checks",
     "export": "paritygate.families",
     "write_config": "paritygate.init",
+    "mismatch": "paritygate.metrics.mismatch",
+    "Mismatch": "paritygate.metrics.mismatch",
     "WrittenReport": "paritygate.report",
     "summary_table": "paritygate.report",
     "write_reports": "paritygate.report",

@@ -87,6 +87,21 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="pass a run in which every selected check skipped (default: exit 3)",
     )
+    run.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="N|PATH",
+        help="gate another checkpoint of the same policy with this config (same name, same "
+        "baselines): a step N of the trainer output_dir the config names, latest, final, or "
+        "a path (a checkpoint-N folder, an output_dir, a policy checkpoint file)",
+    )
+    run.add_argument(
+        "--all",
+        dest="all_checkpoints",
+        action="store_true",
+        help="gate every checkpoint-N of the config's trainer output_dir, one run each, "
+        "reports in <report-dir>/checkpoint-N; exit with the worst code",
+    )
 
     export = sub.add_parser("export", help="build the inference artifact and manifest.json")
     export.add_argument("config", type=Path, help="gate config YAML")
@@ -137,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     init.add_argument(
         "source",
         type=Path,
-        help="checkpoint file (.safetensors, .pt/.pth, SB3 .zip) or HF model directory",
+        help="checkpoint file (.safetensors, .pt/.pth, SB3 .zip), HF model directory, or a "
+        "trainer output_dir of checkpoint-N folders",
     )
     init.add_argument(
         "--out",
@@ -158,6 +174,13 @@ def _parser() -> argparse.ArgumentParser:
         help="HF causal LM: the served copy (causal_lm.serving.model_dir); its own "
         "generation_config.json, tokenizer, chat template and config.json dtype are the serving "
         "defaults (default: a TODO)",
+    )
+    init.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="N",
+        help="with a trainer output_dir: the step of the checkpoint-N to inspect (default: the "
+        "latest); the config keeps the output_dir and pins this step",
     )
     init.add_argument(
         "--name",
@@ -196,6 +219,66 @@ def _select_checks(gate: object, check_ids: list[str]) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from paritygate.trainer_output import CHECKPOINT_ENV
+
+    if args.all_checkpoints:
+        return _cmd_run_all(args)
+    previous = os.environ.get(CHECKPOINT_ENV)
+    if args.checkpoint is not None:
+        os.environ[CHECKPOINT_ENV] = args.checkpoint  # the pytest session and its workers
+    else:
+        os.environ.pop(CHECKPOINT_ENV, None)
+    try:
+        return _run_one(args)
+    finally:
+        if previous is None:
+            os.environ.pop(CHECKPOINT_ENV, None)
+        else:
+            os.environ[CHECKPOINT_ENV] = previous
+
+
+def _cmd_run_all(args: argparse.Namespace) -> int:
+    """``run --all``: one ``paritygate run --checkpoint PATH`` process per checkpoint-N."""
+    import subprocess
+
+    from paritygate.config import load_config
+
+    if args.checkpoint is not None or args.update_golden:
+        raise InputError(None, "--all", "--all gates every checkpoint: it takes neither "
+                         "--checkpoint nor --update-golden (bless one checkpoint)")
+    config = load_config(args.config)
+    record = config.trainer_checkpoint
+    if record is None or record.output_dir is None:
+        raise InputError(config.path, "--all", "the config's model directory is not a trainer "
+                         "output_dir (no checkpoint-N folders)")
+    from paritygate.trainer_output import find_checkpoints
+
+    base = args.report_dir or config.default_report_dir()
+    worst = EXIT_PASS
+    rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
+    for step, folder in find_checkpoints(record.output_dir):
+        cmd = [sys.executable, "-m", "paritygate", "run", str(args.config), "--checkpoint",
+               str(folder), "--report-dir", str(base / folder.name)]
+        if args.markexpr:
+            cmd += ["-m", args.markexpr]
+        for cid in args.check_ids or []:
+            cmd += ["--check", cid]
+        if args.allow_skips:
+            cmd.append("--allow-skips")
+        print(f"paritygate: {folder.name} (step {step}): gating", flush=True)
+        code = subprocess.run(cmd, check=False).returncode
+        if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+            raise KeyboardInterrupt
+        word = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INPUT: "bad input",
+                EXIT_NOTHING_VERIFIED: "nothing verified"}.get(code, f"exit {code}")
+        print(f"paritygate: {folder.name} (step {step}): {word}; reports in "
+              f"{base / folder.name}", flush=True)
+        if rank.get(code, 3) > rank.get(worst, 3):
+            worst = code
+    return worst
+
+
+def _run_one(args: argparse.Namespace) -> int:
     import pytest
 
     from paritygate.gate import Gate
@@ -212,6 +295,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         print(f"paritygate: {gate.config.name} ({gate.config.family}) — loading inputs",
               flush=True)
+        if gate.config.trainer_checkpoint is not None:
+            print(f"paritygate: trainer checkpoint {gate.config.trainer_checkpoint.describe()}",
+                  flush=True)
         gate.context  # noqa: B018 - validate every input before any check runs
         run = GateRun(gate, owns_stderr=True)
         pytest_args = _pytest_args(gate, args, selected)
@@ -358,8 +444,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_init(args: argparse.Namespace) -> int:
     from paritygate.init import write_config
 
+    step = args.checkpoint
+    if step is not None and step.isdigit():
+        step = int(step)
     written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name,
-                           serving=args.serving)
+                           serving=args.serving, checkpoint=step)
     print(f"paritygate init: wrote {written.path}")
     for note in written.notes:
         print(f"paritygate init: {note}")

@@ -68,6 +68,7 @@ class GateConfig(StrictModel):
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
     _report_dir: Path | None = PrivateAttr(default=None)
+    _trainer_checkpoint: Any = PrivateAttr(default=None)
 
     @field_validator("checks", "skip_checks")
     @classmethod
@@ -98,6 +99,12 @@ class GateConfig(StrictModel):
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def trainer_checkpoint(self) -> Any:
+        """The trainer checkpoint the model directory resolved to
+        (:class:`paritygate.trainer_output.TrainerCheckpoint`), or ``None``."""
+        return self._trainer_checkpoint
 
     @property
     def base_dir(self) -> Path:
@@ -207,6 +214,11 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
         raise InputError(path, key, "; ".join([cause, *rest])) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
+    import os
+
+    from paritygate.trainer_output import CHECKPOINT_ENV, apply_checkpoint
+
+    config = apply_checkpoint(config, os.environ.get(CHECKPOINT_ENV))
     _refuse_special_files(config)
     from paritygate.imports import register_python_path
 

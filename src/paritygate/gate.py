@@ -61,8 +61,16 @@ class Gate:
         *,
         update_golden: bool = False,
         report_dir: str | Path | None = None,
+        checkpoint: str | int | None = None,
     ) -> Gate:
-        return cls(load_config(path), update_golden=update_golden, report_dir=report_dir)
+        """The gate of a config file; ``checkpoint`` is ``paritygate run --checkpoint``: a step
+        of the trainer output_dir the config names, ``latest``, ``final`` or a path."""
+        config = load_config(path)
+        if checkpoint is not None:
+            from paritygate.trainer_output import apply_checkpoint
+
+            config = apply_checkpoint(config, str(checkpoint))
+        return cls(config, update_golden=update_golden, report_dir=report_dir)
 
     @cached_property
     def context(self) -> Context:
@@ -154,6 +162,8 @@ class Gate:
             "probes_sha256": ctx.probes_sha256,
             "config_sha256": config_hash,
             "numerics": self.numerics(),
+            **({"trainer": self.config.trainer_checkpoint.to_json()}
+               if self.config.trainer_checkpoint is not None else {}),
             "bless_command": self.bless_command(),
             "environment": environment(),
         }

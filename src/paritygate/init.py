@@ -424,9 +424,12 @@ def write_config(
     artifact: Path | None = None,
     name: str | None = None,
     serving: Path | None = None,
+    checkpoint: int | str | None = None,
 ) -> WrittenConfig:
-    """Inspect ``source`` (a checkpoint file or an HF model directory) and write a config;
-    ``serving`` is the served copy of an HF causal LM (``causal_lm.serving.model_dir``).
+    """Inspect ``source`` (a checkpoint file, an HF model directory or a trainer output_dir)
+    and write a config. With an output_dir, ``checkpoint`` picks the ``checkpoint-N`` to
+    inspect (default: the latest); the config names the output_dir. ``serving`` is the served
+    copy of an HF causal LM (``causal_lm.serving.model_dir``).
 
     Never overwrites: an existing ``out`` is an :class:`InputError`.
     """
@@ -448,10 +451,22 @@ def write_config(
                          "--serving takes the served HF model directory of a causal LM")
     if source.is_dir():
         from paritygate.init_hf import hf_dir_text
+        from paritygate.trainer_output import is_output_dir, pin_output_dir, resolve_checkpoint
 
-        text, family = hf_dir_text(source, target, gate, name_note,
+        record = None
+        if is_output_dir(source) or checkpoint is not None:
+            record = resolve_checkpoint(
+                source, checkpoint, key="--checkpoint" if checkpoint is not None else None)
+        inspected = record.path if record is not None else source
+        text, family = hf_dir_text(inspected, target, gate, name_note,
                                    Path(serving) if serving is not None else None)
         notes.append(f"family {family}")
+        if record is not None and record.output_dir is not None:
+            text = pin_output_dir(text, record, target, checkpoint)
+            notes.append(f"trainer output_dir: inspected {record.describe()}; run gates "
+                         + (f"checkpoint-{checkpoint}" if isinstance(checkpoint, int)
+                            else "the latest checkpoint-N")
+                         + " (paritygate run --checkpoint N for another, --all for each)")
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")

@@ -244,8 +244,8 @@ def _bulk_level(abs_delta: np.ndarray) -> tuple[float, int]:
     k = max(1, math.floor(0.01 * n))
     if n <= k:
         return 0.0, k
-    ordered = np.sort(abs_delta)
-    return float(ordered[n - k - 1]), k
+    # The (n - k - 1)-th order statistic; a partial partition, not a full sort (O(n)).
+    return float(np.partition(abs_delta, n - k - 1)[n - k - 1]), k
 
 
 def _diagnose(

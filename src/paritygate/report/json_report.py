@@ -131,6 +131,7 @@ def report_json(
             "path": relative(checkpoint, config_path.parent, top),
             "path_abs": str(checkpoint.resolve()),
             "sha256": ctx.checkpoint_sha256,
+            **_trainer_record(gate.config),
         },
         "environment": {k: str(v) for k, v in environment().items()},
         "checks": [r.to_json() for r in explained],
@@ -138,3 +139,9 @@ def report_json(
     if not_run:
         data["not_run"] = list(not_run)
     return strict(data)
+
+
+def _trainer_record(config: Any) -> dict[str, Any]:
+    """``{"trainer": {...}}`` when the checkpoint came from a trainer's output folder."""
+    record = getattr(config, "trainer_checkpoint", None)
+    return {"trainer": record.to_json()} if record is not None else {}

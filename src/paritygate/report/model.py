@@ -83,11 +83,25 @@ class CheckRecord(_Strict):
     details: dict[str, Any]
 
 
+class TrainerRecord(_Strict):
+    """What the trainer's ``trainer_state.json`` and folder say about the checkpoint."""
+
+    output_dir: str | None = Field(description="the trainer output_dir it was picked from")
+    step: int | None = Field(description="global step (trainer_state.json, else checkpoint-N)")
+    step_source: str
+    epoch: float | None
+    trainer_files: list[str] = Field(description="trainer files present, never unpickled")
+    checkpoints: list[int] = Field(description="every checkpoint-N step of the output_dir")
+    chosen_by: str
+
+
 class CheckpointRecord(_Strict):
     path: str = Field(description="relative to the config's folder or the repository when "
                                   "inside one, else absolute")
     path_abs: str
     sha256: str
+    trainer: TrainerRecord | None = Field(
+        None, description="present when the checkpoint is a trainer's checkpoint-N folder")
 
 
 class Report(_Strict):

@@ -57,14 +57,15 @@ class TokenizerSpec(StrictModel):
     directory's own."""
 
 
-SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm"]
+SamplingFormat = Literal["auto", "trainer", "hf_generation_config", "vllm", "trl"]
 
 
 class SamplingFiles(StrictModel):
     """The trainer's sampling config and the serving one, plus accepted differences."""
 
     training: str
-    """YAML or JSON with the trainer's sampling fields."""
+    """YAML or JSON with the trainer's sampling fields, the trainer's own TRL config YAML (the
+    file ``trl grpo --config`` reads), or an HF ``generation_config.json``."""
     serving: str | None = None
     """The serving ``generation_config.json`` or a vLLM sampling-parameters YAML; default:
     ``serving.generation_config``, else ``generation_config.json`` of the served directory. A
@@ -75,6 +76,9 @@ class SamplingFiles(StrictModel):
     """``auto`` detects the format from the content (reported by ``sampling_config``)."""
     serving_format: SamplingFormat = "auto"
     allow: list[AllowEntry] = Field(default_factory=list)
+    strict: bool = False
+    """A TRL config's fields that change sampling but cannot be mapped (``generation_kwargs``
+    the gate does not model, guided decoding) are bad input (exit 2) instead of listed."""
 
 
 class ServingSpec(StrictModel):
@@ -133,6 +137,10 @@ class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
     model_dir: str
+    """An HF model directory, or a trainer ``output_dir`` of ``checkpoint-N`` folders."""
+    checkpoint: int | Literal["latest", "final"] | None = None
+    """With a trainer ``output_dir`` as ``model_dir``: the step N of ``checkpoint-N`` to gate,
+    ``latest`` (the default) or ``final`` (the model saved at the output_dir's top)."""
     training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
     serving: ServingSpec = ServingSpec()

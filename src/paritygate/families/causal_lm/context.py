@@ -460,6 +460,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
             config.resolve(getattr(spec.sampling, side)),
             trainer=side == "training",
             fmt=getattr(spec.sampling, f"{side}_format"),
+            strict=spec.sampling.strict,
             eos_text=tok.eos_token,
             eos_id=tok.eos_token_id,
             side_defaults={

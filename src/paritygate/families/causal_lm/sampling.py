@@ -176,6 +176,8 @@ class SamplingFile:
     """Every field name as written in the file."""
     default_sources: dict[str, str] = field(default_factory=dict)
     """Where a field the file does not state comes from (``dtype``: the config key)."""
+    not_compared_reasons: dict[str, str] = field(default_factory=dict)
+    """Why this file's fields are not compared, where the file's format says (a TRL config)."""
 
     def source(self, name: str) -> str:
         """Where ``name``'s value comes from: this file, or the setting that filled it in."""
@@ -189,10 +191,9 @@ class SamplingFile:
         """A configured format that the file's fields contradict (see format_contradiction)."""
         return format_contradiction(self)
 
-    @staticmethod
-    def not_compared_reason(name: str) -> str:
+    def not_compared_reason(self, name: str) -> str:
         """Why a known field is not compared."""
-        return NOT_COMPARED.get(name, "not modelled")
+        return self.not_compared_reasons.get(name) or NOT_COMPARED.get(name, "not modelled")
 
     @property
     def compared_fields(self) -> tuple[str, ...]:
@@ -322,13 +323,16 @@ def load_sampling_file(
     eos_text: str | None = None,
     eos_id: int | None = None,
     default_sources: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> SamplingFile:
     """Read one sampling config. ``side_defaults`` fills padding/truncation side and dtype
     from that side's tokenizer and model settings when the file does not state them.
 
     ``fmt`` is ``auto`` (detected from the content, see :func:`detect_format`) or one of
-    ``trainer``, ``hf_generation_config``, ``vllm``. An unknown field is an
-    :class:`InputError` naming it, in every format.
+    ``trainer``, ``hf_generation_config``, ``vllm``, ``trl`` (a TRL trainer config, training
+    side: :mod:`paritygate.families.causal_lm.trainer_config`; ``strict`` makes its
+    unmappable fields an error). An unknown field is an :class:`InputError` naming it, in
+    every format.
     """
     text = read_text(path, None, what="sampling config")
     try:
@@ -338,6 +342,13 @@ def load_sampling_file(
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")
+    import paritygate.families.causal_lm.trainer_config as trl
+
+    if fmt == "trl" or (fmt == "auto" and trainer and trl.is_trl_config(data)):
+        found = sorted(trl.TRL_MARKERS & set(data))[:3]
+        how = "configured" if fmt == "trl" else f"TRL trainer config (fields {found})"
+        return _load_trl(path, data, how, strict, side_defaults, eos_text, eos_id,
+                         dict(default_sources or {}))
     if fmt == "auto":
         fmt, detection = detect_format(data, trainer=trainer, suffix=path.suffix)
     else:
@@ -385,6 +396,44 @@ def load_sampling_file(
         path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
         dict(default_sources or {}),
     )
+
+
+def _load_trl(
+    path: Path,
+    data: dict[str, Any],
+    detection: str,
+    strict: bool,
+    side_defaults: dict[str, Any],
+    eos_text: str | None,
+    eos_id: int | None,
+    sources: dict[str, str],
+) -> SamplingFile:
+    """A TRL trainer config as the training side (format ``trl``; see
+    :mod:`paritygate.families.causal_lm.trainer_config` for the mapping)."""
+    import paritygate.families.causal_lm.trainer_config as trl
+
+    mapped, listed, reasons, notes = trl.map_trl_config(data, path, strict=strict)
+    values: dict[str, Any] = {
+        **TRAINER_DEFAULTS, **trl.TRL_DEFAULTS, **side_defaults,
+        "eos_token_id": [] if eos_id is None else [eos_id],
+    }
+    for name in trl.TRL_DEFAULTS:
+        sources.setdefault(name, "TRL's default")
+    explicit: set[str] = set()
+    for target, value in mapped.items():
+        try:
+            values[target] = _normalise(target, value, path)
+        except InputError as exc:
+            raw = next((k for k, v in trl.TRL_FIELDS.items() if v == target and k in data),
+                       target)
+            raise InputError(path, raw, exc.cause) from None
+        explicit.add(target)
+    if "do_sample" not in explicit:
+        values["do_sample"] = values["temperature"] > 0.0
+    if notes:
+        detection = f"{detection}; mapped: {', '.join(notes)}"
+    return SamplingFile(path, "trl", values, explicit, 0, detection, listed, eos_text, eos_id,
+                        set(data), sources, reasons)
 
 
 def format_contradiction(side: SamplingFile) -> str | None:
