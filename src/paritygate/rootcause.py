@@ -48,6 +48,10 @@ class Explanation:
     """Explained checks linked only when ``test(root, consequence)`` holds: decided from
     what the consequence measured (checks absent here are linked whenever they fail)."""
 
+    regressed: tuple[str, ...] = ()
+    """Metrics whose golden regression identifies the fault (a digest that changed between
+    checkpoints); an edge with these matches on them instead of on findings."""
+
     def links(self, root: CheckResult, consequence: CheckResult) -> bool:
         test = dict(self.only_if).get(consequence.id)
         return test is None or bool(test(root, consequence))
@@ -270,6 +274,31 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
                 "training and serving sample under different settings"),
+    # The RL loop's KL reference: its faults explain no other check, each kind names it.
+    Explanation("reference_parity", "reference_drift", (), (),
+                "the KL reference changed between two checkpoints of one policy",
+                fix="restore the frozen initial policy as the KL reference, then re-bless",
+                regressed=("reference_digest",)),
+    Explanation("reference_parity", "reference_is_policy", ("reference_is_policy",), (),
+                "the KL reference is the policy under test",
+                fix="point causal_lm.reference.model_dir at the frozen initial policy"),
+    Explanation("reference_parity", "reference_provenance",
+                ("reference_not_initial", "reference_precision_undeclared",
+                 "nonfinite_reference"), (),
+                "the KL reference is not the initial policy's tensors",
+                fix="load the KL reference from the initial policy's checkpoint (or declare "
+                    "its dtype: causal_lm.reference.dtype)"),
+    Explanation("reference_parity", "reference_logprobs",
+                ("reference_logprobs_shape", "reference_mask_ignored", "reference_pads_scored",
+                 "reference_logprobs_differ"), (),
+                "the trainer scores the KL reference differently from the gate's recompute",
+                fix="pass attention_mask and position_ids to the reference forward and zero "
+                    "pad targets"),
+    Explanation("reference_parity", "kl_estimator",
+                ("kl_estimator_shape", "kl_sign_flipped", "kl_arguments_swapped",
+                 "kl_estimator_wrong"), (),
+                "the trainer's KL estimator does not estimate KL(policy || reference)",
+                fix="per token, with r = logp_ref - logp: k3 = exp(r) - r - 1 (or k1 = -r)"),
 )
 
 
@@ -313,6 +342,8 @@ def _baseline_only(result: CheckResult) -> bool:
 def _matches(result: CheckResult, edge: Explanation) -> bool:
     """The root failed by one of the edge's finding kinds (any failed rule for ``None``)."""
     found = _findings(result)
+    if edge.regressed:
+        return any(r.kind == "regression" and r.metric in edge.regressed for r in found)
     if edge.finding_kinds is None:
         return bool(found) or not result.reasons
     return any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found)

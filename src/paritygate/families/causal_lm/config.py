@@ -121,6 +121,26 @@ class EngineSpec(StrictModel):
     """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
 
 
+class ReferenceSpec(StrictModel):
+    """The KL reference model of the RL loop (``reference_parity``)."""
+
+    model_dir: str
+    """The reference model's HF directory, as the trainer loads it."""
+    initial: str
+    """The initial policy the reference must equal: its HF directory, or a sha256 recorded at
+    the start of training (``sha256sum model.safetensors``, or the tensor digest
+    ``paritygate.families.causal_lm.reference:state_digest`` prints)."""
+    logprob_fn: str | None = None
+    """The trainer's reference log-prob function (default: ``training.logprob_fn``)."""
+    logprob_convention: Literal["auto", "model", "logits"] = "auto"
+    kl_estimator: str = "k3"
+    """``k1``, ``k2``, ``k3`` or ``module:callable`` with ``(logp, logp_ref, mask)`` returning
+    the per-token KL term (TRL GRPO: ``exp(ref - logp) - (ref - logp) - 1``)."""
+    dtype: Dtype | None = None
+    """The dtype the reference is stored in, when lower than the initial policy's (declared:
+    its tensors must be the initial ones cast exactly)."""
+
+
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -147,6 +167,8 @@ class CausalLMSpec(StrictModel):
     """generation_parity excuses a divergence only where the top-2 logit margin is below this."""
     generation_samples: int = Field(2, ge=1)
     """Sampled continuations per probe for ``logprob_delta``."""
+    reference: ReferenceSpec | None = None
+    """The KL reference model (``reference_parity``; skipped when absent)."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

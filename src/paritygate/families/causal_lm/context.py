@@ -28,6 +28,7 @@ from paritygate.provenance import sha256_file, sha256_files
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.precision.subject import PrecisionSubject
 
 
@@ -57,6 +58,8 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
+    kl_reference: ReferenceSetup | None = None
+    """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -451,6 +454,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
         cfg,
         fn_key,
     )
+    from paritygate.families.causal_lm.reference import load_reference
+
+    kl_reference = load_reference(config, spec, model_dir, training_tok)
     return LMContext(
         config=config,
         spec=spec,
@@ -467,6 +473,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         logprob_fn=logprob_fn,
         served_from=served_from,
         declared_dtype=declared,
+        kl_reference=kl_reference,
     )
 
 
