@@ -167,6 +167,8 @@ CLEAN: tuple[Case, ...] = (
     Case("initial_as_sha256sum", _initial_sha, None),
     Case("initial_as_tensor_digest", _initial_digest, None),
     Case("reference_bf16_declared", _reference(model_dir="bf16", dtype="bfloat16"), None),
+    Case("reference_bf16_declared_trl", _reference(model_dir="bf16", dtype="bfloat16",
+                                                   logprob_fn="trainer_logprobs:trl_grpo"), None),
 )
 
 
@@ -239,6 +241,28 @@ def test_root_cause_kinds(kl_models: Models, tmp_path: Path) -> None:
             "reference_parity", golden=False)
         _, root = explain([result])
         assert root is not None and root.kind == kind, (name, root)
+
+
+def test_cli_exits_2_with_one_line_on_a_bad_reference(kl_models: Models, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = _config(kl_models, tmp_path, _reference(kl_estimator="trainer_kl:kl_two_args"), "kl")
+    path = tmp_path / "bad.yaml"
+    data = config.model_dump(exclude_none=True)
+    data["python_path"] = [str(Path(__file__).parent)]
+    path.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k not in ("PARITYGATE_CONFIG", "CI")}
+    proc = subprocess.run([sys.executable, "-m", "paritygate", "run", str(path)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "causal_lm.reference.kl_estimator" in lines[0]
+    assert "reference_parity" not in proc.stdout  # stopped before any check ran
 
 
 def test_skipped_without_a_reference_block(demo_lm: Path, tmp_path: Path) -> None:

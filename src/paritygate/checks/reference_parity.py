@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -42,6 +42,11 @@ DEFAULTS: dict[str, float] = {
     # the error is fp32 rounding of a sum over the vocabulary (~1e-7); 1e-4 as above.
     "kl_estimator_max_abs": 1e-4,
 }
+
+LOGPROB_METRIC = "reference_logprobs_max_abs"
+"""Judged by the declared reference dtype's tier (``<dtype>/<dtype>``'s ``delta_max_abs``)
+when the reference runs in a lower precision: two functions over one bf16 forward differ by
+that forward's rounding where they lay out positions differently."""
 
 FORM_TOLERANCE = 1e-4
 """Probability-weighted mean abs difference under which an estimator is taken to be a form."""
@@ -134,7 +139,7 @@ def _provenance(
                "initial policy's full-precision tensors")
 
 
-def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     import torch
 
     from paritygate.families.causal_lm.logprobs import (
@@ -178,7 +183,14 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                  threshold=thresholds["reference_logprobs_max_abs"])
     else:
         out = setup.logprob_fn(ref_model, ids, mask, mode="raw")
-        _judge_logprobs(m, out, gate_lp, ids, mask, keep, ref_model, thresholds)
+        limits = dict(thresholds)
+        if setup.dtype not in (None, "float32") and not thresholds.is_set(LOGPROB_METRIC):
+            from paritygate.metrics.tiers import tier_for
+
+            tier, bounds = tier_for(setup.dtype, setup.dtype)
+            limits[LOGPROB_METRIC] = bounds["delta_max_abs"]
+            m.details["reference_tier"] = tier
+        _judge_logprobs(m, out, gate_lp, ids, mask, keep, ref_model, limits)
 
     # -- exact KL(policy || reference) per token and the estimator --------------------------
     logp_all = torch.log_softmax(pol_logits[:, :-1], dim=-1)[keep]  # (N, V)
