@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from paritygate.config_base import StrictModel
 
@@ -141,6 +141,58 @@ class ReferenceSpec(StrictModel):
     its tensors must be the initial ones cast exactly)."""
 
 
+class RewardScoring(StrictModel):
+    """How one side feeds the reward model: layout, length limit and what it is shown."""
+
+    padding_side: Literal["left", "right"] | None = None
+    """Default: the reward tokenizer's."""
+    max_length: int | None = Field(None, ge=1)
+    """Tokens kept per scored text (default: all)."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end ``max_length`` cuts (default: the reward tokenizer's)."""
+    scored_span: Literal["prompt_completion", "completion"] = "prompt_completion"
+    """What the reward model is shown: the prompt and the completion, or the completion only."""
+    chat_template: bool = False
+    """Render ``[user: prompt, assistant: completion]`` with the reward tokenizer's template."""
+    append_eos: bool = True
+    """Append the EOS token to the text (TRL's ``RewardTrainer`` does)."""
+    batch_size: int = Field(8, ge=1)
+
+
+class RewardSpec(StrictModel):
+    """The reward of the RL loop (``reward_parity``): a reward model and/or a reward function."""
+
+    model_dir: str | None = None
+    """HF ``AutoModelForSequenceClassification`` directory with one label (TRL ``RewardTrainer``
+    output): the copy that scores at evaluation or serving."""
+    trained_dir: str | None = None
+    """The reward model as training used it (default: ``model_dir``): the scoring copy's
+    tensors must be its tensors."""
+    tokenizer: str | None = None
+    """The reward model's tokenizer (default: ``model_dir``)."""
+    dtype: Dtype | None = None
+    """The dtype the scoring copy is stored and run in, when lower than the trained one's."""
+    training: RewardScoring = RewardScoring()
+    """How training scored its samples."""
+    serving: RewardScoring | None = None
+    """How evaluation or serving scores (default: as training)."""
+    function: str | None = None
+    """``module:callable(prompts, completions, **kwargs) -> list[float]``: a reward function
+    as GRPO trainers take it."""
+    completions: str | None = None
+    """JSONL, one ``{"prompt", "completion"}`` per line (a rollout dump); default: each text
+    probe split in two at a word boundary."""
+    length_slope_max: float | None = Field(None, ge=0)
+    """Fail when the score grows faster than this per completion token on length variants
+    (default: reported, not judged)."""
+
+    @model_validator(mode="after")
+    def _something_to_score(self) -> RewardSpec:
+        if self.model_dir is None and self.function is None:
+            raise ValueError("a reward block needs model_dir, function or both")
+        return self
+
+
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -169,6 +221,8 @@ class CausalLMSpec(StrictModel):
     """Sampled continuations per probe for ``logprob_delta``."""
     reference: ReferenceSpec | None = None
     """The KL reference model (``reference_parity``; skipped when absent)."""
+    reward: RewardSpec | None = None
+    """The reward model and/or function (``reward_parity``; skipped when absent)."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

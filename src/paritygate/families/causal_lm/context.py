@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
+    from paritygate.families.causal_lm.reward import RewardSetup
     from paritygate.precision.subject import PrecisionSubject
 
 
@@ -60,6 +61,8 @@ class LMContext:
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
     kl_reference: ReferenceSetup | None = None
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
+    reward: RewardSetup | None = None
+    """The validated ``causal_lm.reward`` block (``reward_parity``), ``None`` when absent."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -457,6 +460,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     from paritygate.families.causal_lm.reference import load_reference
 
     kl_reference = load_reference(config, spec, model_dir, training_tok)
+    from paritygate.families.causal_lm.reward import load_reward
+
+    reward = load_reward(config, spec, probes)
     return LMContext(
         config=config,
         spec=spec,
@@ -474,6 +480,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         served_from=served_from,
         declared_dtype=declared,
         kl_reference=kl_reference,
+        reward=reward,
     )
 
 

@@ -1,0 +1,379 @@
+"""The reward of the RL loop (``causal_lm.reward``): its inputs, validated once, and scoring.
+
+A reward model is an HF ``AutoModelForSequenceClassification`` with one label, as TRL's
+``RewardTrainer`` writes it; its score for a sequence is its head's output at one position,
+which transformers picks as the rightmost token that is not ``config.pad_token_id`` (batches
+need a pad id). This module validates the block before any check runs (a sequence
+classifier, one label, a tokenizer, a reward function that takes ``(prompts, completions)``),
+encodes (prompt, completion) samples the way one side scores them, and scores them while
+recording the head's output at every position, so ``reward_parity`` can say where the score
+was read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from paritygate.errors import InputError, keyed
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.config import CausalLMSpec, RewardScoring
+    from paritygate.families.causal_lm.probes import Probe
+
+KEY = "causal_lm.reward"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scored (prompt, completion) pair."""
+
+    id: str
+    prompt: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One side's scoring settings, defaults resolved from the reward tokenizer."""
+
+    padding_side: str
+    max_length: int | None
+    truncation_side: str
+    scored_span: str
+    chat_template: bool
+    append_eos: bool
+    batch_size: int
+
+    def differences(self, other: Layout) -> list[str]:
+        """The fields (other than ``batch_size``) where ``other`` differs from this one."""
+        names = ("padding_side", "max_length", "truncation_side", "scored_span",
+                 "chat_template", "append_eos")
+        return [n for n in names if getattr(self, n) != getattr(other, n)]
+
+
+@dataclass
+class Encoded:
+    """Token ids of every sample under one layout, and how many were cut to ``max_length``."""
+
+    seqs: list[list[int]]
+    cut: list[bool]
+    full_lengths: list[int]
+
+
+@dataclass
+class Scores:
+    """A batched scoring pass: the model's own scores and, per row, the position it read and
+    the last real token (``-1`` where the head's per-position outputs were not observed)."""
+
+    scores: list[float]
+    read_at: list[int]
+    last_real: list[int]
+    read_pad: list[bool]
+    error: str | None = None
+
+
+@dataclass
+class RewardSetup:
+    """The validated ``causal_lm.reward`` block."""
+
+    model_dir: Path | None
+    trained_dir: Path | None
+    tokenizer: Any
+    dtype: str | None
+    training: Layout | None
+    serving: Layout | None
+    function: Callable[..., Any] | None
+    function_name: str | None
+    samples: list[Sample]
+    config_pad_token_id: int | None = None
+    trust_remote_code: bool = False
+    _models: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def model(self, which: str) -> Any:
+        """``serving`` (the scoring copy, in its declared dtype) or ``trained`` (float32)."""
+        if which not in self._models:
+            directory = self.model_dir if which == "serving" else self.trained_dir
+            assert directory is not None
+            if which == "trained" and self.trained_dir == self.model_dir and self.dtype is None:
+                self._models[which] = self.model("serving")
+            else:
+                dtype = (self.dtype or "float32") if which == "serving" else "float32"
+                key = f"{KEY}.model_dir" if which == "serving" else f"{KEY}.trained_dir"
+                with keyed(key):
+                    self._models[which] = load_reward_model(directory, dtype,
+                                                            self.trust_remote_code)
+        return self._models[which]
+
+    def encode(self, layout: Layout, samples: list[Sample] | None = None) -> Encoded:
+        """Token ids of ``samples`` (default: all) as ``layout`` feeds the reward model."""
+        tok = self.tokenizer
+        seqs, cut, full = [], [], []
+        for s in self.samples if samples is None else samples:
+            ids = _encode_text(tok, s, layout)
+            full.append(len(ids))
+            if layout.max_length is not None and len(ids) > layout.max_length:
+                n = layout.max_length
+                ids = ids[len(ids) - n:] if layout.truncation_side == "left" else ids[:n]
+                cut.append(True)
+            else:
+                cut.append(False)
+            seqs.append(ids)
+        return Encoded(seqs, cut, full)
+
+
+def _encode_text(tok: Any, s: Sample, layout: Layout) -> list[int]:
+    completion = s.completion + (tok.eos_token or "" if layout.append_eos else "")
+    if layout.chat_template:
+        messages = [{"role": "assistant", "content": completion}]
+        if layout.scored_span == "prompt_completion":
+            messages.insert(0, {"role": "user", "content": s.prompt})
+        text = tok.apply_chat_template(messages, tokenize=False)
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    text = completion if layout.scored_span == "completion" else s.prompt + completion
+    return list(tok(text)["input_ids"])
+
+
+def load_reward_model(directory: Path, dtype: str, trust_remote_code: bool) -> Any:
+    """An HF sequence-classification model in eval mode, from safetensors only."""
+    from transformers import AutoModelForSequenceClassification
+
+    from paritygate.engines.hf_loading import quiet_transformers, torch_dtype
+
+    try:
+        with quiet_transformers():
+            model = AutoModelForSequenceClassification.from_pretrained(
+                directory, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code,
+                use_safetensors=True)
+    except Exception as exc:
+        raise InputError(directory, "model", f"cannot load reward model: {exc}") from None
+    return model.eval()
+
+
+def head_module(model: Any) -> Any:
+    """The module that maps hidden states to the per-position score (``score`` in
+    transformers' decoder classifiers, ``classifier`` in others); ``None`` when absent."""
+    for name in ("score", "classifier"):
+        module = getattr(model, name, None)
+        if module is not None and hasattr(module, "register_forward_hook"):
+            return module
+    return None
+
+
+def pad(seqs: list[list[int]], pad_id: int, side: str, extra: int = 0) -> tuple[Any, Any]:
+    """``(ids, mask)`` ``(B, T)``, padded on ``side`` (``extra`` more pads on every row)."""
+    import torch
+
+    width = max(len(s) for s in seqs) + extra
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        lo = width - len(s) if side == "left" else 0
+        ids[i, lo: lo + len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, lo: lo + len(s)] = 1
+    return ids, mask
+
+
+def score(model: Any, seqs: list[list[int]], pad_id: int, side: str, batch_size: int,
+          extra: int = 0) -> Scores:
+    """Score ``seqs`` in batches padded on ``side`` through the model's own forward (input ids
+    and attention mask, as trainers call it), recording where each score was read."""
+    import torch
+
+    head = head_module(model)
+    out = Scores([], [], [], [])
+    seen: dict[str, Any] = {}
+
+    def keep(module: Any, args: Any, result: Any) -> None:
+        seen["per_position"] = result  # (B, T, 1): the head at every position
+
+    for lo in range(0, len(seqs), batch_size):
+        chunk = seqs[lo: lo + batch_size]
+        ids, mask = pad(chunk, pad_id, side, extra)
+        seen.clear()
+        handle = head.register_forward_hook(keep) if head is not None else None
+        try:
+            with torch.inference_mode():
+                pooled = model(input_ids=ids, attention_mask=mask).logits  # (B, 1)
+        except (ValueError, IndexError, RuntimeError) as exc:
+            out.error = f"{type(exc).__name__}: {exc}"
+            return out
+        finally:
+            if handle is not None:
+                handle.remove()
+        pooled = pooled.float()[:, 0]  # (B,)
+        per_position = seen.get("per_position")
+        for row in range(len(chunk)):
+            real = mask[row].nonzero().flatten()
+            last = int(real[-1])
+            out.scores.append(float(pooled[row]))
+            out.last_real.append(last)
+            if per_position is None:
+                out.read_at.append(-1)
+                out.read_pad.append(False)
+                continue
+            hits = (per_position[row, :, 0].float() == pooled[row]).nonzero().flatten()
+            at = int(hits[-1]) if len(hits) else -1
+            out.read_at.append(at)
+            out.read_pad.append(at >= 0 and int(mask[row, at]) == 0)
+    return out
+
+
+def _config_json(directory: Path, key: str) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise InputError(path, key, "not an HF model directory (no config.json)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(path, key, f"unreadable config.json: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, key, "config.json is not a mapping")
+    return data
+
+
+def _check_classifier(config: GateConfig, directory: Path, key: str) -> dict[str, Any]:
+    """A sequence classifier with exactly one label (a scalar reward)."""
+    from paritygate.engines.hf_loading import check_model_dir
+
+    data = _config_json(directory, key)
+    archs = data.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        raise InputError(directory / "config.json", key,
+                         f"architectures {archs} is not a sequence-classification model "
+                         "(AutoModelForSequenceClassification, as TRL's RewardTrainer saves it)")
+    labels = data.get("id2label")
+    n = len(labels) if isinstance(labels, dict) else data.get("num_labels", 2)
+    if n != 1:
+        raise InputError(directory / "config.json", key,
+                         f"num_labels is {n}: a reward model has one label (a scalar score)")
+    with keyed(key):
+        check_model_dir(directory, trust_remote_code=config.trust_remote_code)
+    return data
+
+
+def _layout(scoring: RewardScoring, tok: Any) -> Layout:
+    return Layout(
+        padding_side=scoring.padding_side or tok.padding_side,
+        max_length=scoring.max_length,
+        truncation_side=scoring.truncation_side or tok.truncation_side,
+        scored_span=scoring.scored_span,
+        chat_template=scoring.chat_template,
+        append_eos=scoring.append_eos,
+        batch_size=scoring.batch_size,
+    )
+
+
+def _function(config: GateConfig, name: str) -> Callable[..., Any]:
+    from paritygate.imports import guard_user_code, import_callable
+
+    key = f"{KEY}.function"
+    fn = import_callable(name, config.path, key)
+    try:
+        inspect.signature(fn).bind(prompts=[], completions=[])
+    except TypeError:
+        raise InputError(config.path, key,
+                         f"{name} takes {inspect.signature(fn)}; expected (prompts, "
+                         "completions, **kwargs) returning one float per completion") from None
+    except ValueError:
+        pass
+    guarded: Callable[..., Any] = guard_user_code(fn, config.path, key)
+    return guarded
+
+
+def split_probe(probe: Probe) -> Sample | None:
+    """A text probe split in two at the word boundary nearest its middle (``None`` for a chat
+    or a text of fewer than two words)."""
+    text = probe.text
+    if not text or probe.is_chat:
+        return None
+    words = text.split(" ")
+    if len(words) < 2:
+        return None
+    half = len(words) // 2
+    return Sample(probe.id, " ".join(words[:half]), " " + " ".join(words[half:]))
+
+
+def _read_completions(config: GateConfig, value: str) -> list[Sample]:
+    path = config.resolve(value)
+    key = f"{KEY}.completions"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise InputError(path, key, f"cannot read: {exc}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise InputError(path, f"{key}: line {n}", f"not JSON: {exc}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)
+                and isinstance(row.get("completion"), str)):
+            raise InputError(path, f"{key}: line {n}",
+                             'expected {"prompt": str, "completion": str}')
+        out.append(Sample(str(row.get("id", n)), row["prompt"], row["completion"]))
+    if not out:
+        raise InputError(path, key, "no completions")
+    return out
+
+
+def load_reward(
+    config: GateConfig, spec: CausalLMSpec, probes: list[Probe]
+) -> RewardSetup | None:
+    """Validate ``causal_lm.reward`` (``None`` when absent); raises :class:`InputError` naming
+    the key of the first bad input."""
+    from paritygate.families.causal_lm.tokenizer import load_tokenizer
+
+    block = spec.reward
+    if block is None:
+        return None
+    model_dir = trained_dir = None
+    tok = None
+    pad_id: int | None = None
+    if block.model_dir is not None:
+        model_dir = config.resolve(block.model_dir)
+        data = _check_classifier(config, model_dir, f"{KEY}.model_dir")
+        pad_id = data.get("pad_token_id")
+        trained_dir = model_dir
+        if block.trained_dir is not None:
+            trained_dir = config.resolve(block.trained_dir)
+            trained = _check_classifier(config, trained_dir, f"{KEY}.trained_dir")
+            for name in ("model_type", "architectures", "hidden_size", "num_hidden_layers"):
+                if trained.get(name) != data.get(name):
+                    raise InputError(config.path, f"{KEY}.trained_dir",
+                                     f"{name} {trained.get(name)!r} differs from the scoring "
+                                     f"copy's {data.get(name)!r}")
+        tok_dir = config.resolve(block.tokenizer) if block.tokenizer else model_dir
+        with keyed(f"{KEY}.tokenizer" if block.tokenizer else f"{KEY}.model_dir"):
+            tok = load_tokenizer(tok_dir, trust_remote_code=config.trust_remote_code)
+        for side in ("training", "serving"):
+            scoring = getattr(block, side) or block.training
+            if scoring.chat_template and not getattr(tok, "chat_template", None):
+                raise InputError(config.path, f"{KEY}.{side}.chat_template",
+                                 "the reward tokenizer has no chat template")
+    samples = (_read_completions(config, block.completions) if block.completions
+               else [s for p in probes if (s := split_probe(p)) is not None])
+    if not samples:
+        raise InputError(config.path, KEY,
+                         "no (prompt, completion) to score: no text probe has two words; "
+                         "give causal_lm.reward.completions")
+    return RewardSetup(
+        model_dir=model_dir,
+        trained_dir=trained_dir,
+        tokenizer=tok,
+        dtype=block.dtype,
+        training=_layout(block.training, tok) if tok is not None else None,
+        serving=_layout(block.serving or block.training, tok) if tok is not None else None,
+        function=_function(config, block.function) if block.function else None,
+        function_name=block.function,
+        samples=samples,
+        config_pad_token_id=pad_id,
+        trust_remote_code=config.trust_remote_code,
+    )
