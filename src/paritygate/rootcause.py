@@ -274,7 +274,28 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
                 "training and serving sample under different settings"),
-    # The RL loop's KL reference: its faults explain no other check, each kind names it.
+    # The RL loop's reward and KL reference: their faults explain no other check; each kind
+    # names what is wrong with them.
+    Explanation("reward_parity", "reward_provenance",
+                ("stale_reward_model", "reward_precision_undeclared"), (),
+                "the scoring reward model is not the trained one's tensors",
+                fix="score with the trained reward model's checkpoint (or declare its dtype: "
+                    "causal_lm.reward.dtype)"),
+    Explanation("reward_parity", "reward_read_position",
+                ("pad_token_missing", "score_read_at_pad"), (),
+                "the reward model reads its score at a pad, not the last real token",
+                fix="save the reward model with config.pad_token_id = the tokenizer's pad id"),
+    Explanation("reward_parity", "reward_scoring_layout",
+                ("padding_side_differs", "truncation_differs", "scored_span_differs",
+                 "chat_template_differs", "eos_differs"), (),
+                "serving feeds the reward model other text than training scored",
+                fix="score at serving with training's padding side, max length, truncation "
+                    "side, span, chat template and EOS"),
+    Explanation("reward_parity", "reward_invariance", ("padding_variance", "batch_variance"), (),
+                "the reward depends on the padding or the batch it is scored in"),
+    Explanation("reward_parity", "reward_length", ("length_slope",), (),
+                "the reward grows with completion length",
+                fix="read the score at the last real token, not pooled over positions"),
     Explanation("reference_parity", "reference_drift", (), (),
                 "the KL reference changed between two checkpoints of one policy",
                 fix="restore the frozen initial policy as the KL reference, then re-bless",

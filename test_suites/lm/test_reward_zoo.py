@@ -317,3 +317,17 @@ def test_empty_reward_block_is_a_config_error(demo_lm: Path, tmp_path: Path) -> 
     with pytest.raises((InputError, ValidationError)) as err:
         config_from_dict(data, tmp_path / "gate.yaml")
     assert "causal_lm.reward" in str(err.value)
+
+
+def test_root_cause_kinds(rewards: Rewards, tmp_path: Path) -> None:
+    from paritygate.rootcause import explain
+
+    expected = {"right_padding": "reward_read_position", "prompt_scored": "reward_scoring_layout",
+                "stale_reward_model": "reward_provenance", "token_sum_head": "reward_length",
+                "batch_normalised_function": "reward_invariance"}
+    for name, kind in expected.items():
+        case = next(c for c in FAULTS if c.name == name)
+        result = _gate(rewards, tmp_path / name, case.patch).evaluate("reward_parity",
+                                                                       golden=False)
+        _, root = explain([result])
+        assert root is not None and root.kind == kind, (name, root)
