@@ -396,10 +396,14 @@ def write_config(
     out: Path | None = None,
     artifact: Path | None = None,
     name: str | None = None,
+    reward_model: Path | None = None,
+    reference: Path | None = None,
 ) -> WrittenConfig:
     """Inspect ``source`` (a checkpoint file or an HF model directory) and write a config.
 
-    Never overwrites: an existing ``out`` is an :class:`InputError`.
+    For a causal LM, ``reward_model`` and ``reference`` (or directories found beside it) fill
+    the ``reward`` and ``reference`` blocks. Never overwrites: an existing ``out`` is an
+    :class:`InputError`.
     """
     source = Path(source)
     if not source.exists():
@@ -415,6 +419,14 @@ def write_config(
 
         text, family = hf_dir_text(source, target, gate, name_note)
         notes.append(f"family {family}")
+        if family.startswith("causal_lm"):
+            from paritygate.init_rl import rl_loop_lines
+
+            rl_lines, rl_notes = rl_loop_lines(source, target.parent, reward_model, reference)
+            if rl_lines:
+                head, sep, tail = text.partition("\ngolden:")
+                text = head + "\n" + "\n".join(rl_lines) + sep + tail
+            notes += rl_notes
     else:
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")
