@@ -192,10 +192,11 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                "model.config.pad_token_id = tokenizer.pad_token_id before saving")
         return
     enc_t, enc_s = setup.encode(train), setup.encode(serve)
-    res_t = score(setup.model("trained"), enc_t.seqs, pad_id, train.padding_side,
-                  train.batch_size)
     res_s = score(setup.model("serving"), enc_s.seqs, pad_id, serve.padding_side,
                   serve.batch_size)
+    same = train == serve and setup.model("trained") is setup.model("serving")
+    res_t = res_s if same else score(setup.model("trained"), enc_t.seqs, pad_id,
+                                     train.padding_side, train.batch_size)
     for side, res in (("training", res_t), ("serving", res_s)):
         if res.error is not None:
             m.fail("scoring_failed", f"{side} scoring raised {res.error}")
