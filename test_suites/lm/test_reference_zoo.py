@@ -330,3 +330,14 @@ def test_bad_reference_input_names_the_key(
     assert err.value.key == key, err.value.line()
     assert words in err.value.line()
     assert "\n" not in err.value.line()
+
+
+def test_report_names_the_form_and_the_tensors(kl_models: Models, tmp_path: Path) -> None:
+    from paritygate.report import write_reports
+
+    case = next(c for c in FAULTS if c.name == "reference_other_step")
+    gate = Gate(_config(kl_models, tmp_path, case.patch, "kl"))
+    write_reports(gate, [gate.evaluate("reference_parity", golden=False)], tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "| recognised form | k3 |" in md
+    assert "differs from initial: " in md

@@ -331,3 +331,17 @@ def test_root_cause_kinds(rewards: Rewards, tmp_path: Path) -> None:
                                                                        golden=False)
         _, root = explain([result])
         assert root is not None and root.kind == kind, (name, root)
+
+
+def test_report_lists_the_samples_that_moved(rewards: Rewards, tmp_path: Path) -> None:
+    from paritygate.report import write_reports
+
+    case = next(c for c in FAULTS if c.name == "right_padding")
+    gate = _gate(rewards, tmp_path, case.patch)
+    results = [gate.evaluate("reward_parity", golden=False)]
+    write_reports(gate, results, tmp_path / "report")
+    md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    html = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
+    assert "reward_parity: samples" in md and "| sample | training score |" in md
+    assert "<h3>reward_parity: samples</h3>" in html
+    assert md.count("| yes |") == min(12, results[0].metrics["read_at_pad"])  # 12 rows shown

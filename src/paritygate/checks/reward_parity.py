@@ -21,10 +21,11 @@ batch invariance and length slope.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec, Thresholds
-from paritygate.result import Measurement
+from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
@@ -214,6 +215,11 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
     m.metric("samples_affected", len(affected), threshold=limits["samples_affected"], key=True)
     changed = train.differences(serve)
     m.details["layout"] = {"training": train.__dict__, "serving": serve.__dict__}
+    m.details["samples"] = [
+        {"id": sample.id, "training": t, "serving": v, "moved": abs(v - t),
+         "cut": ("serving" if cs else "") + (" training" if ct else ""), "read_at_pad": p}
+        for sample, t, v, cs, ct, p in zip(setup.samples, res_t.scores, res_s.scores,
+                                           enc_s.cut, enc_t.cut, res_s.read_pad, strict=True)]
     if affected:
         named = False
         for name in changed:
@@ -350,6 +356,18 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
+def render(result: CheckResult, report_dir: Path) -> Rendered:
+    """The samples whose serving score moved most (or all, when none moved), for the report."""
+    from paritygate.report.fragments import table
+
+    rows = sorted(result.details.get("samples") or [], key=lambda r: -float(r["moved"]))[:12]
+    cells = [[str(r["id"]), f"{r['training']:.4g}", f"{r['serving']:.4g}", f"{r['moved']:.3g}",
+              r["cut"].strip() or "-", "yes" if r["read_at_pad"] else "-"] for r in rows]
+    header = ["sample", "training score", "serving score", "moved", "cut by", "read at a pad"]
+    return table("reward_parity: samples", header, cells,
+                 note="the samples whose serving score moved most")
+
+
 CHECK = CheckSpec(
     id="reward_parity",
     summary="reward: scored at serving as in training (padding, truncation, span, dtype, "
@@ -357,6 +375,7 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
+    render=render,
     kinds=("stale_reward_model", "reward_precision_undeclared", "pad_token_missing",
            "scoring_failed", "nonfinite_reward", "score_read_at_pad", "padding_side_differs",
            "truncation_differs", "scored_span_differs", "chat_template_differs", "eos_differs",
