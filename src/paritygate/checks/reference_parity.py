@@ -53,17 +53,6 @@ FORM_TOLERANCE = 1e-4
 """Probability-weighted mean abs difference under which an estimator is taken to be a form."""
 
 
-def _forms(lp: Any, lq: Any) -> dict[str, Any]:
-    """Per-vocabulary-entry values of each known estimator form and its faulty twins."""
-    from paritygate.families.causal_lm.reference import k1, k2, k3
-
-    return {
-        "k3": k3(lp, lq), "k1": k1(lp, lq), "k2": k2(lp, lq),
-        "-k1": -k1(lp, lq), "-k3": -k3(lp, lq), "-k2": -k2(lp, lq),
-        "k3_swapped": k3(lq, lp),
-    }
-
-
 def _weighted_gap(p: Any, est: Any, form: Any) -> float:
     """max over positions of sum_v p(v) |est(v) - form(v)| (equal entries count 0, infs too)."""
     import torch
@@ -76,16 +65,13 @@ def _provenance(
     m: Measurement, ctx: LMContext, setup: ReferenceSetup, thresholds: Mapping[str, float]
 ) -> None:
     """Tensors vs the initial policy (or its recorded sha256), and the reference's digest."""
-    from paritygate.families.causal_lm.reference import state_digest
-    from paritygate.families.causal_lm.weights import compare_states
-
     state = setup.state()
-    digest = state_digest(state)
+    digest = setup.digest(state)
     m.metric("reference_digest", int(digest[:13], 16), bad="change")
     m.details["reference_digest_sha256"] = digest
     m.details["reference_files_sha256"] = setup.files_sha256
-    initial = setup.initial_state()
-    if initial is None:
+    diff = setup.compare_with_initial(state, list(ctx.spec.training_only_heads))
+    if diff is None:
         same = setup.initial_sha256 in (digest, setup.files_sha256)
         m.metric("tensors_differ_from_initial", 0 if same else len(state),
                  threshold=thresholds["tensors_differ_from_initial"])
@@ -96,7 +82,6 @@ def _provenance(
                    f"{str(setup.initial_sha256)[:12]}: a reference from another step",
                    metric="tensors_differ_from_initial")
         return
-    diff = compare_states(initial, state, list(ctx.spec.training_only_heads))
     declared = setup.dtype
     lowered = sorted(diff.served_dtypes())
     differ = (len(diff.missing) + len(diff.extra) + len(diff.shape) + len(diff.value_diffs)
@@ -143,13 +128,6 @@ def _provenance(
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     import torch
 
-    from paritygate.families.causal_lm.logprobs import (
-        logprobs_from_logits,
-        model_logits,
-        target_mask,
-    )
-    from paritygate.families.causal_lm.reference import rl_layout
-
     m = Measurement("reference_parity")
     setup = ctx.kl_reference
     if setup is None:
@@ -163,18 +141,19 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     tok = ctx.training_tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = tok.eos_token_id if tok.eos_token_id is not None else pad
-    ids, mask = rl_layout(seqs, pad, eos)  # (B, T)
-    keep = target_mask(mask)  # (B, T-1)
+    helpers = ctx.logprob_variants()
+    ids, mask = setup.rl_layout(seqs, pad, eos)  # (B, T)
+    keep = helpers.target_mask(mask)  # (B, T-1)
     ref_model = setup.model()
-    ref_logits = model_logits(ref_model, ids, mask)  # (B, T, V)
-    pol_logits = model_logits(ctx.reference_model(), ids, mask)  # (B, T, V)
+    ref_logits = helpers.model_logits(ref_model, ids, mask)  # (B, T, V)
+    pol_logits = helpers.model_logits(ctx.reference_model(), ids, mask)  # (B, T, V)
     nonfinite = [side for side, logits in (("reference", ref_logits), ("policy", pol_logits))
                  if not bool(torch.isfinite(logits[:, :-1][keep]).all())]
     if nonfinite:
         m.fail("nonfinite_reference", f"non-finite logits from the {' and '.join(nonfinite)} "
                "model: no KL can be measured")
         return m
-    gate_lp = logprobs_from_logits(ref_logits, ids, mask)  # (B, T-1)
+    gate_lp = helpers.logprobs_from_logits(ref_logits, ids, mask)  # (B, T-1)
 
     # -- the trainer's reference log-probs vs the gate's recompute --------------------------
     m.details["logprob_fn"] = setup.logprob_fn_name
@@ -191,7 +170,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
             tier, bounds = tier_for(setup.dtype, setup.dtype)
             limits[LOGPROB_METRIC] = bounds["delta_max_abs"]
             m.details["reference_tier"] = tier
-        _judge_logprobs(m, out, gate_lp, ids, mask, keep, ref_model, limits)
+        _judge_logprobs(m, setup, out, gate_lp, ids, mask, keep, limits)
 
     # -- exact KL(policy || reference) per token and the estimator --------------------------
     logp_all = torch.log_softmax(pol_logits[:, :-1], dim=-1)[keep]  # (N, V)
@@ -222,13 +201,11 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 
 
 def _judge_logprobs(
-    m: Measurement, out: Any, gate_lp: Any, ids: Any, mask: Any, keep: Any, model: Any,
-    thresholds: Mapping[str, float],
+    m: Measurement, setup: ReferenceSetup, out: Any, gate_lp: Any, ids: Any, mask: Any,
+    keep: Any, thresholds: Mapping[str, float],
 ) -> None:
     """The trainer's reference log-probs against the gate's; an unmasked forward is named."""
     import torch
-
-    from paritygate.families.causal_lm.reference import maskless_logprobs
 
     expected = tuple(gate_lp.shape)
     if not hasattr(out, "shape") or tuple(out.shape) != expected:
@@ -249,8 +226,8 @@ def _judge_logprobs(
     if err <= thresholds["reference_logprobs_max_abs"] and not pads:
         return
     with torch.inference_mode():
-        bare = model(input_ids=ids).logits.float()  # (B, T, V): no mask, no positions
-    alt = float((out - maskless_logprobs(bare, ids))[mask[:, 1:] == 1].abs().max())
+        bare = setup.model()(input_ids=ids).logits.float()  # (B, T, V): no mask, no positions
+    alt = float((out - setup.maskless_logprobs(bare, ids))[mask[:, 1:] == 1].abs().max())
     if alt * 10 < max(err, 1e-12) or (pads and alt <= thresholds["reference_logprobs_max_abs"]):
         m.fail("reference_mask_ignored",
                f"reference log-probs computed without the attention mask: left pads are "
@@ -284,7 +261,8 @@ def _judge_estimator(
                "log-probs: it must return the per-token KL term, one per input entry")
         return
     est = est.float()
-    gaps = {name: _weighted_gap(p, est, form) for name, form in _forms(lp, lq).items()}
+    forms = setup.estimator_forms(lp, lq)  # name -> (N, V)
+    gaps = {name: _weighted_gap(p, est, form) for name, form in forms.items()}
     nearest = min(gaps, key=lambda k: gaps[k])
     form = nearest if gaps[nearest] <= FORM_TOLERANCE else None
     m.details["kl_form"] = form or "unrecognised"
@@ -323,7 +301,7 @@ def _judge_estimator(
 
 def render(result: CheckResult, report_dir: Path) -> Rendered:
     """The estimator's form and the tensors that differ from the initial policy."""
-    from paritygate.report.fragments import table
+    from paritygate.fragments import table
 
     d = result.details
     rows = [["KL estimator", str(d.get("kl_estimator", "-"))],

@@ -73,8 +73,6 @@ def _limits(setup: RewardSetup, thresholds: Thresholds, m: Measurement) -> dict[
 
 
 def _provenance(m: Measurement, setup: RewardSetup, limits: dict[str, float]) -> None:
-    from paritygate.families.causal_lm.weights import compare_states, read_state
-
     if setup.trained_dir is None or setup.model_dir is None:
         return
     if setup.trained_dir == setup.model_dir:
@@ -82,7 +80,7 @@ def _provenance(m: Measurement, setup: RewardSetup, limits: dict[str, float]) ->
         if setup.dtype:
             m.note(f"the scoring copy is the trained directory, run in the declared {setup.dtype}")
         return
-    diff = compare_states(read_state(setup.trained_dir), read_state(setup.model_dir), [])
+    diff = setup.compare_with_trained()
     lowered = sorted(diff.served_dtypes())
     differ = (len(diff.missing) + len(diff.extra) + len(diff.shape) + len(diff.value_diffs)
               + (len(diff.cast_exact) if not setup.dtype else 0))
@@ -128,10 +126,8 @@ def _where_read(m: Measurement, setup: RewardSetup, side: str, res: Scores, pad_
     return pads
 
 
-def _singles_max_abs(setup: RewardSetup, enc: Encoded, batched: list[float], pad_id: int) -> float:
+def _singles_max_abs(setup: RewardSetup, enc: Encoded, batched: list[float]) -> float:
     """Each sample scored alone (samples of one length share an unpadded forward)."""
-    from paritygate.families.causal_lm.reward import score
-
     layout = setup.serving
     assert layout is not None
     by_len: dict[int, list[int]] = {}
@@ -139,8 +135,8 @@ def _singles_max_abs(setup: RewardSetup, enc: Encoded, batched: list[float], pad
         by_len.setdefault(len(s), []).append(i)
     worst = 0.0
     for rows in by_len.values():
-        res = score(setup.model("serving"), [enc.seqs[i] for i in rows], pad_id,
-                    layout.padding_side, layout.batch_size)
+        res = setup.score("serving", [enc.seqs[i] for i in rows], layout.padding_side,
+                          layout.batch_size)
         for i, value in zip(rows, res.scores, strict=True):
             worst = max(worst, abs(value - batched[i]))
     return worst
@@ -154,13 +150,6 @@ def _slope(lengths: list[list[int]], scores: list[list[float]]) -> float:
         num += sum((n - n_mean) * (s - s_mean) for n, s in zip(ns, ss, strict=True))
         den += sum((n - n_mean) ** 2 for n in ns)
     return num / den if den else 0.0
-
-
-def _length_variants(samples: list[Sample]) -> list[Sample]:
-    from paritygate.families.causal_lm.reward import Sample
-
-    return [Sample(f"{s.id}x{k}", s.prompt, "".join([s.completion] * k))
-            for s in samples for k in LENGTH_REPEATS]
 
 
 def _judge_slope(m: Measurement, name: str, slope: float, limit: float | None, who: str) -> None:
@@ -178,12 +167,9 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                 slope_max: float | None) -> None:
     from dataclasses import replace
 
-    from paritygate.families.causal_lm.reward import score
-
     train, serve = setup.training, setup.serving
     assert train is not None and serve is not None
-    tok = setup.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    pad_id = setup.pad_id
     _provenance(m, setup, limits)
     if setup.config_pad_token_id is None:
         m.fail("pad_token_missing",
@@ -193,11 +179,10 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                "model.config.pad_token_id = tokenizer.pad_token_id before saving")
         return
     enc_t, enc_s = setup.encode(train), setup.encode(serve)
-    res_s = score(setup.model("serving"), enc_s.seqs, pad_id, serve.padding_side,
-                  serve.batch_size)
+    res_s = setup.score("serving", enc_s.seqs, serve.padding_side, serve.batch_size)
     same = train == serve and setup.model("trained") is setup.model("serving")
-    res_t = res_s if same else score(setup.model("trained"), enc_t.seqs, pad_id,
-                                     train.padding_side, train.batch_size)
+    res_t = res_s if same else setup.score("trained", enc_t.seqs, train.padding_side,
+                                           train.batch_size)
     for side, res in (("training", res_t), ("serving", res_s)):
         if res.error is not None:
             m.fail("scoring_failed", f"{side} scoring raised {res.error}")
@@ -248,14 +233,13 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                f"by more than {limits['score_max_abs']:g} (max {max(diffs):.3g})")
 
     # -- invariance of the serving scores ---------------------------------------------------
-    model = setup.model("serving")
-    extra = score(model, enc_s.seqs, pad_id, serve.padding_side, serve.batch_size, extra=3)
+    extra = setup.score("serving", enc_s.seqs, serve.padding_side, serve.batch_size, extra=3)
     order = list(reversed(range(len(enc_s.seqs))))
-    rev = score(model, [enc_s.seqs[i] for i in order], pad_id, serve.padding_side,
-                serve.batch_size)
+    rev = setup.score("serving", [enc_s.seqs[i] for i in order], serve.padding_side,
+                      serve.batch_size)
     padding_err = max(abs(a - b) for a, b in zip(extra.scores, res_s.scores, strict=True))
     batch_err = max(abs(rev.scores[j] - res_s.scores[i]) for j, i in enumerate(order))
-    batch_err = max(batch_err, _singles_max_abs(setup, enc_s, res_s.scores, pad_id))
+    batch_err = max(batch_err, _singles_max_abs(setup, enc_s, res_s.scores))
     m.metric("padding_max_abs", padding_err, threshold=limits["padding_max_abs"])
     m.metric("batch_max_abs", batch_err, threshold=limits["batch_max_abs"])
     if not pads and padding_err > limits["padding_max_abs"]:
@@ -269,9 +253,9 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                f"{batch_err:.3g}", metric="batch_max_abs")
 
     # -- length slope -------------------------------------------------------------------------
-    variants = _length_variants(setup.samples)
+    variants = setup.length_variants(LENGTH_REPEATS)
     enc_v = setup.encode(replace(serve, max_length=None), variants)
-    res_v = score(model, enc_v.seqs, pad_id, serve.padding_side, serve.batch_size)
+    res_v = setup.score("serving", enc_v.seqs, serve.padding_side, serve.batch_size)
     k = len(LENGTH_REPEATS)
     lengths = [enc_v.seqs[i: i + k] for i in range(0, len(variants), k)]
     slope = _slope([[len(s) for s in group] for group in lengths],
@@ -325,7 +309,7 @@ def _function_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
     if err > limits["batch_max_abs"]:
         m.fail("batch_variance", f"{name}: rewards depend on the batch (alone vs batched, "
                f"another order): up to {err:.3g}", metric="function_batch_max_abs")
-    variants = _length_variants(setup.samples)
+    variants = setup.length_variants(LENGTH_REPEATS)
     values = _call(setup, variants)
     if isinstance(values, str):
         m.fail("function_output", f"{name} {values}")
@@ -358,7 +342,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 
 def render(result: CheckResult, report_dir: Path) -> Rendered:
     """The samples whose serving score moved most (or all, when none moved), for the report."""
-    from paritygate.report.fragments import table
+    from paritygate.fragments import table
 
     rows = sorted(result.details.get("samples") or [], key=lambda r: -float(r["moved"]))[:12]
     cells = [[str(r["id"]), f"{r['training']:.4g}", f"{r['serving']:.4g}", f"{r['moved']:.3g}",

@@ -65,6 +65,16 @@ def k3(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any = None) -> torch.Te
 ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 
+def estimator_forms(logp: Any, logp_ref: Any) -> dict[str, Any]:
+    """Per-entry values of each known estimator form and its faulty twins (negated, k3 with
+    its arguments swapped): what ``reference_parity`` recognises a trainer's estimator as."""
+    return {
+        "k3": k3(logp, logp_ref), "k1": k1(logp, logp_ref), "k2": k2(logp, logp_ref),
+        "-k1": -k1(logp, logp_ref), "-k3": -k3(logp, logp_ref), "-k2": -k2(logp, logp_ref),
+        "k3_swapped": k3(logp_ref, logp),
+    }
+
+
 def state_digest(state: dict[str, Any]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, in name order: equal for two
     checkpoints holding the same tensors whatever their file layout or metadata."""
@@ -117,6 +127,31 @@ class ReferenceSetup:
         from paritygate.families.causal_lm.weights import read_state
 
         return None if self.initial_dir is None else read_state(self.initial_dir)
+
+    def digest(self, state: dict[str, Any]) -> str:
+        """:func:`state_digest` of ``state``."""
+        return state_digest(state)
+
+    def compare_with_initial(self, state: dict[str, Any], training_only: list[str]) -> Any:
+        """The reference's tensors against the initial policy's
+        (:class:`~paritygate.families.causal_lm.weights.WeightsDiff`), ``None`` without an
+        initial directory."""
+        from paritygate.families.causal_lm.weights import compare_states
+
+        initial = self.initial_state()
+        return None if initial is None else compare_states(initial, state, training_only)
+
+    @staticmethod
+    def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any]:
+        return rl_layout(seqs, pad, eos)
+
+    @staticmethod
+    def maskless_logprobs(logits: Any, ids: Any) -> Any:
+        return maskless_logprobs(logits, ids)
+
+    @staticmethod
+    def estimator_forms(logp: Any, logp_ref: Any) -> dict[str, Any]:
+        return estimator_forms(logp, logp_ref)
 
     def model(self) -> Any:
         """The reference model (eval mode), loaded once, in its stored dtype."""

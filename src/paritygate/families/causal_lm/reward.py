@@ -110,6 +110,33 @@ class RewardSetup:
                                                             self.trust_remote_code)
         return self._models[which]
 
+    def compare_with_trained(self) -> Any:
+        """The scoring copy's tensors against the trained model's
+        (:class:`~paritygate.families.causal_lm.weights.WeightsDiff`)."""
+        from paritygate.families.causal_lm.weights import compare_states, read_state
+
+        assert self.trained_dir is not None and self.model_dir is not None
+        return compare_states(read_state(self.trained_dir), read_state(self.model_dir), [])
+
+    def score(self, which: str, seqs: list[list[int]], side: str, batch_size: int,
+              extra: int = 0) -> Scores:
+        """:func:`score` with the ``which`` model, padded with the tokenizer's pad (its EOS
+        when it has none, as TRL does)."""
+        return score(self.model(which), seqs, self.pad_id, side, batch_size, extra)
+
+    @property
+    def pad_id(self) -> int:
+        """The id the scorer pads with: the tokenizer's pad, else its EOS, else 0."""
+        tok = self.tokenizer
+        if tok is None:
+            return 0
+        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id or 0)
+
+    def length_variants(self, repeats: tuple[int, ...]) -> list[Sample]:
+        """Each sample with its completion repeated ``repeats`` times (same content, longer)."""
+        return [Sample(f"{s.id}x{k}", s.prompt, "".join([s.completion] * k))
+                for s in self.samples for k in repeats]
+
     def encode(self, layout: Layout, samples: list[Sample] | None = None) -> Encoded:
         """Token ids of ``samples`` (default: all) as ``layout`` feeds the reward model."""
         tok = self.tokenizer
