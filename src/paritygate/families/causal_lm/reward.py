@@ -155,7 +155,10 @@ class RewardSetup:
 
 
 def _encode_text(tok: Any, s: Sample, layout: Layout) -> list[int]:
-    completion = s.completion + (tok.eos_token or "" if layout.append_eos else "")
+    eos = tok.eos_token or ""
+    # as TRL's RewardTrainer: EOS appended unless the text already ends with it
+    completion = s.completion + (eos if layout.append_eos and not s.completion.endswith(eos)
+                                 else "")
     if layout.chat_template:
         messages = [{"role": "assistant", "content": completion}]
         if layout.scored_span == "prompt_completion":
