@@ -222,7 +222,8 @@ CLEAN: tuple[Case, ...] = (
 )
 
 
-def _gate(r: Rewards, out: Path, patch: Patch) -> Gate:
+def _gate(r: Rewards, out: Path, patch: Patch, golden: Path | None = None,
+          bless: bool = False) -> Gate:
     import trainer_rewards
 
     trainer_rewards.MODEL_DIR = str(r.model)
@@ -230,11 +231,13 @@ def _gate(r: Rewards, out: Path, patch: Patch) -> Gate:
     data["name"] = "rw"
     data["checks"] = ["reward_parity"]
     data["python_path"] = [str(Path(__file__).parent)]
+    if golden is not None:
+        data["golden"] = {"dir": str(golden)}
     block: dict[str, Any] = {"model_dir": str(r.model), "completions": str(r.completions)}
     patch(block, r)
     data["causal_lm"]["reward"] = block
     out.mkdir(parents=True, exist_ok=True)
-    return Gate(config_from_dict(data, out / "gate.yaml"))
+    return Gate(config_from_dict(data, out / "gate.yaml"), update_golden=bless)
 
 
 @pytest.mark.parametrize("case", FAULTS, ids=lambda c: c.name)
@@ -345,3 +348,17 @@ def test_report_lists_the_samples_that_moved(rewards: Rewards, tmp_path: Path) -
     assert "reward_parity: samples" in md and "| sample | training score |" in md
     assert "<h3>reward_parity: samples</h3>" in html
     assert md.count("| yes |") == min(12, results[0].metrics["read_at_pad"])  # 12 rows shown
+
+
+def test_blessed_then_gated_against_golden(rewards: Rewards, tmp_path: Path) -> None:
+    """Blessed once, the same reward passes against its baseline; a stale scoring copy gated
+    under that baseline fails by its finding."""
+    golden = tmp_path / "golden"
+    blessing = _gate(rewards, tmp_path / "a", _set(), golden, bless=True)
+    blessing.begin_bless()
+    assert blessing.evaluate("reward_parity").status == "pass"
+    blessing.commit_golden()
+    assert (golden / "rw" / "reward_parity.json").is_file()
+    assert _gate(rewards, tmp_path / "a", _set(), golden).evaluate("reward_parity").status == "pass"
+    result = _gate(rewards, tmp_path / "b", _stale, golden).evaluate("reward_parity")
+    assert result.status == "fail" and "stale_reward_model" in result.finding_kinds()
