@@ -70,7 +70,8 @@ def _provenance(
     m.metric("reference_digest", int(digest[:13], 16), bad="change")
     m.details["reference_digest_sha256"] = digest
     m.details["reference_files_sha256"] = setup.files_sha256
-    diff = setup.compare_with_initial(state, list(ctx.spec.training_only_heads))
+    diff = setup.compare_with_initial(state, list(ctx.spec.training_only_heads),
+                                      tied_in=ctx.reference_model())
     if diff is None:
         same = setup.initial_sha256 in (digest, setup.files_sha256)
         m.metric("tensors_differ_from_initial", 0 if same else len(state),
@@ -173,8 +174,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         _judge_logprobs(m, setup, out, gate_lp, ids, mask, keep, limits)
 
     # -- exact KL(policy || reference) per token and the estimator --------------------------
-    logp_all = torch.log_softmax(pol_logits[:, :-1], dim=-1)[keep]  # (N, V)
-    logq_all = torch.log_softmax(ref_logits[:, :-1], dim=-1)[keep]  # (N, V)
+    # float64: exp(logp_ref - logp) of a near-impossible token overflows float32 (r > 88)
+    logp_all = torch.log_softmax(pol_logits[:, :-1].double(), dim=-1)[keep]  # (N, V)
+    logq_all = torch.log_softmax(ref_logits[:, :-1].double(), dim=-1)[keep]  # (N, V)
     p = logp_all.exp()
     kl_exact = (p * (logp_all - logq_all)).sum(-1)  # (N,)
     m.metric("kl_exact_mean", float(kl_exact.mean()), bad="none", ratchet=False)
@@ -260,7 +262,7 @@ def _judge_estimator(
                f"the KL estimator {setup.kl_name} returns {shape} for {tuple(lp.shape)} "
                "log-probs: it must return the per-token KL term, one per input entry")
         return
-    est = est.float()
+    est = est.double()
     forms = setup.estimator_forms(lp, lq)  # name -> (N, V)
     gaps = {name: _weighted_gap(p, est, form) for name, form in forms.items()}
     nearest = min(gaps, key=lambda k: gaps[k])

@@ -132,14 +132,21 @@ class ReferenceSetup:
         """:func:`state_digest` of ``state``."""
         return state_digest(state)
 
-    def compare_with_initial(self, state: dict[str, Any], training_only: list[str]) -> Any:
+    def compare_with_initial(
+        self, state: dict[str, Any], training_only: list[str], tied_in: Any = None
+    ) -> Any:
         """The reference's tensors against the initial policy's
         (:class:`~paritygate.families.causal_lm.weights.WeightsDiff`), ``None`` without an
-        initial directory."""
-        from paritygate.families.causal_lm.weights import compare_states
+        initial directory. ``tied_in``: a model of the architecture whose tied weights (an
+        ``lm_head.weight`` stored separately by an export) are compared with the tensor they
+        are tied to."""
+        from paritygate.families.causal_lm.weights import compare_states, tied_groups
 
         initial = self.initial_state()
-        return None if initial is None else compare_states(initial, state, training_only)
+        if initial is None:
+            return None
+        tied = tied_groups(tied_in) if tied_in is not None else []
+        return compare_states(initial, state, training_only, tied)
 
     @staticmethod
     def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any]:
