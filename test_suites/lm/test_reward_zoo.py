@@ -362,3 +362,22 @@ def test_blessed_then_gated_against_golden(rewards: Rewards, tmp_path: Path) -> 
     assert _gate(rewards, tmp_path / "a", _set(), golden).evaluate("reward_parity").status == "pass"
     result = _gate(rewards, tmp_path / "b", _stale, golden).evaluate("reward_parity")
     assert result.status == "fail" and "stale_reward_model" in result.finding_kinds()
+
+
+def test_samples_from_a_rollout_dump(rewards: Rewards, tmp_path: Path) -> None:
+    """A rollout dump's token ids, decoded by the policy's tokenizer, are the scored samples."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rewards.policy)
+    dump = tmp_path / "rollouts.jsonl"
+    rows = [json.loads(ln) for ln in rewards.completions.read_text().splitlines()]
+    with dump.open("w") as fh:
+        for row in rows:
+            prompt = tok(row["prompt"])["input_ids"]
+            completion = tok(row["completion"], add_special_tokens=False)["input_ids"]
+            fh.write(json.dumps({"prompt_ids": prompt, "completion_ids": completion,
+                                 "logprobs": [-0.5] * len(completion)}) + "\n")
+    gate = _gate(rewards, tmp_path, _set(completions=str(dump)))
+    assert gate.context.reward.samples[0].completion == rows[0]["completion"]
+    result = gate.evaluate("reward_parity", golden=False)
+    assert result.status == "pass" and result.metrics["samples"] == len(rows), result.message

@@ -462,7 +462,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     kl_reference = load_reference(config, spec, model_dir, training_tok)
     from paritygate.families.causal_lm.reward import load_reward
 
-    reward = load_reward(config, spec, probes)
+    reward = load_reward(config, spec, probes, training_tok)
     return LMContext(
         config=config,
         spec=spec,

@@ -329,13 +329,30 @@ def split_probe(probe: Probe) -> Sample | None:
     return Sample(probe.id, " ".join(words[:half]), " " + " ".join(words[half:]))
 
 
-def _read_completions(config: GateConfig, value: str) -> list[Sample]:
+def _from_dump(path: Path, policy_tok: Any) -> list[Sample]:
+    """A rollout dump's records (``paritygate dump``, or any engine's) decoded by the policy's
+    tokenizer: prompt and completion text as the reward saw them in training."""
+    from paritygate.engines.rollout_dump import read_dump
+
+    with keyed(f"{KEY}.completions"):
+        records = read_dump(path)
+    return [Sample(str(i), policy_tok.decode(r["prompt_ids"], skip_special_tokens=True),
+                   policy_tok.decode(r["completion_ids"], skip_special_tokens=True))
+            for i, r in enumerate(records)]
+
+
+def _read_completions(config: GateConfig, value: str, policy_tok: Any) -> list[Sample]:
     path = config.resolve(value)
     key = f"{KEY}.completions"
+    if path.suffix == ".parquet":
+        return _from_dump(path, policy_tok)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise InputError(path, key, f"cannot read: {exc}") from None
+    first = next((ln for ln in lines if ln.strip()), "")
+    if '"prompt_ids"' in first:
+        return _from_dump(path, policy_tok)
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -355,7 +372,7 @@ def _read_completions(config: GateConfig, value: str) -> list[Sample]:
 
 
 def load_reward(
-    config: GateConfig, spec: CausalLMSpec, probes: list[Probe]
+    config: GateConfig, spec: CausalLMSpec, probes: list[Probe], policy_tok: Any
 ) -> RewardSetup | None:
     """Validate ``causal_lm.reward`` (``None`` when absent); raises :class:`InputError` naming
     the key of the first bad input."""
@@ -388,7 +405,7 @@ def load_reward(
             if scoring.chat_template and not getattr(tok, "chat_template", None):
                 raise InputError(config.path, f"{KEY}.{side}.chat_template",
                                  "the reward tokenizer has no chat template")
-    samples = (_read_completions(config, block.completions) if block.completions
+    samples = (_read_completions(config, block.completions, policy_tok) if block.completions
                else [s for p in probes if (s := split_probe(p)) is not None])
     if not samples:
         raise InputError(config.path, KEY,
