@@ -183,6 +183,26 @@ def _function(name: str, slope_max: float | None = None, with_model: bool = Fals
     return patch
 
 
+def _encoder(r: Rewards) -> Path:
+    """A DistilBERT classifier (one label, pooled head: no per-position scores to observe)."""
+    out = r.root / "encoder"
+    if not out.exists():
+        import torch
+        from transformers import (
+            AutoTokenizer,
+            DistilBertConfig,
+            DistilBertForSequenceClassification,
+        )
+
+        torch.manual_seed(0)
+        tok = AutoTokenizer.from_pretrained(r.model)
+        config = DistilBertConfig(vocab_size=len(tok), dim=32, n_layers=1, n_heads=2,
+                                  hidden_dim=64, num_labels=1, pad_token_id=tok.pad_token_id)
+        DistilBertForSequenceClassification(config).eval().save_pretrained(out)
+        tok.save_pretrained(out)
+    return out
+
+
 FAULTS: tuple[Case, ...] = (
     Case("right_padding", _unknown_pad, ("padding_side_differs", "score_read_at_pad"),
          "read at a pad token"),
@@ -207,7 +227,7 @@ FAULTS: tuple[Case, ...] = (
 )
 
 CLEAN: tuple[Case, ...] = (
-    Case("trl_layout", _set()),
+    Case("trl_layout", _set(training={"padding_side": "right"})),
     Case("left_both", _set(training={"padding_side": "left"})),
     Case("right_vs_left_with_pad_id", _set(training={"padding_side": "left"},
                                            serving={"padding_side": "right"})),
@@ -219,6 +239,8 @@ CLEAN: tuple[Case, ...] = (
     Case("last_token_function", _function("last_token_rm", slope_max=0.2)),
     Case("model_and_function", _function("last_token_rm", slope_max=0.2, with_model=True)),
     Case("probe_samples", lambda b, r: b.pop("completions")),
+    Case("encoder_classifier", lambda b, r: b.update(model_dir=str(_encoder(r)),
+                                                     training={"padding_side": "right"})),
 )
 
 

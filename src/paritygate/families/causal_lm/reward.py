@@ -237,7 +237,10 @@ def score(model: Any, seqs: list[list[int]], pad_id: int, side: str, batch_size:
             if handle is not None:
                 handle.remove()
         pooled = pooled.float()[:, 0]  # (B,)
-        per_position = seen.get("per_position")
+        per_position: Any = seen.get("per_position")
+        if not (hasattr(per_position, "dim") and per_position.dim() == 3
+                and per_position.shape[1] == ids.shape[1]):
+            per_position = None  # a pooled head (an encoder's classifier): no per-position view
         for row in range(len(chunk)):
             real = mask[row].nonzero().flatten()
             last = int(real[-1])
