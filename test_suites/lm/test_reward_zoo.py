@@ -403,3 +403,17 @@ def test_samples_from_a_rollout_dump(rewards: Rewards, tmp_path: Path) -> None:
     assert gate.context.reward.samples[0].completion == rows[0]["completion"]
     result = gate.evaluate("reward_parity", golden=False)
     assert result.status == "pass" and result.metrics["samples"] == len(rows), result.message
+
+
+def test_samples_generated_from_the_probes(rewards: Rewards, tmp_path: Path) -> None:
+    """``completions: generated``: the probes' greedy continuations are scored."""
+    gate = _gate(rewards, tmp_path, _set(completions="generated",
+                                         training={"padding_side": "right"}))
+    result = gate.evaluate("reward_parity", golden=False)
+    assert result.status == "pass", result.message
+    assert result.metrics["samples"] >= 5
+    assert any("greedy continuations" in n for n in result.details["notes"])
+    faulty = _gate(rewards, tmp_path / "f", _set(completions="generated",
+                                                 training={"scored_span": "completion"},
+                                                 serving={"scored_span": "prompt_completion"}))
+    assert "scored_span_differs" in faulty.evaluate("reward_parity", golden=False).finding_kinds()

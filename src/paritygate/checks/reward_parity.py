@@ -331,6 +331,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no causal_lm.reward block: the reward is not gated")
     block = ctx.spec.reward
     slope_max = block.length_slope_max if block is not None else None
+    if setup.generated:  # the greedy generation other LM checks share
+        setup = setup.with_generated(ctx.greedy("hf"), [p.id for p in ctx.probes],
+                                     ctx.training_tokenizer)
+        m.note(f"samples: the HF engine's greedy continuations of {len(setup.samples)} probes")
+        if not setup.samples:
+            return m.skip("every greedy continuation of the probes is empty: nothing to score")
     limits = _limits(setup, thresholds, m)
     m.metric("samples", len(setup.samples), bad="none", ratchet=False)
     if setup.model_dir is not None:

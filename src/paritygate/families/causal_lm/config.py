@@ -181,8 +181,9 @@ class RewardSpec(StrictModel):
     as GRPO trainers take it."""
     completions: str | None = None
     """JSONL, one ``{"prompt", "completion"}`` per line, or a rollout dump (``paritygate dump``
-    JSONL/Parquet: ``prompt_ids``, ``completion_ids``, decoded by the training tokenizer);
-    default: each text probe split in two at a word boundary."""
+    JSONL/Parquet: ``prompt_ids``, ``completion_ids``, decoded by the training tokenizer), or
+    ``generated`` (the HF engine's greedy continuations of the probes, shared with the other
+    LM checks); default: each text probe split in two at a word boundary."""
     length_slope_max: float | None = Field(None, ge=0)
     """Fail when the score grows faster than this per completion token on length variants
     (default: reported, not judged)."""

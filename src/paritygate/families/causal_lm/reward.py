@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.probes import Probe
 
 KEY = "causal_lm.reward"
+GENERATED = "generated"
+"""``completions: generated``: score the HF engine's greedy continuations of the probes."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class RewardSetup:
     function: Callable[..., Any] | None
     function_name: str | None
     samples: list[Sample]
+    generated: bool = False
+    """``completions: generated``: the samples are the HF engine's greedy continuations of the
+    probes, set by :meth:`with_generated` when the check runs."""
     config_pad_token_id: int | None = None
     trust_remote_code: bool = False
     _models: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -97,6 +102,22 @@ class RewardSetup:
                     self._models[which] = load_reward_model(directory, dtype,
                                                             self.trust_remote_code)
         return self._models[which]
+
+    def with_generated(self, generation: Any, probe_ids: list[str], policy_tok: Any
+                       ) -> RewardSetup:
+        """This setup scoring the probes' generated continuations (a
+        :class:`~paritygate.engines.generation.Generation`), decoded by the policy's tokenizer;
+        empty continuations are left out."""
+        from dataclasses import replace
+
+        samples = [
+            Sample(pid, policy_tok.decode(p, skip_special_tokens=True),
+                   policy_tok.decode(o, skip_special_tokens=True))
+            for pid, p, o in zip(probe_ids, generation.prompt_ids, generation.output_ids,
+                                 strict=True)
+            if policy_tok.decode(o, skip_special_tokens=True).strip()
+        ]
+        return replace(self, samples=samples, generated=False)
 
     def compare_with_trained(self) -> Any:
         """The scoring copy's tensors against the trained model's
@@ -308,9 +329,14 @@ def load_reward(
             if scoring.chat_template and not getattr(tok, "chat_template", None):
                 raise InputError(config.path, f"{KEY}.{side}.chat_template",
                                  "the reward tokenizer has no chat template")
-    samples = (_read_completions(config, block.completions, policy_tok) if block.completions
-               else [s for p in probes if (s := split_probe(p)) is not None])
-    if not samples:
+    generated = block.completions == GENERATED
+    if generated:
+        samples: list[Sample] = []
+    elif block.completions:
+        samples = _read_completions(config, block.completions, policy_tok)
+    else:
+        samples = [s for p in probes if (s := split_probe(p)) is not None]
+    if not samples and not generated:
         raise InputError(config.path, KEY,
                          "no (prompt, completion) to score: no text probe has two words; "
                          "give causal_lm.reward.completions")
@@ -324,6 +350,7 @@ def load_reward(
         function=_function(config, block.function) if block.function else None,
         function_name=block.function,
         samples=samples,
+        generated=generated,
         config_pad_token_id=pad_id,
         trust_remote_code=config.trust_remote_code,
     )
