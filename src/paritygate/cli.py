@@ -190,6 +190,17 @@ def _parser() -> argparse.ArgumentParser:
         "else the repository)",
     )
 
+    init.add_argument(
+        "--reward-model", type=Path, default=None,
+        help="causal LM: the reward model directory (default: reward_model/, reward/ or rm/ "
+        "beside the model directory)",
+    )
+    init.add_argument(
+        "--reference", type=Path, default=None,
+        help="causal LM: the KL reference directory (default: ref_model/, reference/ or ref/ "
+        "beside the model directory)",
+    )
+
     checks = sub.add_parser("checks", help="list the check ids, their families and marks")
     checks.add_argument(
         "--family", choices=FAMILIES, default=None, help="one family only"
@@ -448,7 +459,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if step is not None and step.isdigit():
         step = int(step)
     written = write_config(args.source, out=args.out, artifact=args.artifact, name=args.name,
-                           serving=args.serving, checkpoint=step)
+                           serving=args.serving, checkpoint=step,
+                           reward_model=args.reward_model, reference=args.reference)
     print(f"paritygate init: wrote {written.path}")
     for note in written.notes:
         print(f"paritygate init: {note}")

@@ -425,13 +425,17 @@ def write_config(
     name: str | None = None,
     serving: Path | None = None,
     checkpoint: int | str | None = None,
+    reward_model: Path | None = None,
+    reference: Path | None = None,
 ) -> WrittenConfig:
     """Inspect ``source`` (a checkpoint file, an HF model directory or a trainer output_dir)
     and write a config. With an output_dir, ``checkpoint`` picks the ``checkpoint-N`` to
     inspect (default: the latest); the config names the output_dir. ``serving`` is the served
     copy of an HF causal LM (``causal_lm.serving.model_dir``).
 
-    Never overwrites: an existing ``out`` is an :class:`InputError`.
+    For a causal LM, ``reward_model`` and ``reference`` (or directories found beside it) fill
+    the ``reward`` and ``reference`` blocks. Never overwrites: an existing ``out`` is an
+    :class:`InputError`.
     """
     from paritygate.reading import check_input
 
@@ -461,6 +465,14 @@ def write_config(
         text, family = hf_dir_text(inspected, target, gate, name_note,
                                    Path(serving) if serving is not None else None)
         notes.append(f"family {family}")
+        if family.startswith("causal_lm"):
+            from paritygate.init_rl import rl_loop_lines
+
+            rl_lines, rl_notes = rl_loop_lines(inspected, target.parent, reward_model, reference)
+            if rl_lines:
+                head, sep, tail = text.partition("\ngolden:")
+                text = head + "\n" + "\n".join(rl_lines) + sep + tail
+            notes += rl_notes
         if record is not None and record.output_dir is not None:
             text = pin_output_dir(text, record, target, checkpoint)
             notes.append(f"trainer output_dir: inspected {record.describe()}; run gates "

@@ -52,6 +52,10 @@ class Explanation:
     but only where it explains a failing consequence: the consequence measured the same thing
     (a lone breach stays ``threshold_breach``)."""
 
+    regressed: tuple[str, ...] = ()
+    """Metrics whose golden regression identifies the fault (a digest that changed between
+    checkpoints); an edge with these matches on them instead of on findings."""
+
     def links(self, root: CheckResult, consequence: CheckResult) -> bool:
         test = dict(self.only_if).get(consequence.id)
         return test is None or bool(test(root, consequence))
@@ -308,6 +312,52 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
                 "training and serving sample under different settings"),
+    # The RL loop's reward and KL reference: their faults explain no other check; each kind
+    # names what is wrong with them.
+    Explanation("reward_parity", "reward_provenance",
+                ("stale_reward_model", "reward_precision_undeclared"), (),
+                "the scoring reward model is not the trained one's tensors",
+                fix="score with the trained reward model's checkpoint (or declare its dtype: "
+                    "causal_lm.reward.dtype)"),
+    Explanation("reward_parity", "reward_read_position",
+                ("pad_token_missing", "score_read_at_pad"), (),
+                "the reward model reads its score at a pad, not the last real token",
+                fix="save the reward model with config.pad_token_id = the tokenizer's pad id"),
+    Explanation("reward_parity", "reward_scoring_layout",
+                ("padding_side_differs", "truncation_differs", "scored_span_differs",
+                 "chat_template_differs", "eos_differs"), (),
+                "serving feeds the reward model other text than training scored",
+                fix="score at serving with training's padding side, max length, truncation "
+                    "side, span, chat template and EOS"),
+    Explanation("reward_parity", "reward_invariance", ("padding_variance", "batch_variance"), (),
+                "the reward depends on the padding or the batch it is scored in"),
+    Explanation("reward_parity", "reward_length", ("length_slope",), (),
+                "the reward grows with completion length",
+                fix="read the score at the last real token, not pooled over positions"),
+    Explanation("reference_parity", "reference_drift", (), (),
+                "the KL reference changed between two checkpoints of one policy",
+                fix="restore the frozen initial policy as the KL reference, then re-bless",
+                regressed=("reference_digest",)),
+    Explanation("reference_parity", "reference_is_policy", ("reference_is_policy",), (),
+                "the KL reference is the policy under test",
+                fix="point causal_lm.reference.model_dir at the frozen initial policy"),
+    Explanation("reference_parity", "reference_provenance",
+                ("reference_not_initial", "reference_precision_undeclared",
+                 "nonfinite_reference"), (),
+                "the KL reference is not the initial policy's tensors",
+                fix="load the KL reference from the initial policy's checkpoint (or declare "
+                    "its dtype: causal_lm.reference.dtype)"),
+    Explanation("reference_parity", "reference_logprobs",
+                ("reference_logprobs_shape", "reference_mask_ignored", "reference_pads_scored",
+                 "reference_logprobs_differ"), (),
+                "the trainer scores the KL reference differently from the gate's recompute",
+                fix="pass attention_mask and position_ids to the reference forward and zero "
+                    "pad targets"),
+    Explanation("reference_parity", "kl_estimator",
+                ("kl_estimator_shape", "kl_sign_flipped", "kl_arguments_swapped",
+                 "kl_estimator_wrong"), (),
+                "the trainer's KL estimator does not estimate KL(policy || reference)",
+                fix="per token, with r = logp_ref - logp: k3 = exp(r) - r - 1 (or k1 = -r)"),
 )
 
 
@@ -352,6 +402,9 @@ def _matches(result: CheckResult, edge: Explanation) -> str | None:
     """``"finding"`` when the root failed by one of the edge's finding kinds (any failed rule
     for ``None``), ``"breach"`` when only by a plain breach of one of its ``breaches``."""
     found = _findings(result)
+    if edge.regressed:
+        hit = any(r.kind == "regression" and r.metric in edge.regressed for r in found)
+        return "finding" if hit else None
     if edge.finding_kinds is None:
         return "finding" if found or not result.reasons else None
     if any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found):

@@ -23,6 +23,8 @@ CHECK_IDS: tuple[str, ...] = (
     "vllm_delta",
     "generation_parity",
     "rollout_parity",
+    "reward_parity",
+    "reference_parity",
 )
 
 

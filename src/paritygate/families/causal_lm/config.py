@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from paritygate.config_base import StrictModel
 
@@ -133,6 +133,80 @@ class EngineSpec(StrictModel):
     """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
 
 
+class ReferenceSpec(StrictModel):
+    """The KL reference model of the RL loop (``reference_parity``)."""
+
+    model_dir: str
+    """The reference model's HF directory, as the trainer loads it."""
+    initial: str
+    """The initial policy the reference must equal: its HF directory, or a sha256 recorded at
+    the start of training (``sha256sum model.safetensors``, or the tensor digest
+    ``paritygate.families.causal_lm.reference:state_digest`` prints)."""
+    logprob_fn: str | None = None
+    """The trainer's reference log-prob function (default: ``training.logprob_fn``)."""
+    logprob_convention: Literal["auto", "model", "logits"] = "auto"
+    kl_estimator: str = "k3"
+    """``k1``, ``k2``, ``k3`` or ``module:callable`` with ``(logp, logp_ref, mask)`` returning
+    the per-token KL term (TRL GRPO: ``exp(ref - logp) - (ref - logp) - 1``)."""
+    dtype: Dtype | None = None
+    """The dtype the reference is stored in, when lower than the initial policy's (declared:
+    its tensors must be the initial ones cast exactly)."""
+
+
+class RewardScoring(StrictModel):
+    """How one side feeds the reward model: layout, length limit and what it is shown."""
+
+    padding_side: Literal["left", "right"] | None = None
+    """Default: the reward tokenizer's."""
+    max_length: int | None = Field(None, ge=1)
+    """Tokens kept per scored text (default: all)."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end ``max_length`` cuts (default: the reward tokenizer's)."""
+    scored_span: Literal["prompt_completion", "completion"] = "prompt_completion"
+    """What the reward model is shown: the prompt and the completion, or the completion only."""
+    chat_template: bool = False
+    """Render ``[user: prompt, assistant: completion]`` with the reward tokenizer's template."""
+    append_eos: bool = True
+    """Append the EOS token to the text (TRL's ``RewardTrainer`` does)."""
+    batch_size: int = Field(8, ge=1)
+
+
+class RewardSpec(StrictModel):
+    """The reward of the RL loop (``reward_parity``): a reward model and/or a reward function."""
+
+    model_dir: str | None = None
+    """HF ``AutoModelForSequenceClassification`` directory with one label (TRL ``RewardTrainer``
+    output): the copy that scores at evaluation or serving."""
+    trained_dir: str | None = None
+    """The reward model as training used it (default: ``model_dir``): the scoring copy's
+    tensors must be its tensors."""
+    tokenizer: str | None = None
+    """The reward model's tokenizer (default: ``model_dir``)."""
+    dtype: Dtype | None = None
+    """The dtype the scoring copy is stored and run in, when lower than the trained one's."""
+    training: RewardScoring = RewardScoring()
+    """How training scored its samples."""
+    serving: RewardScoring | None = None
+    """How evaluation or serving scores (default: as training)."""
+    function: str | None = None
+    """``module:callable(prompts, completions, **kwargs) -> list[float]``: a reward function
+    as GRPO trainers take it."""
+    completions: str | None = None
+    """JSONL, one ``{"prompt", "completion"}`` per line, or a rollout dump (``paritygate dump``
+    JSONL/Parquet: ``prompt_ids``, ``completion_ids``, decoded by the training tokenizer), or
+    ``generated`` (the HF engine's greedy continuations of the probes, shared with the other
+    LM checks); default: each text probe split in two at a word boundary."""
+    length_slope_max: float | None = Field(None, ge=0)
+    """Fail when the score grows faster than this per completion token on length variants
+    (default: reported, not judged)."""
+
+    @model_validator(mode="after")
+    def _something_to_score(self) -> RewardSpec:
+        if self.model_dir is None and self.function is None:
+            raise ValueError("a reward block needs model_dir, function or both")
+        return self
+
+
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -164,6 +238,10 @@ class CausalLMSpec(StrictModel):
     unset, a copy served at a declared lower precision takes its tier's margin."""
     generation_samples: int = Field(2, ge=1)
     """Sampled continuations per probe for ``logprob_delta``."""
+    reference: ReferenceSpec | None = None
+    """The KL reference model (``reference_parity``; skipped when absent)."""
+    reward: RewardSpec | None = None
+    """The reward model and/or function (``reward_parity``; skipped when absent)."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

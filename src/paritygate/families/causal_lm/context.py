@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.families.causal_lm.reference import ReferenceSetup
+    from paritygate.families.causal_lm.reward import RewardSetup
     from paritygate.metrics.tiers import Limits
     from paritygate.precision.subject import PrecisionSubject
 
@@ -70,6 +72,10 @@ class LMContext:
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
     dump: list[dict[str, Any]] | None = None
     """``engines: [dump]``: the dump's records, validated when the context was built."""
+    kl_reference: ReferenceSetup | None = None
+    """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
+    reward: RewardSetup | None = None
+    """The validated ``causal_lm.reward`` block (``reward_parity``), ``None`` when absent."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -492,6 +498,12 @@ def build_lm_context(config: GateConfig) -> LMContext:
         cfg,
         fn_key,
     )
+    from paritygate.families.causal_lm.reference import load_reference
+
+    kl_reference = load_reference(config, spec, model_dir, training_tok)
+    from paritygate.families.causal_lm.reward import load_reward
+
+    reward = load_reward(config, spec, probes, training_tok)
     ctx = LMContext(
         config=config,
         spec=spec,
@@ -511,6 +523,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
         dump=dump,
         contradictions=contradictions,
         served_config_dtype=served_dtype(engine_dir),
+        kl_reference=kl_reference,
+        reward=reward,
     )
     return ctx
 
