@@ -22,6 +22,7 @@ CHECK_IDS: tuple[str, ...] = (
     "logprob_delta",
     "vllm_delta",
     "generation_parity",
+    "batch_invariance",
     "rollout_parity",
 )
 

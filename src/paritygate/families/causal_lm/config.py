@@ -83,6 +83,9 @@ class ServingSpec(StrictModel):
     """The serving engine; sets ``engines`` when that key is absent."""
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default float32)."""
+    batch_invariant: bool = False
+    """The engine claims batch-invariant numerics (vLLM ``VLLM_BATCH_INVARIANT``):
+    ``batch_invariance`` then requires bitwise equality."""
 
 
 class TrainingSide(StrictModel):
@@ -119,6 +122,10 @@ class EngineSpec(StrictModel):
     """vLLM only: GPUs the served model is sharded over (vLLM ``tensor_parallel_size``)."""
     dump: str | None = None
     """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
+    collate: str | None = None
+    """``module:callable(rows, pad_token_id, padding_side) -> {"input_ids", "attention_mask",
+    "position_ids"}``: how the serving stack lays a batch out for the HF model
+    (``batch_invariance``); default: pad on the tokenizer's side, positions from the mask."""
 
 
 class CausalLMSpec(StrictModel):

@@ -456,6 +456,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
         cfg,
         fn_key,
     )
+    if spec.engine.collate:  # a bad name is bad input before any check runs
+        import_callable(spec.engine.collate, cfg, "causal_lm.engine.collate")
     ctx = LMContext(
         config=config,
         spec=spec,
