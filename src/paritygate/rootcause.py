@@ -286,7 +286,8 @@ GRAPH: tuple[Explanation, ...] = (
                 "the engine lays batches out so that a row's numbers depend on its batch-mates",
                 fix="left-pad batches, pass the attention mask and count position ids from it"),
     Explanation("sampling_config", "sampling_protocol", None,
-                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
+                 "behaviour_parity"),
                 "training and serving sample under different settings"),
 )
 

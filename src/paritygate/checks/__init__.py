@@ -23,6 +23,7 @@ CHECK_IDS: tuple[str, ...] = (
     "vllm_delta",
     "generation_parity",
     "batch_invariance",
+    "behaviour_parity",
     "rollout_parity",
 )
 

@@ -128,6 +128,33 @@ class EngineSpec(StrictModel):
     (``batch_invariance``); default: pad on the tokenizer's side, positions from the mask."""
 
 
+class BehaviourSpec(StrictModel):
+    """``behaviour_parity``: both sides sampled with their own config on the probes."""
+
+    samples: int = Field(64, ge=8)
+    """Samples per prompt per side; below 8 per prompt the rank tests lack power."""
+    alpha: float = Field(0.01, gt=0, lt=1)
+    """Family-wise false-alarm rate of the tests (Holm's correction)."""
+    format_regex: str | None = None
+    """A completion matching this regex (``re.search``) is a format hit."""
+    reward_fn: str | None = None
+    """``module:callable(prompt: str, completion: str) -> float``: E[reward] compared."""
+    reward_tolerance: float = Field(0.05, gt=0)
+    """Largest E[reward] difference accepted (the offline equivalence check's roll-back figure)."""
+
+    @field_validator("format_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            import re
+
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -154,6 +181,8 @@ class CausalLMSpec(StrictModel):
     """generation_parity excuses a divergence only where the top-2 logit margin is below this."""
     generation_samples: int = Field(2, ge=1)
     """Sampled continuations per probe for ``logprob_delta``."""
+    behaviour: BehaviourSpec | None = None
+    """``behaviour_parity``'s settings; the check is skipped without them."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

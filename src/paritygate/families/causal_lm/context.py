@@ -458,6 +458,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
     )
     if spec.engine.collate:  # a bad name is bad input before any check runs
         import_callable(spec.engine.collate, cfg, "causal_lm.engine.collate")
+    if spec.behaviour is not None and spec.behaviour.reward_fn:
+        import_callable(spec.behaviour.reward_fn, cfg, "causal_lm.behaviour.reward_fn")
     ctx = LMContext(
         config=config,
         spec=spec,
