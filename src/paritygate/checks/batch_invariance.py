@@ -135,8 +135,13 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("the serving config's max_new_tokens is 0: nothing to decode")
     eos_id = ctx.serving_tokenizer.eos_token_id
     eos = set(sampling.eos_token_ids) or ({eos_id} if eos_id is not None else set())
-    prompts = ctx.prompts()
-    probes = [p.id for p in ctx.probes]
+    empty = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if not ids]
+    prompts = [ids for ids in ctx.prompts() if ids]
+    probes = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if ids]
+    if not prompts:
+        return m.skip("every probe encodes to no serving tokens: nothing to batch")
+    if empty:
+        m.note(f"probes with no serving tokens left out: {', '.join(empty)}")
     declared = bool(ctx.spec.serving.batch_invariant)
     tier_name, limit = bound(ctx, thresholds, declared)
 

@@ -48,7 +48,9 @@ def _sample(ctx: LMContext, side: str) -> tuple[Generation, SamplingSpec]:
     seed = (sampling.seed if sampling.seed is not None else ctx.config.seed) + (
         _SERVING_SEED_OFFSET if side == "serving" else 0)
     sampling = SamplingSpec(**{**sampling.as_dict(), "seed": seed})
-    prompts = [p for p in ctx.prompts(side) for _ in range(spec.samples)]
+    kept = _kept(ctx)
+    prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept
+               for _ in range(spec.samples)]
     if side == "serving":
         engine: Any = ctx.engine("hf")
     else:
@@ -56,6 +58,12 @@ def _sample(ctx: LMContext, side: str) -> tuple[Generation, SamplingSpec]:
             ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
             top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
     return engine.generate(prompts, sampling), sampling
+
+
+def _kept(ctx: LMContext) -> set[int]:
+    """Probes with tokens on both sides (an empty side is tokenizer_parity's finding)."""
+    pairs = zip(ctx.prompts("training"), ctx.prompts("serving"), strict=True)
+    return {i for i, (train, serve) in enumerate(pairs) if train and serve}
 
 
 def _stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Any) -> list[str]:
@@ -106,6 +114,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
     if "hf" not in ctx.spec.engines:
         return m.skip("behaviour_parity samples with the HF engine (engines: [hf])")
+    kept = _kept(ctx)
+    if not kept:
+        return m.skip("no probe has tokens on both sides: nothing to sample")
+    if len(kept) < len(ctx.probes):
+        m.note("probes with no tokens on one side left out: " + ", ".join(
+            p.id for i, p in enumerate(ctx.probes) if i not in kept))
     sides = {side: _sample(ctx, side) for side in ("training", "serving")}
     toks = {"training": ctx.training_tokenizer, "serving": ctx.serving_tokenizer}
     n = spec.samples
@@ -152,7 +166,8 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         key = "causal_lm.behaviour.reward_fn"
         reward = guard_user_code(import_callable(spec.reward_fn, ctx.config.path, key),
                                  ctx.config.path, key)
-        prompts = [ctx.render_probe(s, p) for s in ("training",) for p in ctx.probes]
+        prompts = [ctx.render_probe("training", p) for i, p in enumerate(ctx.probes)
+                   if i in kept]
         rewards = {s: [float(reward(prompts[i // n], t)) for i, t in enumerate(texts[s])]
                    for s in ("training", "serving")}
         diff, low, high = bootstrap_diff(rewards["training"], rewards["serving"],
