@@ -132,7 +132,7 @@ _ROLLOUT = (("rollout_parity", _actions_differ),)
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
                       "precision_per_layer", "recurrent_parity", "rollout_parity")
 _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
-                  "precision_per_layer")
+                  "precision_per_layer", "batch_invariance")
 
 GRAPH: tuple[Explanation, ...] = (
     # Earlier edges win: a check explained by one edge is never the root of a later one.
@@ -307,10 +307,17 @@ GRAPH: tuple[Explanation, ...] = (
           ("sampling_config",
            ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement")))),
     Explanation("tokenizer_parity", "tokenizer", None,
-                ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
+                ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity",
+                 "batch_invariance"),
                 "the serving tokenizer encodes prompts differently from training"),
-    Explanation("sampling_config", "sampling_protocol", None,
+    Explanation("batch_invariance", "batch_layout",
+                ("right_padding", "position_ids_not_from_mask", "mask_not_passed"),
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                "the engine lays batches out so that a row's numbers depend on its batch-mates",
+                fix="left-pad batches, pass the attention mask and count position ids from it"),
+    Explanation("sampling_config", "sampling_protocol", None,
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
+                 "behaviour_parity"),
                 "training and serving sample under different settings"),
     # The RL loop's reward and KL reference: their faults explain no other check; each kind
     # names what is wrong with them.

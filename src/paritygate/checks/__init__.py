@@ -22,6 +22,8 @@ CHECK_IDS: tuple[str, ...] = (
     "logprob_delta",
     "vllm_delta",
     "generation_parity",
+    "batch_invariance",
+    "behaviour_parity",
     "rollout_parity",
     "reward_parity",
     "reference_parity",

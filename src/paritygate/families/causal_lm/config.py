@@ -95,6 +95,9 @@ class ServingSpec(StrictModel):
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default: the served
     ``config.json``'s ``dtype``, else float32)."""
+    batch_invariant: bool = False
+    """The engine claims batch-invariant numerics (vLLM ``VLLM_BATCH_INVARIANT``):
+    ``batch_invariance`` then requires bitwise equality."""
 
 
 class TrainingSide(StrictModel):
@@ -131,6 +134,37 @@ class EngineSpec(StrictModel):
     """vLLM only: GPUs the served model is sharded over (vLLM ``tensor_parallel_size``)."""
     dump: str | None = None
     """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
+    collate: str | None = None
+    """``module:callable(rows, pad_token_id, padding_side) -> {"input_ids", "attention_mask",
+    "position_ids"}``: how the serving stack lays a batch out for the HF model
+    (``batch_invariance``); default: pad on the tokenizer's side, positions from the mask."""
+
+
+class BehaviourSpec(StrictModel):
+    """``behaviour_parity``: both sides sampled with their own config on the probes."""
+
+    samples: int = Field(64, ge=8)
+    """Samples per prompt per side; below 8 per prompt the rank tests lack power."""
+    alpha: float = Field(0.01, gt=0, lt=1)
+    """Family-wise false-alarm rate of the tests (Holm's correction)."""
+    format_regex: str | None = None
+    """A completion matching this regex (``re.search``) is a format hit."""
+    reward_fn: str | None = None
+    """``module:callable(prompt: str, completion: str) -> float``: E[reward] compared."""
+    reward_tolerance: float = Field(0.05, gt=0)
+    """Largest E[reward] difference accepted (the offline equivalence check's roll-back figure)."""
+
+    @field_validator("format_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            import re
+
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
 
 
 class ReferenceSpec(StrictModel):
@@ -242,6 +276,8 @@ class CausalLMSpec(StrictModel):
     """The KL reference model (``reference_parity``; skipped when absent)."""
     reward: RewardSpec | None = None
     """The reward model and/or function (``reward_parity``; skipped when absent)."""
+    behaviour: BehaviourSpec | None = None
+    """``behaviour_parity``'s settings; the check is skipped without them."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

@@ -504,6 +504,10 @@ def build_lm_context(config: GateConfig) -> LMContext:
     from paritygate.families.causal_lm.reward import load_reward
 
     reward = load_reward(config, spec, probes, training_tok)
+    if spec.engine.collate:  # a bad name is bad input before any check runs
+        import_callable(spec.engine.collate, cfg, "causal_lm.engine.collate")
+    if spec.behaviour is not None and spec.behaviour.reward_fn:
+        import_callable(spec.behaviour.reward_fn, cfg, "causal_lm.behaviour.reward_fn")
     ctx = LMContext(
         config=config,
         spec=spec,

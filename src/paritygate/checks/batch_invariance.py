@@ -1,0 +1,241 @@
+"""batch_invariance: a probe's engine numbers do not depend on the batch it is served in.
+
+Each probe is first run alone (batch 1): its greedy tokens, and its raw log-probs of those
+tokens teacher-forced (the fixed completion). Then every probe again, in four batched
+variants: ``batched`` (the engine's ``batch_size``, in order), ``pairs`` (batches of two),
+``longer_mates`` (all probes with a batch-mate longer than any of them: more left padding for
+every row) and ``reversed`` (all probes, other order). Each variant is one batched forward and
+one batched greedy decode. The largest log-prob difference from the alone run and the greedy
+divergences are reported, with whether everything is bitwise identical.
+
+``causal_lm.serving.batch_invariant: true`` (the engine is claimed invariant, as vLLM's
+batch-invariant mode or a matched trainer provides) requires bitwise equality. Otherwise the
+precision tier (:mod:`paritygate.metrics.tiers`, the engine's dtype on both sides, or
+``causal_lm.precision_tier``) bounds the difference: a reduction whose order depends on the
+batch shape moves numbers by rounding, which is reported as noise with its size. A greedy
+divergence is excused only where the alone run's top-2 margin is below the measured noise
+(twice the largest log-prob difference) or ``causal_lm.near_tie_margin``, and never when
+invariance is declared.
+
+Where a difference is found, the batch layout names its cause: a right-padded batch (a
+shorter row continues from a pad), position ids not counted from the attention mask, or no
+attention mask passed. The HF engine lays batches out as ``causal_lm.engine.collate`` does
+(default: the serving tokenizer's padding side, mask passed, positions from the mask).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from paritygate.check import CheckSpec, Thresholds
+from paritygate.metrics.tiers import PRECISION_TIERS
+from paritygate.result import Measurement
+
+if TYPE_CHECKING:
+    from paritygate.engines.batching import BatchRunner, Layout
+    from paritygate.families.causal_lm.context import LMContext
+
+# The fp32/fp32 tier's worst-token bound (sources in paritygate.metrics.tiers); at run time the
+# engine dtype's tier replaces it unless the config sets it; 0 when invariance is declared.
+DEFAULTS: dict[str, float] = {
+    "logprob_max_abs_diff": PRECISION_TIERS["fp32/fp32"]["delta_max_abs"],
+    # Greedy decoding of one prompt must not depend on its batch outside measured near-ties.
+    "greedy_divergences": 0.0,
+}
+
+KINDS = ("right_padding", "position_ids_not_from_mask", "mask_not_passed", "not_bitwise",
+         "batch_dependent")
+
+_CAUSES = {
+    "right_padding": "the batch is right-padded: a shorter row's next token is read after its "
+                     "pads, so its continuation depends on its batch-mates' lengths",
+    "position_ids_not_from_mask": "position ids are not counted from the attention mask: a "
+                                  "left-padded row's tokens sit at positions shifted by its "
+                                  "padding",
+    "mask_not_passed": "no attention mask is passed: every row attends to its pads",
+}
+
+
+def variants(count: int, batch_size: int) -> dict[str, list[list[int]]]:
+    """Batches of probe indices per variant; ``-1`` stands for the longer batch-mate."""
+    every = list(range(count))
+    return {
+        "batched": [every[i : i + batch_size] for i in range(0, count, batch_size)],
+        "pairs": [every[i : i + 2] for i in range(0, count, 2)],
+        "longer_mates": [[*every, -1]],
+        "reversed": [every[::-1]],
+    }
+
+
+def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
+    """The engine to re-batch: the first of ``engines`` other than vLLM and dump, else vLLM."""
+    engines = ctx.spec.engines
+    if "hf" in engines:
+        from paritygate.engines.batching import HFBatchRunner, collate_padded
+        from paritygate.imports import guard_user_code, import_callable
+
+        eng: Any = ctx.engine("hf")
+        collate: Any = collate_padded
+        if ctx.spec.engine.collate:
+            key = "causal_lm.engine.collate"
+            collate = guard_user_code(
+                import_callable(ctx.spec.engine.collate, ctx.config.path, key),
+                ctx.config.path, key,
+            )
+        return HFBatchRunner(eng.model, collate, eng.pad_token_id, eng.padding_side), "hf", None
+    if "vllm" in engines:
+        from paritygate.engines.batching import VLLMBatchRunner
+        from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+        reason = vllm_unavailable_reason(ctx.engine_model_dir)
+        if reason is not None:
+            return None, "vllm", f"batch_invariance with engines: [vllm] needs vLLM: {reason}"
+        return VLLMBatchRunner(ctx.engine("vllm")), "vllm", None
+    return None, "dump", "a rollout dump cannot be served in other batches (engines: [dump])"
+
+
+def bound(ctx: LMContext, thresholds: Thresholds, declared: bool) -> tuple[str, float]:
+    """The tier name and the largest log-prob difference allowed."""
+    from paritygate.metrics.tiers import tier_for
+
+    if declared:
+        return "bitwise (causal_lm.serving.batch_invariant)", 0.0
+    if thresholds.is_set("logprob_max_abs_diff"):
+        return "thresholds.batch_invariance", float(thresholds["logprob_max_abs_diff"])
+    if ctx.spec.precision_tier in PRECISION_TIERS:
+        key = str(ctx.spec.precision_tier)
+        return key, PRECISION_TIERS[key]["delta_max_abs"]
+    key, tier = tier_for(ctx.spec.engine.dtype, ctx.spec.engine.dtype)
+    return key, tier["delta_max_abs"]
+
+
+def layout_causes(found: Layout | None) -> list[str]:
+    """The finding kinds a batch layout explains, in :data:`KINDS` order."""
+    if found is None:
+        return []
+    causes = []
+    if found.right_padded:
+        causes.append("right_padding")
+    if not found.positions_from_mask:
+        causes.append("position_ids_not_from_mask")
+    if not found.mask_passed and len(set(found.starts)) > 1:
+        causes.append("mask_not_passed")
+    return causes
+
+
+def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("batch_invariance")
+    runner, engine_name, reason = _runner(ctx)
+    if runner is None:
+        return m.skip(reason or "no engine configured")
+    sampling = ctx.serving_sampling.spec()
+    if sampling.max_new_tokens <= 0:
+        return m.skip("the serving config's max_new_tokens is 0: nothing to decode")
+    eos_id = ctx.serving_tokenizer.eos_token_id
+    eos = set(sampling.eos_token_ids) or ({eos_id} if eos_id is not None else set())
+    empty = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if not ids]
+    prompts = [ids for ids in ctx.prompts() if ids]
+    probes = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if ids]
+    if not prompts:
+        return m.skip("every probe encodes to no serving tokens: nothing to batch")
+    if empty:
+        m.note(f"probes with no serving tokens left out: {', '.join(empty)}")
+    declared = bool(ctx.spec.serving.batch_invariant)
+    tier_name, limit = bound(ctx, thresholds, declared)
+
+    alone = [runner.greedy([p], sampling.max_new_tokens, eos)[0] for p in prompts]
+    completions = [tokens for tokens, _ in alone]
+    alone_lp = [runner.score([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
+    longest = max(prompts, key=len)
+    # longer than every probe (up to max_prompt_tokens): more padding for each row
+    filler = longest + longest[: max(0, min(8, ctx.spec.max_prompt_tokens - len(longest)))]
+
+    rows: list[dict[str, Any]] = []
+    divergences: list[tuple[str, str, int, float]] = []  # variant, probe, position, margin
+    worst = (0.0, "", "")
+    forwards = len(prompts)
+    for name, batches in variants(len(prompts), ctx.spec.engine.batch_size).items():
+        diff = 0.0
+        greedy_diff = 0
+        for batch in batches:
+            batch_prompts = [prompts[i] if i >= 0 else filler for i in batch]
+            batch_completions = [completions[i] if i >= 0 else [] for i in batch]
+            scored = runner.score(batch_prompts, batch_completions)
+            decoded = runner.greedy(batch_prompts, sampling.max_new_tokens, eos)
+            forwards += 1
+            for i, lp, (tokens, _) in zip(batch, scored, decoded, strict=True):
+                if i < 0:
+                    continue
+                gap = float(np.max(np.abs(lp - alone_lp[i]))) if lp.size else 0.0
+                if not np.isfinite(gap):
+                    gap = float("inf")
+                if gap > worst[0]:
+                    worst = (gap, name, probes[i])
+                diff = max(diff, gap)
+                if tokens != completions[i]:
+                    greedy_diff += 1
+                    at = next((j for j, (a, b) in enumerate(zip(tokens, completions[i],
+                                                                 strict=False)) if a != b),
+                              min(len(tokens), len(completions[i])))
+                    margins = alone[i][1]
+                    margin = margins[at] if at < len(margins) else float("inf")
+                    divergences.append((name, probes[i], at, margin))
+        rows.append({"variant": name, "batches": [len(b) for b in batches],
+                     "max_abs_diff": diff, "greedy_divergences": greedy_diff})
+
+    max_diff = worst[0]
+    bitwise = max_diff == 0.0 and not divergences
+    noise = 2 * max_diff if max_diff <= limit else 0.0
+    excusable = 0.0 if declared else max(ctx.spec.near_tie_margin, noise)
+    unexcused = [d for d in divergences if not d[3] < excusable]
+    m.metric("logprob_max_abs_diff", max_diff, threshold=limit, unit="nats", key=True)
+    m.metric("greedy_divergences", len(unexcused), threshold=thresholds["greedy_divergences"])
+    m.metric("bitwise_identical", bitwise, bad="none", ratchet=False)
+    m.details.update(variants=rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},
+                     engine=engine_name, batched_forwards=forwards - len(prompts),
+                     alone_forwards=len(prompts), declared_invariant=declared)
+
+    found = None
+    if hasattr(runner, "batch"):  # HF: the layout of the batch with the most padding
+        found = runner.batch([*prompts, filler])[1]
+    causes = layout_causes(found)
+    where = (f"largest log-prob difference {max_diff:.3g} nats ({worst[1]}, probe "
+             f"{worst[2]!r}) vs alone" if max_diff > 0 else "log-probs identical")
+    if unexcused:
+        variant, probe, at, margin = unexcused[0]
+        where += (f"; {len(unexcused)} greedy divergence(s), first probe {probe!r} in "
+                  f"{variant} at token {at} (alone margin {margin:.3g})")
+    failing = max_diff > limit or bool(unexcused)
+    if failing and causes:
+        for kind in causes:
+            m.fail(kind, f"batch-dependent results: {_CAUSES[kind]} ({where})",
+                   metric="logprob_max_abs_diff" if max_diff > limit else None)
+    elif declared and not bitwise:
+        m.fail("not_bitwise",
+               f"not bitwise batch invariant, as causal_lm.serving.batch_invariant declares: "
+               f"{where}", metric="logprob_max_abs_diff" if max_diff > 0 else None)
+    elif failing:
+        m.fail("batch_dependent",
+               f"results depend on the batch beyond the {tier_name} bound {limit:.3g}: {where}",
+               metric="logprob_max_abs_diff" if max_diff > limit else None)
+    elif not bitwise:
+        m.note(f"batch-dependent rounding in {ctx.spec.engine.dtype} (noise, within the "
+               f"{tier_name} bound {limit:.3g}): {where}; {len(divergences)} greedy "
+               "divergence(s) at near-ties excused")
+    if causes and not failing:
+        m.note("the batch layout has " + ", ".join(causes).replace("_", " ")
+               + ", which does not move this model's numbers (positions enter only "
+               "relatively, or no row is padded)")
+    return m
+
+
+CHECK = CheckSpec(
+    id="batch_invariance",
+    summary="a probe's engine log-probs and greedy tokens do not depend on its batch",
+    measures={"causal_lm": measure},
+    defaults=DEFAULTS,
+    marks=("fast",),
+    kinds=KINDS,
+)

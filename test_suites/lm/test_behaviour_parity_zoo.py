@@ -1,0 +1,110 @@
+"""Fault zoo of ``behaviour_parity`` on the demo LM at the default sample size (64 per prompt per
+side): the clean twin (same sampling configs, independent seeds) passes; each serving sampling
+fault fails with its named kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lm_zoo import _sampling, variant_config
+
+BEHAVIOUR = {"format_regex": r"\.", "reward_fn": "lm_zoo_rewards:length_reward"}
+FAULTS = {
+    "temperature_0_8": ({"temperature": 0.8}, "logprob_differs"),
+    "top_p_0_9": ({"top_p": 0.9}, "logprob_differs"),
+    "max_new_tokens_halved": ({"max_tokens": 8}, "truncation_differs"),
+}
+
+
+def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
+              behaviour: dict[str, Any] | None = None) -> Any:
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    data = variant_config(demo_lm, out, None)
+    data["causal_lm"]["behaviour"] = dict(BEHAVIOUR if behaviour is None else behaviour)
+    if serving:
+        _sampling(data, "serving", out, **serving)
+    data["name"] = "bp"
+    return Gate(config_from_dict(data, out / "gate.yaml")).evaluate("behaviour_parity",
+                                                                    golden=False)
+
+
+def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
+    result = _evaluate(demo_lm, tmp_path, None)
+    assert result.status == "pass", result.message
+    stats = result.details["statistics"]
+    assert set(stats) == {"length", "distinct_2", "logprob_per_token", "truncation_rate",
+                          "format_hit_rate", "reward"}
+    assert stats["reward"]["low"] <= 0.05 and stats["reward"]["high"] >= -0.05
+
+
+@pytest.mark.parametrize("name", sorted(FAULTS))
+def test_fault_named(demo_lm: Path, tmp_path: Path, name: str) -> None:
+    serving, kind = FAULTS[name]
+    result = _evaluate(demo_lm, tmp_path, serving)
+    assert result.status == "fail", result.message
+    assert kind in result.finding_kinds(), result.message
+
+
+def test_halved_length_moves_the_reward_beyond_tolerance(demo_lm: Path, tmp_path: Path) -> None:
+    result = _evaluate(demo_lm, tmp_path, {"max_tokens": 4})
+    assert "reward_differs" in result.finding_kinds(), result.message
+    assert "0.05" in result.message
+
+
+def test_skipped_without_the_section(demo_lm: Path, tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    data = variant_config(demo_lm, tmp_path, None)
+    data["name"] = "bp"
+    result = Gate(config_from_dict(data, tmp_path / "gate.yaml")).evaluate("behaviour_parity",
+                                                                           golden=False)
+    assert result.status == "skip" and "causal_lm.behaviour" in result.message
+
+
+@pytest.mark.parametrize(("behaviour", "key"), [
+    ({"samples": 4}, "causal_lm.behaviour.samples"),
+    ({"reward_tolerance": 0}, "causal_lm.behaviour.reward_tolerance"),
+    ({"format_regex": "("}, "causal_lm.behaviour.format_regex"),
+])
+def test_bad_settings_name_the_key(demo_lm: Path, tmp_path: Path, behaviour: dict[str, Any],
+                                   key: str) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.errors import InputError
+
+    data = variant_config(demo_lm, tmp_path, None)
+    data["name"] = "bp"
+    data["causal_lm"]["behaviour"] = behaviour
+    with pytest.raises(InputError) as err:
+        config_from_dict(data, tmp_path / "gate.yaml")
+    assert key in str(err.value)
+
+
+def test_reward_function_that_raises_is_bad_input(demo_lm: Path, tmp_path: Path) -> None:
+    from paritygate.errors import InputError
+
+    with pytest.raises(InputError) as err:
+        _evaluate(demo_lm, tmp_path, None, {"reward_fn": "lm_zoo_rewards:raises", "samples": 8})
+    assert "causal_lm.behaviour.reward_fn" in str(err.value)
+
+
+def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path,
+                                                            tmp_path: Path) -> None:
+    """Serving temperature 0.8: sampling_config names the field and explains the behaviour."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+    from paritygate.rootcause import explain
+
+    data = variant_config(demo_lm, tmp_path, None)
+    data["causal_lm"]["behaviour"] = {}
+    _sampling(data, "serving", tmp_path, temperature=0.8)
+    data["name"] = "bp"
+    gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
+    results = [gate.evaluate(cid, golden=False) for cid in ("sampling_config", "behaviour_parity")]
+    explained, root = explain(results)
+    assert root is not None and (root.check, root.kind) == ("sampling_config", "sampling_protocol")
+    assert {r.id: r.consequence_of for r in explained}["behaviour_parity"] == "sampling_config"
