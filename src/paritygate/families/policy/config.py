@@ -215,7 +215,12 @@ class PolicySpec(StrictModel):
     state dict, and a training checkpoint's is found under a common name (``state_dict``,
     ``model_state_dict``, ``model``, ...); the key used is noted on ``weights_load``."""
     artifact: str | None = None
-    """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
+    """The artifact to check (ONNX, TorchScript or a torch.export program: see
+    ``artifact_format``); omitted: ``paritygate export`` runs on the fly."""
+    artifact_format: Literal["onnx", "torchscript", "torch_export"] | None = None
+    """The artifact's format; omitted: told by the file (``.onnx``: ONNX; a zip of
+    ``torch.jit.save``: TorchScript; ``.pt2`` / a ``torch.export.save`` archive: torch.export,
+    read only with ``allow_pickle: true``)."""
     manifest: str | None = None
     """Defaults to ``manifest.json`` beside the artifact."""
     artifact_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
