@@ -23,6 +23,7 @@ CHECK_IDS: tuple[str, ...] = (
     "vllm_delta",
     "generation_parity",
     "rollout_parity",
+    "serving_replay",
 )
 
 

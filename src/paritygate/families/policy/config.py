@@ -150,6 +150,22 @@ class RolloutSpec(StrictModel):
         return [self.seed + i for i in range(self.episodes)]
 
 
+class ServingLogSpec(StrictModel):
+    """``serving_replay``: a log of what serving received and returned, replayed through the
+    training path (schema: README, "Serving-log replay")."""
+
+    path: str
+    """An ``.npz`` or JSON-lines (``.jsonl``) file, relative to the config."""
+    served: Literal["output", "action"] = "output"
+    """What each record's ``served`` holds: the artifact's first output (``output``: logits,
+    or the action when ``distribution.serving_output: action``) or the env action taken
+    (``action``: an index for discrete actions)."""
+    max_records: int = Field(1_000_000, ge=1)
+    """The replay's bound: a log with more records is bad input (exit code 2)."""
+    chunk: int = Field(4096, ge=1)
+    """Records read and replayed at a time (memory is bounded by this, not by the log)."""
+
+
 class DistributionSpec(StrictModel):
     """A continuous policy's action distribution: a diagonal Gaussian over the pre-squash
     action ``u``, whose mean is the policy output, turned into the env action by ``squash``."""
@@ -260,6 +276,8 @@ class PolicySpec(StrictModel):
     dropout_repeats: int = Field(5, ge=2)
     rollout: RolloutSpec | None = None
     """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
+    serving_log: ServingLogSpec | None = None
+    """A log of served requests for ``serving_replay``; omitted: that check is skipped."""
 
     @model_validator(mode="after")
     def _inputs_consistent(self) -> PolicySpec:

@@ -9,7 +9,7 @@ exports). Checks then share the loaded pieces and the cached forward passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -441,6 +441,38 @@ class PolicyContext:
             extra={"notes": notes},
             skip=skip,
         )
+
+    def training_inputs(self, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Raw observations (per observation input) through the training preprocessing."""
+        from paritygate.families.policy.probes import preprocess
+
+        pres = self.input_preprocessors or {}
+        out = {}
+        for name, values in raw.items():
+            fn = pres.get(name, (None, None))[0]
+            out[name] = values if fn is None else preprocess(self.config, self.spec, fn, values,
+                                                             name)
+        return out
+
+    def serving_log_chunks(self) -> Iterator[Any]:
+        """``policy.serving_log`` read a chunk of records at a time
+        (:class:`paritygate.families.policy.serving_log.Chunk`), each record checked against
+        the policy's inputs and what it serves; bad records are :class:`InputError`."""
+        from paritygate.families.policy.serving_log import Layout, read_chunks
+
+        log = self.spec.serving_log
+        assert log is not None
+        inputs = {n: tuple(v.shape[1:]) for n, v in self.raw_inputs.items()}
+        if log.served == "action" and self.spec.action_space == "discrete":
+            layout = Layout(inputs, (1,), served_integer=True)
+        else:
+            out = self.reference_outputs[:1]
+            if log.served == "action":
+                out = self.deterministic_action(out)
+            layout = Layout(inputs, tuple(out.shape[1:]) or (1,))
+        with keyed("policy.serving_log"):
+            yield from read_chunks(self.config.resolve(log.path), layout, log.chunk,
+                                   log.max_records)
 
     @property
     def artifact_format(self) -> str:
