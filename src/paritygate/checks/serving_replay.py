@@ -83,7 +83,8 @@ def _replay_chunk(ctx: PolicyContext, chunk: Any, served: str, tally: _Tally,
     tally.over += int((per > limits).sum())
     tally.max_diff = max(tally.max_diff, float(per.max()))
     tally.sum_diff += float(per[np.isfinite(per)].sum())
-    for i in np.argsort(-per, kind="stable")[:WORST]:
+    top = np.argpartition(-per, WORST)[:WORST] if len(per) > WORST else np.arange(len(per))
+    for i in sorted(top.tolist()):
         item = (float(per[i]), -(chunk.first + int(i)), chunk.where(int(i)), chunk.timestamps[i])
         if len(tally.worst) < WORST:
             heapq.heappush(tally.worst, item)

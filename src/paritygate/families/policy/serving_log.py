@@ -100,8 +100,7 @@ def _observations(value: Any, layout: Layout, field: str, where: str, path: Path
 
 
 def _jsonl_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Iterator[Chunk]:
-    rows: list[tuple[int, dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray] | None,
-                     Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     count = 0
     with path.open(encoding="utf-8") as handle:
         for number, text in enumerate(handle, start=1):
@@ -117,38 +116,68 @@ def _jsonl_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> I
             for field in ("obs", "served"):
                 if field not in record:
                     raise InputError(path, f"{where}.{field}", "missing")
+            stamp = record.get("timestamp")
+            if stamp is not None and not isinstance(stamp, (int, float, str)):
+                raise InputError(path, f"{where}.timestamp", "a number or a string")
             count += 1
             if count > max_records:
                 raise InputError(path, "policy.serving_log.max_records",
                                  f"more than {max_records} records: raise the bound or "
                                  "replay a sample")
-            obs = _observations(record["obs"], layout, "obs", where, path)
-            served = _array(record["served"], layout.served, f"{where}.served", path,
-                            integer=layout.served_integer)
-            pre = (None if record.get("preprocessed") is None else
-                   _observations(record["preprocessed"], layout, "preprocessed", where, path))
-            stamp = record.get("timestamp")
-            if stamp is not None and not isinstance(stamp, (int, float, str)):
-                raise InputError(path, f"{where}.timestamp", "a number or a string")
-            rows.append((number, obs, served, pre, stamp))
+            rows.append((number, record))
             if len(rows) == chunk:
-                yield _stack(rows, count - len(rows), layout)
+                yield _stack(rows, count - len(rows), layout, path)
                 rows = []
     if rows:
-        yield _stack(rows, count - len(rows), layout)
+        yield _stack(rows, count - len(rows), layout, path)
 
 
-def _stack(rows: Sequence[Any], first: int, layout: Layout) -> Chunk:
+def _column(rows: Sequence[tuple[int, dict[str, Any]]], field: str, name: str | None,
+            shape: tuple[int, ...], path: Path, *, integer: bool = False) -> np.ndarray:
+    """One field of every record as an (n, *shape) array, converted in one step; when that
+    fails, record by record, so the first bad record is named."""
+    values = [r[field] if name is None else r[field][name] for _, r in rows]
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+        if shape == (1,) and arr.ndim == 1:
+            arr = arr[:, None]
+        ok = arr.shape == (len(rows), *shape) and (
+            not integer or bool(np.all(np.isfinite(arr) & (arr == np.round(arr)))))
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        return arr
+    label = field if name is None else f"{field}.{name}"
+    for (number, _), value in zip(rows, values, strict=True):
+        _array(value, shape, f"line {number}.{label}", path, integer=integer)
+    raise AssertionError("unreachable: a record failed to convert")  # pragma: no cover
+
+
+def _stack(rows: Sequence[tuple[int, dict[str, Any]]], first: int, layout: Layout, path: Path
+           ) -> Chunk:
     names = list(layout.inputs)
+    single = len(names) == 1
+
+    def inputs(field: str, subset: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
+        if not single or any(isinstance(r[field], Mapping) for _, r in subset):
+            for number, r in subset:  # an object keyed by input: each key checked
+                _observations(r[field], layout, field, f"line {number}", path)
+            return {n: _column(subset, field, n, layout.inputs[n], path).astype(np.float32)
+                    for n in names}
+        return {names[0]: _column(subset, field, None, layout.inputs[names[0]], path
+                                  ).astype(np.float32)}
+
+    obs = inputs("obs", rows)
+    served = _column(rows, "served", None, layout.served, path, integer=layout.served_integer)
     pre: dict[str, np.ndarray] | None = None
-    if any(r[3] is not None for r in rows):
-        pre = {n: np.stack([r[3][n] if r[3] is not None
-                            else np.full(layout.inputs[n], np.nan) for r in rows]
-                           ).astype(np.float32) for n in names}
-    return Chunk(first=first, lines=[r[0] for r in rows],
-                 obs={n: np.stack([r[1][n] for r in rows]).astype(np.float32) for n in names},
-                 served=np.stack([r[2] for r in rows]), preprocessed=pre,
-                 timestamps=[r[4] for r in rows])
+    given = [i for i, (_, r) in enumerate(rows) if r.get("preprocessed") is not None]
+    if given:
+        values = inputs("preprocessed", [rows[i] for i in given])
+        pre = {n: np.full((len(rows), *layout.inputs[n]), np.nan, np.float32) for n in names}
+        for n in names:
+            pre[n][given] = values[n]
+    return Chunk(first=first, lines=[number for number, _ in rows], obs=obs, served=served,
+                 preprocessed=pre, timestamps=[r.get("timestamp") for _, r in rows])
 
 
 # --- .npz -----------------------------------------------------------------------------------
