@@ -92,3 +92,25 @@ def test_scripted_inference_model_skips_precision_with_a_reason(clean_demo: Path
     result = evaluate_all(config, ("precision_per_layer",))["precision_per_layer"]
     assert result.status == "skip", result.message
     assert "TorchScript module" in result.message and "hooks" in result.message
+
+
+@pytest.mark.parametrize(("name", "declared", "cause"), [
+    ("policy.pt2", None, "torch.export.load cannot load"),
+    ("policy.pt", "torchscript", "torch.jit.load cannot load"),
+])
+def test_artifact_that_does_not_load_is_bad_input(clean_demo: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str], name: str,
+                                                  declared: str | None, cause: str) -> None:
+    """A truncated ``.pt2`` and a file declared TorchScript that is not: exit 2, one line."""
+    built = ENTRIES_BY_ID["pt2_clean" if name.endswith("pt2") else "torchscript_clean"].build(
+        clean_demo, tmp_path / "art")
+    artifact = tmp_path / name
+    data = Path(built["policy"]["artifact"]).read_bytes()
+    artifact.write_bytes(data[: len(data) // 2])
+    policy: dict[str, Any] = {"artifact": str(artifact)}
+    if declared:
+        policy["artifact_format"] = declared
+    config = write_config(tmp_path / "gate", clean_demo,
+                          {"policy": policy, "allow_pickle": name.endswith("pt2")})
+    assert_input_error(*run_in_process(capsys, config), file=artifact, key="policy.artifact",
+                       cause=cause)
