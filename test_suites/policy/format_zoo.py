@@ -103,3 +103,25 @@ def scripted_inference_model(**kwargs: Any) -> Any:
     from paritygate.demo.policy import InferencePolicy
 
     return torch.jit.script(InferencePolicy(**kwargs).eval())
+
+
+def traced_from(config: Any, out: Path) -> Path:
+    """The subject of a gate ``config`` as a traced TorchScript file: its inference model as
+    the gate builds it from the checkpoint (heads removed, eval), traced on the probe feeds in
+    the declared input order (a recurrent policy's state inputs included)."""
+    import torch
+
+    from paritygate.engines.torch_engine import ForwardAdapter
+    from paritygate.gate import Gate
+
+    ctx = Gate(config).context
+    names, call = ctx.input_names, ctx.spec.call
+    model = ctx.inference_model
+    if call != "positional":
+        model = ForwardAdapter(model, names, call).eval()
+    example = tuple(torch.from_numpy(ctx.feeds[n][:4].copy()) for n in names)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "policy.pt"
+    with torch.no_grad():
+        torch.jit.save(torch.jit.trace(model, example, check_trace=False), str(path))
+    return path

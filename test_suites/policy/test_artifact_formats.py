@@ -114,3 +114,28 @@ def test_artifact_that_does_not_load_is_bad_input(clean_demo: Path, tmp_path: Pa
                           {"policy": policy, "allow_pickle": name.endswith("pt2")})
     assert_input_error(*run_in_process(capsys, config), file=artifact, key="policy.artifact",
                        cause=cause)
+
+
+@pytest.mark.parametrize("base", ["cartpole", "recurrent"])
+def test_torchscript_artifact_steps_rollouts_and_sequences(zoo: Any, build_once: Any, base: str,
+                                                           tmp_path: Path) -> None:
+    """rollout_parity (PPO CartPole, episodes stepped by the TorchScript artifact) and
+    recurrent_parity (an LSTM actor, its state fed back) run on TorchScript as on ONNX."""
+    from format_zoo import traced_from
+    from policy_zoo import SUBJECTS, checks_of
+
+    if base in SUBJECTS:  # built as the shape zoo builds it
+        build = SUBJECTS[base].build
+        clean = build_once(f"shape-{base}", lambda out: build(out / base)) / base
+    else:
+        clean = zoo.clean_for(base)
+    onnx_config = fault_config(clean, tmp_path / "onnx", {}, base)
+    artifact = traced_from(onnx_config, tmp_path / "ts")
+    config = fault_config(clean, tmp_path / "gate", {"policy": {"artifact": str(artifact)}}, base)
+    checks = checks_of(base)
+    as_onnx = {c: r.status for c, r in evaluate_all(onnx_config, checks).items()}
+    got = evaluate_all(config, checks)
+    assert {c: r.status for c, r in got.items()} == as_onnx, {
+        c: r.message for c, r in got.items() if r.status != "pass"}
+    looped = "rollout_parity" if base == "cartpole" else "recurrent_parity"
+    assert as_onnx[looped] == "pass" and set(as_onnx.values()) <= {"pass", "skip"}
