@@ -18,21 +18,26 @@ from policy_zoo_builders import _inference_model, _perturbed, _state
 Overrides = dict[str, Any]
 
 
-def _model(clean: Path, *, stale: bool, train: bool) -> Any:
+def _model(clean: Path, *, stale: bool, train: bool, random: bool = False) -> Any:
     state = _state(clean)
-    model = _inference_model(_perturbed(state) if stale else state)
+    cls = None
+    if random:
+        from paritygate.demo.faults import StochasticDepthInference
+
+        cls = StochasticDepthInference
+    model = _inference_model(_perturbed(state) if stale else state, cls)
     return model.train() if train else model.eval()
 
 
-def torchscript(*, stale: bool = False, train: bool = False, script: bool = False
-                ) -> Callable[[Path, Path], Overrides]:
+def torchscript(*, stale: bool = False, train: bool = False, script: bool = False,
+                random: bool = False) -> Callable[[Path, Path], Overrides]:
     """``torch.jit.trace`` (or ``script``) of the inference model, saved with torch.jit.save."""
 
     def build(clean: Path, out: Path) -> Overrides:
         import torch
 
         out.mkdir(parents=True, exist_ok=True)
-        model = _model(clean, stale=stale, train=train)
+        model = _model(clean, stale=stale, train=train, random=random)
         with torch.no_grad():
             module = (torch.jit.script(model) if script else
                       torch.jit.trace(model, torch.zeros(4, 8), check_trace=False))
@@ -43,14 +48,15 @@ def torchscript(*, stale: bool = False, train: bool = False, script: bool = Fals
     return build
 
 
-def exported(*, stale: bool = False, train: bool = False) -> Callable[[Path, Path], Overrides]:
+def exported(*, stale: bool = False, train: bool = False, random: bool = False
+             ) -> Callable[[Path, Path], Overrides]:
     """``torch.export.export`` of the inference model (dynamic batch), saved as ``.pt2``."""
 
     def build(clean: Path, out: Path) -> Overrides:
         import torch
 
         out.mkdir(parents=True, exist_ok=True)
-        model = _model(clean, stale=stale, train=train)
+        model = _model(clean, stale=stale, train=train, random=random)
         batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch.export.export(model, (torch.zeros(4, 8),),
                                       dynamic_shapes=({0: batch},))
@@ -91,6 +97,10 @@ ENTRIES = (
                 exported(train=True), "dropout_off", "random_operators"),
     FormatEntry("pt2_train_bn", "exported in training mode: BatchNorm uses batch stats",
                 exported(train=True), "batchnorm_export", "training_mode_export"),
+    FormatEntry("torchscript_random_op", "stochastic depth (torch.rand) traced into the graph",
+                torchscript(random=True), "dropout_off", "random_operators"),
+    FormatEntry("pt2_random_op", "stochastic depth (torch.rand) exported into the program",
+                exported(random=True), "dropout_off", "random_operators"),
 )
 ENTRIES_BY_ID = {e.id: e for e in ENTRIES}
 
