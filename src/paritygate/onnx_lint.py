@@ -6,6 +6,9 @@ from typing import Any
 
 import numpy as np
 
+LOW_PRECISION = {10: "float16", 16: "bfloat16"}
+"""ONNX ``TensorProto`` data types of low-precision weights (FLOAT16, BFLOAT16)."""
+
 RANDOM_OPS = {
     "RandomNormal",
     "RandomUniform",
@@ -86,3 +89,4 @@ def random_nodes(model: Any) -> list[str]:
             if flag is None or bool(np.asarray(flag).reshape(-1)[0]):
                 bad.append(f"{_label(node)} (Dropout in training mode)")
     return bad
+

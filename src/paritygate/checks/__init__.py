@@ -27,6 +27,7 @@ CHECK_IDS: tuple[str, ...] = (
     "rollout_parity",
     "reward_parity",
     "reference_parity",
+    "serving_replay",
 )
 
 

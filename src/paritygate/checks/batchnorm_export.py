@@ -97,10 +97,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
                 "before saving or never updated")
 
-    from paritygate.onnx_lint import batchnorm_initializers, batchnorm_training_nodes
-
-    onnx_model = ctx.onnx_model
-    training_nodes = batchnorm_training_nodes(onnx_model)
+    graph = ctx.artifact_graph
+    training_nodes = graph.batchnorm_training
     if training_nodes:
         m.fail(
             "training_mode_export",
@@ -108,7 +106,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     torch_stats = [(n, mod.running_mean.detach().numpy(), mod.running_var.detach().numpy())
                    for n, mod in bns if mod.running_mean is not None]
     stats_diff = 0.0
-    onnx_bns = batchnorm_initializers(onnx_model)
+    onnx_bns = graph.batchnorm_stats
     for label, mean, var in onnx_bns:
         candidates = [(n, float(max(np.abs(mean - tm).max(), np.abs(var - tv).max())))
                       for n, tm, tv in torch_stats if tm.shape == mean.shape]

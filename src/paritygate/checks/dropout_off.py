@@ -37,8 +37,6 @@ def _repeat_spread(engine: Any, out: str, x: Mapping[str, np.ndarray], k: int) -
 def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     import torch
 
-    from paritygate.onnx_lint import random_nodes
-
     m = Measurement("dropout_off")
     k = ctx.spec.dropout_repeats
     in_training = []
@@ -70,7 +68,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "artifact_nondeterministic",
             f"artifact is not deterministic: {k} repeated runs differ by up to "
             f"{artifact_spread:.3g}")
-    random_ops = random_nodes(ctx.onnx_model)
+    random_ops = ctx.artifact_graph.random_ops
     if random_ops:
         m.fail(
             "random_operators",

@@ -208,49 +208,39 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
 
 
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
-    import onnx
-
     from paritygate.provenance import sha256_file
 
     m = Measurement("export_integrity")
-    model = ctx.onnx_model
-    try:
-        onnx.checker.check_model(model, full_check=True)
-        checker_ok = True
-    except Exception as exc:
-        checker_ok = False
-        m.fail(
-            "onnx_invalid",
-            f"onnx checker rejects the artifact: {str(exc).splitlines()[0][:300]}")
+    graph = ctx.artifact_graph
+    complaint = graph.validate()
+    checker_ok = complaint is None
+    if complaint is not None:
+        m.fail("onnx_invalid", f"onnx checker rejects the artifact: {complaint}")
 
-    inputs = {i.name: i for i in model.graph.input}
-    init_names = {i.name for i in model.graph.initializer}
-    real_inputs = [n for n in inputs if n not in init_names]
+    real_inputs = list(graph.input_names)
     # ONNX Runtime feeds inputs by name: the artifact's input order is its own.
     if sorted(real_inputs) != sorted(ctx.input_names):
         m.fail(
             "inputs_differ",
             f"artifact inputs {real_inputs} differ from the declared {ctx.input_names}")
-    outputs = [o.name for o in model.graph.output]
+    outputs = list(graph.output_names)
     if outputs != list(ctx.spec.output_names):
         m.fail(
             "outputs_differ",
             f"artifact outputs {outputs} differ from the declared {list(ctx.spec.output_names)}")
     baked = False
     for name in ctx.input_names:
-        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
-        if len(dims) and dims[0].HasField("dim_value"):
+        if name in graph.baked_batch:
             baked = True
             m.fail("batch_axis_baked", f"batch axis of input {name!r} is baked to "
-                   f"the constant {dims[0].dim_value}; export with a dynamic batch axis")
+                   f"the constant {graph.baked_batch[name]}; export with a dynamic batch axis")
 
-    session = ctx.candidate.session
     batch_failures = []
     for n in sorted({1, min(ctx.n_probes, 7)}):
         try:
-            out = session.run(None, take_rows(ctx.feeds, slice(0, n)))
-            if out[0].shape[0] != n:
-                batch_failures.append(f"batch {n} returned {out[0].shape[0]} rows")
+            first = ctx.candidate.run_batch(take_rows(ctx.feeds, slice(0, n)))[ctx.output_name]
+            if first.shape[0] != n:
+                batch_failures.append(f"batch {n} returned {first.shape[0]} rows")
         except Exception as exc:
             batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
     if batch_failures:
@@ -376,9 +366,10 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("artifact_modified", modified, threshold=0)
     m.metric("batch_axis_baked", int(baked), threshold=0)
     m.metric("batch_failures", len(batch_failures), threshold=0)
-    m.metric("opset", max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-                          default=0), bad="none", ratchet=False)
-    m.details["nodes"] = int(np.sum([1 for _ in model.graph.node]))
+    if graph.opset is not None:
+        m.metric("opset", graph.opset, bad="none", ratchet=False)
+    m.details["nodes"] = graph.nodes
+    m.details["format"] = graph.format
     return m
 
 

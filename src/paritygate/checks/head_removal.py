@@ -131,7 +131,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         )
 
     declared = list(ctx.spec.output_names)
-    exposed = [o.name for o in ctx.onnx_model.graph.output]
+    exposed = list(ctx.artifact_graph.output_names)
     extra = [o for o in exposed if o not in declared]
     absent = [o for o in declared if o not in exposed]
     if extra:

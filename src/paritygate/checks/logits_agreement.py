@@ -197,7 +197,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             m.hint("max_abs_diff", "artifact logits differ from the training model's; possible "
                    "causes: stale artifact, low-precision layer or changed output scaling")
     m.details["reference"] = ctx.reference.name
-    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    m.details["candidate"] = f"{ctx.candidate.name} {ctx.artifact_path.name}"
     return m
 
 

@@ -128,6 +128,8 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     subject = ctx.precision_subject()
     if subject is None:
         return m.skip("this model family provides no per-layer precision subject")
+    if subject.skip is not None:
+        return m.skip(subject.skip)
     if subject.refusal is not None:
         m.fail("not_checkpoint_weights", subject.refusal)
         return m

@@ -186,7 +186,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.details["per_step_state_max_abs_diff"] = free_state
     m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
     m.details["reference"] = ctx.reference.name
-    m.details["candidate"] = f"onnxruntime {ctx.artifact_path.name}"
+    m.details["candidate"] = f"{ctx.candidate.name} {ctx.artifact_path.name}"
     marks = sorted({0, steps // 2, steps - 1})
     m.note(f"{steps} steps x {rows} sequences, state fed back; policy-output error per step: "
            + ", ".join(f"step {t} {free[t]:.3g}" for t in marks)

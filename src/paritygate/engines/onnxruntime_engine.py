@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from paritygate.engines.artifact_graph import ArtifactGraph
 from paritygate.errors import InputError, MissingExtra
 
 
@@ -40,6 +43,19 @@ class OnnxRuntimeEngine:
         dim0 = self.session.get_inputs()[0].shape[0] if self.session.get_inputs() else None
         self.fixed_batch = dim0 if isinstance(dim0, int) and dim0 > 0 else None
 
+    @cached_property
+    def graph(self) -> Any:
+        """The artifact's :class:`~paritygate.engines.artifact_graph.ArtifactGraph` (read
+        from the ONNX file on first use)."""
+        import onnx
+
+        return onnx_artifact_graph(onnx.load(str(self.path)))
+
+    def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One session run on the feeds as given (no splitting at a fixed batch axis)."""
+        arrays = {k: np.ascontiguousarray(v) for k, v in feeds.items() if k in self.input_names}
+        return dict(zip(self.output_names, self.session.run(None, arrays), strict=True))
+
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = {k: np.ascontiguousarray(v) for k, v in feeds.items() if k in self.input_names}
         n = next(iter(arrays.values())).shape[0]
@@ -56,3 +72,54 @@ class OnnxRuntimeEngine:
         return {
             name: np.concatenate([c[j] for c in chunks]) for j, name in enumerate(self.output_names)
         }
+
+
+def onnx_artifact_graph(model: Any) -> ArtifactGraph:
+    """An ONNX model as an :class:`~paritygate.engines.artifact_graph.ArtifactGraph`."""
+    from onnx import numpy_helper
+
+    from paritygate.onnx_lint import (
+        LOW_PRECISION,
+        batchnorm_initializers,
+        batchnorm_training_nodes,
+        random_nodes,
+    )
+
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init_names]
+    baked = {}
+    for i in inputs:
+        dims = i.type.tensor_type.shape.dim
+        if len(dims) and dims[0].HasField("dim_value"):
+            baked[i.name] = int(dims[0].dim_value)
+    weights = []
+    for init in model.graph.initializer:
+        stored = LOW_PRECISION.get(init.data_type)
+        arr = numpy_helper.to_array(init)
+        if (stored is None and arr.dtype.kind != "f") or arr.size < 2:
+            continue
+        weights.append((init.name, arr.astype(np.float32), stored))
+
+    def validate() -> str | None:
+        import onnx
+
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except Exception as exc:
+            return str(exc).splitlines()[0][:300]
+        return None
+
+    return ArtifactGraph(
+        format="onnx",
+        input_names=[i.name for i in inputs],
+        output_names=[o.name for o in model.graph.output],
+        baked_batch=baked,
+        batchnorm_training=batchnorm_training_nodes(model),
+        batchnorm_stats=batchnorm_initializers(model),
+        random_ops=random_nodes(model),
+        weights=weights,
+        opset=max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                  default=0),
+        nodes=len(model.graph.node),
+        validate=validate,
+    )

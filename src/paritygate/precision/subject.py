@@ -34,3 +34,6 @@ class PrecisionSubject:
     refusal: str | None = None
     """Why the model must not be measured (tensors left at random init); the check fails
     with it before any measurement."""
+    skip: str | None = None
+    """Why the model cannot be measured layer by layer (its layers take no hooks): the check
+    is skipped with it, never an error."""

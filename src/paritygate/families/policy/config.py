@@ -175,6 +175,22 @@ GAUSSIAN_ONLY_KEYS: tuple[str, ...] = ("log_std", "log_std_key", "log_std_clamp"
 none."""
 
 
+class ServingLogSpec(StrictModel):
+    """``serving_replay``: a log of what serving received and returned, replayed through the
+    training path (schema: README, "Serving-log replay")."""
+
+    path: str
+    """An ``.npz`` or JSON-lines (``.jsonl``) file, relative to the config."""
+    served: Literal["output", "action"] = "output"
+    """What each record's ``served`` holds: the artifact's first output (``output``: logits,
+    or the action when ``distribution.serving_output: action``) or the env action taken
+    (``action``: an index for discrete actions)."""
+    max_records: int = Field(1_000_000, ge=1)
+    """The replay's bound: a log with more records is bad input (exit code 2)."""
+    chunk: int = Field(4096, ge=1)
+    """Records read and replayed at a time (memory is bounded by this, not by the log)."""
+
+
 class DistributionSpec(StrictModel):
     """A continuous policy's action distribution and its action transform. ``gaussian``: a
     diagonal Gaussian over the pre-squash action ``u``, whose mean is the policy output;
@@ -259,7 +275,12 @@ class PolicySpec(StrictModel):
     state dict, and a training checkpoint's is found under a common name (``state_dict``,
     ``model_state_dict``, ``model``, ...); the key used is noted on ``weights_load``."""
     artifact: str | None = None
-    """ONNX artifact to check; omitted: ``paritygate export`` runs on the fly."""
+    """The artifact to check (ONNX, TorchScript or a torch.export program: see
+    ``artifact_format``); omitted: ``paritygate export`` runs on the fly."""
+    artifact_format: Literal["onnx", "torchscript", "torch_export"] | None = None
+    """The artifact's format; omitted: told by the file (``.onnx``: ONNX; a zip of
+    ``torch.jit.save``: TorchScript; ``.pt2`` / a ``torch.export.save`` archive: torch.export,
+    read only with ``allow_pickle: true``)."""
     manifest: str | None = None
     """Defaults to ``manifest.json`` beside the artifact."""
     artifact_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
@@ -306,6 +327,8 @@ class PolicySpec(StrictModel):
     dropout_repeats: int = Field(5, ge=2)
     rollout: RolloutSpec | None = None
     """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
+    serving_log: ServingLogSpec | None = None
+    """A log of served requests for ``serving_replay``; omitted: that check is skipped."""
 
     @model_validator(mode="after")
     def _inputs_consistent(self) -> PolicySpec:

@@ -9,7 +9,7 @@ exports). Checks then share the loaded pieces and the cached forward passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -94,14 +94,16 @@ class PolicyContext:
 
     @cached_property
     def candidate(self) -> Any:
-        """The ONNX Runtime engine over the artifact (one session).
+        """The engine over the artifact: ONNX Runtime, TorchScript or a torch.export program
+        (``policy.artifact_format``, else told by the file).
 
         Without a configured artifact this exports one first, so a run whose
         selected checks never touch the artifact (e.g. only ``precision_per_layer``
         with ``precision.onnx_compare: false``) never exports.
         """
         if self.given_artifact is not None:
-            return open_artifact(self.given_artifact, self.spec, self.feeds)
+            return open_artifact(self.given_artifact, self.spec, self.feeds,
+                                 allow_pickle=self.config.allow_pickle)
         from paritygate.families.policy.export import export_policy
 
         artifact = export_policy(
@@ -353,11 +355,11 @@ class PolicyContext:
 
         return read_manifest(self.manifest_path)
 
-    @cached_property
-    def onnx_model(self) -> Any:
-        import onnx
-
-        return onnx.load(str(self.artifact_path))
+    @property
+    def artifact_graph(self) -> Any:
+        """The artifact's graph as the checks read it, whatever its format
+        (:class:`paritygate.engines.artifact_graph.ArtifactGraph`)."""
+        return self.candidate.graph
 
     @cached_property
     def initializer_match(self) -> dict[str, Any]:
@@ -365,7 +367,7 @@ class PolicyContext:
         value and by role (the inference model's parameter of the same name)."""
         from paritygate.families.policy.export import match_initializers
 
-        return match_initializers(self.onnx_model, self.state,
+        return match_initializers(self.artifact_graph.weights, self.state,
                                   self.inference_model.state_dict())
 
     @cached_property
@@ -405,6 +407,21 @@ class PolicyContext:
         tensors = tuple(torch.from_numpy(np.ascontiguousarray(self.feeds[n]))
                         for n in self.input_names)
         compare = self.config.precision.onnx_compare
+        notes: list[str] = []
+        if compare and self.artifact_format != "onnx":
+            compare = False
+            notes.append(f"the {self.artifact_format} artifact is not compared layer by layer "
+                         "(that comparison reads ONNX graphs); logits_agreement compares its "
+                         "outputs")
+        import torch
+
+        if any(isinstance(mod, torch.jit.ScriptModule)
+               for mod in self.inference_model.modules()):
+            skip = ("the inference model is a TorchScript module, whose layers take no hooks: "
+                    "set policy.inference_factory to the nn.Module and policy.artifact to the "
+                    "TorchScript file")
+        else:
+            skip = None
         names, call = self.input_names, self.spec.call
 
         def build_adapted() -> Any:
@@ -421,7 +438,51 @@ class PolicyContext:
             onnx_path=self.artifact_path if compare else None,
             onnx_feeds=[dict(self.feeds)],
             onnx_output_name=self.output_name,
+            extra={"notes": notes},
+            skip=skip,
         )
+
+    def training_inputs(self, raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Raw observations (per observation input) through the training preprocessing."""
+        from paritygate.families.policy.probes import preprocess
+
+        pres = self.input_preprocessors or {}
+        out = {}
+        for name, values in raw.items():
+            fn = pres.get(name, (None, None))[0]
+            out[name] = values if fn is None else preprocess(self.config, self.spec, fn, values,
+                                                             name)
+        return out
+
+    def serving_log_chunks(self) -> Iterator[Any]:
+        """``policy.serving_log`` read a chunk of records at a time
+        (:class:`paritygate.families.policy.serving_log.Chunk`), each record checked against
+        the policy's inputs and what it serves; bad records are :class:`InputError`."""
+        from paritygate.families.policy.serving_log import Layout, read_chunks
+
+        log = self.spec.serving_log
+        assert log is not None
+        inputs = {n: tuple(v.shape[1:]) for n, v in self.raw_inputs.items()}
+        if log.served == "action" and self.spec.action_space == "discrete":
+            layout = Layout(inputs, (1,), served_integer=True)
+        else:
+            out = self.reference_outputs[:1]
+            if log.served == "action":
+                out = self.deterministic_action(out)
+            layout = Layout(inputs, tuple(out.shape[1:]) or (1,))
+        with keyed("policy.serving_log"):
+            yield from read_chunks(self.config.resolve(log.path), layout, log.chunk,
+                                   log.max_records)
+
+    @property
+    def artifact_format(self) -> str:
+        """``onnx``, ``torchscript`` or ``torch_export``: the format the artifact is read as
+        (an artifact exported on the fly is ONNX)."""
+        if self.given_artifact is None:
+            return "onnx"
+        from paritygate.engines.artifact_graph import sniff_format
+
+        return self.spec.artifact_format or sniff_format(self.given_artifact) or "onnx"
 
 
 def factory_kwargs(config: GateConfig, spec: PolicySpec) -> dict[str, Any]:
@@ -768,12 +829,27 @@ def _initial_feeds(config: GateConfig, spec: PolicySpec, rows: int) -> dict[str,
     return out
 
 
-def open_artifact(artifact: Path, spec: PolicySpec, feeds: Mapping[str, np.ndarray]) -> Any:
-    """An ONNX Runtime engine over ``artifact``, its inputs and policy output validated."""
+def open_artifact(artifact: Path, spec: PolicySpec, feeds: Mapping[str, np.ndarray], *,
+                  allow_pickle: bool = False) -> Any:
+    """An engine over ``artifact`` in its format (``policy.artifact_format``, else told by
+    the file), its inputs and policy output validated."""
+    from paritygate.engines.artifact_graph import FORMATS_TEXT, sniff_format
+
+    fmt = spec.artifact_format or sniff_format(artifact)
+    if fmt in ("torchscript", "torch_export"):
+        return open_torch_artifact(artifact, fmt, spec, feeds, allow_pickle)
     from paritygate.engines.onnxruntime_engine import OnnxRuntimeEngine
 
-    with keyed("policy.artifact"):
-        candidate = OnnxRuntimeEngine(artifact)
+    if fmt == "onnx":
+        with keyed("policy.artifact"):
+            candidate = OnnxRuntimeEngine(artifact)
+    else:
+        try:
+            candidate = OnnxRuntimeEngine(artifact)
+        except InputError:
+            raise InputError(artifact, "policy.artifact",
+                             f"not an artifact the gate reads: the gate reads {FORMATS_TEXT} "
+                             "(set policy.artifact_format to name one)") from None
     names = candidate.input_names
     absent = [n for n in spec.input_names if n not in names]
     if len(spec.input_names) > 1 and absent:
@@ -822,3 +898,43 @@ def check_input_dtypes(session: Any, artifact: Path, spec: PolicySpec,
             artifact, "policy.artifact",
             f"input {name!r} takes {want}, but {source}: feed the artifact's dtype (save the "
             f"probes as {want}, or export the artifact with a {fed.dtype} input)")
+
+
+def open_torch_artifact(artifact: Path, fmt: str, spec: PolicySpec,
+                        feeds: Mapping[str, np.ndarray], allow_pickle: bool) -> Any:
+    """A TorchScript or torch.export engine over ``artifact``: its input count must be the
+    declared inputs' and it must run two probe rows, returning the policy output in the
+    probes' batch (the first declared output: these formats name outputs by position)."""
+    names = spec.input_names
+    if fmt == "torchscript":
+        from paritygate.engines.torchscript_engine import TorchScriptEngine
+
+        candidate: Any = TorchScriptEngine(artifact, input_names=names,
+                                           output_names=spec.output_names, call=spec.call)
+    else:
+        from paritygate.engines.torch_export_engine import TorchExportEngine
+
+        candidate = TorchExportEngine(artifact, input_names=names,
+                                      output_names=spec.output_names, call=spec.call,
+                                      allow_pickle=allow_pickle)
+    n_inputs = len(candidate.graph.input_names)
+    if n_inputs != len(names):
+        raise InputError(artifact, "policy.inputs",
+                         f"the {fmt} artifact takes {n_inputs} input(s); policy.inputs declares "
+                         f"{len(names)} ({names})")
+    rows = {n: v[:2] for n, v in feeds.items()}
+    if candidate.fixed_batch:
+        rows = {n: np.repeat(v[:1], candidate.fixed_batch, axis=0) for n, v in feeds.items()}
+    try:
+        out = candidate.infer(rows)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise InputError(artifact, "policy.artifact",
+                         f"the {fmt} artifact does not run on two probe rows: "
+                         f"{type(exc).__name__}: {first}") from None
+    policy = out.get(spec.output_names[0])
+    if policy is None or policy.ndim == 0 or len(policy) != len(next(iter(rows.values()))):
+        raise InputError(artifact, "policy.output_names",
+                         f"the {fmt} artifact's first output is not a batch of policy outputs")
+    candidate.graph.output_names = list(out)  # named by position: what it returns
+    return candidate

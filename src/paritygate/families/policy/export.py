@@ -192,9 +192,13 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 
 def match_initializers(
-    onnx_model: Any, state: dict[str, Any], model_state: dict[str, Any] | None = None
+    weights: Any, state: dict[str, Any], model_state: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Which of the artifact's weight initializers are this checkpoint's tensors, in their place.
+
+    ``weights``: the artifact's stored tensors as ``(name, float32 array, stored low-precision
+    dtype or None)`` (:attr:`paritygate.engines.artifact_graph.ArtifactGraph.weights`: ONNX
+    initializers, a TorchScript module's or an exported program's state).
 
     An initializer's *role* is the parameter it stands for: its name when that names a
     checkpoint tensor or a parameter of the inference model (``model_state``). With a
@@ -217,7 +221,6 @@ def match_initializers(
     matched or misplaced.
     """
     import numpy as np
-    from onnx import numpy_helper
 
     named = _float_arrays(state)
     model = _float_arrays(model_state or {})
@@ -234,19 +237,14 @@ def match_initializers(
     rel: dict[str, float] = {}
     targets: dict[str, str] = {}
     low: dict[str, str] = {}  # initializer -> its float16/bfloat16 dtype
-    for init in onnx_model.graph.initializer:
-        stored = LOW_PRECISION_INITIALIZERS.get(init.data_type)
-        arr = numpy_helper.to_array(init)
-        if (stored is None and arr.dtype.kind != "f") or arr.size < 2:
-            continue
-        arr = arr.astype(np.float32)
+    for init_name, arr, stored in weights:
         pool = list(by_shape.get(tuple(arr.shape), []))
         if arr.ndim == 2:
             pool += [(n, t.T) for n, t in by_shape.get(tuple(arr.shape[::-1]), [])]
         if not pool:
             continue
         comparable += 1
-        role = role_fp32 = named.get(init.name)
+        role = role_fp32 = named.get(init_name)
         rtol = 1e-5
         if stored is not None:  # compare with the checkpoint cast to the artifact's dtype
             pool = [(n, cast_rounded(t, stored)) for n, t in pool]
@@ -257,31 +255,31 @@ def match_initializers(
         if from_target and len(from_target) == len(equal) and np.ptp(arr) > 0:
             # only a target network holds these values (under any initializer name, its own
             # included): the artifact serves the training-only copy
-            targets[init.name] = from_target[0]
-            unmatched.append(init.name)
+            targets[init_name] = from_target[0]
+            unmatched.append(init_name)
         elif role is None:  # no checkpoint tensor of this name: any of its value matches
-            (matched if equal else unmatched).append(init.name)
+            (matched if equal else unmatched).append(init_name)
         elif _same(arr, role):
-            matched.append(init.name)
+            matched.append(init_name)
         elif _channel_scaled(arr, role_fp32, rtol):
-            folded.append(init.name)
+            folded.append(init_name)
         elif equal and np.ptp(arr) > 0:  # a constant (all ones, zeros) places nothing
-            misplaced[init.name] = equal[0]
-            unmatched.append(init.name)
+            misplaced[init_name] = equal[0]
+            unmatched.append(init_name)
         else:
-            unmatched.append(init.name)
+            unmatched.append(init_name)
             ref = role if role.shape == arr.shape else role.T
             if ref.shape == arr.shape:
-                drifted.append(init.name)
+                drifted.append(init_name)
                 scale = float(np.abs(ref).max()) or 1.0
-                rel[init.name] = float(np.abs(arr - ref).max()) / scale
-        own = model.get(init.name)
+                rel[init_name] = float(np.abs(arr - ref).max()) / scale
+        own = model.get(init_name)
         if stored is not None and own is not None:
             own = cast_rounded(own, stored)
-        if init.name in matched and own is not None and not _same(arr, own):
-            not_in_model.append(init.name)
+        if init_name in matched and own is not None and not _same(arr, own):
+            not_in_model.append(init_name)
         if stored is not None:
-            low[init.name] = stored
+            low[init_name] = stored
     # A folded layer's bias absorbs the BatchNorm shift: folded with its weight.
     for name in [n for n in unmatched if n.endswith(".bias") and n not in misplaced]:
         if name[: -len("bias")] + "weight" in folded:

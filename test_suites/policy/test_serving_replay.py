@@ -1,0 +1,144 @@
+"""serving_replay: a serving log replayed through the training path.
+
+The logs are written by the demo policy's own serving path outside the gate (serving
+preprocessing, the shipped ONNX artifact in ONNX Runtime) on fresh raw observations: the clean
+log passes; a log from a serving path with stale normalisation statistics fails by name; a log
+of observations the probes never spanned says so; bad records are exit 2 naming the file, line
+and field; a log larger than its bound is exit 2 naming the bound's key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from policy_zoo import evaluate_all, fault_config
+from test_bad_input import assert_input_error, run_in_process, write_config
+
+
+def serve(clean: Path, raw: np.ndarray, normalise: Any) -> tuple[np.ndarray, np.ndarray]:
+    """What the demo's serving path returns for raw observations: (model inputs, logits)."""
+    import onnxruntime as ort
+
+    x = np.asarray(normalise(raw, stats_path=clean / "obs_norm.json"), np.float32)
+    session = ort.InferenceSession(str(clean / "policy.onnx"), providers=["CPUExecutionProvider"])
+    return x, session.run(None, {"obs": x})[0]
+
+
+def write_log(clean: Path, out: Path, *, normalise: Any = None, scale: float = 1.0,
+              fmt: str = "jsonl", count: int = 300) -> Path:
+    from paritygate.demo import policy
+
+    raw = policy.probe_observations(count, 7) * np.float32(scale)
+    x, served = serve(clean, raw, normalise or policy.normalize_serving)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "npz":
+        path = out / "serving.npz"
+        np.savez_compressed(path, obs=raw, served=served, preprocessed=x,
+                            timestamp=np.arange(count, dtype=np.float64))
+        return path
+    path = out / "serving.jsonl"
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(count):
+            handle.write(json.dumps({"obs": raw[i].tolist(), "served": served[i].tolist(),
+                                     "preprocessed": x[i].tolist(),
+                                     "timestamp": f"2026-12-01T00:00:{i % 60:02d}Z"}) + "\n")
+    return path
+
+
+def replay(clean: Path, out: Path, log: Path, **extra: Any) -> Any:
+    config = fault_config(clean, out, {"policy": {"serving_log": {"path": str(log), **extra}}})
+    return evaluate_all(config, ("serving_replay",))["serving_replay"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "npz"])
+def test_clean_log_passes(clean_demo: Path, tmp_path: Path, fmt: str) -> None:
+    log = write_log(clean_demo, tmp_path / "log", fmt=fmt)
+    result = replay(clean_demo, tmp_path / "gate", log, chunk=64)
+    assert result.status == "pass", result.message
+    assert result.metrics["records"] == 300
+    assert result.metrics["records_over_tolerance"] == 0
+    assert result.metrics["preprocessed_max_abs_diff"] <= 1e-5
+
+
+def stale_serving(clean: Path, folder: Path) -> Any:
+    """The demo's serving normaliser reading last release's statistics (the zoo's
+    ``stale_norm_stats`` fault), whatever stats path it is given."""
+    import policy_zoo_builders as zb
+
+    from paritygate.demo import faults
+
+    stats = Path(zb.stale_stats(clean, folder)["policy"]["preprocessing"]["stats"])
+    return lambda raw, stats_path: faults.normalize_serving_stale(raw, stats_path=stats)
+
+
+def test_stale_normalisation_in_serving_fails_by_name(clean_demo: Path, tmp_path: Path) -> None:
+    log = write_log(clean_demo, tmp_path / "log",
+                    normalise=stale_serving(clean_demo, tmp_path / "stats"))
+    result = replay(clean_demo, tmp_path / "gate", log)
+    assert result.status == "fail"
+    kinds = result.finding_kinds()
+    assert "serving_preprocessing_differs" in kinds and "served_outputs_differ" in kinds, kinds
+    assert "line " in result.message
+    worst = result.details["worst_records"]
+    assert len(worst) == 5 and worst[0]["where"].startswith("line ")
+
+
+def test_served_actions_compare_with_the_training_argmax(clean_demo: Path,
+                                                         tmp_path: Path) -> None:
+    from paritygate.demo import policy
+
+    raw = policy.probe_observations(200, 7)
+    for label, normalise in (("clean", policy.normalize_serving),
+                             ("stale", stale_serving(clean_demo, tmp_path / "stats"))):
+        _, logits = serve(clean_demo, raw, normalise)
+        path = tmp_path / f"{label}.jsonl"
+        path.write_text("".join(json.dumps({"obs": raw[i].tolist(),
+                                            "served": int(np.argmax(logits[i]))}) + "\n"
+                                for i in range(len(raw))), encoding="utf-8")
+        result = replay(clean_demo, tmp_path / f"gate-{label}", path, served="action")
+        if label == "clean":
+            assert result.status == "pass", result.message
+        else:
+            assert "served_outputs_differ" in result.finding_kinds(), result.message
+
+
+def test_observations_outside_the_probes_are_named(clean_demo: Path, tmp_path: Path) -> None:
+    log = write_log(clean_demo, tmp_path / "log", scale=4.0)
+    result = replay(clean_demo, tmp_path / "gate", log)
+    assert "probes_miss_served_inputs" in result.finding_kinds(), result.message
+    assert result.metrics["coverage_worst_outside"] > 0.2
+
+
+@pytest.mark.parametrize(("line", "key", "cause"), [
+    ('{"served": [0, 0, 0, 0]}', "line 3.obs", "missing"),
+    ('{"obs": [1, 2], "served": [0, 0, 0, 0]}', "line 3.obs", "shape [2], expected [8]"),
+    ('{"obs": [1, 2, 3, 4, 5, 6, 7, 0], "served": "x"}', "line 3.served", "not a number"),
+    ('{"obs": [1, 2, 3, 4, 5, 6, 7, 0], "served": [0, 0, 0, 0], "timestamp": []}',
+     "line 3.timestamp", "a number or a string"),
+    ("not json", "line 3", "not JSON"),
+])
+def test_bad_record_is_bad_input(clean_demo: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str], line: str, key: str,
+                                 cause: str) -> None:
+    log = write_log(clean_demo, tmp_path / "log", count=4)
+    lines = log.read_text(encoding="utf-8").splitlines()
+    lines[2] = line
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = write_config(tmp_path / "gate", clean_demo,
+                          {"policy": {"serving_log": {"path": str(log)}}})
+    assert_input_error(*run_in_process(capsys, config), file=log,
+                       key=f"policy.serving_log: {key}", cause=cause)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "npz"])
+def test_log_over_its_bound_is_bad_input(clean_demo: Path, tmp_path: Path, fmt: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_log(clean_demo, tmp_path / "log", count=20, fmt=fmt)
+    config = write_config(tmp_path / "gate", clean_demo,
+                          {"policy": {"serving_log": {"path": str(log), "max_records": 10}}})
+    assert_input_error(*run_in_process(capsys, config), file=log,
+                       key="policy.serving_log.max_records", cause="more than 10")
