@@ -82,7 +82,9 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "head_left",
             f"training-only head parameters remain in the inference model: {leftover[:5]}")
 
-    reference = ctx.reference_outputs
+    # The inference model is the training model less its heads: it answers in the training
+    # output's terms, or in the env action's when its factory applies the action transform.
+    reference = ctx.inference_terms(ctx.reference_results[ctx.output_name])
     candidate = ctx.inference_outputs
     for label, arr in (
         ("training policy output", reference),
@@ -95,7 +97,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     # randomness instead of blaming a removed step (dropout_off measures it).
     again = {
         "inference model": ctx.inference_engine.infer(ctx.feeds)[ctx.output_name],
-        "training model": ctx.as_served(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
+        "training model": ctx.inference_terms(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
     }
     random_sides = []
     for side, first in (("inference model", candidate), ("training model", reference)):

@@ -190,7 +190,8 @@ def run_precision(
     if spec.onnx_compare and subject.onnx_path is not None:
         from paritygate.precision.onnx_compare import OnnxComparison
 
-        onnx = OnnxComparison(subject.onnx_path, subject.onnx_feeds or [], subject.onnx_output_name)
+        onnx = OnnxComparison(subject.onnx_path, subject.onnx_feeds or [], subject.onnx_output_name,
+                              output_transform=subject.onnx_output_transform)
         problem = onnx.unrunnable()
         if problem is not None:
             skipped = (

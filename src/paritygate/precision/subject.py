@@ -27,6 +27,10 @@ class PrecisionSubject:
     onnx_path: Path | None = None
     onnx_feeds: list[dict[str, Any]] | None = None
     onnx_output_name: str | None = None
+    onnx_output_transform: Callable[[Any], Any] | None = None
+    """Maps the torch model's selected output (a numpy array) to the artifact's terms before
+    they are compared (a policy whose artifact serves the env action while the inference
+    model returns the pre-squash output); ``None``: compared as they are."""
     extra: dict[str, Any] = field(default_factory=dict)
     streamed: bool = False
     """The model reads its layers from disk as they run (``precision.streaming``): the pass

@@ -202,6 +202,34 @@ class PolicyContext:
         action when the artifact serves actions (``distribution.serving_output: action``)."""
         return self.as_served(self.reference_results[self.output_name])
 
+    @cached_property
+    def inference_serves_action(self) -> bool:
+        """Whether the heads-removed torch model returns the env action rather than the
+        training policy output. With ``distribution.serving_output: action`` the artifact
+        serves the action, but the inference model is the training model less its heads (an
+        adapter's actor returns ``u``) unless its factory applies the transform itself: the
+        space its output on the probes is nearer to, the raw output or its action, says which."""
+        dist = self.spec.distribution
+        if dist is None or dist.serving_output != "action":
+            return False
+        raw = self.reference_results[self.output_name]
+        served = self.reference_outputs
+        candidate = self.inference_outputs
+        if candidate.shape != raw.shape:
+            return True  # no raw comparison possible: judge it as served, the shapes will say
+
+        def gap(reference: np.ndarray) -> float:
+            with np.errstate(invalid="ignore"):
+                return float(np.nanmax(np.abs(reference.astype(np.float64)
+                                              - candidate.astype(np.float64)), initial=0.0))
+
+        return gap(served) < gap(raw)
+
+    def inference_terms(self, training_output: np.ndarray) -> np.ndarray:
+        """A training policy output in the inference model's terms (see
+        :attr:`inference_serves_action`)."""
+        return self.as_served(training_output) if self.inference_serves_action else training_output
+
     @property
     def training_log_std(self) -> np.ndarray:
         """The training forward's raw log-std output on the probes (``log_std: output``)."""
@@ -438,6 +466,10 @@ class PolicyContext:
             onnx_path=self.artifact_path if compare else None,
             onnx_feeds=[dict(self.feeds)],
             onnx_output_name=self.output_name,
+            onnx_output_transform=(
+                self.as_served if self.spec.distribution is not None
+                and self.spec.distribution.serving_output == "action"
+                and not self.inference_serves_action else None),
             extra={"notes": notes},
             skip=skip,
         )
