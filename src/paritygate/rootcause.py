@@ -309,7 +309,10 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("tokenizer_parity", "tokenizer", None,
                 ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity",
                  "batch_invariance"),
-                "the serving tokenizer encodes prompts differently from training"),
+                "the serving tokenizer encodes prompts differently from training",
+                fix="ship the training tokenizer's files with the served copy (left padding for "
+                    "generation, the same special tokens and chat template), or accept a "
+                    "difference with a reason: causal_lm.tokenizer.allow: [{field, reason}]"),
     Explanation("batch_invariance", "batch_layout",
                 ("right_padding", "position_ids_not_from_mask", "mask_not_passed"),
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
@@ -318,7 +321,11 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),
-                "training and serving sample under different settings"),
+                "training and serving sample under different settings",
+                fix="make the serving sampling config's differing fields equal the training "
+                    "ones (the served directory's generation_config.json is the serving "
+                    "default), or accept one with a reason: causal_lm.sampling.allow: "
+                    "[{field, reason}]"),
     # The RL loop's reward and KL reference: their faults explain no other check; each kind
     # names what is wrong with them.
     Explanation("reward_parity", "reward_provenance",

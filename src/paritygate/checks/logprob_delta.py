@@ -23,6 +23,26 @@ if TYPE_CHECKING:
     from paritygate.metrics.tiers import Limits
 
 
+def _truncation_hint(train_mode: str, engine_mode: str, serving: Any) -> str:
+    """Processed log-probs under top-k or top-p on both sides: the engine renormalises over
+    the kept tokens, which a trainer function that only divides by the temperature does not
+    (HF's ``top_k: 50`` applies wherever ``generation_config.json`` leaves ``top_k`` out)."""
+    if not train_mode == engine_mode == "processed":
+        return ""
+    kept = []
+    if serving.top_k:
+        kept.append(f"top_k {serving.top_k}"
+                    + (" (HF's default where generation_config.json omits top_k)"
+                       if serving.top_k == 50 else ""))
+    if serving.top_p < 1.0:
+        kept.append(f"top_p {serving.top_p:g}")
+    if not kept:
+        return ""
+    return (f"; the engine's processed log-probs are renormalised under {' and '.join(kept)}: "
+            "does causal_lm.training.logprob_fn apply the same truncation? (or set top_k: 0 / "
+            "top_p: 1.0 where the trainer samples without it)")
+
+
 def _limit(limits: Limits, tier_key: str, name: str) -> str:
     """A delta limit and its source: the tier's (``0.354 (bf16/fp32 tier; ...)``), the
     config's, or the fp32/fp32 tier the defaults are."""
@@ -170,7 +190,8 @@ def measure_delta(
             f"{name} {m.metrics[name].value:.3g} > {_limit(limits, tier_key, name)}"
             for name in DELTA_THRESHOLD_KEYS if m.metrics[name].breaches())
         m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; "
-               f"worst: {worst}" + (f" ({limits_text})" if limits_text else ""))
+               f"worst: {worst}" + (f" ({limits_text})" if limits_text else "")
+               + _truncation_hint(train_mode, engine_mode, serving))
     m.note(f"diagnosis: {stats.diagnosis}")
     m.details["tier"] = {"name": tier_key, **tier}
     details = stats.to_details()
