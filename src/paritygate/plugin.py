@@ -329,7 +329,23 @@ def _get_gate(config: pytest.Config) -> Gate:
     gate = run.gates[key]
     gate.update_golden = config.getoption("--update-golden")
     gate.allow_skips = config.getoption("--allow-skips")
+    gate.markexpr = config.getoption("markexpr", "") or None
+    gate.named = _named_checks(config.args)
     return gate
+
+
+def _named_checks(args: list[str]) -> frozenset[str]:
+    """Check ids the command line names: a gate file (``test_<id>.py``) or its test node
+    (``paritygate run --check`` passes those)."""
+    from paritygate.checks import CHECK_IDS
+
+    named = set()
+    for arg in args:
+        name = Path(arg.split("::", 1)[0]).name
+        cid = name.removeprefix("test_").removesuffix(".py")
+        if name.startswith("test_") and name.endswith(".py") and cid in CHECK_IDS:
+            named.add(cid)
+    return frozenset(named)
 
 
 @pytest.fixture(scope="session")
