@@ -115,6 +115,14 @@ class Gate:
         """Forget what this run blessed (interrupted, or stopped by bad input)."""
         self.golden.discard()
 
+    def close(self) -> None:
+        """Shut down what the context started (a vLLM engine and its processes); the gate
+        files' session calls it when the run ends. A context without engines to stop has
+        no ``close``."""
+        close = getattr(self.__dict__.get("context"), "close", None)
+        if callable(close):
+            close()
+
     def checks(self) -> list[CheckSpec]:
         """Checks this gate runs, in checklist order."""
         selected = checks_for(self.config.family)

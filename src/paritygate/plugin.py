@@ -410,7 +410,10 @@ INTERRUPTED_LINE = (
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput") or RUN not in config.stash:
+    if RUN not in config.stash:
+        return
+    _close_gates(_state(config))
+    if hasattr(config, "workerinput"):
         return  # xdist worker: the controller writes the report
     if not config.getoption("--gate-config"):
         return  # not a gate session (the project's own tests)
@@ -421,6 +424,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # The session ends next; pytest's exit-time gc passes need not walk the loaded models
         # and modules again (a second and more on a transformers process).
         gc.freeze()
+
+
+def _close_gates(run: GateRun) -> None:
+    """Stop the engines the session's gates started (vLLM's processes) while the session's
+    streams are open: left to vLLM's exit-time finalizers, its shutdown warnings go to a
+    stream pytest has closed and print "--- Logging error ---" tracebacks after the verdict."""
+    for gate in run.gates.values():
+        try:
+            gate.close()
+        except Exception as exc:  # a failed shutdown must not cost the verdict
+            sys.stderr.write(f"paritygate: could not shut down {gate.config.name}'s engines: "
+                             f"{type(exc).__name__}: {exc}\n")
 
 
 def _pytest_exit(outcome: Outcome, exitstatus: int) -> int:

@@ -165,3 +165,33 @@ def test_served_fault_named_like_hf(vllm_variants, name: str) -> None:
     assert hf.status == "fail", hf.message
     assert vllm.status == "fail", vllm.message
     assert _kinds(vllm) == _kinds(hf), (vllm.reasons, hf.reasons)
+
+
+def test_vllm_gate_output_has_no_traceback(demo_lm: Path, tmp_path: Path) -> None:
+    """A real vLLM gate run as users start it (its own process): the run ends with its
+    verdict and nothing after it; vLLM's shutdown (its engine core and workers) happens when
+    the run ends, not in vLLM's exit-time finalizers, whose log records went to streams
+    pytest had closed ("--- Logging error --- Traceback", six blocks per run)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = clean_config(demo_lm)
+    data["name"] = "vllm-quiet"
+    data["checks"] = ["vllm_delta", "generation_parity"]
+    data["causal_lm"]["engines"] = ["vllm"]
+    data["golden"] = {"dir": str(tmp_path / "golden")}
+    config = tmp_path / "gate.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = subprocess.run(
+        [sys.executable, "-m", "paritygate", "run", str(config), "--update-golden",
+         "--report-dir", str(tmp_path / "report")],
+        capture_output=True, text=True, timeout=1200,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "pass  vllm_delta" in run.stdout, output
+    assert "Traceback" not in output, output
+    assert "Logging error" not in output, output
+    assert "force killing" not in output, output
