@@ -59,6 +59,16 @@ def test_selects_by_marks(markexpr: str | None, selects: bool) -> None:
     assert selects_by_marks(markexpr, get_check("vllm_delta").marks) is selects
 
 
+def test_named_checks_from_the_command_line() -> None:
+    """``paritygate run --check vllm_delta`` hands pytest the gate file's node; a gate file
+    given to pytest names its check too; a folder names none."""
+    from paritygate.plugin import _named_checks
+
+    assert _named_checks(["/x/gates/test_vllm_delta.py::test_vllm_delta"]) == {"vllm_delta"}
+    assert _named_checks(["gates/test_vllm_delta.py", "gates"]) == {"vllm_delta"}
+    assert _named_checks(["gates", "tests/test_other.py"]) == frozenset()
+
+
 def test_hf_config_skips_vllm_delta_saying_so(lm_variants, monkeypatch) -> None:
     gate = lm_variants.gate("clean")  # engines: [hf]
     engine = Unstartable()
