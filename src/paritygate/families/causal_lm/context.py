@@ -201,6 +201,16 @@ class LMContext:
             and self.spec.training.device_map is None
         )
 
+    def close(self) -> None:
+        """Shut down the engines this context started that hold processes (vLLM's engine
+        core and its workers). Called when the run ends, so the shutdown happens while the
+        streams vLLM's loggers write to are open, not in vLLM's exit-time finalizers (which
+        log to a stream the test runner has closed: "--- Logging error ---" tracebacks)."""
+        engine = self.__dict__.pop("_vllm_engine", None)
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+
     def engine(self, name: str = "hf") -> GenerationEngine:
         """The inference engine ``name`` (``hf`` or ``vllm``), built once."""
         if name == "hf":

@@ -25,8 +25,11 @@ def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
         raise InputError(config.path, "family", "paritygate dump needs a causal_lm gate")
     ctx = build_context(config)
     assert isinstance(ctx, LMContext)  # family causal_lm builds an LMContext
-    generation, sampling = ctx.sampled(engine)
-    greedy = ctx.greedy(engine)
+    try:
+        generation, sampling = ctx.sampled(engine)
+        greedy = ctx.greedy(engine)
+    finally:
+        ctx.close()  # vLLM's engine processes end here, not in its exit-time finalizers
     records = dump_records(generation, sampling)
     if greedy is not None:
         records += dump_records(greedy, ctx.serving_sampling.spec().greedy())
