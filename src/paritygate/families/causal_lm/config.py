@@ -249,6 +249,11 @@ class CausalLMSpec(StrictModel):
     checkpoint: int | Literal["latest", "final"] | None = None
     """With a trainer ``output_dir`` as ``model_dir``: the step N of ``checkpoint-N`` to gate,
     ``latest`` (the default) or ``final`` (the model saved at the output_dir's top)."""
+    adapter: str | None = None
+    """A PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) trained
+    on ``model_dir``: the training side is the base with the adapter merged in memory (peft).
+    ``model_dir`` may instead name the adapter directory itself; its base is then
+    ``base_model_name_or_path`` of ``adapter_config.json`` when that is a local directory."""
     training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
     serving: ServingSpec = ServingSpec()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
 
     from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
@@ -76,6 +77,12 @@ class LMContext:
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
     reward: RewardSetup | None = None
     """The validated ``causal_lm.reward`` block (``reward_parity``), ``None`` when absent."""
+    adapter: AdapterInfo | None = None
+    """The PEFT adapter merged into ``model_dir`` (the base) as the training side, ``None``
+    when the training directory is a full model."""
+    adapter_key: str = "causal_lm.adapter"
+    """The config key that named the adapter (``causal_lm.model_dir`` when it is the
+    adapter's directory)."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -123,10 +130,25 @@ class LMContext:
     # -- weights -----------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         """Every tensor of the training directory's safetensors files (read on each call, so
-        the run does not hold a second copy of the weights)."""
+        the run does not hold a second copy of the weights). With an adapter, the base's
+        files under their own names, each holding the merged model's tensor where it has one
+        (the training policy the trainer optimised)."""
         from paritygate.families.causal_lm.weights import read_state
 
-        return read_state(self.model_dir)
+        state = read_state(self.model_dir)
+        if self.adapter is not None:
+            merged = self.reference_model().state_dict()
+            state.update({k: merged[k].detach() for k in state if k in merged})
+        return state
+
+    def adapter_base_state(self) -> dict[str, Any]:
+        """The base model's tensors the adapter changes (its target weights), as stored in
+        ``model_dir``; empty without an adapter."""
+        from paritygate.families.causal_lm.weights import read_keys
+
+        if self.adapter is None:
+            return {}
+        return read_keys(self.model_dir, self.adapter.target_weights())
 
     def is_training_only(self, key: str) -> bool:
         """``key`` belongs to one of ``causal_lm.training_only_heads``."""
@@ -154,7 +176,12 @@ class LMContext:
     @cached_property
     def _reference(self) -> tuple[Any, dict[str, Any]]:
         with keyed("causal_lm.model_dir"):
-            return self._load(self.model_dir)
+            model, info = self._load(self.model_dir)
+        if self.adapter is not None:
+            from paritygate.families.causal_lm.adapter import merge_adapter
+
+            model = merge_adapter(model, self.adapter, self.adapter_key)
+        return model, info
 
     def _load(self, model_dir: Path) -> tuple[Any, dict[str, Any]]:
         return load_causal_lm(
@@ -394,6 +421,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     cfg = config.path
+    spec, adapter, adapter_key = _resolve_adapter(config, spec)
     spec, served_from, sources = resolve_serving(config, spec)
     declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
     model_dir = config.resolve(spec.model_dir)
@@ -411,6 +439,13 @@ def build_lm_context(config: GateConfig) -> LMContext:
     with keyed("causal_lm.model_dir"):
         files = safetensors_files(model_dir)
         check_model_dir(model_dir, trust_remote_code=trust)
+    trained = files
+    if adapter is not None:
+        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE, check_fits
+
+        check_fits(adapter, model_dir, adapter_key)
+
+        trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
     if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
         check_input(engine_dir, served_from, what="model directory", expect="dir")
@@ -513,8 +548,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
         spec=spec,
         model_dir=model_dir,
         engine_model_dir=engine_dir,
-        checkpoint_path=files[0] if len(files) == 1 else model_dir,
-        checkpoint_sha256=sha256_files(files),
+        checkpoint_path=(adapter.directory if adapter is not None
+                         else files[0] if len(files) == 1 else model_dir),
+        checkpoint_sha256=sha256_files(trained),
         training_tokenizer=training_tok,
         serving_tokenizer=serving_tok,
         probes=probes,
@@ -529,8 +565,37 @@ def build_lm_context(config: GateConfig) -> LMContext:
         served_config_dtype=served_dtype(engine_dir),
         kl_reference=kl_reference,
         reward=reward,
+        adapter=adapter,
+        adapter_key=adapter_key,
     )
     return ctx
+
+
+def _resolve_adapter(config: GateConfig, spec: CausalLMSpec,
+                     ) -> tuple[CausalLMSpec, AdapterInfo | None, str]:
+    """The spec with ``model_dir`` the base model, the adapter read and validated (``None``
+    without one), and the key that named it. ``model_dir`` naming an adapter directory takes
+    its base from ``adapter_config.json`` when that is a local directory."""
+    from paritygate.families.causal_lm.adapter import is_adapter_dir, local_base, read_adapter
+
+    if spec.adapter is not None:
+        key = "causal_lm.adapter"
+        return spec, read_adapter(config.resolve(spec.adapter), key), key
+    model_dir = config.resolve(spec.model_dir)
+    if (model_dir / "config.json").is_file() or not is_adapter_dir(model_dir):
+        return spec, None, "causal_lm.adapter"
+    key = "causal_lm.model_dir"
+    adapter = read_adapter(model_dir, key)
+    base = local_base(adapter)
+    if base is None:
+        named = f"the hub id {adapter.base_name!r}" if adapter.base_name else "no base"
+        raise InputError(
+            model_dir / "adapter_config.json", key,
+            f"a PEFT adapter directory whose base_model_name_or_path is {named}, which the gate "
+            "cannot fetch: set causal_lm.model_dir to the base model's local copy and "
+            f"causal_lm.adapter to {model_dir}")
+    update = {"model_dir": str(base), "adapter": str(model_dir)}
+    return spec.model_copy(update=update), adapter, key
 
 
 def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[dict[str, Any]]:

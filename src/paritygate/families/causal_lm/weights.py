@@ -24,6 +24,19 @@ def read_state(directory: Path) -> dict[str, Any]:
     return state
 
 
+def read_keys(directory: Path, keys: Sequence[str]) -> dict[str, Any]:
+    """The tensors ``keys`` of a model directory's safetensors files (those it holds)."""
+    from safetensors import safe_open
+
+    wanted, state = set(keys), {}
+    for path in safetensors_files(directory):
+        check_input(path, None, what="safetensors file")
+        with safe_open(str(path), "pt") as handle:
+            for key in wanted & set(handle.keys()):
+                state[key] = handle.get_tensor(key)
+    return state
+
+
 @dataclass
 class WeightsDiff:
     """Training vs served weights, tensor by tensor (training-only keys removed first).
@@ -204,3 +217,53 @@ def compare_states(
     if not diff.missing and not diff.extra and not diff.shape and not diff.untied:
         diff.low_rank = adapter_ranks(train, serve, sorted(diff.value_diffs))
     return diff
+
+
+ADAPTER_RTOL = 1e-2
+"""How close served - base must come to c * (merged - base), relative to its own norm, to be
+read as the adapter's update at another scale (fp32 merges leave ~1e-7; another adapter
+leaves most of the norm)."""
+
+
+@dataclass(frozen=True)
+class AdapterFit:
+    """How the served copy's adapter tensors relate to the base and the merged policy:
+    ``kind`` is ``adapter_not_merged`` (served = base), ``adapter_scale`` (served - base =
+    ``scale`` x (merged - base), ``scale`` != 1) or ``adapter_mismatch`` (another update)."""
+
+    kind: str
+    scale: float
+    """The least-squares c of served - base = c (merged - base) over every target tensor."""
+    residual: float
+    """||served - base - c (merged - base)|| / ||served - base|| (0 when served = base)."""
+    tensors: int
+
+
+def adapter_fit(base: dict[str, Any], merged: dict[str, Any], served: dict[str, Any],
+                differing: Sequence[str]) -> AdapterFit | None:
+    """Name how the served copy merged the adapter, when every differing key is one of the
+    adapter's target tensors (``base``'s keys); ``None`` when another tensor differs too (not
+    an adapter fault) or the adapter changes nothing."""
+    if not differing or any(k not in base for k in differing):
+        return None
+    dot = upd = srv = 0.0
+    pairs = []
+    for key in sorted(base):
+        if key not in merged or key not in served:
+            return None
+        b = base[key].double()
+        update = merged[key].double() - b  # the adapter's merged update
+        change = served[key].double() - b  # what the served copy applied
+        pairs.append((update, change))
+        dot += float((update * change).sum())
+        upd += float((update * update).sum())
+        srv += float((change * change).sum())
+    if upd == 0.0 or not math.isfinite(dot + upd + srv):
+        return None
+    if srv <= (ADAPTER_RTOL**2) * upd:
+        return AdapterFit("adapter_not_merged", 0.0, 0.0, len(pairs))
+    scale = dot / upd
+    left = sum(float(((c - scale * u) ** 2).sum()) for u, c in pairs)
+    residual = math.sqrt(left / srv)
+    kind = "adapter_scale" if residual <= ADAPTER_RTOL else "adapter_mismatch"
+    return AdapterFit(kind, scale, residual, len(pairs))
