@@ -62,7 +62,7 @@ class AdapterInfo:
                 f"tensors of {', '.join(modules)}{scale})")
 
 
-def read_adapter(directory: Path, key: str) -> AdapterInfo:
+def read_adapter(directory: Path, key: str | None) -> AdapterInfo:
     """Validate an adapter directory (config JSON, safetensors weights) and read its header;
     bad input names the file and ``key``. A pickled ``adapter_model.bin`` is refused: the
     gate never unpickles."""
