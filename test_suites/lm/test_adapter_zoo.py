@@ -230,3 +230,24 @@ def test_init_on_an_adapter_dir_fills_the_base(lm_variants, tmp_path: Path, hub:
         assert (written.path.parent / section["model_dir"]).resolve() == \
             lm_variants.model_dir.resolve()
         assert section["training_only_heads"] == ["v_head."]
+
+
+def test_without_a_served_copy_only_the_merged_model_itself_is_served(
+        lm_variants, tmp_path: Path) -> None:
+    """No serving.model_dir: the HF engine serves the merged training model (weights_load
+    passes, nothing differs); a serving dtype or vLLM would load the base alone: bad input."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    data = _adapter_config(lm_variants, tmp_path).model_dump(mode="json", exclude_none=True)
+    data["causal_lm"].pop("serving")
+    data["causal_lm"]["engine"].pop("model_dir", None)
+    gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
+    weights = gate.evaluate("weights_load", golden=False)
+    assert weights.status == "pass", weights.message
+    assert weights.metrics["serving_tensors_differing"] == 0
+    data["causal_lm"]["engine"]["dtype"] = "bfloat16"
+    with pytest.raises(InputError) as refused:
+        build_lm_context(config_from_dict(data, tmp_path / "gate.yaml"))
+    assert refused.value.key == "causal_lm.serving.model_dir"
+    assert "would serve the base without the adapter" in refused.value.cause

@@ -344,13 +344,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
 
 def _adapter_fit(ctx: LMContext, state: Mapping[str, Any], diff: Any) -> Any:
     """How the served copy merged the declared adapter (``None``: not an adapter fault)."""
-    from paritygate.families.causal_lm.weights import adapter_fit
-
-    base = ctx.adapter_base_state()
-    keys = list(base)
-    served = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
-    return adapter_fit(base, {k: state[k] for k in keys if k in state},
-                       {k: served[k] for k in keys if k in served}, sorted(diff.value_diffs))
+    return ctx.served_adapter_fit(state, sorted(diff.value_diffs))
 
 
 def _named_adapter_fault(m: Measurement, fit: Any, diff: Any, where: str, adapter: Any) -> None:

@@ -156,6 +156,20 @@ class LMContext:
 
         return is_training_only(key, list(self.spec.training_only_heads))
 
+    def served_adapter_fit(self, training_state: Mapping[str, Any], differing: list[str]) -> Any:
+        """How the served copy merged the declared adapter
+        (:class:`~paritygate.families.causal_lm.weights.AdapterFit`; ``None`` without an
+        adapter, or when a tensor outside its targets differs too)."""
+        from paritygate.families.causal_lm.weights import adapter_fit
+
+        base = self.adapter_base_state()
+        if not base:
+            return None
+        served = (training_state if self.engine_model_dir == self.model_dir
+                  else self.serving_state())
+        return adapter_fit(base, {k: training_state[k] for k in base if k in training_state},
+                           {k: served[k] for k in base if k in served}, differing)
+
     def serving_state(self) -> dict[str, Any]:
         """Every tensor of the served directory's safetensors files."""
         from paritygate.families.causal_lm.weights import read_state
@@ -288,6 +302,10 @@ class LMContext:
     @cached_property
     def _vllm_model_dir(self) -> Path:
         from paritygate.families.causal_lm.export import servable_copy
+
+        if self.adapter is not None and self.engine_model_dir == self.model_dir:
+            raise InputError(self.config.path, "causal_lm.serving.model_dir",
+                             _BASE_SERVED.format(what="vLLM"))
 
         return servable_copy(self.engine_model_dir, list(self.spec.training_only_heads))
 
@@ -454,6 +472,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if engine_dir != model_dir:
         with keyed(served_from):
             check_model_dir(engine_dir, trust_remote_code=trust)
+    elif adapter is not None:
+        _check_adapter_served(config, spec)
 
     def tokenizer(side: str) -> Any:
         tspec = spec.tokenizer
@@ -569,6 +589,24 @@ def build_lm_context(config: GateConfig) -> LMContext:
         adapter_key=adapter_key,
     )
     return ctx
+
+
+_BASE_SERVED = (
+    "the training side is a base model plus causal_lm.adapter, merged in memory; {what} would "
+    "serve the base without the adapter: set causal_lm.serving.model_dir to the merged copy "
+    "that ships")
+
+
+def _check_adapter_served(config: GateConfig, spec: CausalLMSpec) -> None:
+    """With an adapter and no served directory, only the HF engine on the merged training
+    model itself serves the adapter (same dtype, one device); another dtype or vLLM would load
+    the base directory alone, so that is bad input, not a silent base-vs-merged comparison."""
+    if spec.engine.dtype != spec.training.dtype or spec.training.device_map is not None:
+        raise InputError(config.path, "causal_lm.serving.model_dir", _BASE_SERVED.format(
+            what=f"the HF engine in {spec.engine.dtype}"))
+    if "vllm" in spec.engines:
+        raise InputError(config.path, "causal_lm.serving.model_dir",
+                         _BASE_SERVED.format(what="vLLM"))
 
 
 def _resolve_adapter(config: GateConfig, spec: CausalLMSpec,
