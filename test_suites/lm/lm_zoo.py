@@ -368,6 +368,9 @@ def _lora_build(model: Path, root: Path) -> Path:
         if "lora_" in name:
             param.data = torch.randn(param.shape, generator=gen) * 0.05
     save("another-adapter", another.merge_and_unload().state_dict(), {})
+    shutil.copytree(build / "adapter", build / "adapter-alpha16")  # served with alpha doubled
+    _edit_json(build / "adapter-alpha16" / "adapter_config.json",
+               lambda data: data.update(lora_alpha=2 * LORA_ALPHA))
     (build / "done").write_text("ok")
     return build
 
@@ -393,7 +396,10 @@ def _adapter_serving(served: str, *, adapter_as_model_dir: bool = False,
         else:
             cfg["causal_lm"]["model_dir"] = str(model)
             cfg["causal_lm"]["adapter"] = str(build / "adapter")
-        cfg["causal_lm"]["serving"] = {"model_dir": str(build / served)}
+        if served.startswith("adapter"):  # base + adapter served (vLLM LoRA; merged for HF)
+            cfg["causal_lm"]["serving"] = {"model_dir": str(model), "adapter": str(build / served)}
+        else:
+            cfg["causal_lm"]["serving"] = {"model_dir": str(build / served)}
         if dtype is not None:
             cfg["causal_lm"]["serving"]["dtype"] = dtype
             cfg["causal_lm"]["engine"].pop("dtype", None)
@@ -414,6 +420,8 @@ ADAPTER_FAULTS: dict[str, tuple[str, str, float | None, str]] = {
                              "v_proj) (the update applied twice)"),
     "adapter_another": ("another-adapter", "adapter_mismatch", None,
                         "another adapter was merged"),
+    "adapter_served_alpha_doubled": ("adapter-alpha16", "adapter_scale", 2.0,
+                                     "scaled by c = 2 on 4 of the adapter's 4 target tensors"),
 }
 """Base + adapter declared, a served copy merged otherwise: (served copy, the kind
 weights_load names, the scale c it reports, what its message says)."""
@@ -422,6 +430,7 @@ ADAPTER_ALSO_FAIL: dict[str, tuple[str, ...]] = {
     "adapter_alpha_ignored": ("logits_agreement", "logprob_delta"),
     "adapter_merged_twice": ("logits_agreement", "logprob_delta", "generation_parity"),
     "adapter_another": ("logits_agreement", "logprob_delta"),
+    "adapter_served_alpha_doubled": ("logits_agreement", "logprob_delta", "generation_parity"),
 }
 
 
@@ -683,6 +692,8 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("adapter_merged", _adapter_serving("remerged"), {}),
     Fault("adapter_merged_bf16", _adapter_serving("merged-bf16", dtype="bfloat16"), {}),
     Fault("adapter_dir_merged", _adapter_serving("remerged", adapter_as_model_dir=True), {}),
+    # the base served with the training adapter on it (vLLM LoRA; merged in memory for HF)
+    Fault("adapter_served_lora", _adapter_serving("adapter"), {}),
 )
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
@@ -705,6 +716,7 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "adapter_merged": LM_CHECKS,
     "adapter_merged_bf16": LM_CHECKS,
     "adapter_dir_merged": LM_CHECKS,
+    "adapter_served_lora": LM_CHECKS,
 }
 
 

@@ -251,3 +251,25 @@ def test_without_a_served_copy_only_the_merged_model_itself_is_served(
         build_lm_context(config_from_dict(data, tmp_path / "gate.yaml"))
     assert refused.value.key == "causal_lm.serving.model_dir"
     assert "would serve the base without the adapter" in refused.value.cause
+
+
+def test_the_base_served_with_the_training_adapter_passes(lm_variants) -> None:
+    """``serving.adapter``: what vLLM's LoRA serves; the HF engine and weights_load merge it
+    in memory, so it is the training policy (every LM check passes: CLEAN_CHECKS)."""
+    weights = lm_variants.evaluate("adapter_served_lora", "weights_load")
+    assert weights.status == "pass", weights.message
+    assert "causal_lm.serving.adapter; vLLM serves it as a LoRA" in \
+        " ".join(weights.details["notes"])
+    assert weights.metrics["serving_tensors_differing"] == 0
+
+
+def test_vllm_lora_engine_arguments() -> None:
+    """The LoRA arguments vLLM gets (no vLLM needed): enable_lora, a max_lora_rank vLLM
+    accepts at or above the adapter's rank, one adapter at a time."""
+    from paritygate.engines.vllm_engine import VLLMEngine, vllm_lora_rank
+
+    plain = VLLMEngine("base").llm_kwargs("cpu")
+    assert "enable_lora" not in plain
+    kwargs = VLLMEngine("base", lora_dir="lora", max_lora_rank=LORA_RANK).llm_kwargs("cpu")
+    assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 8, 1)
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 64, 65)] == [1, 8, 8, 16, 64, 128]

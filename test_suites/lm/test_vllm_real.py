@@ -162,3 +162,17 @@ def test_served_fault_named_like_hf(lm_variants, name: str) -> None:
     assert hf.status == "fail", hf.message
     assert vllm.status == "fail", vllm.message
     assert _kinds(vllm) == _kinds(hf), (vllm.reasons, hf.reasons)
+
+
+def test_vllm_lora_serving_of_the_training_adapter(lm_variants) -> None:
+    """Base + adapter on both sides, vLLM serving the adapter as a LoRA (enable_lora,
+    LoRARequest): vllm_delta passes with the training adapter and fails with its lora_alpha
+    doubled, which weights_load names adapter_scale (c = 2)."""
+    clean = lm_variants.evaluate("adapter_served_lora", "vllm_delta")
+    _record("adapter_served_lora", "vllm_delta", clean)
+    assert clean.status == "pass", clean.message
+    doubled = lm_variants.evaluate("adapter_served_alpha_doubled", "vllm_delta")
+    _record("adapter_served_alpha_doubled", "vllm_delta", doubled)
+    assert doubled.status == "fail", doubled.message
+    weights = lm_variants.evaluate("adapter_served_alpha_doubled", "weights_load")
+    assert weights.finding_kinds() == ["adapter_scale"]

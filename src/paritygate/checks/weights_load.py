@@ -220,7 +220,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     engine_values: list[str] = []
     if "hf" in ctx.spec.engines:
         engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
-        served_state = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
+        served_state = state if ctx.serves_training_files() else ctx.serving_state()
         engine_values = value_mismatches(engine_model, served_state)
         if engine_values:
             m.fail(
@@ -263,6 +263,11 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
         m.note(f"served model: {served_dir} (from {ctx.served_from})")
     diff = ctx.serving_weights_diff(dict(state))
     where = f"served copy {served_dir}"
+    if ctx.serving_adapter is not None:
+        where = f"served base {served_dir} + adapter {ctx.serving_adapter.directory}"
+        m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
+               "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
+               "memory)")
     fit = None
     if ctx.adapter is not None:
         m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "

@@ -54,6 +54,11 @@ class AdapterInfo:
         """The base model's weight keys the merge changes (``...q_proj.weight``), sorted."""
         return sorted({_target(name) for name in self.shapes})
 
+    def ranks(self) -> list[int]:
+        """The LoRA ranks of the adapter's tensors (``lora_A``'s first dimension), sorted."""
+        return sorted({shape[0] for name, shape in self.shapes.items()
+                       if ".lora_A." in name and shape})
+
     def describe(self) -> str:
         scale = f", lora_alpha {self.alpha:g}, r {self.r}, scale {self.scale:g}" \
             if self.scale is not None and self.alpha is not None else ""

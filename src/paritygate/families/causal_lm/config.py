@@ -95,6 +95,10 @@ class ServingSpec(StrictModel):
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default: the served
     ``config.json``'s ``dtype``, else float32)."""
+    adapter: str | None = None
+    """A PEFT adapter served on ``model_dir`` (the served base): vLLM serves it through its
+    LoRA support (``enable_lora``, one ``LoRARequest`` per request); the HF engine and
+    ``weights_load`` merge it in memory with peft, as the training side is merged."""
     batch_invariant: bool = False
     """The engine claims batch-invariant numerics (vLLM ``VLLM_BATCH_INVARIANT``):
     ``batch_invariance`` then requires bitwise equality."""

@@ -81,6 +81,9 @@ class LMContext:
     """The PEFT adapter merged into ``model_dir`` (the base) as the training side, ``None``
     when the training directory is a full model."""
     adapter_key: str = "causal_lm.adapter"
+    serving_adapter: AdapterInfo | None = None
+    """``causal_lm.serving.adapter``: the PEFT adapter served on the served base (vLLM LoRA;
+    merged in memory for the HF engine and ``weights_load``)."""
     """The config key that named the adapter (``causal_lm.model_dir`` when it is the
     adapter's directory)."""
 
@@ -165,8 +168,7 @@ class LMContext:
         base = self.adapter_base_state()
         if not base:
             return None
-        served = (training_state if self.engine_model_dir == self.model_dir
-                  else self.serving_state())
+        served = training_state if self.serves_training_files() else self.serving_state()
         return adapter_fit(base, {k: training_state[k] for k in base if k in training_state},
                            {k: served[k] for k in base if k in served}, differing)
 
@@ -174,7 +176,27 @@ class LMContext:
         """Every tensor of the served directory's safetensors files."""
         from paritygate.families.causal_lm.weights import read_state
 
-        return read_state(self.engine_model_dir)
+        state = read_state(self.engine_model_dir)
+        if self.serving_adapter is not None:
+            merged = self._served_merged.state_dict()
+            state.update({k: merged[k].detach() for k in state if k in merged})
+        return state
+
+    def serves_training_files(self) -> bool:
+        """The served weights are the training side's own (same directory, no adapter served
+        on it): nothing to compare tensor by tensor."""
+        return self.engine_model_dir == self.model_dir and self.serving_adapter is None
+
+    @cached_property
+    def _served_merged(self) -> Any:
+        """The served base with ``serving.adapter`` merged (peft, in memory), serving dtype."""
+        from paritygate.families.causal_lm.adapter import merge_adapter
+
+        assert self.serving_adapter is not None
+        with keyed(self.served_from):
+            model, _ = load_causal_lm(self.engine_model_dir, self.spec.engine.dtype,
+                                      trust_remote_code=self.config.trust_remote_code)
+        return merge_adapter(model, self.serving_adapter, "causal_lm.serving.adapter")
 
     def serving_weights_diff(self, training_state: dict[str, Any] | None = None) -> Any:
         """Tensor-by-tensor comparison of the training and the served weights
@@ -182,7 +204,7 @@ class LMContext:
         from paritygate.families.causal_lm.weights import compare_states, tied_groups
 
         train = self.checkpoint_state() if training_state is None else training_state
-        serve = train if self.engine_model_dir == self.model_dir else self.serving_state()
+        serve = train if self.serves_training_files() else self.serving_state()
         tied = tied_groups(self.reference_model()) if serve is not train else []
         return compare_states(train, serve, list(self.spec.training_only_heads), tied)
 
@@ -237,7 +259,7 @@ class LMContext:
         """The HF engine would load exactly the training model (same directory and dtype, one
         device): it then runs on the loaded training model instead of a second copy."""
         return (
-            self.engine_model_dir == self.model_dir
+            self.serves_training_files()
             and self.spec.engine.dtype == self.spec.training.dtype
             and self.spec.training.device_map is None
         )
@@ -264,6 +286,9 @@ class LMContext:
             return HFGenerateEngine.for_tokenizer(
                 self.reference_model(), self.serving_tokenizer, **options
             )
+        if self.serving_adapter is not None:
+            return HFGenerateEngine.for_tokenizer(
+                self._served_merged, self.serving_tokenizer, **options)
         with keyed(self.served_from):
             return HFGenerateEngine.from_dir(
                 self.engine_model_dir,
@@ -279,8 +304,11 @@ class LMContext:
 
         eng = self.spec.engine
         tok_dir = self.spec.tokenizer.serving
+        lora = self.serving_adapter
         return VLLMEngine(
             self.vllm_model_dir(),
+            lora_dir=lora.directory if lora is not None else None,
+            max_lora_rank=max(lora.ranks()) if lora is not None and lora.ranks() else None,
             tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
             dtype=eng.dtype,
             seed=self.config.seed,
@@ -303,7 +331,7 @@ class LMContext:
     def _vllm_model_dir(self) -> Path:
         from paritygate.families.causal_lm.export import servable_copy
 
-        if self.adapter is not None and self.engine_model_dir == self.model_dir:
+        if self.adapter is not None and self.serves_training_files():
             raise InputError(self.config.path, "causal_lm.serving.model_dir",
                              _BASE_SERVED.format(what="vLLM"))
 
@@ -472,7 +500,14 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if engine_dir != model_dir:
         with keyed(served_from):
             check_model_dir(engine_dir, trust_remote_code=trust)
-    elif adapter is not None:
+    serving_adapter = None
+    if spec.serving.adapter is not None:
+        from paritygate.families.causal_lm.adapter import check_fits, read_adapter
+
+        serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
+                                       "causal_lm.serving.adapter")
+        check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
+    elif engine_dir == model_dir and adapter is not None:
         _check_adapter_served(config, spec)
 
     def tokenizer(side: str) -> Any:
@@ -587,6 +622,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
         reward=reward,
         adapter=adapter,
         adapter_key=adapter_key,
+        serving_adapter=serving_adapter,
     )
     return ctx
 
