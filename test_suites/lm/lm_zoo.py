@@ -359,6 +359,11 @@ def _lora_build(model: Path, root: Path) -> Path:
     shutil.copytree(model, build / "merged-bf16")
     (build / "merged-bf16" / "model.safetensors").unlink()
     merged.to(torch.bfloat16).save_pretrained(build / "merged-bf16")
+    shutil.copytree(model, build / "merged-in-bf16")  # peft merging on a bf16 base
+    (build / "merged-in-bf16" / "model.safetensors").unlink()
+    on_bf16 = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+    PeftModel.from_pretrained(on_bf16, build / "adapter").merge_and_unload().save_pretrained(
+        build / "merged-in-bf16")
     ignored = get_peft_model(base(), config(LORA_RANK))  # scale 1: alpha / r dropped
     ignored.load_state_dict(adapter, strict=False)
     save("alpha-ignored", ignored.merge_and_unload().state_dict(), {})
@@ -691,6 +696,7 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     # the adapter directory as model_dir (its base from adapter_config.json)
     Fault("adapter_merged", _adapter_serving("remerged"), {}),
     Fault("adapter_merged_bf16", _adapter_serving("merged-bf16", dtype="bfloat16"), {}),
+    Fault("adapter_merged_in_bf16", _adapter_serving("merged-in-bf16", dtype="bfloat16"), {}),
     Fault("adapter_dir_merged", _adapter_serving("remerged", adapter_as_model_dir=True), {}),
     # the base served with the training adapter on it (vLLM LoRA; merged in memory for HF)
     Fault("adapter_served_lora", _adapter_serving("adapter"), {}),
@@ -715,6 +721,7 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "lora_merged": LM_CHECKS,
     "adapter_merged": LM_CHECKS,
     "adapter_merged_bf16": LM_CHECKS,
+    "adapter_merged_in_bf16": LM_CHECKS,
     "adapter_dir_merged": LM_CHECKS,
     "adapter_served_lora": LM_CHECKS,
 }

@@ -69,7 +69,8 @@ def test_a_declared_adapter_merged_otherwise_is_named_exactly(lm_variants, name:
     assert {"logits_agreement", "logprob_delta"} <= set(root.explains)
 
 
-@pytest.mark.parametrize("name", ["adapter_merged", "adapter_merged_bf16", "adapter_dir_merged"])
+@pytest.mark.parametrize("name", ["adapter_merged", "adapter_merged_bf16", "adapter_merged_in_bf16",
+                                  "adapter_dir_merged"])
 def test_base_plus_adapter_against_its_merged_copy_passes(lm_variants, name: str) -> None:
     """The clean twins (every LM check passes: CLEAN_CHECKS); here: the training side is the
     merged adapter, said so, and a bf16 merged copy is judged by its declared tier."""
@@ -78,7 +79,10 @@ def test_base_plus_adapter_against_its_merged_copy_passes(lm_variants, name: str
     notes = " ".join(weights.details["notes"])
     assert "merged in memory (peft merge_and_unload)" in notes
     assert "lora_alpha 8, r 4, scale 2" in notes
-    if name == "adapter_merged_bf16":
+    if name == "adapter_merged_in_bf16":  # peft merged on a bf16 base: rounded twice
+        assert "only within the rounding of merging in bfloat16" in notes
+        assert len(weights.details["adapter_merged_in_served_dtype"]) == 4
+    if name in ("adapter_merged_bf16", "adapter_merged_in_bf16"):
         assert "precision tier" in notes and "as the serving dtype bfloat16 declares" in notes
     else:
         assert weights.metrics["serving_tensors_differing"] == 0
@@ -273,3 +277,27 @@ def test_vllm_lora_engine_arguments() -> None:
     kwargs = VLLMEngine("base", lora_dir="lora", max_lora_rank=LORA_RANK).llm_kwargs("cpu")
     assert (kwargs["enable_lora"], kwargs["max_lora_rank"], kwargs["max_loras"]) == (True, 8, 1)
     assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 64, 65)] == [1, 8, 8, 16, 64, 128]
+
+
+@pytest.mark.parametrize(("served_scale", "kind"), [
+    (1.0, "merged_in_served_dtype"), (0.0, "adapter_not_merged"), (2.0, "adapter_scale"),
+    (0.5, "adapter_scale"), (None, "adapter_mismatch")])
+def test_a_bf16_served_copy_is_fit_through_its_rounding(served_scale: float | None,
+                                                       kind: str) -> None:
+    """bf16 rounding (uncorrelated with the update) neither hides the base served nor turns
+    a copy merged in bf16 into a fault: c is read through the noise it adds."""
+    import torch
+
+    from paritygate.families.causal_lm.weights import adapter_fit
+
+    gen = torch.Generator().manual_seed(0)
+    base = {"q_proj.weight": torch.randn(64, 64, generator=gen) * 0.5}
+    update = torch.randn(64, 4, generator=gen) @ torch.randn(4, 64, generator=gen) * 0.02
+    merged = {"q_proj.weight": base["q_proj.weight"] + update}
+    other = torch.randn(64, 4, generator=gen) @ torch.randn(4, 64, generator=gen) * 0.02
+    change = other if served_scale is None else served_scale * update
+    served = {"q_proj.weight": (base["q_proj.weight"] + change).to(torch.bfloat16)}
+    fit = adapter_fit(base, merged, served, ["q_proj.weight"])
+    assert fit is not None and fit.kind == kind, fit
+    if kind == "adapter_scale":
+        assert fit.scale == pytest.approx(served_scale, abs=0.05)

@@ -304,7 +304,13 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
             f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
     for key in diff.nonfinite[:5]:
         m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
-    if fit is not None:
+    if fit is not None and fit.kind == "merged_in_served_dtype":
+        m.note(f"{where} differs from the merged policy on {len(diff.value_diffs)} of the "
+               f"adapter's target tensors only within the rounding of merging in "
+               f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
+               "once): the adapter merged in the served precision, judged by its tier")
+        m.details["adapter_merged_in_served_dtype"] = sorted(diff.value_diffs)
+    elif fit is not None:
         _named_adapter_fault(m, fit, diff, where, ctx.adapter)
     elif diff.low_rank and ctx.adapter is None:
         _adapter_difference(m, diff, where)
