@@ -248,6 +248,10 @@ def hf_dir_text(
 ) -> tuple[str, str]:
     """The config text for an HF model directory and the family chosen, with its reason;
     ``serving`` is the served copy of a causal LM (``serving.model_dir``)."""
+    from paritygate.families.causal_lm.adapter import is_adapter_dir
+
+    if not (source / "config.json").exists() and is_adapter_dir(source):
+        return _adapter_text(source, out, name, name_note, serving)
     if not (source / "config.json").exists():
         raise InputError(source, None, "not an HF model directory (no config.json)")
     config = _read_json(source / "config.json")
@@ -261,3 +265,48 @@ def hf_dir_text(
         raise InputError(serving, None, f"--serving is for a causal LM; {reason}")
     text = _hf_model_text(source, out, name, name_note, config, reason)
     return text, f"hf_model: {reason}"
+
+
+def _adapter_text(source: Path, out: Path, name: str, name_note: str,
+                  serving: Path | None) -> tuple[str, str]:
+    """The causal-LM config for a PEFT adapter directory: ``model_dir`` is its base from
+    ``adapter_config.json`` when that is a local directory (else a TODO naming the hub id)
+    and ``adapter`` the directory itself."""
+    import re
+
+    from paritygate.families.causal_lm.adapter import local_base, read_adapter
+
+    info = read_adapter(source, None)
+    base = local_base(info)
+    if serving is not None and not (serving / "config.json").is_file():
+        raise InputError(serving, None, "not an HF model directory (no config.json)")
+    adapter_line = (f"  adapter: {_rel(source, out.parent)}   # {info.peft_type} adapter, "
+                    f"r {info.r}, lora_alpha {info.alpha:g}; merged into model_dir in memory "
+                    "(peft)" if info.alpha is not None else
+                    f"  adapter: {_rel(source, out.parent)}   # {info.peft_type} adapter; "
+                    "merged into model_dir in memory (peft)")
+    served_todo = "for an adapter, the base with the adapter merged and saved"
+    if base is not None:
+        config = _read_json(base / "config.json")
+        family, reason = hf_family(base, config)
+        if family != "causal_lm":
+            raise InputError(source / "adapter_config.json", "base_model_name_or_path",
+                             f"the adapter's base {base} is not a causal LM: {reason}")
+        text = _lm_text(base, out, name, name_note, config, serving)
+        first = re.search(r"\n  model_dir: [^\n]*", text)
+        assert first is not None  # _lm_text always writes it
+        line = first.group(0) + " (the adapter's base, from adapter_config.json)"
+        text = text[:first.start()] + line + "\n" + adapter_line + text[first.end():]
+        text = text.replace(f"`paritygate init {base.name}`", f"`paritygate init {source.name}`")
+        text = text.replace(f"the training directory itself: {_rel(base, out.parent)}",
+                            served_todo)
+        return text, f"causal_lm: a PEFT adapter on the local base {base}"
+    text = _lm_text(source, out, name, name_note, {}, serving)
+    named = f"the hub id {info.base_name!r}" if info.base_name else "no base"
+    todo = _q(f"{TODO}: the base model's local copy (adapter_config.json names {named}, "
+              "which the gate cannot fetch)")
+    text = re.sub(r"\n  model_dir: [^\n]*", lambda _: f"\n  model_dir: {todo}\n{adapter_line}",
+                  text, count=1)
+    text = text.replace(f"the training directory itself: {_rel(source, out.parent)}",
+                        served_todo)
+    return text, f"causal_lm: a PEFT adapter whose base is {named}"

@@ -165,6 +165,27 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="merge the adapter the checkpoint was trained with into the served copy at "
                     "its training scale (peft: merge_and_unload under the training LoraConfig's "
                     "r and lora_alpha), or serve the checkpoint under test"),
+    Explanation("weights_load", "adapter_not_merged",
+                ("adapter_not_merged",),
+                _DOWNSTREAM_LM,
+                "the served copy is the base model: the training adapter is not merged",
+                fix="serve the base with the adapter merged (peft: PeftModel.from_pretrained("
+                    "base, adapter).merge_and_unload(), then save_pretrained), or serve the "
+                    "adapter through the engine's LoRA support"),
+    Explanation("weights_load", "adapter_scale",
+                ("adapter_scale",),
+                _DOWNSTREAM_LM,
+                "the served copy holds the training adapter's update at another scale (c in "
+                "details.adapter_scale: r/alpha when lora_alpha / r was ignored, 2 when it was "
+                "merged twice)",
+                fix="re-merge the adapter once from the base at its training scale "
+                    "(merge_and_unload under the adapter's own adapter_config.json)"),
+    Explanation("weights_load", "adapter_mismatch",
+                ("adapter_mismatch",),
+                _DOWNSTREAM_LM,
+                "the served copy differs only on the adapter's target modules, by another "
+                "update: another adapter was merged",
+                fix="merge the adapter under test (causal_lm.adapter) into the served copy"),
     Explanation("weights_load", "stale_engine_weights",
                 ("stale_served_weights",),
                 _DOWNSTREAM_LM,

@@ -314,8 +314,9 @@ LORA_ALPHA = 8
 def _lora_build(model: Path, root: Path) -> Path:
     """Once per variants root: a LoRA policy built with peft on the demo LM (the training
     checkpoint: the adapter merged at its training scale) and the served copies a user might
-    ship beside it (base only, merged under another lora_alpha, re-merged from the saved
-    adapter). Each copy is the demo's directory with its weights replaced."""
+    ship beside it (base only, merged under another lora_alpha, merged at scale 1 (lora_alpha
+    / r ignored), another adapter, re-merged from the saved adapter, that merge saved in
+    bfloat16). Each copy is the demo's directory with its weights replaced."""
     build = root / "lora-build"
     if (build / "done").exists():
         return build
@@ -353,7 +354,28 @@ def _lora_build(model: Path, root: Path) -> Path:
     other.load_state_dict(adapter, strict=False)
     save("other-scale", other.merge_and_unload().state_dict(), {})
     again = PeftModel.from_pretrained(base(), build / "adapter")
-    save("remerged", again.merge_and_unload().state_dict(), {})
+    merged = again.merge_and_unload()
+    save("remerged", merged.state_dict(), {})
+    shutil.copytree(model, build / "merged-bf16")
+    (build / "merged-bf16" / "model.safetensors").unlink()
+    merged.to(torch.bfloat16).save_pretrained(build / "merged-bf16")
+    shutil.copytree(model, build / "merged-in-bf16")  # peft merging on a bf16 base
+    (build / "merged-in-bf16" / "model.safetensors").unlink()
+    on_bf16 = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+    PeftModel.from_pretrained(on_bf16, build / "adapter").merge_and_unload().save_pretrained(
+        build / "merged-in-bf16")
+    ignored = get_peft_model(base(), config(LORA_RANK))  # scale 1: alpha / r dropped
+    ignored.load_state_dict(adapter, strict=False)
+    save("alpha-ignored", ignored.merge_and_unload().state_dict(), {})
+    another = get_peft_model(base(), config(LORA_ALPHA))
+    gen = torch.Generator().manual_seed(11)
+    for name, param in another.named_parameters():
+        if "lora_" in name:
+            param.data = torch.randn(param.shape, generator=gen) * 0.05
+    save("another-adapter", another.merge_and_unload().state_dict(), {})
+    shutil.copytree(build / "adapter", build / "adapter-alpha16")  # served with alpha doubled
+    _edit_json(build / "adapter-alpha16" / "adapter_config.json",
+               lambda data: data.update(lora_alpha=2 * LORA_ALPHA))
     (build / "done").write_text("ok")
     return build
 
@@ -366,6 +388,55 @@ def _lora_serving(served: str) -> Patch:
 
     patch.__name__ = f"lora_{served}"
     return patch
+
+
+def _adapter_serving(served: str, *, adapter_as_model_dir: bool = False,
+                     dtype: str | None = None) -> Patch:
+    """The training side declared as base + adapter (``causal_lm.adapter``, or the adapter
+    directory as ``model_dir`` with its base from adapter_config.json), served as ``served``."""
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        build = _lora_build(model, out.parent)
+        if adapter_as_model_dir:
+            cfg["causal_lm"]["model_dir"] = str(build / "adapter")
+        else:
+            cfg["causal_lm"]["model_dir"] = str(model)
+            cfg["causal_lm"]["adapter"] = str(build / "adapter")
+        if served.startswith("adapter"):  # base + adapter served (vLLM LoRA; merged for HF)
+            cfg["causal_lm"]["serving"] = {"model_dir": str(model), "adapter": str(build / served)}
+        else:
+            cfg["causal_lm"]["serving"] = {"model_dir": str(build / served)}
+        if dtype is not None:
+            cfg["causal_lm"]["serving"]["dtype"] = dtype
+            cfg["causal_lm"]["engine"].pop("dtype", None)
+        cfg["causal_lm"]["tokenizer"].pop("serving", None)
+        cfg["causal_lm"]["sampling"].pop("serving", None)
+
+    patch.__name__ = f"adapter_{served}"
+    return patch
+
+
+ADAPTER_FAULTS: dict[str, tuple[str, str, float | None, str]] = {
+    "adapter_base_served": ("base", "adapter_not_merged", None, "the adapter is not merged"),
+    "adapter_alpha_ignored": ("alpha-ignored", "adapter_scale", LORA_RANK / LORA_ALPHA,
+                              "scaled by c = 0.5 on 4 of the adapter's 4 target tensors "
+                              "(q_proj, v_proj) (lora_alpha / r = 2 ignored)"),
+    "adapter_merged_twice": ("other-scale", "adapter_scale", 2.0,
+                             "scaled by c = 2 on 4 of the adapter's 4 target tensors (q_proj, "
+                             "v_proj) (the update applied twice)"),
+    "adapter_another": ("another-adapter", "adapter_mismatch", None,
+                        "another adapter was merged"),
+    "adapter_served_alpha_doubled": ("adapter-alpha16", "adapter_scale", 2.0,
+                                     "scaled by c = 2 on 4 of the adapter's 4 target tensors"),
+}
+"""Base + adapter declared, a served copy merged otherwise: (served copy, the kind
+weights_load names, the scale c it reports, what its message says)."""
+ADAPTER_ALSO_FAIL: dict[str, tuple[str, ...]] = {
+    "adapter_base_served": ("logits_agreement", "logprob_delta"),
+    "adapter_alpha_ignored": ("logits_agreement", "logprob_delta"),
+    "adapter_merged_twice": ("logits_agreement", "logprob_delta", "generation_parity"),
+    "adapter_another": ("logits_agreement", "logprob_delta"),
+    "adapter_served_alpha_doubled": ("logits_agreement", "logprob_delta", "generation_parity"),
+}
 
 
 def sampling_wrong_format(cfg: dict[str, Any], model: Path, out: Path) -> None:
@@ -583,6 +654,8 @@ FAULTS += (
         {"logprob_impl": "computes in bfloat16"},
         ("logprob_delta",),
     ),
+    *(Fault(name, _adapter_serving(served), {"weights_load": text}, ADAPTER_ALSO_FAIL[name])
+      for name, (served, _, _, text) in ADAPTER_FAULTS.items()),
     Fault(
         "lora_base_served",
         _lora_serving("base"),
@@ -619,6 +692,14 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("verl_response_t07", _trainer_fn("verl_response", temperature=0.7), {}),
     # the LoRA policy served as the adapter re-merged at its training scale
     Fault("lora_merged", _lora_serving("remerged"), {}),
+    # base + adapter declared, served as the correctly merged copy (fp32; bf16 declared), and
+    # the adapter directory as model_dir (its base from adapter_config.json)
+    Fault("adapter_merged", _adapter_serving("remerged"), {}),
+    Fault("adapter_merged_bf16", _adapter_serving("merged-bf16", dtype="bfloat16"), {}),
+    Fault("adapter_merged_in_bf16", _adapter_serving("merged-in-bf16", dtype="bfloat16"), {}),
+    Fault("adapter_dir_merged", _adapter_serving("remerged", adapter_as_model_dir=True), {}),
+    # the base served with the training adapter on it (vLLM LoRA; merged in memory for HF)
+    Fault("adapter_served_lora", _adapter_serving("adapter"), {}),
 )
 """Correct setups that look like faults: the checks in CLEAN_CHECKS must pass on them."""
 CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
@@ -638,6 +719,11 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "verl_response": ("logprob_impl",),
     "verl_response_t07": ("logprob_impl", "logprob_delta"),
     "lora_merged": LM_CHECKS,
+    "adapter_merged": LM_CHECKS,
+    "adapter_merged_bf16": LM_CHECKS,
+    "adapter_merged_in_bf16": LM_CHECKS,
+    "adapter_dir_merged": LM_CHECKS,
+    "adapter_served_lora": LM_CHECKS,
 }
 
 

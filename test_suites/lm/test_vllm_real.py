@@ -195,3 +195,17 @@ def test_vllm_gate_output_has_no_traceback(demo_lm: Path, tmp_path: Path) -> Non
     assert "Traceback" not in output, output
     assert "Logging error" not in output, output
     assert "force killing" not in output, output
+
+
+def test_vllm_lora_serving_of_the_training_adapter(vllm_variants) -> None:
+    """Base + adapter on both sides, vLLM serving the adapter as a LoRA (enable_lora,
+    LoRARequest): vllm_delta passes with the training adapter and fails with its lora_alpha
+    doubled, which weights_load names adapter_scale (c = 2)."""
+    clean = vllm_variants.evaluate("adapter_served_lora", "vllm_delta")
+    _record("adapter_served_lora", "vllm_delta", clean)
+    assert clean.status == "pass", clean.message
+    doubled = vllm_variants.evaluate("adapter_served_alpha_doubled", "vllm_delta")
+    _record("adapter_served_alpha_doubled", "vllm_delta", doubled)
+    assert doubled.status == "fail", doubled.message
+    weights = vllm_variants.evaluate("adapter_served_alpha_doubled", "weights_load")
+    assert weights.finding_kinds() == ["adapter_scale"]

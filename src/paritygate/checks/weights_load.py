@@ -220,7 +220,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     engine_values: list[str] = []
     if "hf" in ctx.spec.engines:
         engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
-        served_state = state if ctx.engine_model_dir == ctx.model_dir else ctx.serving_state()
+        served_state = state if ctx.serves_training_files() else ctx.serving_state()
         engine_values = value_mismatches(engine_model, served_state)
         if engine_values:
             m.fail(
@@ -263,6 +263,21 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
         m.note(f"served model: {served_dir} (from {ctx.served_from})")
     diff = ctx.serving_weights_diff(dict(state))
     where = f"served copy {served_dir}"
+    if ctx.serving_adapter is not None:
+        where = f"served base {served_dir} + adapter {ctx.serving_adapter.directory}"
+        m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
+               "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
+               "memory)")
+    fit = None
+    if ctx.adapter is not None:
+        m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "
+               "merged in memory (peft merge_and_unload)")
+        m.details["adapter"] = {"directory": str(ctx.adapter.directory),
+                                "base": str(ctx.model_dir), "r": ctx.adapter.r,
+                                "lora_alpha": ctx.adapter.alpha,
+                                "targets": len(ctx.adapter.target_weights())}
+        if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
+            fit = _adapter_fit(ctx, state, diff)
     if diff.missing:
         m.fail(
             "served_tensors_missing",
@@ -289,7 +304,15 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
             f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
     for key in diff.nonfinite[:5]:
         m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
-    if diff.low_rank:
+    if fit is not None and fit.kind == "merged_in_served_dtype":
+        m.note(f"{where} differs from the merged policy on {len(diff.value_diffs)} of the "
+               f"adapter's target tensors only within the rounding of merging in "
+               f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
+               "once): the adapter merged in the served precision, judged by its tier")
+        m.details["adapter_merged_in_served_dtype"] = sorted(diff.value_diffs)
+    elif fit is not None:
+        _named_adapter_fault(m, fit, diff, where, ctx.adapter)
+    elif diff.low_rank and ctx.adapter is None:
         _adapter_difference(m, diff, where)
     elif diff.value_diffs:
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
@@ -328,6 +351,38 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                 "serve the full-precision weights"
             )
     return diff
+
+
+def _adapter_fit(ctx: LMContext, state: Mapping[str, Any], diff: Any) -> Any:
+    """How the served copy merged the declared adapter (``None``: not an adapter fault)."""
+    return ctx.served_adapter_fit(state, sorted(diff.value_diffs))
+
+
+def _named_adapter_fault(m: Measurement, fit: Any, diff: Any, where: str, adapter: Any) -> None:
+    """The served copy differs from the merged policy only on the adapter's target tensors:
+    name how (not merged, merged at another scale, another adapter)."""
+    modules = sorted({k.split(".")[-2] for k in diff.value_diffs if "." in k})
+    on = f"{len(diff.value_diffs)} of the adapter's {fit.tensors} target tensors " \
+         f"({', '.join(modules)})"
+    if fit.kind == "adapter_not_merged":
+        text = (f"{where} holds the base model's weights on {on}: the adapter is not merged "
+                "(the base was served without it)")
+    elif fit.kind == "adapter_scale":
+        causes = []
+        if adapter.scale and abs(fit.scale - 1 / adapter.scale) < 1e-2 * abs(fit.scale):
+            causes.append(f"lora_alpha / r = {adapter.scale:g} ignored")
+        if abs(fit.scale - 2.0) < 2e-2:
+            causes.append("the update applied twice")
+        why = f" ({' or '.join(causes)})" if causes else ""
+        text = (f"{where} holds the adapter's update scaled by c = {fit.scale:.4g} on {on}"
+                f"{why}: merge it once at lora_alpha / r")
+    else:
+        text = (f"{where} differs from the merged policy only on {on}, by an update that is "
+                f"not the adapter's ({fit.residual:.0%} of it left after the best scale "
+                f"{fit.scale:.3g}): another adapter was merged")
+    m.fail(fit.kind, text, metric="serving_tensors_differing")
+    m.details[fit.kind] = {"modules": modules, "tensors": len(diff.value_diffs),
+                           "scale": fit.scale, "residual": fit.residual}
 
 
 def _adapter_difference(m: Measurement, diff: Any, where: str) -> None:
@@ -387,6 +442,7 @@ CHECK = CheckSpec(
            "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
            "values_altered", "engine_values_altered", "served_tensors_missing",
            "served_tensors_extra", "served_shape_mismatch", "served_nonfinite",
-           "stale_served_weights", "adapter_difference", "precision_change",
+           "stale_served_weights", "adapter_difference", "adapter_not_merged", "adapter_scale",
+           "adapter_mismatch", "precision_change",
            "checkpoint_coverage"),
 )

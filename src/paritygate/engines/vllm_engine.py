@@ -32,6 +32,10 @@ API used, as exercised against vLLM 0.32 (``test_suites/lm/test_vllm_real.py``):
   given); the serving config's EOS ids are passed as ``stop_token_ids`` on top. HF
   ``generate`` stops at the generation config's EOS ids *instead of* the tokenizer's.
 - Stop strings end a response; the token that completes one stays in ``token_ids``.
+- LoRA (a PEFT adapter served on the base): ``LLM(enable_lora=True, max_lora_rank=R,
+  max_loras=1)`` with R the smallest of :data:`VLLM_LORA_RANKS` at or above the adapter's
+  rank, and ``LLM.generate(..., lora_request=LoRARequest(name, 1, path))``
+  (``vllm.lora.request``).
 
 vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken first; then
 allowed/bad words, min-tokens, logit bias, penalties, temperature, min-p, top-k/top-p. So
@@ -158,6 +162,15 @@ def vllm_unavailable_reason(model_dir: str | Path | None = None) -> str | None:
     return _unavailable_reason(None if model_dir is None else str(model_dir))
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``rank``."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
+
+
 def normalize_logprobs_mode(mode: str) -> str:
     """``raw``/``processed``, or vLLM's ``raw_logprobs``/``processed_logprobs``, to ours."""
     if mode in VLLM_LOGPROBS_MODES:
@@ -274,6 +287,8 @@ class VLLMEngine:
         self,
         model_dir: str | Path,
         *,
+        lora_dir: str | Path | None = None,
+        max_lora_rank: int | None = None,
         tokenizer_dir: str | Path | None = None,
         dtype: str = "float32",
         seed: int = 0,
@@ -298,6 +313,8 @@ class VLLMEngine:
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.kv_cache_memory_bytes = kv_cache_memory_bytes
         self.engine_kwargs = dict(engine_kwargs or {})
+        self.lora_dir = str(lora_dir) if lora_dir is not None else None
+        self.max_lora_rank = max_lora_rank
         self._llm: Any = None
 
     @property
@@ -328,8 +345,20 @@ class VLLMEngine:
             kv_bytes = CPU_KV_CACHE_BYTES
         if kv_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_bytes)
+        if self.lora_dir is not None:
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=vllm_lora_rank(self.max_lora_rank or 1))
         kwargs.update(self.engine_kwargs)
         return kwargs
+
+    def lora_request(self) -> Any:
+        """The ``LoRARequest`` every request carries (``None`` when no adapter is served)."""
+        if self.lora_dir is None:
+            return None
+        _import_vllm()
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest("served-adapter", 1, self.lora_dir)
 
     @property
     def llm(self) -> Any:
@@ -352,7 +381,9 @@ class VLLMEngine:
             for i in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        lora = self.lora_request()
+        extra = {"lora_request": lora} if lora is not None else {}
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
         return generation_from_outputs(
             outputs,
             prompts,

@@ -95,6 +95,10 @@ class ServingSpec(StrictModel):
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default: the served
     ``config.json``'s ``dtype``, else float32)."""
+    adapter: str | None = None
+    """A PEFT adapter served on ``model_dir`` (the served base): vLLM serves it through its
+    LoRA support (``enable_lora``, one ``LoRARequest`` per request); the HF engine and
+    ``weights_load`` merge it in memory with peft, as the training side is merged."""
     batch_invariant: bool = False
     """The engine claims batch-invariant numerics (vLLM ``VLLM_BATCH_INVARIANT``):
     ``batch_invariance`` then requires bitwise equality."""
@@ -249,6 +253,11 @@ class CausalLMSpec(StrictModel):
     checkpoint: int | Literal["latest", "final"] | None = None
     """With a trainer ``output_dir`` as ``model_dir``: the step N of ``checkpoint-N`` to gate,
     ``latest`` (the default) or ``final`` (the model saved at the output_dir's top)."""
+    adapter: str | None = None
+    """A PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) trained
+    on ``model_dir``: the training side is the base with the adapter merged in memory (peft).
+    ``model_dir`` may instead name the adapter directory itself; its base is then
+    ``base_model_name_or_path`` of ``adapter_config.json`` when that is a local directory."""
     training_only_heads: list[str] = Field(default_factory=list)
     """Key prefixes present only in the training checkpoint (TRL value head: ``v_head.``)."""
     serving: ServingSpec = ServingSpec()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
 
     from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
@@ -76,6 +77,15 @@ class LMContext:
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
     reward: RewardSetup | None = None
     """The validated ``causal_lm.reward`` block (``reward_parity``), ``None`` when absent."""
+    adapter: AdapterInfo | None = None
+    """The PEFT adapter merged into ``model_dir`` (the base) as the training side, ``None``
+    when the training directory is a full model."""
+    adapter_key: str = "causal_lm.adapter"
+    serving_adapter: AdapterInfo | None = None
+    """``causal_lm.serving.adapter``: the PEFT adapter served on the served base (vLLM LoRA;
+    merged in memory for the HF engine and ``weights_load``)."""
+    """The config key that named the adapter (``causal_lm.model_dir`` when it is the
+    adapter's directory)."""
 
     def note_probes(self, m: Any) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
@@ -123,10 +133,25 @@ class LMContext:
     # -- weights -----------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         """Every tensor of the training directory's safetensors files (read on each call, so
-        the run does not hold a second copy of the weights)."""
+        the run does not hold a second copy of the weights). With an adapter, the base's
+        files under their own names, each holding the merged model's tensor where it has one
+        (the training policy the trainer optimised)."""
         from paritygate.families.causal_lm.weights import read_state
 
-        return read_state(self.model_dir)
+        state = read_state(self.model_dir)
+        if self.adapter is not None:
+            merged = self.reference_model().state_dict()
+            state.update({k: merged[k].detach() for k in state if k in merged})
+        return state
+
+    def adapter_base_state(self) -> dict[str, Any]:
+        """The base model's tensors the adapter changes (its target weights), as stored in
+        ``model_dir``; empty without an adapter."""
+        from paritygate.families.causal_lm.weights import read_keys
+
+        if self.adapter is None:
+            return {}
+        return read_keys(self.model_dir, self.adapter.target_weights())
 
     def is_training_only(self, key: str) -> bool:
         """``key`` belongs to one of ``causal_lm.training_only_heads``."""
@@ -134,11 +159,44 @@ class LMContext:
 
         return is_training_only(key, list(self.spec.training_only_heads))
 
+    def served_adapter_fit(self, training_state: Mapping[str, Any], differing: list[str]) -> Any:
+        """How the served copy merged the declared adapter
+        (:class:`~paritygate.families.causal_lm.weights.AdapterFit`; ``None`` without an
+        adapter, or when a tensor outside its targets differs too)."""
+        from paritygate.families.causal_lm.weights import adapter_fit
+
+        base = self.adapter_base_state()
+        if not base:
+            return None
+        served = training_state if self.serves_training_files() else self.serving_state()
+        return adapter_fit(base, {k: training_state[k] for k in base if k in training_state},
+                           {k: served[k] for k in base if k in served}, differing)
+
     def serving_state(self) -> dict[str, Any]:
         """Every tensor of the served directory's safetensors files."""
         from paritygate.families.causal_lm.weights import read_state
 
-        return read_state(self.engine_model_dir)
+        state = read_state(self.engine_model_dir)
+        if self.serving_adapter is not None:
+            merged = self._served_merged.state_dict()
+            state.update({k: merged[k].detach() for k in state if k in merged})
+        return state
+
+    def serves_training_files(self) -> bool:
+        """The served weights are the training side's own (same directory, no adapter served
+        on it): nothing to compare tensor by tensor."""
+        return self.engine_model_dir == self.model_dir and self.serving_adapter is None
+
+    @cached_property
+    def _served_merged(self) -> Any:
+        """The served base with ``serving.adapter`` merged (peft, in memory), serving dtype."""
+        from paritygate.families.causal_lm.adapter import merge_adapter
+
+        assert self.serving_adapter is not None
+        with keyed(self.served_from):
+            model, _ = load_causal_lm(self.engine_model_dir, self.spec.engine.dtype,
+                                      trust_remote_code=self.config.trust_remote_code)
+        return merge_adapter(model, self.serving_adapter, "causal_lm.serving.adapter")
 
     def serving_weights_diff(self, training_state: dict[str, Any] | None = None) -> Any:
         """Tensor-by-tensor comparison of the training and the served weights
@@ -146,7 +204,7 @@ class LMContext:
         from paritygate.families.causal_lm.weights import compare_states, tied_groups
 
         train = self.checkpoint_state() if training_state is None else training_state
-        serve = train if self.engine_model_dir == self.model_dir else self.serving_state()
+        serve = train if self.serves_training_files() else self.serving_state()
         tied = tied_groups(self.reference_model()) if serve is not train else []
         return compare_states(train, serve, list(self.spec.training_only_heads), tied)
 
@@ -154,7 +212,12 @@ class LMContext:
     @cached_property
     def _reference(self) -> tuple[Any, dict[str, Any]]:
         with keyed("causal_lm.model_dir"):
-            return self._load(self.model_dir)
+            model, info = self._load(self.model_dir)
+        if self.adapter is not None:
+            from paritygate.families.causal_lm.adapter import merge_adapter
+
+            model = merge_adapter(model, self.adapter, self.adapter_key)
+        return model, info
 
     def _load(self, model_dir: Path) -> tuple[Any, dict[str, Any]]:
         return load_causal_lm(
@@ -196,7 +259,7 @@ class LMContext:
         """The HF engine would load exactly the training model (same directory and dtype, one
         device): it then runs on the loaded training model instead of a second copy."""
         return (
-            self.engine_model_dir == self.model_dir
+            self.serves_training_files()
             and self.spec.engine.dtype == self.spec.training.dtype
             and self.spec.training.device_map is None
         )
@@ -233,6 +296,9 @@ class LMContext:
             return HFGenerateEngine.for_tokenizer(
                 self.reference_model(), self.serving_tokenizer, **options
             )
+        if self.serving_adapter is not None:
+            return HFGenerateEngine.for_tokenizer(
+                self._served_merged, self.serving_tokenizer, **options)
         with keyed(self.served_from):
             return HFGenerateEngine.from_dir(
                 self.engine_model_dir,
@@ -248,8 +314,11 @@ class LMContext:
 
         eng = self.spec.engine
         tok_dir = self.spec.tokenizer.serving
+        lora = self.serving_adapter
         return VLLMEngine(
             self.vllm_model_dir(),
+            lora_dir=lora.directory if lora is not None else None,
+            max_lora_rank=max(lora.ranks()) if lora is not None and lora.ranks() else None,
             tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
             dtype=eng.dtype,
             seed=self.config.seed,
@@ -271,6 +340,10 @@ class LMContext:
     @cached_property
     def _vllm_model_dir(self) -> Path:
         from paritygate.families.causal_lm.export import servable_copy
+
+        if self.adapter is not None and self.serves_training_files():
+            raise InputError(self.config.path, "causal_lm.serving.model_dir",
+                             _BASE_SERVED.format(what="vLLM"))
 
         return servable_copy(self.engine_model_dir, list(self.spec.training_only_heads))
 
@@ -404,6 +477,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     cfg = config.path
+    spec, adapter, adapter_key = _resolve_adapter(config, spec)
     spec, served_from, sources = resolve_serving(config, spec)
     declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
     model_dir = config.resolve(spec.model_dir)
@@ -421,6 +495,13 @@ def build_lm_context(config: GateConfig) -> LMContext:
     with keyed("causal_lm.model_dir"):
         files = safetensors_files(model_dir)
         check_model_dir(model_dir, trust_remote_code=trust)
+    trained = files
+    if adapter is not None:
+        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE, check_fits
+
+        check_fits(adapter, model_dir, adapter_key)
+
+        trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
     engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
     if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
         check_input(engine_dir, served_from, what="model directory", expect="dir")
@@ -429,6 +510,15 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if engine_dir != model_dir:
         with keyed(served_from):
             check_model_dir(engine_dir, trust_remote_code=trust)
+    serving_adapter = None
+    if spec.serving.adapter is not None:
+        from paritygate.families.causal_lm.adapter import check_fits, read_adapter
+
+        serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
+                                       "causal_lm.serving.adapter")
+        check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
+    elif engine_dir == model_dir and adapter is not None:
+        _check_adapter_served(config, spec)
 
     def tokenizer(side: str) -> Any:
         tspec = spec.tokenizer
@@ -523,8 +613,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
         spec=spec,
         model_dir=model_dir,
         engine_model_dir=engine_dir,
-        checkpoint_path=files[0] if len(files) == 1 else model_dir,
-        checkpoint_sha256=sha256_files(files),
+        checkpoint_path=(adapter.directory if adapter is not None
+                         else files[0] if len(files) == 1 else model_dir),
+        checkpoint_sha256=sha256_files(trained),
         training_tokenizer=training_tok,
         serving_tokenizer=serving_tok,
         probes=probes,
@@ -539,8 +630,56 @@ def build_lm_context(config: GateConfig) -> LMContext:
         served_config_dtype=served_dtype(engine_dir),
         kl_reference=kl_reference,
         reward=reward,
+        adapter=adapter,
+        adapter_key=adapter_key,
+        serving_adapter=serving_adapter,
     )
     return ctx
+
+
+_BASE_SERVED = (
+    "the training side is a base model plus causal_lm.adapter, merged in memory; {what} would "
+    "serve the base without the adapter: set causal_lm.serving.model_dir to the merged copy "
+    "that ships")
+
+
+def _check_adapter_served(config: GateConfig, spec: CausalLMSpec) -> None:
+    """With an adapter and no served directory, only the HF engine on the merged training
+    model itself serves the adapter (same dtype, one device); another dtype or vLLM would load
+    the base directory alone, so that is bad input, not a silent base-vs-merged comparison."""
+    if spec.engine.dtype != spec.training.dtype or spec.training.device_map is not None:
+        raise InputError(config.path, "causal_lm.serving.model_dir", _BASE_SERVED.format(
+            what=f"the HF engine in {spec.engine.dtype}"))
+    if "vllm" in spec.engines:
+        raise InputError(config.path, "causal_lm.serving.model_dir",
+                         _BASE_SERVED.format(what="vLLM"))
+
+
+def _resolve_adapter(config: GateConfig, spec: CausalLMSpec,
+                     ) -> tuple[CausalLMSpec, AdapterInfo | None, str]:
+    """The spec with ``model_dir`` the base model, the adapter read and validated (``None``
+    without one), and the key that named it. ``model_dir`` naming an adapter directory takes
+    its base from ``adapter_config.json`` when that is a local directory."""
+    from paritygate.families.causal_lm.adapter import is_adapter_dir, local_base, read_adapter
+
+    if spec.adapter is not None:
+        key = "causal_lm.adapter"
+        return spec, read_adapter(config.resolve(spec.adapter), key), key
+    model_dir = config.resolve(spec.model_dir)
+    if (model_dir / "config.json").is_file() or not is_adapter_dir(model_dir):
+        return spec, None, "causal_lm.adapter"
+    key = "causal_lm.model_dir"
+    adapter = read_adapter(model_dir, key)
+    base = local_base(adapter)
+    if base is None:
+        named = f"the hub id {adapter.base_name!r}" if adapter.base_name else "no base"
+        raise InputError(
+            model_dir / "adapter_config.json", key,
+            f"a PEFT adapter directory whose base_model_name_or_path is {named}, which the gate "
+            "cannot fetch: set causal_lm.model_dir to the base model's local copy and "
+            f"causal_lm.adapter to {model_dir}")
+    update = {"model_dir": str(base), "adapter": str(model_dir)}
+    return spec.model_copy(update=update), adapter, key
 
 
 def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[dict[str, Any]]:

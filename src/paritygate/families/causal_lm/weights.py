@@ -24,6 +24,19 @@ def read_state(directory: Path) -> dict[str, Any]:
     return state
 
 
+def read_keys(directory: Path, keys: Sequence[str]) -> dict[str, Any]:
+    """The tensors ``keys`` of a model directory's safetensors files (those it holds)."""
+    from safetensors import safe_open
+
+    wanted, state = set(keys), {}
+    for path in safetensors_files(directory):
+        check_input(path, None, what="safetensors file")
+        with safe_open(str(path), "pt") as handle:
+            for key in wanted & set(handle.keys()):
+                state[key] = handle.get_tensor(key)
+    return state
+
+
 @dataclass
 class WeightsDiff:
     """Training vs served weights, tensor by tensor (training-only keys removed first).
@@ -204,3 +217,79 @@ def compare_states(
     if not diff.missing and not diff.extra and not diff.shape and not diff.untied:
         diff.low_rank = adapter_ranks(train, serve, sorted(diff.value_diffs))
     return diff
+
+
+def _rounding(served: Any, merged: Any) -> float:
+    """The relative rounding of ``served``'s dtype when it is a lower float precision than
+    ``merged``'s (bf16: 2**-7), else 0."""
+    import torch
+
+    if not served.is_floating_point() or not merged.is_floating_point():
+        return 0.0
+    eps = float(torch.finfo(served.dtype).eps)
+    return eps if eps > float(torch.finfo(merged.dtype).eps) else 0.0
+
+
+ADAPTER_RTOL = 1e-2
+"""How close served - base must come to c * (merged - base), relative to its own norm, to be
+read as the adapter's update at another scale (fp32 merges leave ~1e-7; another adapter
+leaves most of the norm). A served copy in a lower precision adds its rounding to that."""
+
+
+@dataclass(frozen=True)
+class AdapterFit:
+    """How the served copy's adapter tensors relate to the base and the merged policy:
+    ``kind`` is ``adapter_not_merged`` (served = base), ``adapter_scale`` (served - base =
+    ``scale`` x (merged - base), ``scale`` != 1), ``adapter_mismatch`` (another update), or
+    ``merged_in_served_dtype``: served = merged within the rounding of merging in the served
+    lower precision (peft on a bf16 base), not a fault: the precision tier judges it."""
+
+    kind: str
+    scale: float
+    """The least-squares c of served - base = c (merged - base) over every target tensor."""
+    residual: float
+    """||served - base - c (merged - base)|| / ||served - base|| (0 when served = base)."""
+    tensors: int
+
+
+def adapter_fit(base: dict[str, Any], merged: dict[str, Any], served: dict[str, Any],
+                differing: Sequence[str]) -> AdapterFit | None:
+    """Name how the served copy merged the adapter, when every differing key is one of the
+    adapter's target tensors (``base``'s keys); ``None`` when another tensor differs too (not
+    an adapter fault) or the adapter changes nothing.
+
+    With U = merged - base and S = served - base, c = <S, U> / <U, U>. A lower-precision
+    served copy carries rounding noise R (each element within eps x (|merged| + |base|)),
+    uncorrelated with U: it moves c by about ||R|| / ||U|| and is allowed in the residual."""
+    if not differing or any(k not in base for k in differing):
+        return None
+    dot = upd = srv = floor = 0.0
+    within = True
+    pairs = []
+    for key in sorted(base):
+        if key not in merged or key not in served:
+            return None
+        b, m = base[key].double(), merged[key].double()
+        update = m - b  # the adapter's merged update
+        change = served[key].double() - b  # what the served copy applied
+        pairs.append((update, change))
+        dot += float((update * change).sum())
+        upd += float((update * update).sum())
+        srv += float((change * change).sum())
+        eps = _rounding(served[key], merged[key])
+        bound = eps * (m.abs() + b.abs())
+        floor += float((bound * bound).sum()) / 3  # uniform rounding within the bound
+        within = within and bool(((change - update).abs() <= bound).all())
+    if upd == 0.0 or not math.isfinite(dot + upd + srv + floor):
+        return None
+    scale = dot / upd
+    spread = max(0.05, 3 * math.sqrt(floor / upd))  # how far rounding alone moves c
+    if floor > 0 and within and abs(scale - 1) <= spread:
+        return AdapterFit("merged_in_served_dtype", scale, 0.0, len(pairs))
+    if srv <= ADAPTER_RTOL**2 * upd + 4 * floor and abs(scale) <= spread:
+        return AdapterFit("adapter_not_merged", 0.0, 0.0, len(pairs))
+    left = sum(float(((c - scale * u) ** 2).sum()) for u, c in pairs)
+    residual = math.sqrt(left / srv) if srv else 0.0
+    fits = left <= ADAPTER_RTOL**2 * srv + 4 * floor
+    return AdapterFit("adapter_scale" if fits else "adapter_mismatch", scale, residual,
+                      len(pairs))
