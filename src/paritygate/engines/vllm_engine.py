@@ -34,8 +34,8 @@ API used, as exercised against vLLM 0.32 (``test_suites/lm/test_vllm_real.py``):
 - Stop strings end a response; the token that completes one stays in ``token_ids``.
 - LoRA (a PEFT adapter served on the base): ``LLM(enable_lora=True, max_lora_rank=R,
   max_loras=1)`` with R the smallest of :data:`VLLM_LORA_RANKS` at or above the adapter's
-  rank, and ``LLM.generate(..., lora_request=LoRARequest(name, 1, path))``
-  (``vllm.lora.request``).
+  rank, and ``LLM.generate(..., lora_request=LoRARequest(name, id, path))``
+  (``vllm.lora.request``), one id per adapter directory and its files' state.
 
 vLLM's sampler order (vllm/v1/sample/sampler.py): raw log-probs are taken first; then
 allowed/bad words, min-tokens, logit bias, penalties, temperature, min-p, top-k/top-p. So
@@ -356,9 +356,18 @@ class VLLMEngine:
         if self.lora_dir is None:
             return None
         _import_vllm()
+        # vLLM caches a loaded adapter by its integer id: one id per adapter directory and
+        # its files' state, so an engine that served another adapter never reuses its weights.
+        import hashlib
+
         from vllm.lora.request import LoRARequest
 
-        return LoRARequest("served-adapter", 1, self.lora_dir)
+        path = Path(self.lora_dir)
+        state = [str(path.resolve())] + [
+            f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}"
+            for f in sorted(path.iterdir()) if f.is_file()]
+        digest = hashlib.sha256("\n".join(state).encode()).hexdigest()
+        return LoRARequest(f"adapter-{digest[:12]}", 1 + int(digest[:7], 16), self.lora_dir)
 
     @property
     def llm(self) -> Any:
