@@ -147,3 +147,32 @@ def test_the_root_cause_carries_its_finding_kind_with_or_without_an_edge() -> No
                                   {"max_abs_diff": 1.0})])
     assert breach is not None and breach.finding is None
     assert alone.to_json()["finding"] == "step_outputs_differ"
+
+
+def test_every_finding_kind_an_edge_names_is_declared_by_its_check() -> None:
+    """An edge keyed on a kind its check never records can never match: a typo or a kind
+    renamed on one branch and not the other leaves the root-cause graph silently dead there."""
+    from paritygate.checks import CHECK_IDS, get_check
+    from paritygate.rootcause import GRAPH
+
+    undeclared = []
+    for edge in GRAPH:
+        assert edge.check in CHECK_IDS, edge.check
+        declared = set(get_check(edge.check).kinds)
+        undeclared += [(edge.check, edge.kind, k) for k in edge.finding_kinds or ()
+                       if k not in declared]
+        assert set(edge.explains) <= set(CHECK_IDS), (edge.check, edge.kind, edge.explains)
+    assert not undeclared, undeclared
+
+
+def test_no_edge_is_listed_twice() -> None:
+    from paritygate.rootcause import GRAPH
+
+    seen: dict[tuple[str, str | None], str] = {}
+    duplicates = []
+    for edge in GRAPH:
+        for kind in edge.finding_kinds or (None,):
+            if (edge.check, kind) in seen:
+                duplicates.append((edge.check, kind, seen[(edge.check, kind)], edge.kind))
+            seen[(edge.check, kind)] = edge.kind
+    assert not duplicates, duplicates
