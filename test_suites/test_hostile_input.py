@@ -218,3 +218,39 @@ def test_sparse_config_is_refused(tmp_path: Path) -> None:
     code, out, err = run_cli(config)
     line = error_line(code, out, err, file="gate.yaml", key=None)
     assert "config file is" in line, line
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "output_dir"])
+def test_a_fifo_trainer_state_in_an_output_dir_never_blocks(tmp_path: Path, where: str) -> None:
+    """The trainer-output resolution runs before the special-file refusal: a FIFO named
+    ``trainer_state.json`` (in ``checkpoint-N`` or at the output_dir's top) is passed over
+    without opening it, and the model directory check then names it (exit 2, not a hang)."""
+    import signal
+
+    from paritygate.errors import InputError
+    from paritygate.reading import check_input
+    from paritygate.trainer_output import resolve_checkpoint
+
+    out = tmp_path / "out"
+    checkpoint = out / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text("{}", encoding="utf-8")
+    fifo(checkpoint if where == "checkpoint" else out, "trainer_state.json")
+
+    def hung(*_: Any) -> None:
+        raise TimeoutError("a FIFO trainer_state.json was opened")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        record = resolve_checkpoint(out, key="causal_lm.model_dir")
+        direct = resolve_checkpoint(checkpoint, key="--checkpoint")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert record is not None and direct is not None
+    assert record.path == checkpoint and (record.step, record.step_source) == (3, "folder name")
+    assert "trainer_state.json" not in record.trainer_files
+    if where == "checkpoint":
+        with pytest.raises(InputError, match="trainer_state.json in the model directory is a FIFO"):
+            check_input(record.path, "causal_lm.model_dir", what="model directory", expect="dir")
