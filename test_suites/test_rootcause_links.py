@@ -176,3 +176,17 @@ def test_no_edge_is_listed_twice() -> None:
                 duplicates.append((edge.check, kind, seen[(edge.check, kind)], edge.kind))
             seen[(edge.check, kind)] = edge.kind
     assert not duplicates, duplicates
+
+
+def test_a_nonfinite_checkpoint_explains_the_kl_reference_check() -> None:
+    """reference_parity scores the policy under test beside the reference: a NaN weight in the
+    checkpoint makes its policy logits NaN (nonfinite_reference), a consequence, not a second
+    root that blames the reference's provenance."""
+    nan_weight = _failing("weights_load", "nonfinite_checkpoint",
+                          "checkpoint tensor 'lm_head.weight' holds NaN",
+                          {"nonfinite_tensors": 1.0})
+    reference = _failing("reference_parity", "nonfinite_reference",
+                         "non-finite logits from the policy", {"kl_exact_max": 1.0})
+    explained, root = explain([nan_weight, reference])
+    assert root is not None and (root.check, root.kind) == ("weights_load", "nonfinite_checkpoint")
+    assert {r.id: r.consequence_of for r in explained}["reference_parity"] == "weights_load"

@@ -137,7 +137,7 @@ _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation
 GRAPH: tuple[Explanation, ...] = (
     # Earlier edges win: a check explained by one edge is never the root of a later one.
     Explanation("weights_load", "nonfinite_checkpoint", ("nonfinite_checkpoint",),
-                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity",),
+                _DOWNSTREAM_POLICY + _DOWNSTREAM_LM + ("export_integrity", "reference_parity"),
                 "the checkpoint's NaN/Inf tensors propagate into every output",
                 fix="do not release this checkpoint: resume from the last finite one"),
     Explanation("head_removal", "structure_mismatch",
