@@ -252,5 +252,6 @@ def test_a_fifo_trainer_state_in_an_output_dir_never_blocks(tmp_path: Path, wher
     assert record.path == checkpoint and (record.step, record.step_source) == (3, "folder name")
     assert "trainer_state.json" not in record.trainer_files
     if where == "checkpoint":
-        with pytest.raises(InputError, match=r"trainer_state\.json in the model directory is a FIFO"):
+        refused = r"trainer_state\.json in the model directory is a FIFO"
+        with pytest.raises(InputError, match=refused):
             check_input(record.path, "causal_lm.model_dir", what="model directory", expect="dir")
