@@ -61,7 +61,7 @@ def test_init_finds_reward_and_reference_beside_the_checkpoint(
     text = written.path.read_text(encoding="utf-8")
     initial = section["reference"]["model_dir"]  # the reference is the initial policy here
     for key, value in {
-        "serving": section["model_dir"], "training": "trainer.yaml", "probes": "probes.jsonl",
+        "model_dir": section["model_dir"], "training": "trainer.yaml", "probes": "probes.jsonl",
         "logprob_fn": "paritygate.families.causal_lm.logprobs:compute_logprobs",
         "initial": initial, "kl_estimator": "k3",
     }.items():
