@@ -9,9 +9,10 @@ stored weights) and never branches on the format.
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +100,28 @@ def batchnorm_pairs(tensors: dict[str, object]) -> list[tuple[str, np.ndarray, n
                          mean.detach().float().numpy().copy(),
                          var.detach().float().numpy().copy()))
     return rows
+
+
+def run_module(module: Any, feeds: Mapping[str, np.ndarray], input_names: list[str],
+               call: str, declared: list[str]) -> dict[str, np.ndarray]:
+    """One forward of a loaded TorchScript module or exported program on ``feeds``, its
+    tensors named by :func:`name_outputs`; a failure on these rows is what serving would see,
+    a ``ValueError`` naming the row count and the error's last line."""
+    import torch
+
+    from paritygate.engines.torch_engine import call_forward
+
+    tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in input_names}
+    try:
+        with torch.no_grad():
+            result = call_forward(module, tensors, input_names, call)
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        raise ValueError(f"the artifact fails on {len(next(iter(tensors.values())))} "
+                         f"row(s): {type(exc).__name__}: {lines[-1] if lines else ''}"
+                         ) from None
+    return {k: v.detach().float().cpu().numpy() for k, v in name_outputs(result, declared)
+            if isinstance(v, torch.Tensor)}
 
 
 def name_outputs(result: object, declared: list[str]) -> list[tuple[str, object]]:

@@ -20,7 +20,7 @@ from paritygate.engines.artifact_graph import (
     ArtifactGraph,
     batchnorm_pairs,
     float_weight,
-    name_outputs,
+    run_module,
 )
 from paritygate.errors import InputError
 
@@ -132,21 +132,7 @@ class TorchExportEngine:
         self.fixed_batch = baked if baked and baked > 0 else None
 
     def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        from paritygate.engines.torch_engine import call_forward
-
-        tensors = {n: torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.input_names}
-        try:
-            with torch.no_grad():
-                result = call_forward(self.module, tensors, self.input_names, self.call)
-        except Exception as exc:  # what serving would see: the artifact fails on these rows
-            lines = str(exc).strip().splitlines()
-            raise ValueError(f"the artifact fails on {len(next(iter(tensors.values())))} "
-                             f"row(s): {type(exc).__name__}: {lines[-1] if lines else ''}"
-                             ) from None
-        return {k: v.detach().float().cpu().numpy() for k, v in name_outputs(result, self.declared)
-                if isinstance(v, torch.Tensor)}
+        return run_module(self.module, feeds, self.input_names, self.call, self.declared)
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(feeds[self.input_names[0]])
