@@ -14,7 +14,6 @@ is gated unless ``causal_lm.checkpoint`` (or ``paritygate run --checkpoint``) pi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
+from paritygate.reading import read_json_object
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -124,13 +124,7 @@ def _read_state(folder: Path) -> dict[str, Any] | None:
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(path, None, f"unreadable trainer state: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, None, "trainer state must be a JSON object")
-    return data
+    return read_json_object(path, None, what="trainer state")
 
 
 def _describe(

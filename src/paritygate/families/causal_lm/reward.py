@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.reward_scoring import Scores, load_reward_model, score
+from paritygate.reading import read_json_object
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -182,13 +183,7 @@ def _config_json(directory: Path, key: str) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise InputError(path, key, "not an HF model directory (no config.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(path, key, f"unreadable config.json: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(path, key, "config.json is not a mapping")
-    return data
+    return read_json_object(path, key, what="config.json")
 
 
 def _check_classifier(config: GateConfig, directory: Path, key: str) -> dict[str, Any]:
