@@ -126,6 +126,14 @@ def _actions_differ(root: CheckResult, c: CheckResult) -> bool:
         c, lambda n: n in _ACTING.values())
 
 
+_TARGET_SERVED = ("the artifact was built from the target network, a training-only copy of "
+                  "the policy")
+_TARGET_SERVED_FIX = ("export the online network (the policy the checkpoint acts with), not its "
+                      "target copy")
+"""Why and fix of ``target_network_served``, named by export_integrity or, when it did not run,
+logits_agreement."""
+
+
 _ROLLOUT = (("rollout_parity", _actions_differ),)
 """The artifact-side and preprocessing roots explain a rollout's actions only."""
 
@@ -223,10 +231,7 @@ GRAPH: tuple[Explanation, ...] = (
                 only_if=_ROLLOUT),
     Explanation("export_integrity", "target_network_served", ("target_network_served",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
-                "the artifact was built from the target network, a training-only copy of the "
-                "policy",
-                fix="export the online network (the policy the checkpoint acts with), not its "
-                    "target copy",
+                _TARGET_SERVED, fix=_TARGET_SERVED_FIX,
                 only_if=_ROLLOUT),
     Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
@@ -282,10 +287,7 @@ GRAPH: tuple[Explanation, ...] = (
                 only_if=(("precision_per_layer", _no_layer_over_budget), *_ROLLOUT)),
     Explanation("logits_agreement", "target_network_served", ("target_network_served",),
                 ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
-                "the artifact was built from the target network, a training-only copy of the "
-                "policy",
-                fix="export the online network (the policy the checkpoint acts with), not its "
-                    "target copy",
+                _TARGET_SERVED, fix=_TARGET_SERVED_FIX,
                 only_if=(("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("logits_agreement", "artifact_outputs_differ",
                 ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
