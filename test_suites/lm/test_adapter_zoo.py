@@ -18,7 +18,7 @@ import pytest
 from lm_zoo import ADAPTER_FAULTS, LM_CHECKS, LORA_ALPHA, LORA_RANK
 
 from paritygate.errors import InputError
-from paritygate.families.causal_lm.context import build_lm_context
+from paritygate.families.causal_lm.build import build_lm_context
 from paritygate.rootcause import explain
 
 pytest.importorskip("peft")

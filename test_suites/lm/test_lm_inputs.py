@@ -14,7 +14,7 @@ from paritygate.check import Thresholds
 from paritygate.config import config_from_dict, load_config
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
-from paritygate.families.causal_lm.context import build_lm_context
+from paritygate.families.causal_lm.build import build_lm_context
 from paritygate.families.causal_lm.probes import load_probes
 from paritygate.families.causal_lm.sampling import load_sampling_file
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def build_context(config: GateConfig) -> LMContext:
-    from paritygate.families.causal_lm.context import build_lm_context
+    from paritygate.families.causal_lm.build import build_lm_context
 
     return build_lm_context(config)
 

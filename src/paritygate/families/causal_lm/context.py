@@ -16,27 +16,34 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.engines.base import GenerationEngine
 from paritygate.engines.generation import Generation, SamplingSpec
-from paritygate.engines.hf_loading import check_model_dir, load_causal_lm, safetensors_files
+from paritygate.engines.hf_loading import load_causal_lm
 from paritygate.errors import InputError, keyed
-from paritygate.families.causal_lm.probes import Probe, load_probes
-from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
-from paritygate.families.causal_lm.served_files import Contradiction, served_dtype
-from paritygate.families.causal_lm.serving import resolve_serving
-from paritygate.families.causal_lm.tokenizer import encode_probe, is_cut, load_tokenizer
-from paritygate.imports import guard_user_code, import_callable
-from paritygate.provenance import sha256_file, sha256_files
-from paritygate.reading import check_input
+from paritygate.families.causal_lm.probes import Probe
+from paritygate.families.causal_lm.sampling import SamplingFile
+from paritygate.families.causal_lm.served_files import Contradiction
+from paritygate.families.causal_lm.tokenizer import Tokenizer, encode_probe
+from paritygate.provenance import sha256_file
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Callable, Collection, Mapping
+    from types import ModuleType
+
+    import numpy as np
+    from torch import Tensor, nn
 
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
+    from paritygate.families.causal_lm.weights import AdapterFit, WeightsDiff
     from paritygate.metrics.tiers import Limits
     from paritygate.precision.subject import PrecisionSubject
+    from paritygate.result import Measurement
+
+
+_ENGINES = ("hf", "vllm", "dump")
+"""Engines whose generations the context memoises."""
 
 
 @dataclass
@@ -49,12 +56,12 @@ class LMContext:
     engine_model_dir: Path
     checkpoint_path: Path
     checkpoint_sha256: str
-    training_tokenizer: Any
-    serving_tokenizer: Any
+    training_tokenizer: Tokenizer
+    serving_tokenizer: Tokenizer
     probes: list[Probe]
     training_sampling: SamplingFile
     serving_sampling: SamplingFile
-    logprob_fn: Any
+    logprob_fn: Callable[..., object]
     declared_dtype: tuple[str, str] | None = None
     """``(config key, dtype)`` when the config states the serving dtype: a deliberate
     precision change, judged by its precision tier rather than as a sampling difference."""
@@ -81,13 +88,13 @@ class LMContext:
     """The PEFT adapter merged into ``model_dir`` (the base) as the training side, ``None``
     when the training directory is a full model."""
     adapter_key: str = "causal_lm.adapter"
+    """The config key that named the adapter (``causal_lm.model_dir`` when it is the
+    adapter's directory)."""
     serving_adapter: AdapterInfo | None = None
     """``causal_lm.serving.adapter``: the PEFT adapter served on the served base (vLLM LoRA;
     merged in memory for the HF engine and ``weights_load``)."""
-    """The config key that named the adapter (``causal_lm.model_dir`` when it is the
-    adapter's directory)."""
 
-    def note_probes(self, m: Any) -> None:
+    def note_probes(self, m: Measurement) -> None:
         """Name the probes whose text was cut before tokenizing, in a check's measurement."""
         if self.cut_probes:
             from paritygate.families.causal_lm.tokenizer import MAX_CHARS_PER_TOKEN
@@ -106,24 +113,10 @@ class LMContext:
         self, defaults: Mapping[str, float | None], user_set: Collection[str],
         names: Collection[str] | None = None,
     ) -> Limits:
-        """A check's limits for the served copy: the user's values where the config sets
-        them, else the tier of the declared precision (``precision_tier``, else training dtype
-        against serving dtype), else the fp32 defaults
-        (:func:`paritygate.metrics.tiers.judged_limits`, one rule for every LM check)."""
-        from paritygate.metrics.tiers import judged_limits, resolve_tier
+        """A check's limits for the served copy (see :func:`.limits.served_limits`)."""
+        from paritygate.families.causal_lm.limits import served_limits
 
-        spec = self.spec
-        try:
-            tier = resolve_tier(spec.precision_tier, spec.training.dtype, spec.engine.dtype)
-        except ValueError:
-            tier = None  # no tier for this pair: the fp32 defaults (or the config's) apply
-        if spec.precision_tier:
-            by = f"causal_lm.precision_tier {spec.precision_tier}"
-        else:
-            source = self.declared_dtype[0] if self.declared_dtype else "causal_lm.engine.dtype"
-            by = (f"training {spec.training.dtype}, serving {spec.engine.dtype} from "
-                  f"{source}")
-        return judged_limits(tier, defaults, user_set, names=names, declared_by=by)
+        return served_limits(self.spec, self.declared_dtype, defaults, user_set, names)
 
     @cached_property
     def probes_sha256(self) -> str:
@@ -131,7 +124,7 @@ class LMContext:
         return sha256_file(self.config.resolve(self.spec.probes))
 
     # -- weights -----------------------------------------------------------------
-    def checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Tensor]:
         """Every tensor of the training directory's safetensors files (read on each call, so
         the run does not hold a second copy of the weights). With an adapter, the base's
         files under their own names, each holding the merged model's tensor where it has one
@@ -144,7 +137,7 @@ class LMContext:
             state.update({k: merged[k].detach() for k in state if k in merged})
         return state
 
-    def adapter_base_state(self) -> dict[str, Any]:
+    def adapter_base_state(self) -> dict[str, Tensor]:
         """The base model's tensors the adapter changes (its target weights), as stored in
         ``model_dir``; empty without an adapter."""
         from paritygate.families.causal_lm.weights import read_keys
@@ -159,7 +152,9 @@ class LMContext:
 
         return is_training_only(key, list(self.spec.training_only_heads))
 
-    def served_adapter_fit(self, training_state: Mapping[str, Any], differing: list[str]) -> Any:
+    def served_adapter_fit(
+        self, training_state: Mapping[str, Tensor], differing: list[str]
+    ) -> AdapterFit | None:
         """How the served copy merged the declared adapter
         (:class:`~paritygate.families.causal_lm.weights.AdapterFit`; ``None`` without an
         adapter, or when a tensor outside its targets differs too)."""
@@ -172,7 +167,7 @@ class LMContext:
         return adapter_fit(base, {k: training_state[k] for k in base if k in training_state},
                            {k: served[k] for k in base if k in served}, differing)
 
-    def serving_state(self) -> dict[str, Any]:
+    def serving_state(self) -> dict[str, Tensor]:
         """Every tensor of the served directory's safetensors files."""
         from paritygate.families.causal_lm.weights import read_state
 
@@ -188,7 +183,7 @@ class LMContext:
         return self.engine_model_dir == self.model_dir and self.serving_adapter is None
 
     @cached_property
-    def _served_merged(self) -> Any:
+    def _served_merged(self) -> nn.Module:
         """The served base with ``serving.adapter`` merged (peft, in memory), serving dtype."""
         from paritygate.families.causal_lm.adapter import merge_adapter
 
@@ -198,7 +193,9 @@ class LMContext:
                                       trust_remote_code=self.config.trust_remote_code)
         return merge_adapter(model, self.serving_adapter, "causal_lm.serving.adapter")
 
-    def serving_weights_diff(self, training_state: dict[str, Any] | None = None) -> Any:
+    def serving_weights_diff(
+        self, training_state: dict[str, Tensor] | None = None
+    ) -> WeightsDiff:
         """Tensor-by-tensor comparison of the training and the served weights
         (:class:`paritygate.families.causal_lm.weights.WeightsDiff`)."""
         from paritygate.families.causal_lm.weights import compare_states, tied_groups
@@ -210,7 +207,7 @@ class LMContext:
 
     # -- models ------------------------------------------------------------------
     @cached_property
-    def _reference(self) -> tuple[Any, dict[str, Any]]:
+    def _reference(self) -> tuple[nn.Module, dict[str, Any]]:
         with keyed("causal_lm.model_dir"):
             model, info = self._load(self.model_dir)
         if self.adapter is not None:
@@ -219,7 +216,7 @@ class LMContext:
             model = merge_adapter(model, self.adapter, self.adapter_key)
         return model, info
 
-    def _load(self, model_dir: Path) -> tuple[Any, dict[str, Any]]:
+    def _load(self, model_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
         return load_causal_lm(
             model_dir,
             self.spec.training.dtype,
@@ -227,14 +224,14 @@ class LMContext:
             device_map=self.spec.training.device_map,
         )
 
-    def reference_model(self) -> Any:
+    def reference_model(self) -> nn.Module:
         """The training-side model (training dtype, eval mode), value head not attached."""
         return self._reference[0].eval()
 
     def reference_loading_info(self) -> dict[str, Any]:
         return self._reference[1]
 
-    def teacher_forced(self, generation: Generation) -> list[Any]:
+    def teacher_forced(self, generation: Generation) -> list[np.ndarray]:
         """The training model's logits over each row of ``generation`` (one batched forward,
         no cache, computed once per generation): row ``i`` is ``(len(output_i) + 1, V)``,
         the next-token logits at the last prompt position, each generated token and after the
@@ -251,7 +248,7 @@ class LMContext:
         return rows
 
     @cached_property
-    def _teacher_forced(self) -> list[tuple[Generation, list[Any]]]:
+    def _teacher_forced(self) -> list[tuple[Generation, list[np.ndarray]]]:
         """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
         return []
 
@@ -284,51 +281,28 @@ class LMContext:
 
     @cached_property
     def _hf_engine(self) -> GenerationEngine:
-        from paritygate.engines.hf_generate import HFGenerateEngine
+        from paritygate.families.causal_lm.engines import hf_engine
 
-        eng = self.spec.engine
-        options = {
-            "logprobs_mode": eng.logprobs_mode,
-            "top_logprobs": eng.top_logprobs,
-            "batch_size": eng.batch_size,
-        }
         if self.serves_reference():
-            return HFGenerateEngine.for_tokenizer(
-                self.reference_model(), self.serving_tokenizer, **options
-            )
+            return hf_engine(self.spec.engine, self.serving_tokenizer, model=self.reference_model())
         if self.serving_adapter is not None:
-            return HFGenerateEngine.for_tokenizer(
-                self._served_merged, self.serving_tokenizer, **options)
+            return hf_engine(self.spec.engine, self.serving_tokenizer, model=self._served_merged)
         with keyed(self.served_from):
-            return HFGenerateEngine.from_dir(
-                self.engine_model_dir,
-                self.serving_tokenizer,
-                dtype=eng.dtype,
-                trust_remote_code=self.config.trust_remote_code,
-                **options,
-            )
+            return hf_engine(self.spec.engine, self.serving_tokenizer,
+                             model_dir=self.engine_model_dir,
+                             trust_remote_code=self.config.trust_remote_code)
 
     @cached_property
     def _vllm_engine(self) -> GenerationEngine:
-        from paritygate.engines.vllm_engine import VLLMEngine
+        from paritygate.families.causal_lm.engines import vllm_engine
 
-        eng = self.spec.engine
         tok_dir = self.spec.tokenizer.serving
-        lora = self.serving_adapter
-        return VLLMEngine(
-            self.vllm_model_dir(),
-            lora_dir=lora.directory if lora is not None else None,
-            max_lora_rank=max(lora.ranks()) if lora is not None and lora.ranks() else None,
+        return vllm_engine(
+            self.spec, self.vllm_model_dir(), self.serving_adapter,
             tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
-            dtype=eng.dtype,
             seed=self.config.seed,
-            logprobs_mode=eng.logprobs_mode,
-            top_logprobs=eng.top_logprobs,
-            gpu_memory_utilization=eng.gpu_memory_utilization,
-            tensor_parallel_size=eng.tensor_parallel_size,
-            max_model_len=self.spec.max_prompt_tokens
-            + self.serving_sampling.spec().max_new_tokens,
-            engine_kwargs={"trust_remote_code": self.config.trust_remote_code},
+            max_new_tokens=self.serving_sampling.spec().max_new_tokens,
+            trust_remote_code=self.config.trust_remote_code,
         )
 
     def vllm_model_dir(self) -> Path:
@@ -340,10 +314,11 @@ class LMContext:
     @cached_property
     def _vllm_model_dir(self) -> Path:
         from paritygate.families.causal_lm.export import servable_copy
+        from paritygate.families.causal_lm.inputs import BASE_SERVED
 
         if self.adapter is not None and self.serves_training_files():
             raise InputError(self.config.path, "causal_lm.serving.model_dir",
-                             _BASE_SERVED.format(what="vLLM"))
+                             BASE_SERVED.format(what="vLLM"))
 
         return servable_copy(self.engine_model_dir, list(self.spec.training_only_heads))
 
@@ -360,7 +335,7 @@ class LMContext:
     def _training_prompts(self) -> list[list[int]]:
         return self._encode(self.training_tokenizer)
 
-    def _encode(self, tok: Any) -> list[list[int]]:
+    def _encode(self, tok: Tokenizer) -> list[list[int]]:
         return [encode_probe(tok, p, self.spec.max_prompt_tokens) for p in self.probes]
 
     def render_probe(self, side: str, probe: Probe) -> str:
@@ -378,6 +353,8 @@ class LMContext:
     def _dump_records(self) -> list[dict[str, Any]]:
         if self.dump is not None:
             return self.dump
+        from paritygate.families.causal_lm.inputs import read_lm_dump
+
         return read_lm_dump(self.config, self.spec, self.model_dir)
 
     def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
@@ -391,12 +368,9 @@ class LMContext:
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
         """Sampled continuations (``generation_samples`` per probe) under the serving config;
         for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
-        if engine == "hf":
-            return self._sampled_hf
-        if engine == "vllm":
-            return self._sampled_vllm
-        if engine == "dump":
-            return self._sampled_dump
+        if engine in _ENGINES:
+            found: tuple[Generation, SamplingSpec] = getattr(self, f"_sampled_{engine}")
+            return found
         return self._sample(engine)  # an unknown engine: engine() says so
 
     @cached_property
@@ -427,12 +401,9 @@ class LMContext:
     def greedy(self, engine: str = "hf") -> Generation | None:
         """Greedy continuations of every probe under the serving config's length and stops
         (``dump``: the dump's greedy records, ``None`` when it has none)."""
-        if engine == "hf":
-            return self._greedy_hf
-        if engine == "vllm":
-            return self._greedy_vllm
-        if engine == "dump":
-            return self._greedy_dump
+        if engine in _ENGINES:
+            found: Generation | None = getattr(self, f"_greedy_{engine}")
+            return found
         return self._greedy(engine)
 
     @cached_property
@@ -452,311 +423,28 @@ class LMContext:
         extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
         return self.engine(engine).generate(self.prompts(), sampling, **extra)
 
-    def logprob_variants(self) -> Any:
+    def logprob_variants(self) -> ModuleType:
         """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
         import paritygate.families.causal_lm.logprobs as helpers
 
         return helpers
 
-    def recompute(self, generation: Generation) -> tuple[Any, Any, Any]:
+    def recompute(self, generation: Generation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
         from paritygate.families.causal_lm.recompute import recompute
 
-        return recompute(self, generation)
+        return recompute(self.reference_model(), self.logprob_fn, generation,
+                         sampling=self.training_sampling.spec(),
+                         mode=self.spec.training.logprobs_mode,
+                         pad_id=self.training_tokenizer.pad_token_id)
 
     def precision_subject(self) -> PrecisionSubject:
         """The HF model in fp32 eval on the probe prompts (see :mod:`.precision`)."""
         from paritygate.families.causal_lm.precision import precision_subject
 
-        return precision_subject(self)
-
-
-def build_lm_context(config: GateConfig) -> LMContext:
-    """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
-    spec = config.causal_lm
-    if spec is None:
-        raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
-    cfg = config.path
-    spec, adapter, adapter_key = _resolve_adapter(config, spec)
-    spec, served_from, sources = resolve_serving(config, spec)
-    declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
-    model_dir = config.resolve(spec.model_dir)
-    if not model_dir.is_dir():
-        raise InputError(cfg, "causal_lm.model_dir", f"model directory not found: {model_dir}")
-    check_input(model_dir, "causal_lm.model_dir", what="model directory", expect="dir")
-    if not (model_dir / "config.json").is_file():
-        raise InputError(
-            model_dir / "config.json", "causal_lm.model_dir", "model directory has no config.json"
-        )
-    # A dump is validated first: its size and records need only config.json's vocab_size,
-    # so a bad dump is refused in a second, before tokenizers and models load.
-    dump = read_lm_dump(config, spec, model_dir) if "dump" in spec.engines else None
-    trust = config.trust_remote_code
-    with keyed("causal_lm.model_dir"):
-        files = safetensors_files(model_dir)
-        check_model_dir(model_dir, trust_remote_code=trust)
-    trained = files
-    if adapter is not None:
-        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE, check_fits
-
-        check_fits(adapter, model_dir, adapter_key)
-
-        trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
-    engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
-    if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
-        check_input(engine_dir, served_from, what="model directory", expect="dir")
-    if not (engine_dir / "config.json").is_file():
-        raise InputError(cfg, served_from, f"no HF model directory at {engine_dir}")
-    if engine_dir != model_dir:
-        with keyed(served_from):
-            check_model_dir(engine_dir, trust_remote_code=trust)
-    serving_adapter = None
-    if spec.serving.adapter is not None:
-        from paritygate.families.causal_lm.adapter import check_fits, read_adapter
-
-        serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
-                                       "causal_lm.serving.adapter")
-        check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
-    elif engine_dir == model_dir and adapter is not None:
-        _check_adapter_served(config, spec)
-
-    def tokenizer(side: str) -> Any:
-        tspec = spec.tokenizer
-        directory = getattr(tspec, side)
-        template = getattr(tspec, f"{side}_chat_template")
-        with keyed(f"causal_lm.tokenizer.{side}"):
-            return load_tokenizer(
-                config.resolve(directory) if directory else model_dir,
-                config.resolve(template) if template else None,
-                trust_remote_code=config.trust_remote_code,
-            )
-
-    training_tok = tokenizer("training")
-    serving_tok = tokenizer("serving")
-    with keyed("causal_lm.probes"):
-        probes = load_probes(config.resolve(spec.probes))
-    for probe in probes:
-        for side, tok in (("training", training_tok), ("serving", serving_tok)):
-            if probe.is_chat and not getattr(tok, "chat_template", None):
-                raise InputError(
-                    cfg,
-                    f"causal_lm.tokenizer.{side}",
-                    f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
-                )
-        # Every probe goes through both tokenizers (and chat templates) here, once, so a
-        # template that fails or runs away is bad input before any check runs.
-        encoded = [_encode_checked(config, side, tok, probe, model_dir)
-                   for side, tok in (("training", training_tok), ("serving", serving_tok))]
-        # An empty prompt is a fair edge case while a BOS token conditions it; with no token on
-        # either side nothing can be generated (one side empty is tokenizer_parity's finding).
-        if not any(encoded):
-            raise InputError(
-                config.resolve(spec.probes),
-                f"probe {probe.id!r}",
-                "encodes to no tokens with either tokenizer (empty text, no BOS): "
-                "nothing to condition on",
-            )
-
-    def sampling(side: str, tok: Any, dtype: str) -> SamplingFile:
-        with keyed(f"causal_lm.sampling.{side}"):
-            return _sampling_file(side, tok, dtype)
-
-    def _sampling_file(side: str, tok: Any, dtype: str) -> SamplingFile:
-        return load_sampling_file(
-            config.resolve(getattr(spec.sampling, side)),
-            trainer=side == "training",
-            fmt=getattr(spec.sampling, f"{side}_format"),
-            strict=spec.sampling.strict,
-            eos_text=tok.eos_token,
-            eos_id=tok.eos_token_id,
-            side_defaults={
-                "padding_side": tok.padding_side,
-                "truncation_side": tok.truncation_side,
-                "dtype": dtype,
-            },
-            default_sources={
-                "padding_side": f"the {side} tokenizer",
-                "truncation_side": f"the {side} tokenizer",
-                "dtype": "causal_lm.training.dtype"
-                if side == "training"
-                else (declared[0] if declared else "causal_lm.engine.dtype (default)"),
-            },
-        )
-
-    training_sampling = sampling("training", training_tok, spec.training.dtype)
-    serving_sampling = sampling("serving", serving_tok, spec.engine.dtype)
-    contradictions = _served_dir_contradictions(
-        config, spec, sources, engine_dir, serving_sampling, serving_tok, probes)
-    from paritygate.families.causal_lm.logprobs import as_model_level
-
-    fn_key = "causal_lm.training.logprob_fn"
-    logprob_fn = guard_user_code(
-        as_model_level(
-            import_callable(spec.training.logprob_fn, cfg, fn_key),
-            spec.training.logprob_convention,
-        ),
-        cfg,
-        fn_key,
-    )
-    from paritygate.families.causal_lm.reference import load_reference
-
-    kl_reference = load_reference(config, spec, model_dir, training_tok)
-    from paritygate.families.causal_lm.reward import load_reward
-
-    reward = load_reward(config, spec, probes, training_tok)
-    if spec.engine.collate:  # a bad name is bad input before any check runs
-        import_callable(spec.engine.collate, cfg, "causal_lm.engine.collate")
-    if spec.behaviour is not None and spec.behaviour.reward_fn:
-        import_callable(spec.behaviour.reward_fn, cfg, "causal_lm.behaviour.reward_fn")
-    ctx = LMContext(
-        config=config,
-        spec=spec,
-        model_dir=model_dir,
-        engine_model_dir=engine_dir,
-        checkpoint_path=(adapter.directory if adapter is not None
-                         else files[0] if len(files) == 1 else model_dir),
-        checkpoint_sha256=sha256_files(trained),
-        training_tokenizer=training_tok,
-        serving_tokenizer=serving_tok,
-        probes=probes,
-        cut_probes=[p.id for p in probes if is_cut(p, spec.max_prompt_tokens)],
-        training_sampling=training_sampling,
-        serving_sampling=serving_sampling,
-        logprob_fn=logprob_fn,
-        served_from=served_from,
-        declared_dtype=declared,
-        dump=dump,
-        contradictions=contradictions,
-        served_config_dtype=served_dtype(engine_dir),
-        kl_reference=kl_reference,
-        reward=reward,
-        adapter=adapter,
-        adapter_key=adapter_key,
-        serving_adapter=serving_adapter,
-    )
-    return ctx
-
-
-_BASE_SERVED = (
-    "the training side is a base model plus causal_lm.adapter, merged in memory; {what} would "
-    "serve the base without the adapter: set causal_lm.serving.model_dir to the merged copy "
-    "that ships")
-
-
-def _check_adapter_served(config: GateConfig, spec: CausalLMSpec) -> None:
-    """With an adapter and no served directory, only the HF engine on the merged training
-    model itself serves the adapter (same dtype, one device); another dtype or vLLM would load
-    the base directory alone, so that is bad input, not a silent base-vs-merged comparison."""
-    if spec.engine.dtype != spec.training.dtype or spec.training.device_map is not None:
-        raise InputError(config.path, "causal_lm.serving.model_dir", _BASE_SERVED.format(
-            what=f"the HF engine in {spec.engine.dtype}"))
-    if "vllm" in spec.engines:
-        raise InputError(config.path, "causal_lm.serving.model_dir",
-                         _BASE_SERVED.format(what="vLLM"))
-
-
-def _resolve_adapter(config: GateConfig, spec: CausalLMSpec,
-                     ) -> tuple[CausalLMSpec, AdapterInfo | None, str]:
-    """The spec with ``model_dir`` the base model, the adapter read and validated (``None``
-    without one), and the key that named it. ``model_dir`` naming an adapter directory takes
-    its base from ``adapter_config.json`` when that is a local directory."""
-    from paritygate.families.causal_lm.adapter import is_adapter_dir, local_base, read_adapter
-
-    if spec.adapter is not None:
-        key = "causal_lm.adapter"
-        return spec, read_adapter(config.resolve(spec.adapter), key), key
-    model_dir = config.resolve(spec.model_dir)
-    if (model_dir / "config.json").is_file() or not is_adapter_dir(model_dir):
-        return spec, None, "causal_lm.adapter"
-    key = "causal_lm.model_dir"
-    adapter = read_adapter(model_dir, key)
-    base = local_base(adapter)
-    if base is None:
-        named = f"the hub id {adapter.base_name!r}" if adapter.base_name else "no base"
-        raise InputError(
-            model_dir / "adapter_config.json", key,
-            f"a PEFT adapter directory whose base_model_name_or_path is {named}, which the gate "
-            "cannot fetch: set causal_lm.model_dir to the base model's local copy and "
-            f"causal_lm.adapter to {model_dir}")
-    update = {"model_dir": str(base), "adapter": str(model_dir)}
-    return spec.model_copy(update=update), adapter, key
-
-
-def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[dict[str, Any]]:
-    """The validated records of ``causal_lm.engine.dump``, token ids checked against the
-    training model's ``vocab_size``; a bad record is bad input naming the line and field."""
-    from paritygate.engines.hf_loading import config_vocab_size
-    from paritygate.engines.rollout_dump import read_dump
-
-    if not spec.engine.dump:
-        raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
-    with keyed("causal_lm.engine.dump"):
-        return read_dump(config.resolve(spec.engine.dump),
-                         vocab_size=config_vocab_size(model_dir))
-
-
-def _served_dir_contradictions(
-    config: GateConfig, spec: CausalLMSpec, sources: dict[str, str], served_dir: Path,
-    serving_sampling: SamplingFile, serving_tok: Any, probes: list[Probe],
-) -> list[Contradiction]:
-    """Declared serving files that differ from the served directory's own (see
-    :mod:`~paritygate.families.causal_lm.served_files`)."""
-    from paritygate.families.causal_lm.served_files import (
-        chat_template_contradiction,
-        has_tokenizer,
-        sampling_contradiction,
-        tokenizer_fields,
-    )
-
-    found: list[Contradiction | None] = []
-    declared_tok = config.resolve(spec.tokenizer.serving) if spec.tokenizer.serving else None
-    if ("tokenizer" in sources and declared_tok is not None
-            and declared_tok.resolve() != served_dir.resolve() and has_tokenizer(served_dir)):
-        with keyed(sources["tokenizer"]):
-            own_tok = load_tokenizer(served_dir, trust_remote_code=config.trust_remote_code)
-        fields = tokenizer_fields(
-            serving_tok, own_tok,
-            lambda tok: [encode_probe(tok, p, spec.max_prompt_tokens) for p in probes])
-        if spec.tokenizer.serving_chat_template and "chat_template" in fields:
-            fields.remove("chat_template")  # the override is judged on its own below
-        if fields:
-            found.append(Contradiction("tokenizer", sources["tokenizer"], declared_tok,
-                                       served_dir, tuple(fields)))
-    if spec.tokenizer.serving_chat_template:
-        found.append(chat_template_contradiction(
-            config.resolve(spec.tokenizer.serving_chat_template),
-            "causal_lm.tokenizer.serving_chat_template", served_dir))
-    own = served_dir / "generation_config.json"
-    if "sampling" in sources and own.is_file():
-        with keyed(sources["sampling"]):
-            own_file = load_sampling_file(
-                own, trainer=False, fmt="hf_generation_config",
-                eos_text=serving_tok.eos_token, eos_id=serving_tok.eos_token_id,
-                side_defaults={k: serving_sampling.values.get(k)
-                               for k in ("padding_side", "truncation_side", "dtype")},
-            )
-        found.append(sampling_contradiction(serving_sampling, own_file, sources["sampling"]))
-    return [c for c in found if c is not None]
-
-
-def _encode_checked(config: Any, side: str, tok: Any, probe: Probe, model_dir: Path) -> list[int]:
-    """``probe``'s token ids with the ``side`` tokenizer, its rendered chat checked too; a
-    chat template's failure names the template's file, its config key and the probe."""
-    from paritygate.families.causal_lm.tokenizer import render_probe, template_file
-
-    spec = config.causal_lm
-    try:
-        ids = encode_probe(tok, probe, spec.max_prompt_tokens)
-        if probe.is_chat:
-            render_probe(tok, probe, spec.max_prompt_tokens)
-    except InputError as exc:
-        if exc.file is not None:
-            raise
-        directory = getattr(spec.tokenizer, side)
-        override = getattr(spec.tokenizer, f"{side}_chat_template")
-        where = template_file(config.resolve(directory) if directory else model_dir,
-                              config.resolve(override) if override else None)
-        key = (f"causal_lm.tokenizer.{side}_chat_template" if override
-               else f"causal_lm.tokenizer.{side}")
-        raise InputError(where, f"{key}: {exc.key}", exc.cause) from None
-    return ids
+        return precision_subject(
+            self.spec, name=self.config.name, model_dir=self.model_dir,
+            prompts=self.prompts("training"), pad_id=self.training_tokenizer.pad_token_id,
+            streaming=self.config.precision.streaming,
+            trust_remote_code=self.config.trust_remote_code,
+            reference=lambda: (self.reference_model(), self.reference_loading_info()))

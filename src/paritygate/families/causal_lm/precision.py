@@ -9,54 +9,66 @@ unused (training-only heads excepted) refuses the measurement by name.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from paritygate.engines.generation import left_pad
 from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
 
 if TYPE_CHECKING:
-    from paritygate.families.causal_lm.context import LMContext
+    from torch import nn
+
+    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.precision.subject import PrecisionSubject
 
+ReferenceLoader = Callable[[], "tuple[nn.Module, dict[str, object]]"]
+"""Returns the reference (training-side) model and its loading info, loaded once by the caller."""
 
-def precision_subject(ctx: LMContext) -> PrecisionSubject:
-    """Probe prompts as left-padded batches of input ids; ``refusal`` set on random init."""
+
+def precision_subject(
+    spec: CausalLMSpec, *, name: str, model_dir: Path, prompts: list[list[int]],
+    pad_id: int | None, streaming: bool | Literal["auto"], trust_remote_code: bool,
+    reference: ReferenceLoader,
+) -> PrecisionSubject:
+    """Probe prompts (``prompts``, reference tokenizer) as left-padded batches of input ids;
+    ``refusal`` set on random init. ``reference`` is used when the reference model is already
+    fp32 on one device, so no second copy is loaded."""
     from paritygate.precision.hf import checkpoint_coverage
     from paritygate.precision.streaming import build_streamed, stream_decision, streaming_note
     from paritygate.precision.subject import PrecisionSubject
 
-    prompts = ctx.prompts("training")
-    pad = ctx.training_tokenizer.pad_token_id
+    pad = 0 if pad_id is None else pad_id
     batches = []
     for start in range(0, len(prompts), 4):
         ids, mask = left_pad(prompts[start : start + 4], pad)  # (B, T), (B, T)
         batches.append(((), {"input_ids": ids, "attention_mask": mask}))
 
-    files = safetensors_files(ctx.model_dir)
-    stream, reason = stream_decision(ctx.config.precision.streaming, files)
+    files = safetensors_files(model_dir)
+    stream, reason = stream_decision(streaming, files)
     notes = []
     if stream:  # layers read one at a time (models larger than memory)
         from transformers import AutoModelForCausalLM
 
         model, streamer = build_streamed(
-            AutoModelForCausalLM, ctx.model_dir, files, ctx.config.trust_remote_code
+            AutoModelForCausalLM, model_dir, files, trust_remote_code
         )
         coverage, notes = streamer.coverage, [streaming_note(streamer, reason)]
     else:
-        if ctx.spec.training.dtype == "float32" and ctx.spec.training.device_map is None:
+        if spec.training.dtype == "float32" and spec.training.device_map is None:
             # the training model is already fp32 on one device; casts are undone after each pass
-            model, info = ctx.reference_model(), ctx.reference_loading_info()
+            model, info = reference()
         else:
             model, info = load_causal_lm(
-                ctx.model_dir, "float32", trust_remote_code=ctx.config.trust_remote_code
+                model_dir, "float32", trust_remote_code=trust_remote_code
             )
         coverage = checkpoint_coverage(model, files, info)
-    heads = tuple(ctx.spec.training_only_heads)
+    heads = tuple(spec.training_only_heads)
     coverage = dataclasses.replace(
         coverage, unused=[k for k in coverage.unused if not k.startswith(heads)]
     )
     return PrecisionSubject(
-        name=ctx.config.name,
+        name=name,
         build_model=lambda: model.eval(),
         batches=batches,
         select_output=lambda out: out.logits,

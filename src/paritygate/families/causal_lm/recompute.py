@@ -8,17 +8,18 @@ recomputes them with one teacher-forced forward over ``prompt + output``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.engines.generation import Generation, SamplingSpec, left_pad
 
 if TYPE_CHECKING:
-    from paritygate.families.causal_lm.context import LMContext
+    from torch import nn
 
 def teacher_forced_rows(
-    model: Any, generation: Generation, pad_id: int, *, batch_size: int = 8
+    model: nn.Module, generation: Generation, pad_id: int, *, batch_size: int = 8
 ) -> list[np.ndarray]:
     """The training model's next-token logits over each generated row, from one batched
     teacher-forced forward without a cache (the trainer's view): prompt + output left-padded,
@@ -48,7 +49,7 @@ def teacher_forced_rows(
     return rows
 
 
-def processing_args(sampling: SamplingSpec) -> dict[str, Any]:
+def processing_args(sampling: SamplingSpec) -> dict[str, float | int | None]:
     """The sampling knobs a processed log-prob depends on, in compute_logprobs' terms."""
     return {
         "temperature": sampling.temperature if sampling.temperature > 0 else 1.0,
@@ -58,16 +59,16 @@ def processing_args(sampling: SamplingSpec) -> dict[str, Any]:
 
 
 def recompute(
-    ctx: LMContext, generation: Generation, *, batch_size: int = 8
+    model: nn.Module, logprob_fn: Callable[..., object], generation: Generation, *,
+    sampling: SamplingSpec, mode: str, pad_id: int | None, batch_size: int = 8,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Trainer log-probs of every generated token: ``(logp_train, logp_infer, mask)``, (B, L)."""
-    sampling = ctx.training_sampling.spec()
-    mode = ctx.spec.training.logprobs_mode
+    """Trainer log-probs of every generated token: ``(logp_train, logp_infer, mask)``, (B, L).
+
+    ``model`` is the reference (training-side) model, ``logprob_fn`` the trainer's model-level
+    log-prob function, ``sampling`` the reference sampling config (greedy: raw log-probs)."""
     if not sampling.do_sample:
         mode = "raw"
-    model = ctx.reference_model()
-    pad = ctx.training_tokenizer.pad_token_id
-    pad = 0 if pad is None else pad
+    pad = 0 if pad_id is None else pad_id
     n = len(generation.output_ids)
     width = max((len(o) for o in generation.output_ids), default=0)
     logp_train = np.zeros((n, max(width, 1)), dtype=np.float64)
@@ -77,8 +78,7 @@ def recompute(
         rows = range(start, min(n, start + batch_size))
         seqs = [generation.prompt_ids[i] + generation.output_ids[i] for i in rows]
         ids, attn = left_pad(seqs, pad)  # (B, T)
-        out = ctx.logprob_fn(model, ids, attn, mode=mode, **processing_args(sampling))
-        out = out.detach().float().cpu().numpy()  # (B, T-1)
+        out = _as_numpy(logprob_fn(model, ids, attn, mode=mode, **processing_args(sampling)))
         total = ids.shape[1]
         for b, i in enumerate(rows):
             k = len(generation.output_ids[i])
@@ -89,3 +89,11 @@ def recompute(
             logp_infer[i, :k] = generation.logprobs[i]
             mask[i, :k] = True
     return logp_train, logp_infer, mask
+
+
+def _as_numpy(out: object) -> np.ndarray:
+    """A log-prob tensor ``(B, T-1)`` as float numpy."""
+    import torch
+
+    assert isinstance(out, torch.Tensor), type(out)
+    return out.detach().float().cpu().numpy()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from paritygate.engines.hf_loading import quiet_transformers, require_tokenizer_files
 from paritygate.errors import InputError, shorten
@@ -14,9 +14,32 @@ from paritygate.families.causal_lm.probes import Probe
 from paritygate.reading import read_text
 
 
+class Tokenizer(Protocol):
+    """What the gate reads of an HF tokenizer (``transformers.PreTrainedTokenizerBase``)."""
+
+    pad_token_id: int | None
+    bos_token: str | None
+    bos_token_id: int | None
+    eos_token: str | None
+    eos_token_id: int | None
+    padding_side: str
+    truncation_side: str
+    chat_template: str | None
+
+    def get_vocab(self) -> dict[str, int]: ...
+
+    def __len__(self) -> int: ...
+
+    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]: ...
+
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+
 def load_tokenizer(
     directory: Path, chat_template: Path | None = None, *, trust_remote_code: bool = False
-) -> Any:
+) -> Tokenizer:
     """An HF tokenizer from ``directory``, its chat template optionally replaced by a file."""
     from transformers import AutoTokenizer
 
@@ -28,7 +51,8 @@ def load_tokenizer(
         raise InputError(directory, "tokenizer", f"cannot load tokenizer: {exc}") from None
     if chat_template is not None:
         tok.chat_template = read_text(chat_template, None, what="chat template")
-    return tok
+    loaded: Tokenizer = cast("Tokenizer", tok)  # an HF tokenizer satisfies the protocol
+    return loaded
 
 
 MAX_CHARS_PER_TOKEN = 64

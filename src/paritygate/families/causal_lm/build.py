@@ -1,0 +1,248 @@
+"""Building the causal-LM context: validate the config's inputs once, then compose them.
+
+Reads the model directories, tokenizers, probes, sampling configs and the trainer's
+log-prob function in that order and raises :class:`~paritygate.errors.InputError` naming
+the file and key of the first bad input. Models and engines load lazily in the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paritygate.engines.hf_loading import check_model_dir, safetensors_files
+from paritygate.errors import InputError, keyed
+from paritygate.families.causal_lm.context import LMContext
+from paritygate.families.causal_lm.inputs import (
+    check_adapter_served,
+    encode_checked,
+    read_lm_dump,
+    resolve_adapter,
+    served_dir_contradictions,
+)
+from paritygate.families.causal_lm.probes import Probe, load_probes
+from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
+from paritygate.families.causal_lm.served_files import served_dtype
+from paritygate.families.causal_lm.serving import resolve_serving
+from paritygate.families.causal_lm.tokenizer import Tokenizer, is_cut, load_tokenizer
+from paritygate.imports import guard_user_code, import_callable
+from paritygate.provenance import sha256_files
+from paritygate.reading import check_input
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
+    from paritygate.families.causal_lm.adapter import AdapterInfo
+    from paritygate.families.causal_lm.config import CausalLMSpec
+
+SIDES = ("training", "serving")
+"""The config's names of the reference (training) and candidate (serving) sides."""
+
+
+@dataclass(frozen=True)
+class _Dirs:
+    """The validated reference and candidate model directories and the checkpoint files."""
+
+    reference: Path
+    candidate: Path
+    files: list[Path]
+    trained: list[Path]
+    candidate_adapter: AdapterInfo | None
+
+
+def build_lm_context(config: GateConfig) -> LMContext:
+    """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
+    spec = config.causal_lm
+    if spec is None:
+        raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
+    spec, adapter, adapter_key = resolve_adapter(config, spec)
+    spec, served_from, sources = resolve_serving(config, spec)
+    declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
+    reference_dir = _reference_dir(config, spec)
+    # A dump is validated first: its size and records need only config.json's vocab_size,
+    # so a bad dump is refused in a second, before tokenizers and models load.
+    dump = read_lm_dump(config, spec, reference_dir) if "dump" in spec.engines else None
+    dirs = _model_dirs(config, spec, reference_dir, adapter, adapter_key, served_from)
+    toks = {side: _tokenizer(config, spec, side, dirs.reference) for side in SIDES}
+    with keyed("causal_lm.probes"):
+        probes = load_probes(config.resolve(spec.probes))
+    _check_probes(config, spec, probes, toks, dirs.reference)
+    dtype_source = declared[0] if declared else "causal_lm.engine.dtype (default)"
+    reference_sampling = _sampling_file(config, spec, "training", toks["training"],
+                                        spec.training.dtype, "causal_lm.training.dtype")
+    candidate_sampling = _sampling_file(config, spec, "serving", toks["serving"],
+                                        spec.engine.dtype, dtype_source)
+    contradictions = served_dir_contradictions(
+        config, spec, sources, dirs.candidate, candidate_sampling, toks["serving"], probes)
+    logprob_fn = _logprob_fn(config, spec)
+    from paritygate.families.causal_lm.reference import load_reference
+    from paritygate.families.causal_lm.reward import load_reward
+
+    kl_reference = load_reference(config, spec, dirs.reference, toks["training"])
+    reward = load_reward(config, spec, probes, toks["training"])
+    _check_callables(config, spec)
+    files = dirs.files
+    return LMContext(
+        config=config,
+        spec=spec,
+        model_dir=dirs.reference,
+        engine_model_dir=dirs.candidate,
+        checkpoint_path=(adapter.directory if adapter is not None
+                         else files[0] if len(files) == 1 else dirs.reference),
+        checkpoint_sha256=sha256_files(dirs.trained),
+        training_tokenizer=toks["training"],
+        serving_tokenizer=toks["serving"],
+        probes=probes,
+        cut_probes=[p.id for p in probes if is_cut(p, spec.max_prompt_tokens)],
+        training_sampling=reference_sampling,
+        serving_sampling=candidate_sampling,
+        logprob_fn=logprob_fn,
+        served_from=served_from,
+        declared_dtype=declared,
+        dump=dump,
+        contradictions=contradictions,
+        served_config_dtype=served_dtype(dirs.candidate),
+        kl_reference=kl_reference,
+        reward=reward,
+        adapter=adapter,
+        adapter_key=adapter_key,
+        serving_adapter=dirs.candidate_adapter,
+    )
+
+
+def _reference_dir(config: GateConfig, spec: CausalLMSpec) -> Path:
+    """``causal_lm.model_dir``, checked to be a directory holding ``config.json``."""
+    model_dir = config.resolve(spec.model_dir)
+    if not model_dir.is_dir():
+        raise InputError(config.path, "causal_lm.model_dir",
+                         f"model directory not found: {model_dir}")
+    check_input(model_dir, "causal_lm.model_dir", what="model directory", expect="dir")
+    if not (model_dir / "config.json").is_file():
+        raise InputError(
+            model_dir / "config.json", "causal_lm.model_dir", "model directory has no config.json"
+        )
+    return model_dir
+
+
+def _model_dirs(
+    config: GateConfig, spec: CausalLMSpec, model_dir: Path, adapter: AdapterInfo | None,
+    adapter_key: str, served_from: str,
+) -> _Dirs:
+    """The reference directory's weights (and adapter) checked, then the candidate's."""
+    trust = config.trust_remote_code
+    with keyed("causal_lm.model_dir"):
+        files = safetensors_files(model_dir)
+        check_model_dir(model_dir, trust_remote_code=trust)
+    trained = files
+    if adapter is not None:
+        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE, check_fits
+
+        check_fits(adapter, model_dir, adapter_key)
+        trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
+    engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
+    if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
+        check_input(engine_dir, served_from, what="model directory", expect="dir")
+    if not (engine_dir / "config.json").is_file():
+        raise InputError(config.path, served_from, f"no HF model directory at {engine_dir}")
+    if engine_dir != model_dir:
+        with keyed(served_from):
+            check_model_dir(engine_dir, trust_remote_code=trust)
+    serving_adapter = None
+    if spec.serving.adapter is not None:
+        from paritygate.families.causal_lm.adapter import check_fits, read_adapter
+
+        serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
+                                       "causal_lm.serving.adapter")
+        check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
+    elif engine_dir == model_dir and adapter is not None:
+        check_adapter_served(config, spec)
+    return _Dirs(model_dir, engine_dir, files, trained, serving_adapter)
+
+
+def _tokenizer(config: GateConfig, spec: CausalLMSpec, side: str, model_dir: Path) -> Tokenizer:
+    """The ``side`` tokenizer (its directory, else the model's) with its template override."""
+    directory = getattr(spec.tokenizer, side)
+    template = getattr(spec.tokenizer, f"{side}_chat_template")
+    with keyed(f"causal_lm.tokenizer.{side}"):
+        return load_tokenizer(
+            config.resolve(directory) if directory else model_dir,
+            config.resolve(template) if template else None,
+            trust_remote_code=config.trust_remote_code,
+        )
+
+
+def _check_probes(
+    config: GateConfig, spec: CausalLMSpec, probes: list[Probe], toks: dict[str, Tokenizer],
+    model_dir: Path,
+) -> None:
+    """Every probe goes through both tokenizers (and chat templates) here, once, so a
+    template that fails or runs away is bad input before any check runs."""
+    for probe in probes:
+        for side in SIDES:
+            if probe.is_chat and not getattr(toks[side], "chat_template", None):
+                raise InputError(
+                    config.path,
+                    f"causal_lm.tokenizer.{side}",
+                    f"probe {probe.id!r} is a chat but the {side} tokenizer has no chat template",
+                )
+        encoded = [encode_checked(config, side, toks[side], probe, model_dir) for side in SIDES]
+        # An empty prompt is a fair edge case while a BOS token conditions it; with no token on
+        # either side nothing can be generated (one side empty is tokenizer_parity's finding).
+        if not any(encoded):
+            raise InputError(
+                config.resolve(spec.probes),
+                f"probe {probe.id!r}",
+                "encodes to no tokens with either tokenizer (empty text, no BOS): "
+                "nothing to condition on",
+            )
+
+
+def _sampling_file(
+    config: GateConfig, spec: CausalLMSpec, side: str, tok: Tokenizer, dtype: str,
+    dtype_source: str,
+) -> SamplingFile:
+    """The ``side`` sampling config, its unset fields defaulted from the side's tokenizer."""
+    with keyed(f"causal_lm.sampling.{side}"):
+        return load_sampling_file(
+            config.resolve(getattr(spec.sampling, side)),
+            trainer=side == "training",
+            fmt=getattr(spec.sampling, f"{side}_format"),
+            strict=spec.sampling.strict,
+            eos_text=tok.eos_token,
+            eos_id=tok.eos_token_id,
+            side_defaults={
+                "padding_side": tok.padding_side,
+                "truncation_side": tok.truncation_side,
+                "dtype": dtype,
+            },
+            default_sources={
+                "padding_side": f"the {side} tokenizer",
+                "truncation_side": f"the {side} tokenizer",
+                "dtype": dtype_source,
+            },
+        )
+
+
+def _logprob_fn(config: GateConfig, spec: CausalLMSpec) -> Callable[..., object]:
+    """``causal_lm.training.logprob_fn`` imported, as a model-level function, guarded."""
+    from paritygate.families.causal_lm.logprobs import as_model_level
+
+    fn_key = "causal_lm.training.logprob_fn"
+    fn: Callable[..., object] = guard_user_code(
+        as_model_level(
+            import_callable(spec.training.logprob_fn, config.path, fn_key),
+            spec.training.logprob_convention,
+        ),
+        config.path,
+        fn_key,
+    )
+    return fn
+
+
+def _check_callables(config: GateConfig, spec: CausalLMSpec) -> None:
+    """A bad ``module:callable`` name is bad input before any check runs."""
+    if spec.engine.collate:
+        import_callable(spec.engine.collate, config.path, "causal_lm.engine.collate")
+    if spec.behaviour is not None and spec.behaviour.reward_fn:
+        import_callable(spec.behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")
