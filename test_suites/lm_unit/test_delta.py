@@ -188,7 +188,7 @@ def test_tiers_are_ordered_and_looked_up() -> None:
 
 
 def test_temperature_ratio_is_fitted() -> None:
-    from paritygate.metrics.logprob import fit_temperature_ratio
+    from paritygate.metrics.logprob_correction import fit_temperature_ratio
 
     rng = np.random.default_rng(3)
     z = rng.normal(0.0, 4.0, size=(300, 50))  # (N, V)
@@ -221,7 +221,7 @@ def test_noise_names_the_tier_it_fits() -> None:
 
 
 def test_rollout_correction_formulas() -> None:
-    from paritygate.metrics.logprob import rollout_correction
+    from paritygate.metrics.logprob_correction import rollout_correction
 
     delta = np.array([0.0, math.log(3.0), 0.0, -math.log(2.0)])
     seq = np.array([0, 0, 1, 1])

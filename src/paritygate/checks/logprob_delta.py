@@ -214,7 +214,7 @@ def _temperature_fit(
 ) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
     engine's log-probs (the shared teacher-forced forward, only on a breach)."""
-    from paritygate.metrics.logprob import (
+    from paritygate.metrics.logprob_correction import (
         TEMPERATURE_EXPLAINED,
         TEMPERATURE_MIN_CHANGE,
         fit_temperature_ratio,

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from paritygate.metrics.logprob_correction import rollout_correction
 from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
 
 __all__ = ["PRECISION_TIERS", "DeltaStats", "delta_stats", "tier_for"]
@@ -49,111 +50,6 @@ MISALIGNED_CORR = 0.9
 different tokens or contexts (misalignment). Both noise and a temperature mismatch keep it
 near 1: on the demo a T=0.8 vs 1.0 mismatch gives r > 0.99, stale weights r > 0.99; right
 padding (the engine continues from pad tokens) gives r well below 0.9."""
-
-TEMPERATURE_EXPLAINED = 0.8
-"""A temperature mismatch is named when rescaling the trainer's logits by one factor explains
-this share of the squared delta (:func:`fit_temperature_ratio`). On the demo LM a T = 0.8 vs
-1.0 mismatch is explained to > 99%, stale weights (2% noise on every matrix) to < 5%."""
-
-TEMPERATURE_MIN_CHANGE = 0.01
-"""Fitted ratios within 1% of 1 are not reported as a temperature mismatch."""
-
-
-def fit_temperature_ratio(
-    logits: np.ndarray, tokens: np.ndarray, logp_infer: np.ndarray, t_train: float
-) -> tuple[float, float]:
-    """The temperature ratio that best explains the engine's log-probs from the trainer's logits.
-
-    ``logits`` (N, V) are the trainer's raw next-token logits of the N compared tokens,
-    ``tokens`` (N,) the tokens and ``logp_infer`` (N,) the engine's log-probs. The engine is
-    modelled as sampling at ``T_engine = ratio * t_train``:
-    ``logp_infer ~ log_softmax(logits / T_engine)[token]``. Returns ``(ratio, explained)``
-    with ``explained = 1 - SSE(ratio) / SSE(1)`` (share of the squared delta the fit removes).
-    The ratio is found by golden-section search on log(ratio) in [1/4, 4].
-    """
-    z = np.asarray(logits, np.float64)
-    idx = np.asarray(tokens, np.int64)
-    target = np.asarray(logp_infer, np.float64)
-
-    def sse(log_ratio: float) -> float:
-        scaled = z / (t_train * math.exp(log_ratio))
-        top = scaled.max(-1, keepdims=True)
-        lse = top[:, 0] + np.log(np.exp(scaled - top).sum(-1))
-        pred = scaled[np.arange(len(idx)), idx] - lse
-        return float(np.square(target - pred).sum())
-
-    lo, hi = math.log(0.25), math.log(4.0)
-    g = (math.sqrt(5) - 1) / 2
-    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
-    fc, fd = sse(c), sse(d)
-    for _ in range(60):
-        if fc < fd:
-            hi, d, fd = d, c, fc
-            c = hi - g * (hi - lo)
-            fc = sse(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + g * (hi - lo)
-            fd = sse(d)
-    best = (lo + hi) / 2
-    base = sse(0.0)
-    explained = 1.0 - sse(best) / base if base > 0 else 0.0
-    return math.exp(best), explained
-
-IS_CAP = 2.0
-"""Importance-ratio cap c of the rollout-correction metrics (truncated IS, C = 2 in Yao et al.)."""
-
-CATASTROPHIC_LOG_RATIO = math.log(100.0)
-"""A token is catastrophic when trainer and engine probabilities differ by more than 100x."""
-
-
-def rollout_correction(
-    delta: np.ndarray, seq_idx: np.ndarray, n_seqs: int, *, cap: float = IS_CAP
-) -> dict[str, float]:
-    """Train/rollout mismatch metrics of the rollout-correction family, over compared tokens.
-
-    With per-token ratio ``r = exp(delta) = pi_train / pi_rollout`` and per sequence ``s``
-    the token count ``n_s`` and summed delta ``D_s``:
-
-    - ``token_ratio_mean`` = mean r; ``token_outside_frac`` = share of tokens with r outside
-      ``[1/c, c]``;
-    - ``seq_ratio_mean`` = mean over sequences of ``exp(D_s)``; ``seq_outside_frac``;
-    - ``geo_ratio_mean`` = mean over sequences of ``exp(D_s / n_s)``; ``geo_outside_frac``;
-    - ``ess`` = ``(sum w)^2 / (S * sum w^2)`` with ``w = exp(D_s)``: 1 when every sequence
-      weighs the same, 1/S when one dominates;
-    - ``chi2`` = mean over tokens of ``(r - 1)^2`` (the chi-squared divergence estimate);
-    - ``ppl_ratio`` = ``PPL_train / PPL_rollout = exp(-mean delta)``;
-    - ``catastrophic_frac`` = share of tokens with ``|delta| > ln 100``.
-    """
-    nan = float("nan")
-    if delta.size == 0:
-        return dict.fromkeys(
-            ("token_ratio_mean", "token_outside_frac", "seq_ratio_mean", "seq_outside_frac",
-             "geo_ratio_mean", "geo_outside_frac", "ess", "chi2", "ppl_ratio",
-             "catastrophic_frac"), nan)
-    lo, hi = math.log(1.0 / cap), math.log(cap)
-    with np.errstate(over="ignore", invalid="ignore"):
-        r = np.exp(delta)
-        sums = np.bincount(seq_idx, weights=delta, minlength=n_seqs)
-        counts = np.bincount(seq_idx, minlength=n_seqs)
-        have = counts > 0
-        seq_log = sums[have]
-        geo_log = sums[have] / counts[have]
-        w = np.exp(seq_log)
-        ess = float(w.sum() ** 2 / (w.size * np.square(w).sum())) if w.size else nan
-        return {
-            "token_ratio_mean": float(r.mean()),
-            "token_outside_frac": float(np.mean((delta < lo) | (delta > hi))),
-            "seq_ratio_mean": float(w.mean()),
-            "seq_outside_frac": float(np.mean((seq_log < lo) | (seq_log > hi))),
-            "geo_ratio_mean": float(np.exp(geo_log).mean()),
-            "geo_outside_frac": float(np.mean((geo_log < lo) | (geo_log > hi))),
-            "ess": ess,
-            "chi2": float(np.mean(np.square(r - 1.0))),
-            "ppl_ratio": float(math.exp(-float(delta.mean()))),
-            "catastrophic_frac": float(np.mean(np.abs(delta) > CATASTROPHIC_LOG_RATIO)),
-        }
-
 
 def _noise_tier(std: float) -> str | None:
     """The most precise tier whose noise allowance (p99 / 2.5758) covers ``std``."""
@@ -489,27 +385,7 @@ def delta_stats(
     n = int(delta.size)
 
     labels, diagnosis, outliers = _diagnose(delta, tier_map, nonfinite, lt, li)
-    nan = float("nan")
-    if n:
-        # A huge |delta| overflows exp to inf: the metric turns non-finite and fails by name.
-        with np.errstate(over="ignore"):
-            abs_delta = np.abs(delta)
-            ratio = np.exp(delta)
-            prob_diff = np.abs(np.exp(lt) - np.exp(li))
-            values = {
-                "delta_mean": float(delta.mean()),
-                "delta_std": float(delta.std()),
-                "delta_max_abs": float(abs_delta.max()),
-                "delta_p99_abs": float(np.quantile(abs_delta, 0.99)),
-                "prob_diff_mean": float(prob_diff.mean()),
-                "prob_diff_max": float(prob_diff.max()),
-                # expm1(d) - d is r - 1 - log r without cancellation for tiny d.
-                "k3_kl": float(np.mean(np.expm1(delta) - delta)),
-                "ratio_outside_frac": float(np.mean((ratio < 1.0 - eps) | (ratio > 1.0 + eps))),
-            }
-    else:
-        values = {name: nan for name in _METRIC_NAMES[:8]}
-
+    values = _headline(delta, lt, li, eps)
     worst = _worst_tokens(
         delta,
         seq_idx,
@@ -523,10 +399,6 @@ def delta_stats(
         token_text=token_text,
         worst_k=worst_k,
     )
-    per_token = [
-        {"seq": int(s), "pos": int(p), "delta": float(d)}
-        for s, p, d in zip(seq_idx, pos_idx, delta, strict=True)
-    ]
     return DeltaStats(
         **values,
         n_tokens=n,
@@ -537,7 +409,30 @@ def delta_stats(
         worst=worst,
         per_sequence=_per_sequence(delta_full, valid, nonfinite_mask.sum(axis=1)),
         per_bucket=_per_bucket(delta, pos_idx, buckets),
-        per_token=per_token,
+        per_token=[{"seq": int(s), "pos": int(p), "delta": float(d)}
+                   for s, p, d in zip(seq_idx, pos_idx, delta, strict=True)],
         tier=tier_map,
         correction=rollout_correction(delta, seq_idx, train.shape[0]),
     )
+
+
+def _headline(delta: np.ndarray, lt: np.ndarray, li: np.ndarray, eps: float) -> dict[str, float]:
+    """The eight headline statistics of ``delta`` (N,) over compared tokens; NaN when N = 0."""
+    if not delta.size:
+        return {name: float("nan") for name in _METRIC_NAMES[:8]}
+    # A huge |delta| overflows exp to inf: the metric turns non-finite and fails by name.
+    with np.errstate(over="ignore"):
+        abs_delta = np.abs(delta)
+        ratio = np.exp(delta)
+        prob_diff = np.abs(np.exp(lt) - np.exp(li))
+        return {
+            "delta_mean": float(delta.mean()),
+            "delta_std": float(delta.std()),
+            "delta_max_abs": float(abs_delta.max()),
+            "delta_p99_abs": float(np.quantile(abs_delta, 0.99)),
+            "prob_diff_mean": float(prob_diff.mean()),
+            "prob_diff_max": float(prob_diff.max()),
+            # expm1(d) - d is r - 1 - log r without cancellation for tiny d.
+            "k3_kl": float(np.mean(np.expm1(delta) - delta)),
+            "ratio_outside_frac": float(np.mean((ratio < 1.0 - eps) | (ratio > 1.0 + eps))),
+        }

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from paritygate.metrics.logprob import IS_CAP, _diagnose
+from paritygate.metrics.logprob import _diagnose
+from paritygate.metrics.logprob_correction import IS_CAP
 from paritygate.metrics.tiers import PRECISION_TIERS
 
 __all__ = ["Mismatch", "mismatch"]
