@@ -19,7 +19,11 @@ from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from paritygate.engines.generation import SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.metrics.logprob import DeltaStats
     from paritygate.metrics.tiers import Limits
 
 
@@ -96,7 +100,6 @@ def measure_delta(
 ) -> Measurement:
     """Sample with the engine, recompute on the training side, and judge the delta by tier."""
     from paritygate.metrics.logprob import delta_stats
-    from paritygate.metrics.tiers import canonical_dtype
 
     m = Measurement(check_id)
     engine_dtype = ctx.spec.engine.dtype
@@ -114,66 +117,11 @@ def measure_delta(
     stats = delta_stats(
         logp_train, logp_infer, mask, eps=ctx.spec.ratio_eps, token_text=token_text, tier=tier
     )
-    values = stats.as_metrics()
-    m.metric(
-        "delta_mean_abs", abs(values["delta_mean"]), threshold=tier["delta_mean_abs"], unit="nats"
-    )
-    m.metric(
-        "delta_max_abs",
-        values["delta_max_abs"],
-        threshold=tier["delta_max_abs"],
-        unit="nats",
-        key=True,
-    )
-    m.metric("delta_p99_abs", values["delta_p99_abs"], threshold=tier["delta_p99_abs"], unit="nats")
-    m.metric(
-        "ratio_outside_frac", values["ratio_outside_frac"], threshold=tier["ratio_outside_frac"]
-    )
-    m.metric("k3_kl", values["k3_kl"], threshold=tier["k3_kl"], unit="nats")
-    m.metric(
-        "nonfinite_tokens", values["nonfinite_tokens"], threshold=tier.get("nonfinite_tokens", 0.0)
-    )
-    m.metric("delta_mean", values["delta_mean"], bad="none", unit="nats")
-    m.metric("delta_std", values["delta_std"], bad="none", unit="nats")
-    m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
-    m.metric("prob_diff_max", values["prob_diff_max"], bad="none")
-    m.metric("n_tokens", values["n_tokens"], bad="none", ratchet=False)
-    for name, value in stats.correction.items():
-        m.metric(f"rc_{name}", value, bad="none", ratchet=False)
-
+    _record_metrics(m, stats, tier)
     # Named causes: configurations that make the two sides score different distributions.
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
     engine_mode = generation.logprobs_mode
-    if train_mode != engine_mode and not (
-        is_processing_trivial(training) and is_processing_trivial(serving)
-    ):
-        processed = serving if engine_mode == "processed" else training
-        side = "engine" if engine_mode == "processed" else "trainer"
-        m.fail(
-            "logprob_modes_differ",
-            f"log-prob modes differ: trainer scores {train_mode} log-probs, engine reports "
-            f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
-            f"top_p {processed.top_p:g} applied on the {side} side only)"
-        )
-    if train_mode == engine_mode == "processed":
-        for name in ("temperature", "top_k", "top_p"):
-            t_val, s_val = getattr(training, name), getattr(serving, name)
-            if t_val != s_val:
-                source = ("as its dump records say" if "dump" in ctx.spec.engines
-                          else "see sampling_config")  # fmt: skip
-                m.fail(
-                    "sampling_differs",
-                    f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
-                    f"{s_val:g} ({source})"
-                )
-    if ctx.spec.precision_tier:
-        actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
-        if actual != tier_key and actual[::-1] != tier_key:
-            m.fail(
-                "precision_mismatch",
-                f"precision mismatch: trainer {ctx.spec.training.dtype} vs engine "
-                f"{engine_dtype}, but the gate's precision tier is {tier_key}"
-            )
+    _named_causes(m, ctx, training, serving, (train_mode, engine_mode), tier_key)
     if ctx.engine_model_dir != ctx.model_dir:
         m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
     if any(metric.breaches() for metric in m.metrics.values()) and (
@@ -207,6 +155,79 @@ def measure_delta(
         "dtype": engine_dtype,
     }
     return m
+
+
+def _record_metrics(m: Measurement, stats: DeltaStats, tier: Mapping[str, float]) -> None:
+    """The delta statistics as metrics, judged by the tier's bounds where it has one."""
+    values = stats.as_metrics()
+    m.metric(
+        "delta_mean_abs", abs(values["delta_mean"]), threshold=tier["delta_mean_abs"], unit="nats"
+    )
+    m.metric(
+        "delta_max_abs",
+        values["delta_max_abs"],
+        threshold=tier["delta_max_abs"],
+        unit="nats",
+        key=True,
+    )
+    m.metric("delta_p99_abs", values["delta_p99_abs"], threshold=tier["delta_p99_abs"], unit="nats")
+    m.metric(
+        "ratio_outside_frac", values["ratio_outside_frac"], threshold=tier["ratio_outside_frac"]
+    )
+    m.metric("k3_kl", values["k3_kl"], threshold=tier["k3_kl"], unit="nats")
+    m.metric(
+        "nonfinite_tokens", values["nonfinite_tokens"], threshold=tier.get("nonfinite_tokens", 0.0)
+    )
+    m.metric("delta_mean", values["delta_mean"], bad="none", unit="nats")
+    m.metric("delta_std", values["delta_std"], bad="none", unit="nats")
+    m.metric("prob_diff_mean", values["prob_diff_mean"], bad="none")
+    m.metric("prob_diff_max", values["prob_diff_max"], bad="none")
+    m.metric("n_tokens", values["n_tokens"], bad="none", ratchet=False)
+    for name, value in stats.correction.items():
+        m.metric(f"rc_{name}", value, bad="none", ratchet=False)
+
+
+
+def _named_causes(
+    m: Measurement, ctx: LMContext, training: SamplingSpec, serving: SamplingSpec,
+    modes: tuple[str, str], tier_key: str,
+) -> None:
+    """Fail by name the configurations that make reference and candidate score different
+    distributions: log-prob modes, processing knobs, a precision other than the tier's."""
+    from paritygate.metrics.tiers import canonical_dtype
+
+    train_mode, engine_mode = modes
+    engine_dtype = ctx.spec.engine.dtype
+    if train_mode != engine_mode and not (
+        is_processing_trivial(training) and is_processing_trivial(serving)
+    ):
+        processed = serving if engine_mode == "processed" else training
+        side = "engine" if engine_mode == "processed" else "trainer"
+        m.fail(
+            "logprob_modes_differ",
+            f"log-prob modes differ: trainer scores {train_mode} log-probs, engine reports "
+            f"{engine_mode} (temperature {processed.temperature:g}, top_k {processed.top_k}, "
+            f"top_p {processed.top_p:g} applied on the {side} side only)"
+        )
+    if train_mode == engine_mode == "processed":
+        for name in ("temperature", "top_k", "top_p"):
+            t_val, s_val = getattr(training, name), getattr(serving, name)
+            if t_val != s_val:
+                source = ("as its dump records say" if "dump" in ctx.spec.engines
+                          else "see sampling_config")  # fmt: skip
+                m.fail(
+                    "sampling_differs",
+                    f"{name} differs: trainer recomputes with {t_val:g}, engine sampled with "
+                    f"{s_val:g} ({source})"
+                )
+    if ctx.spec.precision_tier:
+        actual = f"{canonical_dtype(ctx.spec.training.dtype)}/{canonical_dtype(engine_dtype)}"
+        if actual != tier_key and actual[::-1] != tier_key:
+            m.fail(
+                "precision_mismatch",
+                f"precision mismatch: trainer {ctx.spec.training.dtype} vs engine "
+                f"{engine_dtype}, but the gate's precision tier is {tier_key}"
+            )
 
 
 def _temperature_fit(

@@ -53,10 +53,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             )
 
     def differs(field: str, cause: str) -> None:
-        if field in allow:
-            m.note(f"{cause} (allowed: {allow[field]})")
-        else:
-            m.fail(f"{field}_differs", cause)
+        _differs(m, allow, field, cause)
 
     special_mismatch = 0
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -92,6 +89,54 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
 
     t_template = getattr(train, "chat_template", None) or ""
     s_template = getattr(serve, "chat_template", None) or ""
+    rows, mismatched = _compare_probes(m, ctx, allow)
+    if (
+        t_template != s_template
+        and "chat_template" not in allow
+        and not any(p.is_chat for p in ctx.probes)
+    ):
+        m.fail(
+            "chat_template_differs",
+            "chat template differs between the training and the serving tokenizer")
+
+    for part in ("tokenizer", "chat template"):
+        record_contradictions(m, ctx, part, allow)
+    m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
+    m.metric(
+        "special_ids_mismatched", special_mismatch, threshold=thresholds["special_ids_mismatched"]
+    )
+    m.metric("probes_compared", len(rows), bad="none", ratchet=False)
+    m.details["probes"] = rows
+    m.details["tokenizers"] = {
+        side: {
+            "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+            "padding_side": tok.padding_side,
+            "truncation_side": tok.truncation_side,
+            "vocab_size": len(tok),
+        }
+        for side, tok in (("training", train), ("serving", serve))
+    }
+    return m
+
+
+def _differs(m: Measurement, allow: Mapping[str, str], field: str, cause: str) -> None:
+    """A difference in ``field``: a note when the allow-list names it, else a failure."""
+    if field in allow:
+        m.note(f"{cause} (allowed: {allow[field]})")
+    else:
+        m.fail(f"{field}_differs", cause)
+
+
+def _compare_probes(
+    m: Measurement, ctx: LMContext, allow: Mapping[str, str]
+) -> tuple[list[dict[str, Any]], int]:
+    """Each probe's token ids (and rendered chat) on both sides: the report's rows and the
+    count of probes that tokenize differently (not allowed)."""
+    def differs(field: str, cause: str) -> None:
+        _differs(m, allow, field, cause)
+
     rows: list[dict[str, Any]] = []
     mismatched = 0
     encoded = zip(ctx.probes, ctx.prompts("training"), ctx.prompts("serving"), strict=True)
@@ -125,35 +170,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                     f"{t_seq[at : at + 3]} vs serving {s_seq[at : at + 3]}"
                 )
         rows.append(row)
-    if (
-        t_template != s_template
-        and "chat_template" not in allow
-        and not any(p.is_chat for p in ctx.probes)
-    ):
-        m.fail(
-            "chat_template_differs",
-            "chat template differs between the training and the serving tokenizer")
-
-    for part in ("tokenizer", "chat template"):
-        record_contradictions(m, ctx, part, allow)
-    m.metric("probes_mismatched", mismatched, threshold=thresholds["probes_mismatched"], key=True)
-    m.metric(
-        "special_ids_mismatched", special_mismatch, threshold=thresholds["special_ids_mismatched"]
-    )
-    m.metric("probes_compared", len(rows), bad="none", ratchet=False)
-    m.details["probes"] = rows
-    m.details["tokenizers"] = {
-        side: {
-            "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-            "padding_side": tok.padding_side,
-            "truncation_side": tok.truncation_side,
-            "vocab_size": len(tok),
-        }
-        for side, tok in (("training", train), ("serving", serve))
-    }
-    return m
+    return rows, mismatched
 
 
 CHECK = CheckSpec(

@@ -217,17 +217,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
 
     # Inference side: the served weights must be this checkpoint's, tensor by tensor.
     serving = _serving_side(m, ctx, state)
-    engine_values: list[str] = []
-    if "hf" in ctx.spec.engines:
-        engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
-        served_state = state if ctx.serves_training_files() else ctx.serving_state()
-        engine_values = value_mismatches(engine_model, served_state)
-        if engine_values:
-            m.fail(
-                "engine_values_altered",
-                f"inference model: {len(engine_values)} tensors differ from the served "
-                f"directory's file after loading: {engine_values[:5]}"
-            )
+    engine_values = _engine_values(m, ctx, state) if "hf" in ctx.spec.engines else []
 
     m.metric("missing_keys", len(missing), key=True, ratchet=False)
     m.metric("unexpected_keys", len(unexpected), ratchet=False)
@@ -251,6 +241,18 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     }
     return m
 
+
+def _engine_values(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> list[str]:
+    """Tensors the loaded HF engine's model holds with other values than the served files."""
+    engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
+    served = state if ctx.serves_training_files() else ctx.serving_state()
+    engine_values: list[str] = value_mismatches(engine_model, served)
+    if engine_values:
+        m.fail(
+            "engine_values_altered",
+            f"inference model: {len(engine_values)} tensors differ from the served "
+            f"directory's file after loading: {engine_values[:5]}")
+    return engine_values
 
 def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
     """Compare the served directory's tensors with the checkpoint's; name every cause."""
