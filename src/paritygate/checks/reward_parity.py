@@ -115,7 +115,7 @@ def _where_read(m: Measurement, setup: RewardSetup, side: str, res: Scores, pad_
                f"{side}: {pads} of {len(res.scores)} scores are read at a pad token, not the "
                f"last real token ({why})", metric="read_at_pad")
     if early:
-        eos = setup.tokenizer.eos_token_id
+        eos = setup.tokenizer.eos_token_id if setup.tokenizer is not None else None
         why = (" (pad_token_id == eos_token_id: the EOS ending each text counts as padding)"
                if setup.config_pad_token_id == eos else "")
         m.note(f"{side}: {early} of {len(res.scores)} scores are read before the last real "
@@ -332,8 +332,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     block = ctx.spec.reward
     slope_max = block.length_slope_max if block is not None else None
     if setup.generated:  # the greedy generation other LM checks share
-        setup = setup.with_generated(ctx.greedy("hf"), [p.id for p in ctx.probes],
-                                     ctx.training_tokenizer)
+        greedy = ctx.greedy("hf")
+        assert greedy is not None  # the HF engine always generates (only a dump may not)
+        setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training_tokenizer)
         m.note(f"samples: the HF engine's greedy continuations of {len(setup.samples)} probes")
         if not setup.samples:
             return m.skip("every greedy continuation of the probes is empty: nothing to score")

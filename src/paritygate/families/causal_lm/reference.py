@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 from paritygate.errors import InputError, keyed
 
 if TYPE_CHECKING:
-    import torch
+    from torch import Tensor
 
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.families.causal_lm.tokenizer import Tokenizer
 
 KEY = "causal_lm.reference"
 SHA256 = re.compile(r"^(sha256:)?[0-9a-fA-F]{64}$")
@@ -43,17 +44,17 @@ comparison of two distributions over one vocabulary, computed by the same archit
 # k1 and k3 are unbiased for KL(pi || pi_ref), k3 is never negative; k2 is biased (second order).
 
 
-def k1(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any = None) -> torch.Tensor:
+def k1(logp: Tensor, logp_ref: Tensor, mask: Tensor | None = None) -> Tensor:
     """``logp - logp_ref``: unbiased, can be negative per token."""
     return logp - logp_ref
 
 
-def k2(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any = None) -> torch.Tensor:
+def k2(logp: Tensor, logp_ref: Tensor, mask: Tensor | None = None) -> Tensor:
     """``(logp - logp_ref)^2 / 2``: low variance, biased."""
     return 0.5 * (logp - logp_ref) ** 2
 
 
-def k3(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any = None) -> torch.Tensor:
+def k3(logp: Tensor, logp_ref: Tensor, mask: Tensor | None = None) -> Tensor:
     """``exp(logp_ref - logp) - (logp_ref - logp) - 1``: unbiased and non-negative (TRL GRPO's
     ``per_token_kl``)."""
     import torch
@@ -65,7 +66,7 @@ def k3(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any = None) -> torch.Te
 ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 
-def estimator_forms(logp: Any, logp_ref: Any) -> dict[str, Any]:
+def estimator_forms(logp: Tensor, logp_ref: Tensor) -> dict[str, Tensor]:
     """Per-entry values of each known estimator form and its faulty twins (negated, k3 with
     its arguments swapped): what ``reference_parity`` recognises a trainer's estimator as."""
     return {
@@ -75,7 +76,7 @@ def estimator_forms(logp: Any, logp_ref: Any) -> dict[str, Any]:
     }
 
 
-def state_digest(state: dict[str, Any]) -> str:
+def state_digest(state: dict[str, Tensor]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, in name order: equal for two
     checkpoints holding the same tensors whatever their file layout or metadata."""
     import torch
@@ -118,22 +119,22 @@ class ReferenceSetup:
     def kl_is_named(self) -> bool:
         return self.kl_name in ESTIMATORS
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Tensor]:
         from paritygate.families.causal_lm.weights import read_state
 
         return read_state(self.model_dir)
 
-    def initial_state(self) -> dict[str, Any] | None:
+    def initial_state(self) -> dict[str, Tensor] | None:
         from paritygate.families.causal_lm.weights import read_state
 
         return None if self.initial_dir is None else read_state(self.initial_dir)
 
-    def digest(self, state: dict[str, Any]) -> str:
+    def digest(self, state: dict[str, Tensor]) -> str:
         """:func:`state_digest` of ``state``."""
         return state_digest(state)
 
     def compare_with_initial(
-        self, state: dict[str, Any], training_only: list[str], tied_in: Any = None
+        self, state: dict[str, Tensor], training_only: list[str], tied_in: Any = None
     ) -> Any:
         """The reference's tensors against the initial policy's
         (:class:`~paritygate.families.causal_lm.weights.WeightsDiff`), ``None`` without an
@@ -149,15 +150,15 @@ class ReferenceSetup:
         return compare_states(initial, state, training_only, tied)
 
     @staticmethod
-    def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any]:
+    def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Tensor, Tensor]:
         return rl_layout(seqs, pad, eos)
 
     @staticmethod
-    def maskless_logprobs(logits: Any, ids: Any) -> Any:
+    def maskless_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
         return maskless_logprobs(logits, ids)
 
     @staticmethod
-    def estimator_forms(logp: Any, logp_ref: Any) -> dict[str, Any]:
+    def estimator_forms(logp: Tensor, logp_ref: Tensor) -> dict[str, Tensor]:
         return estimator_forms(logp, logp_ref)
 
     def model(self) -> Any:
@@ -205,7 +206,7 @@ def _model_dir(config: GateConfig, value: str, key: str, policy_dir: Path) -> Pa
     return directory
 
 
-def _same_tokenizer(config: GateConfig, directory: Path, training_tok: Any) -> None:
+def _same_tokenizer(config: GateConfig, directory: Path, training_tok: Tokenizer) -> None:
     """A reference saved with its own tokenizer must encode like the policy's."""
     if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         return
@@ -248,7 +249,7 @@ def _kl_fn(config: GateConfig, name: str) -> Any:
 
 
 def load_reference(
-    config: GateConfig, spec: CausalLMSpec, policy_dir: Path, training_tok: Any
+    config: GateConfig, spec: CausalLMSpec, policy_dir: Path, training_tok: Tokenizer
 ) -> ReferenceSetup | None:
     """Validate ``causal_lm.reference`` (``None`` when absent); raises :class:`InputError`
     naming the key of the first bad input."""
@@ -300,7 +301,7 @@ def load_reference(
     )
 
 
-def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any]:
+def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Tensor, Tensor]:
     """The trainer's batch layout: each probe split in half, the prompt left-padded and the
     completion (ending in EOS) right-padded with at least one pad: ``(ids, mask)`` ``(B, T)``."""
     import torch
@@ -317,7 +318,7 @@ def rl_layout(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any]:
     return ids, mask
 
 
-def maskless_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def maskless_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     """Token log-probs of a forward that ignored the attention mask: every position scored,
     ``(B, T-1)``; ``logits`` from ``model(input_ids)`` alone."""
     import torch

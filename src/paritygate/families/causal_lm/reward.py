@@ -23,9 +23,13 @@ from paritygate.families.causal_lm.reward_scoring import Scores, load_reward_mod
 from paritygate.reading import read_json_object
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from paritygate.config import GateConfig
+    from paritygate.engines.generation import Generation
     from paritygate.families.causal_lm.config import CausalLMSpec, RewardScoring
     from paritygate.families.causal_lm.probes import Probe
+    from paritygate.families.causal_lm.tokenizer import Tokenizer
 
 KEY = "causal_lm.reward"
 GENERATED = "generated"
@@ -75,7 +79,7 @@ class RewardSetup:
 
     model_dir: Path | None
     trained_dir: Path | None
-    tokenizer: Any
+    tokenizer: Tokenizer | None
     dtype: str | None
     training: Layout | None
     serving: Layout | None
@@ -87,9 +91,9 @@ class RewardSetup:
     probes, set by :meth:`with_generated` when the check runs."""
     config_pad_token_id: int | None = None
     trust_remote_code: bool = False
-    _models: dict[str, Any] = field(default_factory=dict, repr=False)
+    _models: dict[str, nn.Module] = field(default_factory=dict, repr=False)
 
-    def model(self, which: str) -> Any:
+    def model(self, which: str) -> nn.Module:
         """``serving`` (the scoring copy, in its declared dtype) or ``trained`` (float32)."""
         if which not in self._models:
             directory = self.model_dir if which == "serving" else self.trained_dir
@@ -104,7 +108,7 @@ class RewardSetup:
                                                             self.trust_remote_code)
         return self._models[which]
 
-    def with_generated(self, generation: Any, probe_ids: list[str], policy_tok: Any
+    def with_generated(self, generation: Generation, probe_ids: list[str], policy_tok: Tokenizer
                        ) -> RewardSetup:
         """This setup scoring the probes' generated continuations (a
         :class:`~paritygate.engines.generation.Generation`), decoded by the policy's tokenizer;
@@ -150,6 +154,7 @@ class RewardSetup:
     def encode(self, layout: Layout, samples: list[Sample] | None = None) -> Encoded:
         """Token ids of ``samples`` (default: all) as ``layout`` feeds the reward model."""
         tok = self.tokenizer
+        assert tok is not None, "encode needs the reward model's tokenizer"
         seqs, cut, full = [], [], []
         for s in self.samples if samples is None else samples:
             ids = _encode_text(tok, s, layout)
@@ -164,7 +169,7 @@ class RewardSetup:
         return Encoded(seqs, cut, full)
 
 
-def _encode_text(tok: Any, s: Sample, layout: Layout) -> list[int]:
+def _encode_text(tok: Tokenizer, s: Sample, layout: Layout) -> list[int]:
     eos = tok.eos_token or ""
     # as TRL's RewardTrainer: EOS appended unless the text already ends with it
     completion = s.completion + (eos if layout.append_eos and not s.completion.endswith(eos)
@@ -206,7 +211,7 @@ def _check_classifier(config: GateConfig, directory: Path, key: str) -> dict[str
     return data
 
 
-def _layout(scoring: RewardScoring, tok: Any) -> Layout:
+def _layout(scoring: RewardScoring, tok: Tokenizer) -> Layout:
     return Layout(
         padding_side=scoring.padding_side or tok.padding_side,
         max_length=scoring.max_length,
@@ -248,7 +253,7 @@ def split_probe(probe: Probe) -> Sample | None:
     return Sample(probe.id, " ".join(words[:half]), " " + " ".join(words[half:]))
 
 
-def _from_dump(path: Path, policy_tok: Any) -> list[Sample]:
+def _from_dump(path: Path, policy_tok: Tokenizer) -> list[Sample]:
     """A rollout dump's records (``paritygate dump``, or any engine's) decoded by the policy's
     tokenizer: prompt and completion text as the reward saw them in training."""
     from paritygate.engines.rollout_dump import read_dump
@@ -260,7 +265,7 @@ def _from_dump(path: Path, policy_tok: Any) -> list[Sample]:
             for i, r in enumerate(records)]
 
 
-def _read_completions(config: GateConfig, value: str, policy_tok: Any) -> list[Sample]:
+def _read_completions(config: GateConfig, value: str, policy_tok: Tokenizer) -> list[Sample]:
     path = config.resolve(value)
     key = f"{KEY}.completions"
     if path.suffix == ".parquet":
@@ -291,7 +296,7 @@ def _read_completions(config: GateConfig, value: str, policy_tok: Any) -> list[S
 
 
 def load_reward(
-    config: GateConfig, spec: CausalLMSpec, probes: list[Probe], policy_tok: Any
+    config: GateConfig, spec: CausalLMSpec, probes: list[Probe], policy_tok: Tokenizer
 ) -> RewardSetup | None:
     """Validate ``causal_lm.reward`` (``None`` when absent); raises :class:`InputError` naming
     the key of the first bad input."""

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 from paritygate.errors import InputError
 
@@ -28,7 +32,7 @@ class Scores:
     error: str | None = None
 
 
-def load_reward_model(directory: Path, dtype: str, trust_remote_code: bool) -> Any:
+def load_reward_model(directory: Path, dtype: str, trust_remote_code: bool) -> nn.Module:
     """An HF sequence-classification model in eval mode, from safetensors only."""
     from transformers import AutoModelForSequenceClassification
 
@@ -44,7 +48,7 @@ def load_reward_model(directory: Path, dtype: str, trust_remote_code: bool) -> A
     return model.eval()
 
 
-def head_module(model: Any) -> Any:
+def head_module(model: nn.Module) -> nn.Module | None:
     """The module that maps hidden states to the per-position score (``score`` in
     transformers' decoder classifiers, ``classifier`` in others); ``None`` when absent."""
     for name in ("score", "classifier"):
@@ -54,7 +58,9 @@ def head_module(model: Any) -> Any:
     return None
 
 
-def pad(seqs: list[list[int]], pad_id: int, side: str, extra: int = 0) -> tuple[Any, Any]:
+def pad(
+    seqs: list[list[int]], pad_id: int, side: str, extra: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, mask)`` ``(B, T)``, padded on ``side`` (``extra`` more pads on every row)."""
     import torch
 
@@ -68,7 +74,7 @@ def pad(seqs: list[list[int]], pad_id: int, side: str, extra: int = 0) -> tuple[
     return ids, mask
 
 
-def score(model: Any, seqs: list[list[int]], pad_id: int, side: str, batch_size: int,
+def score(model: nn.Module, seqs: list[list[int]], pad_id: int, side: str, batch_size: int,
           extra: int = 0) -> Scores:
     """Score ``seqs`` in batches padded on ``side`` through the model's own forward (input ids
     and attention mask, as trainers call it), recording where each score was read."""

@@ -36,6 +36,8 @@ class Tokenizer(Protocol):
 
     def __call__(self, text: str, **kwargs: Any) -> Any: ...
 
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
 
 def load_tokenizer(
     directory: Path, chat_template: Path | None = None, *, trust_remote_code: bool = False

@@ -6,25 +6,28 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.hf_loading import safetensors_files
 from paritygate.reading import check_input
 
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
-def read_state(directory: Path) -> dict[str, Any]:
+
+def read_state(directory: Path) -> dict[str, Tensor]:
     """Every tensor of a model directory's safetensors files (no code runs)."""
     from safetensors.torch import load_file
 
-    state: dict[str, Any] = {}
+    state: dict[str, Tensor] = {}
     for path in safetensors_files(directory):
         check_input(path, None, what="safetensors file")
         state.update(load_file(str(path)))
     return state
 
 
-def read_keys(directory: Path, keys: Sequence[str]) -> dict[str, Any]:
+def read_keys(directory: Path, keys: Sequence[str]) -> dict[str, Tensor]:
     """The tensors ``keys`` of a model directory's safetensors files (those it holds)."""
     from safetensors import safe_open
 
@@ -96,7 +99,7 @@ def projection_module(key: str) -> str | None:
     return module if module.endswith("proj") or module.lower() in _PROJECTIONS else None
 
 
-def difference_rank(reference: Any, candidate: Any) -> int | None:
+def difference_rank(reference: Tensor, candidate: Tensor) -> int | None:
     """Numerical rank of ``candidate - reference`` (two 2-D tensors), or ``None`` when it is
     above :data:`ADAPTER_MAX_RANK` (or a quarter of the smaller side).
 
@@ -127,7 +130,7 @@ def difference_rank(reference: Any, candidate: Any) -> int | None:
     return rank if rank <= limit else None
 
 
-def adapter_ranks(training: dict[str, Any], served: dict[str, Any], keys: list[str],
+def adapter_ranks(training: dict[str, Tensor], served: dict[str, Tensor], keys: list[str],
                   ) -> dict[str, int]:
     """Each key's difference rank when every one of ``keys`` is a projection weight whose
     served value differs from the training value by a low-rank update; else empty. Stops at
@@ -146,7 +149,7 @@ def adapter_ranks(training: dict[str, Any], served: dict[str, Any], keys: list[s
     return ranks
 
 
-def _dtype_name(tensor: Any) -> str:
+def _dtype_name(tensor: Tensor) -> str:
     return str(tensor.dtype).replace("torch.", "")
 
 
@@ -155,7 +158,7 @@ def is_training_only(key: str, heads: list[str]) -> bool:
     return any(key.startswith(h) for h in heads)
 
 
-def tied_groups(model: Any) -> list[list[str]]:
+def tied_groups(model: nn.Module) -> list[list[str]]:
     """Parameter names that share one tensor in ``model`` (tied weights), one list per tensor
     with two or more names."""
     names: dict[int, list[str]] = {}
@@ -165,8 +168,8 @@ def tied_groups(model: Any) -> list[list[str]]:
 
 
 def compare_states(
-    training: dict[str, Any],
-    served: dict[str, Any],
+    training: dict[str, Tensor],
+    served: dict[str, Tensor],
     training_only: list[str],
     tied: Sequence[Sequence[str]] = (),
 ) -> WeightsDiff:
@@ -219,7 +222,7 @@ def compare_states(
     return diff
 
 
-def _rounding(served: Any, merged: Any) -> float:
+def _rounding(served: Tensor, merged: Tensor) -> float:
     """The relative rounding of ``served``'s dtype when it is a lower float precision than
     ``merged``'s (bf16: 2**-7), else 0."""
     import torch
@@ -252,7 +255,7 @@ class AdapterFit:
     tensors: int
 
 
-def adapter_fit(base: dict[str, Any], merged: dict[str, Any], served: dict[str, Any],
+def adapter_fit(base: dict[str, Tensor], merged: dict[str, Tensor], served: dict[str, Tensor],
                 differing: Sequence[str]) -> AdapterFit | None:
     """Name how the served copy merged the adapter, when every differing key is one of the
     adapter's target tensors (``base``'s keys); ``None`` when another tensor differs too (not
