@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+    from torch import Tensor, nn
+
+LogprobFn = Callable[..., "Tensor"]
+"""A trainer's model-level log-prob function: ``fn(model, ids, mask, *, mode, ...)`` (B, T-1)."""
 
 Cause = tuple[str, str]
 """``(finding kind, text)``."""
@@ -69,7 +72,7 @@ LOW_PRECISIONS = ("bfloat16", "float16")
 """Lower precisions a trainer's log-softmax may run in (torch dtype names)."""
 
 
-def _low_precision_reference(logits: Any, targets: Any, dtype_name: str) -> Any:
+def _low_precision_reference(logits: Tensor, targets: Tensor, dtype_name: str) -> Tensor:
     """``log_softmax`` of the float32 logits computed in ``dtype_name``, read at the targets."""
     import torch
 
@@ -78,7 +81,9 @@ def _low_precision_reference(logits: Any, targets: Any, dtype_name: str) -> Any:
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (T-1,)
 
 
-def _low_precision_cause(err: float, low: Mapping[str, float], out_dtype: Any) -> str | None:
+def _low_precision_cause(
+    err: float, low: Mapping[str, float], out_dtype: torch.dtype | None
+) -> str | None:
     """Name the precision the function computes in, when its error from the float32 reference
     is that precision's rounding: it returns that dtype, or it is at least 4x closer to the
     reference computed in that dtype than to the float32 one."""
@@ -97,7 +102,7 @@ def _low_precision_cause(err: float, low: Mapping[str, float], out_dtype: Any) -
     )
 
 
-def _categorical_log_prob(logits: Any, ids: Any) -> Any:
+def _categorical_log_prob(logits: Tensor, ids: Tensor) -> Tensor:
     """``Categorical(logits=logits).log_prob(ids)``: the reference semantics (torch leaves
     the distribution's methods unannotated)."""
     import torch
@@ -106,7 +111,7 @@ def _categorical_log_prob(logits: Any, ids: Any) -> Any:
     return dist.log_prob(ids)  # type: ignore[no-untyped-call]
 
 
-def _single(fn: Callable[..., Any], model: Any, seq: list[int], **kw: Any) -> Any:
+def _single(fn: LogprobFn, model: nn.Module, seq: list[int], **kw: object) -> Tensor:
     import torch
 
     ids = torch.tensor([seq])
@@ -114,7 +119,7 @@ def _single(fn: Callable[..., Any], model: Any, seq: list[int], **kw: Any) -> An
     return out[0].detach().float()
 
 
-def _unpadded_logits(model: Any, seqs: list[list[int]]) -> list[Any]:
+def _unpadded_logits(model: nn.Module, seqs: list[list[int]]) -> list[Tensor]:
     """The model's float32 logits over each sequence, unpadded: sequences of one length share
     a forward (no padding is needed to batch them)."""
     import torch
@@ -122,16 +127,18 @@ def _unpadded_logits(model: Any, seqs: list[list[int]]) -> list[Any]:
     by_length: dict[int, list[int]] = {}
     for i, seq in enumerate(seqs):
         by_length.setdefault(len(seq), []).append(i)
-    out: list[Any] = [None] * len(seqs)
+    out: list[Tensor | None] = [None] * len(seqs)
     with torch.inference_mode():
         for rows in by_length.values():
             batch = model(input_ids=torch.tensor([seqs[i] for i in rows])).logits.float()
             for b, i in enumerate(rows):
                 out[i] = batch[b]  # (T, V)
-    return out
+    return [lg for lg in out if lg is not None]  # every row was filled
 
 
-def _rl_batch(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any, list[tuple[int, int]]]:
+def _rl_batch(
+    seqs: list[list[int]], pad: int, eos: int
+) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
     """TRL's layout: prompts left-padded, completions (ending in EOS) right-padded after EOS.
 
     Each probe is split in half: prompt, then completion + EOS. Returns ids, mask and per
@@ -153,7 +160,7 @@ def _rl_batch(seqs: list[list[int]], pad: int, eos: int) -> tuple[Any, Any, list
 
 
 def run_suite(
-    fn: Callable[..., Any],
+    fn: LogprobFn,
     model: nn.Module,
     seqs: list[list[int]],
     pad: int,
@@ -209,7 +216,7 @@ def run_suite(
 
 
 def _unpadded(
-    fn: Callable[..., Any], model: nn.Module, seqs: list[list[int]],
+    fn: LogprobFn, model: nn.Module, seqs: list[list[int]],
     logits: list[torch.Tensor], causes: list[Cause],
 ) -> _Unpadded | None:
     """``fn`` on each sequence alone against Categorical and its off-by-one and low-precision
@@ -271,7 +278,7 @@ def _categorical_causes(base: _Unpadded, tol: float, causes: list[Cause]) -> boo
 
 
 def _temperature(
-    fn: Callable[..., Any], model: nn.Module, seqs: list[list[int]], logits: list[torch.Tensor],
+    fn: LogprobFn, model: nn.Module, seqs: list[list[int]], logits: list[torch.Tensor],
     singles: list[torch.Tensor], temperature: float, tol: float, judge: bool,
     causes: list[Cause],
 ) -> float:
@@ -306,7 +313,7 @@ def _temperature(
 
 
 def _padding(
-    fn: Callable[..., Any], model: nn.Module, seqs: list[list[int]], pad: int,
+    fn: LogprobFn, model: nn.Module, seqs: list[list[int]], pad: int,
     singles: list[torch.Tensor], helpers: ModuleType, logits_level: bool, pad_tol: float,
 ) -> tuple[float, float, float, int]:
     """Left padding (amount, pad value) and batch composition against the unpadded rows:
@@ -354,7 +361,7 @@ def _padding(
 
 
 def _rl_layout(
-    fn: Callable[..., Any], model: nn.Module, seqs: list[list[int]], pad: int, eos: int,
+    fn: LogprobFn, model: nn.Module, seqs: list[list[int]], pad: int, eos: int,
     causes: list[Cause],
 ) -> tuple[int, float]:
     """The RL batch layout: left-padded prompts, completions right-padded after EOS.

@@ -32,6 +32,8 @@ from paritygate.provenance import sha256_files
 from paritygate.reading import check_input
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from paritygate.config import GateConfig
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
@@ -224,12 +226,12 @@ def _sampling_file(
         )
 
 
-def _logprob_fn(config: GateConfig, spec: CausalLMSpec) -> Callable[..., object]:
+def _logprob_fn(config: GateConfig, spec: CausalLMSpec) -> Callable[..., Tensor]:
     """``causal_lm.training.logprob_fn`` imported, as a model-level function, guarded."""
     from paritygate.families.causal_lm.logprobs import as_model_level
 
     fn_key = "causal_lm.training.logprob_fn"
-    fn: Callable[..., object] = guard_user_code(
+    fn: Callable[..., Tensor] = guard_user_code(
         as_model_level(
             import_callable(spec.training.logprob_fn, config.path, fn_key),
             spec.training.logprob_convention,

@@ -61,7 +61,7 @@ class LMContext:
     probes: list[Probe]
     training_sampling: SamplingFile
     serving_sampling: SamplingFile
-    logprob_fn: Callable[..., object]
+    logprob_fn: Callable[..., Tensor]
     declared_dtype: tuple[str, str] | None = None
     """``(config key, dtype)`` when the config states the serving dtype: a deliberate
     precision change, judged by its precision tier rather than as a sampling difference."""
