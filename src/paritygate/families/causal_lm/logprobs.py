@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 Mode = Literal["raw", "processed"]
 
@@ -147,7 +148,7 @@ def _logits_of(output: Any) -> torch.Tensor:
 
 
 def compute_logprobs(
-    model: Any,
+    model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
@@ -218,7 +219,9 @@ def detect_convention(fn: Any) -> str:
     return "logits" if params and params[0] == "logits" else "model"
 
 
-def model_logits(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+def model_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
     """The forward the gate runs for a logits-level function: eval mode, no grad, position ids
     ``cumsum(mask) - 1`` clamped at 0, logits as float32 ``(B, T, V)``."""
     import torch
@@ -247,7 +250,7 @@ def as_model_level(fn: Any, convention: str = "auto") -> Any:
         return fn
 
     def call(
-        model: Any,
+        model: nn.Module,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         *,

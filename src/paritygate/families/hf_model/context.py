@@ -25,10 +25,13 @@ from paritygate.provenance import sha256_file, sha256_files
 from paritygate.reading import check_input, read_text
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from paritygate.config import GateConfig
     from paritygate.families.hf_model.config import HFModelSpec
     from paritygate.precision.hf import Coverage
     from paritygate.precision.subject import PrecisionSubject
+    from paritygate.result import Measurement
 
 
 @dataclass
@@ -52,7 +55,7 @@ class HFModelContext:
         """No setting of an hf_model gate moves its numbers by design."""
         return {}
 
-    def note_probes(self, m: Any) -> None:
+    def note_probes(self, m: Measurement) -> None:
         """Every probe batch is fed to the model: nothing left out to note."""
 
     @property
@@ -61,7 +64,7 @@ class HFModelContext:
         return sha256_file(self.config.resolve(self.spec.probes))
 
     @cached_property
-    def _loaded(self) -> tuple[Any, dict[str, Any]]:
+    def _loaded(self) -> tuple[nn.Module, dict[str, Any]]:
         import torch
 
         try:
@@ -81,10 +84,10 @@ class HFModelContext:
             ) from None
         return model.eval(), info
 
-    def _load(self) -> tuple[Any, dict[str, Any]]:
+    def _load(self) -> tuple[nn.Module, dict[str, Any]]:
         return self._loaded
 
-    def reference_model(self) -> Any:
+    def reference_model(self) -> nn.Module:
         """The model in fp32, eval mode."""
         return self._load()[0]
 
