@@ -8,6 +8,7 @@ Relative paths resolve against the folder of the config file.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from paritygate.families.causal_lm.config import CausalLMSpec
 from paritygate.families.hf_model.config import HFModelSpec
 from paritygate.families.policy.config import PolicySpec
 from paritygate.precision.config import PrecisionSpec
+from paritygate.trainer_output import CHECKPOINT_ENV, TrainerCheckpoint, pick_checkpoint
 
 
 class GoldenSettings(StrictModel):
@@ -68,7 +70,7 @@ class GateConfig(StrictModel):
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
     _report_dir: Path | None = PrivateAttr(default=None)
-    _trainer_checkpoint: Any = PrivateAttr(default=None)
+    _trainer_checkpoint: TrainerCheckpoint | None = PrivateAttr(default=None)
 
     @field_validator("checks", "skip_checks")
     @classmethod
@@ -101,7 +103,7 @@ class GateConfig(StrictModel):
         return self._path
 
     @property
-    def trainer_checkpoint(self) -> Any:
+    def trainer_checkpoint(self) -> TrainerCheckpoint | None:
         """The trainer checkpoint the model directory resolved to
         (:class:`paritygate.trainer_output.TrainerCheckpoint`), or ``None``."""
         return self._trainer_checkpoint
@@ -214,16 +216,35 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
         raise InputError(path, key, "; ".join([cause, *rest])) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
-    import os
-
-    from paritygate.trainer_output import CHECKPOINT_ENV, apply_checkpoint
-
     config = apply_checkpoint(config, os.environ.get(CHECKPOINT_ENV))
     _refuse_special_files(config)
     from paritygate.imports import register_python_path
 
     register_python_path(config.path, [config.resolve(p) for p in config.python_path])
     return config
+
+
+def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateConfig:
+    """``config`` with its model directory resolved to one checkpoint
+    (:func:`paritygate.trainer_output.pick_checkpoint` says how ``override`` picks it). The
+    trainer's record is kept on the config (:attr:`GateConfig.trainer_checkpoint`) for the
+    report and the provenance."""
+    section_name, field = ("policy", "checkpoint") if config.family == "policy" \
+        else (config.family, "model_dir")
+    section = getattr(config, section_name)
+    by_folder = field == "model_dir"
+    selector = getattr(section, "checkpoint", None) if by_folder else None
+    new_value, record = pick_checkpoint(
+        getattr(section, field), override=override, base=config.resolve, where=config.path,
+        key=f"{section_name}.{'checkpoint' if selector is not None else field}",
+        selector=selector, earlier=config.trainer_checkpoint, accepts_output_dir=by_folder)
+    if new_value is None:
+        return config
+    updated = config.model_copy(
+        update={section_name: section.model_copy(update={field: new_value})}
+    )
+    updated._trainer_checkpoint = record
+    return updated
 
 
 def _refuse_special_files(config: GateConfig) -> None:
@@ -348,7 +369,7 @@ def _line(node: Any) -> str | None:
 
 def _refuse_todos(data: Any, path: Path) -> None:
     """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
-    from paritygate.init import find_todos
+    from paritygate.init_infer import find_todos
 
     todos = find_todos(data)
     if todos:

@@ -25,6 +25,7 @@ from paritygate.files import unwritable_reason
 from paritygate.golden import BlessInProgress, GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
+from paritygate.startup import IMPORTED_AT
 from paritygate.verdict import Margin, judge
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class Gate:
         of the trainer output_dir the config names, ``latest``, ``final`` or a path."""
         config = load_config(path)
         if checkpoint is not None:
-            from paritygate.trainer_output import apply_checkpoint
+            from paritygate.config import apply_checkpoint
 
             config = apply_checkpoint(config, str(checkpoint))
         return cls(config, update_golden=update_golden, report_dir=report_dir)
@@ -79,7 +80,6 @@ class Gate:
     @cached_property
     def context(self) -> Context:
         """The family context, built once; raises :class:`InputError` on bad input."""
-        from paritygate import IMPORTED_AT
         from paritygate.families import build_context
 
         context = build_context(self.config)
