@@ -7,6 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import (
+    ROLLOUT,
+    Explanation,
+    artifact_tier_only,
+    bn_stats_explain_provenance,
+)
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.engines.base import feed_rows, take_rows
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
@@ -197,3 +203,26 @@ CHECK = CheckSpec(
     kinds=("no_running_stats", "stats_missing", "default_stats", "training_mode_export",
            "stats_mismatch", "batch_dependence_unmeasured", "output_shape", "stats_reset"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
+    Explanation("batchnorm_export", "training_mode_export",
+                ("training_mode_export",),
+                ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
+                 "precision_per_layer", "rollout_parity"),
+                "the artifact was exported in training mode",
+                fix="call model.eval() before exporting",
+                only_if=(("export_integrity", bn_stats_explain_provenance),
+                         ("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=200),
+    Explanation("batchnorm_export", "stats_reset",
+                ("stats_missing", "default_stats", "stats_mismatch", "stats_reset"),
+                ("logits_agreement", "export_integrity", "precision_per_layer", "rollout_parity"),
+                "the artifact normalises with other BatchNorm statistics than the checkpoint's",
+                only_if=(("export_integrity", bn_stats_explain_provenance),
+                         ("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=210),
+)
+
+POSITION = 20
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

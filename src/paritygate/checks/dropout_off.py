@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, no_layer_over_budget
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
@@ -94,3 +95,20 @@ CHECK = CheckSpec(
     kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
            "random_operators"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
+    Explanation("dropout_off", "nondeterministic",
+                ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
+                 "random_operators"),
+                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer",
+                 "rollout_parity"),
+                "randomness in the forward changes every output it feeds",
+                fix="put the model in eval mode before exporting or serving (no dropout or "
+                    "sampling on the inference path)",
+                only_if=(("precision_per_layer", no_layer_over_budget), *ROLLOUT),
+                rank=220),
+)
+
+POSITION = 40
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
@@ -157,3 +158,25 @@ CHECK = CheckSpec(
            "nondeterministic", "output_shape", "step_removed", "undeclared_outputs",
            "missing_outputs"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
+    Explanation("head_removal", "structure_mismatch",
+                ("foreign_parameters",),
+                ("weights_load",),
+                "the inference model's structure differs, so its keys do not match the "
+                "checkpoint",
+                rank=20),
+    Explanation("head_removal", "undeclared_outputs", ("undeclared_outputs",),
+                ("export_integrity", "logits_agreement"),
+                "a training head was exported with the policy",
+                fix="export only the inference model's declared outputs",
+                rank=170),
+    Explanation("head_removal", "step_removed", ("step_removed",),
+                ("batchnorm_export", "logits_agreement", "rollout_parity"),
+                "the inference model lacks a step of the training forward", only_if=ROLLOUT,
+                rank=190),
+)
+
+POSITION = 30
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

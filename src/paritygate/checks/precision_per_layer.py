@@ -221,3 +221,6 @@ CHECK = CheckSpec(
            "onnx_divergent_layer", "onnx_nonfinite", "not_checkpoint_weights",
            "reference_nonfinite"),
 )
+
+POSITION = 110
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

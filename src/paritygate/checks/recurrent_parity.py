@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, declared_outputs_only
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
@@ -301,3 +302,20 @@ CHECK = CheckSpec(
            "missing_reset",
            "wrong_initial_state", "state_outputs_differ", "sequence_outputs_differ"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
+    Explanation("recurrent_parity", "recurrent_state",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
+                 "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
+                ("export_integrity", "rollout_parity"),
+                "the artifact carries the recurrent state differently from the training model "
+                "(named by recurrent_parity)",
+                fix="export the new state in the declared order and per-row layout (batch on "
+                    "axis 0), reset to the initial state on the episode-start input",
+                only_if=(("export_integrity", declared_outputs_only), *ROLLOUT),
+                rank=250),
+)
+
+POSITION = 90
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

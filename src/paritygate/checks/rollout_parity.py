@@ -346,3 +346,6 @@ CHECK = CheckSpec(
     render=render,
     kinds=("action_divergence", "return_differs", "trajectory_differs", "nonfinite_action"),
 )
+
+POSITION = 180
+"""The check's place in the checklist (and in every report): the registry sorts by it."""
