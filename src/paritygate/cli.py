@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -304,7 +305,7 @@ def _cmd_checks(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
-def text_table(rows: list[tuple[str, ...]]) -> list[str]:
+def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows as aligned text: every column but the last as wide as its widest cell, so no
     value runs into the next column."""
     if not rows:
