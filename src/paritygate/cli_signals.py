@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["REDELIVER_S", "Signals", "Terminated", "importing"]
+__all__ = ["REDELIVER_S", "Signals", "Terminated", "importing", "interrupts_deferred"]
 
 
 class Terminated(KeyboardInterrupt):
@@ -73,3 +75,25 @@ class Signals:
         previous, self.previous = self.previous, {}
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while golden and reports are written (a few milliseconds), so the
+    set of files is one run's. A signal that arrives then finds the work done: the run ends
+    with its verdict, which the files already say."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    names = [n for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)]
+    old = {n: signal.signal(getattr(signal, n), lambda sig, _f: caught.append(sig))
+           for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in old.items():
+            signal.signal(getattr(signal, n), handler)
