@@ -57,6 +57,10 @@ class GateConfig(StrictModel):
     golden: GoldenSettings = GoldenSettings()
     report_dir: str | None = None
     seed: int = 0
+    threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads for torch and ONNX Runtime (default: the cores the process is given,
+    shared among pytest-xdist workers; ``PARITYGATE_THREADS`` sets it too). See
+    :mod:`paritygate.threads`."""
     allow_pickle: bool = False
     """Allow checkpoint formats that unpickle arbitrary objects (runs code from the file)."""
     trust_remote_code: bool = False

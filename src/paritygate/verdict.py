@@ -123,23 +123,8 @@ def judge(
             details,
         )
 
-    reasons: list[Reason] = [
-        Reason("finding", f.message, f.metric, f.kind) for f in measurement.findings
-    ]
-    offending: list[str] = []  # metrics that fail, first one shown as the key metric
-    breached: set[str] = set()
+    reasons, offending, breached = _own_reasons(measurement)
     regressed: dict[str, str] = {}
-    for m in measurement.metrics.values():
-        if not m.is_finite():
-            reasons.append(Reason("nonfinite", f"{m.name} is {m.value} (non-finite output)",
-                                  m.name))
-            offending.append(m.name)
-        elif m.breaches():
-            op = ">" if m.bad == "higher" else "<"
-            reasons.append(Reason(
-                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
-            offending.append(m.name)
-            breached.add(m.name)
     no_golden = False
     if use_golden and not blessing:
         if expected is None:
@@ -173,18 +158,8 @@ def judge(
         fix = ("bless a baseline for this configuration under its own golden.baseline "
                "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
         details["numerics_changed"] = changed
-    if reasons:
-        message = " ".join(sentences)
-        if changed:
-            message += (f" The golden baseline was blessed with other numerics "
-                        f"({', '.join(changed)}); its numbers are not this configuration's.")
-    elif key is not None:
-        km = measurement.metrics[key]
-        message = f"{key}={_fmt(km.value)}" + (
-            f" (threshold {_fmt(km.threshold)})" if km.threshold is not None else ""
-        )
-    else:
-        message = "ok"
+    message = _message(measurement, key, sentences, changed) if reasons \
+        else _passing_message(measurement, key)
     result = CheckResult(
         measurement.check_id,
         status,
@@ -201,6 +176,46 @@ def judge(
         result.fix = fix
         result.failed_metrics = list(offending)
     return result
+
+
+def _own_reasons(measurement: Measurement) -> tuple[list[Reason], list[str], set[str]]:
+    """What fails on this run alone: the check's findings, non-finite metrics and threshold
+    breaches; with the failing metrics (in order) and those that breached."""
+    reasons = [Reason("finding", f.message, f.metric, f.kind) for f in measurement.findings]
+    offending: list[str] = []  # metrics that fail, first one shown as the key metric
+    breached: set[str] = set()
+    for m in measurement.metrics.values():
+        if not m.is_finite():
+            reasons.append(Reason("nonfinite", f"{m.name} is {m.value} (non-finite output)",
+                                  m.name))
+            offending.append(m.name)
+        elif m.breaches():
+            op = ">" if m.bad == "higher" else "<"
+            reasons.append(Reason(
+                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
+            offending.append(m.name)
+            breached.add(m.name)
+    return reasons, offending, breached
+
+
+def _message(
+    measurement: Measurement, key: str | None, sentences: list[str], changed: list[str]
+) -> str:
+    """A failing check's message: its sentences, and why its baseline's numbers differ."""
+    message = " ".join(sentences)
+    if changed:
+        message += (f" The golden baseline was blessed with other numerics "
+                    f"({', '.join(changed)}); its numbers are not this configuration's.")
+    return message
+
+
+def _passing_message(measurement: Measurement, key: str | None) -> str:
+    """A passing check's message: its key metric against its threshold, else ``ok``."""
+    if key is None:
+        return "ok"
+    km = measurement.metrics[key]
+    limit = f" (threshold {_fmt(km.threshold)})" if km.threshold is not None else ""
+    return f"{key}={_fmt(km.value)}{limit}"
 
 
 def _probe_set_changed(golden: dict[str, Any] | None, current: str | None) -> str | None:

@@ -37,7 +37,9 @@ class OnnxRuntimeEngine:
     def __init__(self, path: Path, *, name: str = "onnxruntime") -> None:
         self.path = path
         self.name = name
-        self.session = make_session(path)
+        from paritygate.threads import onnxruntime_threads
+
+        self.session = make_session(path, threads=onnxruntime_threads())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         dim0 = self.session.get_inputs()[0].shape[0] if self.session.get_inputs() else None
