@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import filelock
+
 STALE_TMP_S = 60.0
 """A temp file older than this is a leftover of a killed writer: a live write takes
 milliseconds, so a concurrent writer (pytest-xdist) is never raced."""
@@ -174,69 +176,45 @@ class LockHeld(Exception):
 
 
 class FileLock:
-    """An exclusive, non-blocking lock on ``path`` that holds the holder's pid.
+    """An exclusive, non-blocking lock on ``path`` (:class:`filelock.FileLock`) that names its
+    holder's pid.
 
-    ``flock`` where the platform has it: the kernel drops the lock when its holder dies,
-    so a killed process never leaves a lock that blocks the next run (the file may stay; it
-    is taken over). Elsewhere ``O_EXCL`` creation, with a lock of a dead pid taken over.
+    ``flock`` where the platform has it: the kernel drops the lock when its holder dies, so a
+    killed process never leaves a lock that blocks the next run (the file stays, and is
+    taken over). The holder writes its pid into the file for the message of a second run.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
 
     def acquire(self) -> FileLock:
         """Take the lock or raise :class:`LockHeld`; ``OSError`` when it cannot be created."""
+        if self._lock is not None:
+            return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self._acquire_excl()
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise LockHeld(self.path, _read_pid(self.path)) from None
-            try:  # the holder before us may have removed the file we locked: lock the new one
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockHeld(self.path, _read_pid(self.path)) from None
+        self._lock = lock
+        try:
+            self.path.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        except OSError:
+            self.release()
+            raise
         return self
 
-    def _acquire_excl(self) -> FileLock:  # pragma: no cover - not POSIX
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                pid = _read_pid(self.path)
-                if pid is not None and _alive(pid):
-                    raise LockHeld(self.path, pid) from None
-                self.path.unlink(missing_ok=True)  # a dead holder's lock
-                continue
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return self
-        raise LockHeld(self.path, _read_pid(self.path))
-
     def release(self) -> None:
-        """Drop the lock and remove its file (a no-op when not held)."""
-        if self._fd is None:
-            return
-        self.path.unlink(missing_ok=True)
-        os.close(self._fd)
-        self._fd = None
+        """Drop the lock (a no-op when not held)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release(force=True)
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
 
 
 def _read_pid(path: Path) -> int | None:
@@ -244,13 +222,3 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text(encoding="utf-8").split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:  # pragma: no cover - not POSIX
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
