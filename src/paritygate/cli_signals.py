@@ -6,7 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import signal
+    from collections.abc import Callable
+
+    Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 __all__ = ["REDELIVER_S", "Signals", "Terminated", "importing", "interrupts_deferred"]
 
@@ -21,7 +28,7 @@ REDELIVER_S = 0.05
 later: raised inside an extension module's initialisation it would abort the interpreter."""
 
 
-def importing(frame: Any) -> bool:
+def importing(frame: FrameType | None) -> bool:
     """Whether the interrupted Python frame is inside an import."""
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
@@ -39,7 +46,7 @@ class Signals:
         import threading
 
         self.received: list[int] = []
-        self.previous: dict[int, Any] = {}
+        self.previous: dict[int, Handler] = {}
         if threading.current_thread() is not threading.main_thread():
             return
         for name in ("SIGINT", "SIGTERM"):
@@ -53,7 +60,7 @@ class Signals:
 
         return signal.Signals(self.received[-1]).name if self.received else None
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         import signal
         import threading
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from paritygate.config_base import StrictModel
 from paritygate.errors import InputError, shorten
@@ -128,7 +129,7 @@ class GateConfig(StrictModel):
         ``module:callable``) resolve to paths no error is about and match nothing."""
         named: dict[str, Path] = {}
 
-        def walk(value: Any, key: str) -> None:
+        def walk(value: object, key: str) -> None:
             if isinstance(value, dict):
                 for k, v in value.items():
                     walk(v, f"{key}.{k}" if key else str(k))
@@ -162,7 +163,7 @@ class GateConfig(StrictModel):
         return Path.cwd() / "reports" / self.name
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
+def _format_loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -176,12 +177,12 @@ MAX_ECHO_CHARS = 200
 """At most this much of a wrong value is echoed in an error line."""
 
 
-def _echo(value: Any) -> str:
+def _echo(value: object) -> str:
     """``repr(value)``, cut: a hostile value must not become a megabyte error line."""
     return shorten(_short_repr(value), MAX_ECHO_CHARS)
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: object) -> str:
     """A repr that stops early on deep or long containers (``reprlib``), plain otherwise."""
     import reprlib
 
@@ -191,7 +192,7 @@ def _short_repr(value: Any) -> str:
     return short.repr(value) if isinstance(value, (dict, list, tuple, set, str)) else repr(value)
 
 
-def _describe_error(err: Any) -> tuple[str | None, str]:
+def _describe_error(err: ErrorDetails) -> tuple[str | None, str]:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     if loc and loc[-1] in ("float", "none") and len(loc) >= 3 and loc[0] == "thresholds":
         loc = loc[:-1]  # the union branch (float | None) is not a key
@@ -206,7 +207,7 @@ def _describe_error(err: Any) -> tuple[str | None, str]:
     return _format_loc(loc) or None, cause
 
 
-def config_from_dict(data: Any, path: Path) -> GateConfig:
+def config_from_dict(data: object, path: Path) -> GateConfig:
     """Validate a parsed config; raises :class:`InputError` naming the first bad key."""
     if not isinstance(data, dict):
         raise InputError(path, None, "config must be a YAML mapping")
@@ -323,7 +324,7 @@ written out are not counted here (the file's size, :data:`~paritygate.reading.MA
 bounds them), so a long list written out meets its own key's bound instead."""
 
 
-def _parse_yaml(text: str, path: Path) -> Any:
+def _parse_yaml(text: str, path: Path) -> object:
     """The YAML document of ``text``, parsed once (libyaml where installed): composed into
     nodes, the alias expansion bounded (:func:`_refuse_alias_bombs`), then constructed."""
     loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -336,7 +337,7 @@ def _parse_yaml(text: str, path: Path) -> Any:
         loader.dispose()
 
 
-def _refuse_alias_bombs(root: Any, path: Path) -> None:
+def _refuse_alias_bombs(root: yaml.Node | None, path: Path) -> None:
     """Refuse a document whose aliases add more than :data:`MAX_YAML_ALIAS_VALUES` values.
 
     Each node's expanded size is memoised (so the count stays linear in the file); what
@@ -345,7 +346,7 @@ def _refuse_alias_bombs(root: Any, path: Path) -> None:
     more than the document's), so a bomb is refused at the anchor that blows up."""
     sizes: dict[int, int] = {}
 
-    def size(node: Any, depth: int) -> int:
+    def size(node: yaml.Node, depth: int) -> int:
         if id(node) in sizes:
             return sizes[id(node)]
         if depth > 200:
@@ -366,12 +367,12 @@ def _refuse_alias_bombs(root: Any, path: Path) -> None:
         size(root, 0)
 
 
-def _line(node: Any) -> str | None:
+def _line(node: yaml.Node) -> str | None:
     mark = getattr(node, "start_mark", None)
     return f"line {mark.line + 1}" if mark is not None else None
 
 
-def _refuse_todos(data: Any, path: Path) -> None:
+def _refuse_todos(data: object, path: Path) -> None:
     """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
     from paritygate.init_infer import find_todos
 

@@ -13,9 +13,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import filelock
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STALE_TMP_S = 60.0
 """A temp file older than this is a leftover of a killed writer: a live write takes
@@ -42,7 +45,7 @@ def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[
     return removed
 
 
-def _stage(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
+def _stage(path: Path, write: Callable[[IO[bytes]], object]) -> str:
     """``write(fh)`` on a new temp file beside ``path`` (its name returned), not yet in place;
     stale temp files of killed writers are removed first (:func:`clean_stale_temps`), and on
     any error, an interrupt included, the temp file goes."""
@@ -59,7 +62,7 @@ def _stage(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
     return tmp
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(fh)`` on a temp file beside ``path``, then ``os.replace`` it into place.
 
     Safe under pytest-xdist and for readers polling ``path``: they see the old file or the
@@ -74,7 +77,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return path
 
 
-def _writer(data: bytes) -> Callable[[IO[bytes]], Any]:
+def _writer(data: bytes) -> Callable[[IO[bytes]], object]:
     """A ``write(fh)`` callback that writes ``data``."""
     return lambda fh: fh.write(data)
 
@@ -105,16 +108,17 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_savefig(fig: Any, path: Path, **kwargs: Any) -> Path:
+def atomic_savefig(fig: Figure, path: Path, **kwargs: Any) -> Path:
     """Save a matplotlib figure to ``path`` atomically (format taken from the suffix)."""
-    fmt = kwargs.pop("format", path.suffix.lstrip(".") or "png")
+    fmt = str(kwargs.pop("format", path.suffix.lstrip(".") or "png"))
     return atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, **kwargs))
 
 
-def json_default(obj: Any) -> Any:
+def json_default(obj: object) -> object:
     """JSON for numpy scalars/arrays and paths that checks may leave in details."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, (set, tuple)):
@@ -122,7 +126,7 @@ def json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def dump_json(data: Any) -> str:
+def dump_json(data: object) -> str:
     """Indented, key-sorted JSON text (NaN allowed) ending in a newline."""
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 

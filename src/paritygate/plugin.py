@@ -14,8 +14,9 @@ import gc
 import json
 import os
 import sys
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -37,6 +38,15 @@ from paritygate.plugin_run import (
 from paritygate.result import CheckResult
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
+    import pluggy
+
+    class HasConfig(Protocol):
+        """An xdist worker controller, as far as the plugin reads it."""
+
+        config: pytest.Config
+
     from paritygate.gate import Gate
 
 EXIT_NOTHING_VERIFIED = pytest.ExitCode.NO_TESTS_COLLECTED
@@ -181,14 +191,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+def pytest_xdist_node_collection_finished(node: HasConfig, ids: list[str]) -> None:
     """The controller's view of the selection under pytest-xdist (workers collect)."""
     run = state(node.config)
     if not run.selected:
         run.selected = [cid for cid in (check_id_of(i) for i in ids) if cid is not None]
 
 
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
     """Gate checks print their own progress line; keep pytest's status letters out of it
     (the word stays, so the short summary still reads ``FAILED <test>``)."""
     if report.when == "call" and any(
@@ -253,7 +265,7 @@ def paritygate_gate(pytestconfig: pytest.Config) -> Gate:
 
 
 @pytest.fixture
-def gate_check(request: pytest.FixtureRequest) -> Any:
+def gate_check(request: pytest.FixtureRequest) -> Callable[[str], CheckResult]:
     """``gate_check(check_id)``: evaluate one check; fail or skip the test by its verdict.
 
     Bad input ends the session after this test (``session.shouldstop``): it is said once,
@@ -281,7 +293,9 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A failing check's cause is printed once, in the paritygate summary; pytest's failure
     section points there and its short summary keeps the plain ``FAILED <test>`` line."""
     outcome = yield
@@ -289,7 +303,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and report.failed:
         for name, value in report.user_properties:
             if name == RESULT_KEY:
-                check_id = json.loads(value).get("id", item.name.removeprefix("test_"))
+                check_id = json.loads(str(value)).get("id", item.name.removeprefix("test_"))
                 report.longrepr = f"{check_id}: the cause is in the paritygate summary below"
 
 
@@ -404,7 +418,9 @@ def _stop(gate: Gate | None, outcome: Outcome) -> Outcome:
     return outcome
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
     if hasattr(config, "workerinput") or RUN not in config.stash:
         return  # xdist worker: its errors travel to the controller, which prints the one line
     run = state(config)

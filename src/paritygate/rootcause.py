@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 from paritygate.causes import Explanation
 from paritygate.result import CheckResult, Reason
@@ -60,7 +59,7 @@ class RootCause:
     when it failed by a threshold, a regression or a NaN only: what other code acts on when no
     edge of the graph names the fault (``kind`` is then ``independent``)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "check": self.check,
             "kind": self.kind,
@@ -119,7 +118,7 @@ def _own_measurement(result: CheckResult) -> str:
     return f" Measured here: {', '.join(parts)}." if parts else ""
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

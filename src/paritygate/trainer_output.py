@@ -19,7 +19,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from paritygate.errors import InputError
 from paritygate.reading import read_json_object
@@ -65,7 +64,7 @@ class TrainerCheckpoint:
     chosen_by: str
     """Why this one: ``latest``, ``checkpoint: N``, ``--checkpoint PATH``..."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "output_dir": str(self.output_dir) if self.output_dir is not None else None,
             "step": self.step,
@@ -118,7 +117,7 @@ def _trainer_files(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _read_state(folder: Path) -> dict[str, Any] | None:
+def _read_state(folder: Path) -> dict[str, object] | None:
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None

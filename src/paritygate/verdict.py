@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import SupportsFloat, TypedDict
 
 from paritygate.result import (
     CHANGED,
@@ -33,6 +33,18 @@ from paritygate.result import (
     Status,
 )
 
+GoldenValue = float | int | bool | None
+"""A blessed metric value (golden files hold numbers, booleans or null)."""
+
+
+class GoldenRecord(TypedDict, total=False):
+    """A blessed baseline as read from the golden folder (:meth:`GoldenStore.load`)."""
+
+    metrics: dict[str, GoldenValue]
+    provenance: dict[str, object]
+    detail_metrics: dict[str, GoldenValue]
+    """Per-item baselines (a layer's error), from the check's ``.detail.json``."""
+
 
 @dataclass(frozen=True)
 class Margin:
@@ -40,10 +52,10 @@ class Margin:
     threshold_fraction: float = 0.05
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int) or not isinstance(value, SupportsFloat):
         return str(value)
     v = float(value)
     if v == 0:
@@ -53,7 +65,7 @@ def _fmt(value: Any) -> str:
     return f"{v:.4g}"
 
 
-def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | None:
+def golden_regression(metric: Metric, expected: object, margin: Margin) -> str | None:
     """A reason when ``metric`` regressed against the golden value ``expected``, else ``None``."""
     if not metric.ratchet or metric.bad == "none" or expected is None or metric.value is None:
         return None
@@ -61,11 +73,9 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
         if metric.value != expected:
             return f"{metric.name} {CHANGED} {_fmt(expected)}, obtained {_fmt(metric.value)}"
         return None
-    try:
-        exp = float(expected)
-        val = float(metric.value)
-    except (TypeError, ValueError):
+    if not isinstance(expected, (int, float)):  # bool included, as a number
         return None
+    exp, val = float(expected), float(metric.value)
     if not math.isfinite(exp):
         return None
     allowed = margin.rel_margin * abs(exp)
@@ -86,13 +96,13 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
 
 def judge(
     measurement: Measurement,
-    golden: dict[str, Any] | None,
+    golden: GoldenRecord | None,
     *,
     margin: Margin = Margin(),
     use_golden: bool = True,
     blessing: bool = False,
     probes_sha256: str | None = None,
-    numerics: Mapping[str, Any] | None = None,
+    numerics: Mapping[str, object] | None = None,
 ) -> CheckResult:
     """Apply the rules above; ``golden`` is the blessed record or ``None``.
 
@@ -106,7 +116,7 @@ def judge(
     details = dict(measurement.details)
     if measurement.notes:
         details["notes"] = list(measurement.notes)
-    expected = None
+    expected: dict[str, GoldenValue] | None = None
     if use_golden and golden is not None:
         # per-item (detail) baselines live beside the headline ones; both are judged
         expected = {**golden.get("metrics", {}), **golden.get("detail_metrics", {})}
@@ -218,26 +228,27 @@ def _passing_message(measurement: Measurement, key: str | None) -> str:
     return f"{key}={_fmt(km.value)}{limit}"
 
 
-def _probe_set_changed(golden: dict[str, Any] | None, current: str | None) -> str | None:
+def _probe_set_changed(golden: GoldenRecord | None, current: str | None) -> str | None:
     """Golden numbers are only comparable on the probes they were blessed with."""
-    blessed = ((golden or {}).get("provenance") or {}).get("probes_sha256")
-    if current is None or not blessed or blessed == current:
+    blessed = (golden or {}).get("provenance", {}).get("probes_sha256")
+    if current is None or not isinstance(blessed, str) or not blessed or blessed == current:
         return None
     return (f"probe set changed since the golden baseline was blessed (sha256 "
             f"{blessed[:12]} -> {current[:12]})")
 
 
 def _numerics_changed(
-    golden: dict[str, Any] | None, current: Mapping[str, Any] | None
+    golden: GoldenRecord | None, current: Mapping[str, object] | None
 ) -> list[str]:
     """Settings that move numbers by design (a serving dtype, say) and differ from the
     baseline's: a regression against it is expected of that change."""
-    blessed = ((golden or {}).get("provenance") or {}).get("numerics") or {}
+    found = (golden or {}).get("provenance", {}).get("numerics")
+    blessed: Mapping[str, object] = found if isinstance(found, dict) else {}
     return [f"{k} {blessed[k]} -> {v}" for k, v in (current or {}).items()
             if k in blessed and blessed[k] != v]  # fmt: skip
 
 
-def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None:
+def _unguarded(measurement: Measurement, expected: Mapping[str, GoldenValue]) -> str | None:
     """A note when the baseline and the run disagree on which ratcheted metrics exist (another
     layer selection or probe set than the one blessed): those metrics are not compared."""
     ratcheted = [
@@ -257,8 +268,10 @@ def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None
 
 
 def _headline(
-    expected: dict[str, Any] | None, measurement: Measurement, golden: dict[str, Any] | None
-) -> dict[str, Any] | None:
+    expected: Mapping[str, GoldenValue] | None,
+    measurement: Measurement,
+    golden: GoldenRecord | None,
+) -> dict[str, object] | None:
     """The golden values shown beside the report's metrics: per-item (detail) ones left out
     (a baseline blessed before a metric became a detail one still holds it among ``metrics``)."""
     if expected is None:
@@ -298,7 +311,7 @@ def _failing_key(measurement: Measurement, offending: list[str], key: str | None
     return key
 
 
-def _golden_breaches(m: Metric, gold: Any) -> bool:
+def _golden_breaches(m: Metric, gold: object) -> bool:
     """The blessed value breaches today's threshold too: the model did not change, the
     threshold did (a golden inside the threshold means the model moved within the margin)."""
     if isinstance(gold, bool) or not isinstance(gold, (int, float)):
@@ -321,7 +334,7 @@ def _sentences(
     offending: list[str],
     breached: set[str],
     regressed: dict[str, str],
-    expected: dict[str, Any] | None,
+    expected: Mapping[str, GoldenValue] | None,
     no_golden: bool,
 ) -> tuple[list[str], str | None]:
     """One sentence per failure (named causes first, then failing metrics) and a likely fix.
