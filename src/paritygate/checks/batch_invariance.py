@@ -242,7 +242,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("batch_invariance", "batch_layout",
                 ("right_padding", "position_ids_not_from_mask", "mask_not_passed"),
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),

@@ -7,12 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.causes import (
-    ROLLOUT,
-    Explanation,
-    artifact_tier_only,
-    bn_stats_explain_provenance,
-)
+from paritygate.causes import ROLLOUT, Explanation, artifact_tier_only, bn_stats_explain_provenance
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.engines.base import feed_rows, take_rows
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
@@ -205,7 +200,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("batchnorm_export", "training_mode_export",
                 ("training_mode_export",),
                 ("dropout_off", "logits_agreement", "head_removal", "export_integrity",

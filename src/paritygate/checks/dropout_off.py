@@ -97,7 +97,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("dropout_off", "nondeterministic",
                 ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
                  "random_operators"),

@@ -395,7 +395,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("export_integrity", "undeclared_precision",
                 ("undeclared_precision",),
                 ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),

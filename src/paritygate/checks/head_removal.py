@@ -160,7 +160,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("head_removal", "structure_mismatch",
                 ("foreign_parameters",),
                 ("weights_load",),

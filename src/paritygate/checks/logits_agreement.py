@@ -7,14 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from paritygate.causes import (
-    ROLLOUT,
-    TARGET_SERVED,
-    TARGET_SERVED_FIX,
-    Explanation,
-    artifact_tier_only,
-    same_output_gap,
-)
+from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
     diff_stats,
@@ -423,34 +416,32 @@ CHECK = CheckSpec(
            "log_std_clamp_differs", "target_network_served"),
 )
 
-CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
-    Explanation("logits_agreement", "action_transform",
-                ("squash_missing", "action_scale_missing", "action_bias_missing",
-                 "action_clip_differs", "log_std_clamp_differs"),
-                ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
-                 "rollout_parity"),
-                "the serving side turns the policy output (a Gaussian's mean or a "
-                "deterministic actor's) into actions differently from training "
-                "(policy.distribution)",
-                fix="apply the declared squash (clip bounds), action scale and bias and "
-                    "log_std clamp in the served actor, or declare what it serves in "
-                    "policy.distribution",
-                only_if=ROLLOUT,
-                rank=180),
-    Explanation("logits_agreement", "target_network_served", ("target_network_served",),
-                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
-                TARGET_SERVED, fix=TARGET_SERVED_FIX,
-                only_if=(("precision_per_layer", artifact_tier_only), *ROLLOUT),
-                rank=230),
-    Explanation("logits_agreement", "artifact_outputs_differ",
-                ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
-                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
-                "the artifact's outputs differ from torch eval (measured by logits_agreement)",
-                only_if=(("export_integrity", same_output_gap),
-                         ("precision_per_layer", artifact_tier_only), *ROLLOUT),
-                breaches=("max_abs_diff",),
-                rank=240),
+CAUSES: tuple[causes.Explanation, ...] = (
+    causes.Explanation(
+        "logits_agreement", "action_transform",
+        ("squash_missing", "action_scale_missing", "action_bias_missing",
+         "action_clip_differs", "log_std_clamp_differs"),
+        ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
+         "rollout_parity"),
+        "the serving side turns the policy output (a Gaussian's mean or a deterministic "
+        "actor's) into actions differently from training (policy.distribution)",
+        fix="apply the declared squash (clip bounds), action scale and bias and log_std clamp "
+            "in the served actor, or declare what it serves in policy.distribution",
+        only_if=causes.ROLLOUT, rank=180),
+    causes.Explanation(
+        "logits_agreement", "target_network_served", ("target_network_served",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        causes.TARGET_SERVED, fix=causes.TARGET_SERVED_FIX,
+        only_if=(("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        rank=230),
+    causes.Explanation(
+        "logits_agreement", "artifact_outputs_differ",
+        ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        "the artifact's outputs differ from torch eval (measured by logits_agreement)",
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        breaches=("max_abs_diff",), rank=240),
 )
 
 POSITION = 80

@@ -268,7 +268,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
                 ("logits_agreement", "generation_parity"),
                 "the engine computes in another precision than the pinned tier judges",

@@ -415,7 +415,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("logprob_impl", "logprob_recompute", None,
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too",

@@ -343,7 +343,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
                 ("rollout_parity",),
                 "the serving preprocessing feeds the artifact other model inputs than the "

@@ -304,7 +304,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("recurrent_parity", "recurrent_state",
                 ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
                  "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),

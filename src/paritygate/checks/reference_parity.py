@@ -333,7 +333,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("reference_parity", "reference_drift", (), (),
                 "the KL reference changed between two checkpoints of one policy",
                 fix="restore the frozen initial policy as the KL reference, then re-bless",

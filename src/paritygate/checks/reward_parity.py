@@ -375,7 +375,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("reward_parity", "reward_provenance",
                 ("stale_reward_model", "reward_precision_undeclared"), (),
                 "the scoring reward model is not the trained one's tensors",

@@ -196,7 +196,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("sampling_config", "serving_file_contradicts_served_dir",
                 ("serving_file_contradicts_served_dir",),
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),

@@ -169,7 +169,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("tokenizer_parity", "serving_file_contradicts_served_dir",
                 ("serving_file_contradicts_served_dir",),
                 ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),

@@ -454,7 +454,6 @@ CHECK = CheckSpec(
 )
 
 CAUSES: tuple[Explanation, ...] = (
-    # Root-cause edges this check owns (paritygate.rootcause collects them by rank).
     Explanation("weights_load", "nonfinite_checkpoint", ("nonfinite_checkpoint",),
                 DOWNSTREAM_POLICY + DOWNSTREAM_LM + ("export_integrity", "reference_parity"),
                 "the checkpoint's NaN/Inf tensors propagate into every output",
