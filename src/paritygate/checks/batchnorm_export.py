@@ -143,7 +143,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             f"{list(ctx.reference_outputs.shape)} (see weights_load / export_integrity)")
         eval_diff = None
     else:
-        eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
+        eval_diff = diff_stats(ctx.reference_outputs, cand).max_abs
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
     limits, tier_note = ctx.artifact_limits(
         thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])

@@ -118,7 +118,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         )
         diff = float("inf")
     else:
-        diff = diff_stats(reference, candidate)["max_abs"]
+        diff = diff_stats(reference, candidate).max_abs
     m.metric("policy_max_abs_diff", diff, threshold=thresholds["policy_max_abs_diff"], key=True)
     if (
         diff > cause_limit(thresholds, "policy_max_abs_diff")

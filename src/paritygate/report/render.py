@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from functools import lru_cache
 from typing import Any
@@ -26,7 +27,24 @@ def _env(autoescape: bool) -> Any:
         keep_trailing_newline=True,
     )
     env.filters["md_cell"] = _md_cell
+    env.filters["h"] = html.escape  # quotes as &quot; / &#x27;, as the fragments always wrote
     return env
+
+
+def render_fragment(template: str, **values: object) -> str:
+    """A report fragment from ``templates/<template>``, without autoescaping (the templates
+    escape each cell with the ``h`` filter) and without the template file's final newline."""
+    return _env(False).get_template(template).render(**values).removesuffix("\n")
+
+
+def table_markdown(header: list[str], rows: list[list[str]]) -> str:
+    """``rows`` under ``header`` as a Markdown table (cells as given, no trailing newline)."""
+    return render_fragment("table.md.j2", header=header, rows=rows)
+
+
+def table_html(header: list[str], rows: list[list[str]]) -> str:
+    """``rows`` under ``header`` as an HTML ``<table>`` (cells escaped)."""
+    return render_fragment("table.html.j2", header=header, rows=rows)
 
 
 def _md_cell(text: Any, limit: int = 0) -> str:
