@@ -70,11 +70,8 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
-    m = Measurement("batchnorm_export")
-    bns = _bn_modules(ctx.training_model)
-    if not bns:
-        m.note("the training model has no BatchNorm layers; batch-independence is still checked")
+def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, Any]]) -> None:
+    """Fail BatchNorm layers without running statistics in the checkpoint, or with defaults."""
     for name, mod in bns:
         if not mod.track_running_stats or mod.running_mean is None:
             m.fail(
@@ -97,6 +94,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
                 "before saving or never updated")
 
+
+def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, Any]],
+                    thresholds: Thresholds) -> tuple[float, list[str], int]:
+    """Fail training-mode BatchNormalization nodes and artifact statistics that match no
+    checkpoint layer; return (largest statistics difference, training-mode nodes, number of
+    BatchNormalization nodes)."""
     graph = ctx.artifact_graph
     training_nodes = graph.batchnorm_training
     if training_nodes:
@@ -120,6 +123,16 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 "stats reset or taken from another model before export")
     if not onnx_bns and bns:
         m.note("BatchNorm folded into neighbouring layers in the artifact; verified numerically")
+    return stats_diff, list(training_nodes), len(onnx_bns)
+
+
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("batchnorm_export")
+    bns = _bn_modules(ctx.training_model)
+    if not bns:
+        m.note("the training model has no BatchNorm layers; batch-independence is still checked")
+    _checkpoint_stats(m, ctx, bns)
+    stats_diff, training_nodes, onnx_bns = _artifact_stats(m, ctx, bns, thresholds)
 
     x = take_rows(ctx.feeds, slice(0, min(ctx.n_probes, 16)))
     sizes = list(ctx.spec.batch_sizes)
@@ -165,12 +178,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("eval_max_abs_diff", eval_diff, bad="none", ratchet=False)
     m.metric("stats_max_abs_diff", stats_diff, threshold=thresholds["stats_max_abs_diff"])
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
-    m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
+    m.metric("artifact_batchnorm_nodes", onnx_bns, bad="none", ratchet=False)
     if bns and eval_diff is not None and eval_diff > limit and not training_nodes:
         reset_diff = _diff_with_reset_stats(ctx, cand)
         m.metric("reset_stats_max_abs_diff", reset_diff, bad="none", ratchet=False)
         folded = " (BatchNorm is folded into the artifact's Conv/Gemm weights)" if (
-            not onnx_bns) else ""
+            onnx_bns == 0) else ""
         if reset_diff <= limit:
             m.fail(
                 "stats_reset",

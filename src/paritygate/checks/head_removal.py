@@ -43,8 +43,9 @@ def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
     return [k for k in named if k not in shared]
 
 
-def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
-    m = Measurement("head_removal")
+def _parameters(m: Measurement, ctx: PolicyContext) -> tuple[list[str], list[str]]:
+    """Fail undeclared heads, foreign, differing and left-over head parameters of the
+    inference model; return (foreign, differing) parameter names."""
     heads = list(ctx.spec.training_heads)
     # Every name a module is registered under (SB3 registers its shared features extractor
     # three times): a head is matched by any of them.
@@ -81,6 +82,28 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         m.fail(
             "head_left",
             f"training-only head parameters remain in the inference model: {leftover[:5]}")
+    return foreign, differing
+
+
+def _artifact_outputs(m: Measurement, ctx: PolicyContext) -> int:
+    """Fail outputs the artifact exposes beyond (or lacks of) the declared ones; return how
+    many it exposes undeclared."""
+    declared = list(ctx.spec.output_names)
+    exposed = list(ctx.artifact_graph.output_names)
+    extra = [o for o in exposed if o not in declared]
+    absent = [o for o in declared if o not in exposed]
+    if extra:
+        m.fail(
+            "undeclared_outputs",
+            f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
+    if absent:
+        m.fail("missing_outputs", f"artifact lacks declared outputs {absent}")
+    return len(extra)
+
+
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("head_removal")
+    foreign, differing = _parameters(m, ctx)
 
     # The inference model is the training model less its heads: it answers in the training
     # output's terms, or in the env action's when its factory applies the action transform.
@@ -132,17 +155,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "weights: a step (shared norm, activation) was removed with the heads or skipped"
         )
 
-    declared = list(ctx.spec.output_names)
-    exposed = list(ctx.artifact_graph.output_names)
-    extra = [o for o in exposed if o not in declared]
-    absent = [o for o in declared if o not in exposed]
-    if extra:
-        m.fail(
-            "undeclared_outputs",
-            f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
-    if absent:
-        m.fail("missing_outputs", f"artifact lacks declared outputs {absent}")
-    m.metric("undeclared_outputs", len(extra), threshold=0)
+    m.metric("undeclared_outputs", _artifact_outputs(m, ctx), threshold=0)
     m.metric("differing_parameters", len(differing) + len(foreign), threshold=0)
     return m
 
