@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +13,10 @@ from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scal
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -29,14 +33,14 @@ DEFAULTS = {
 }
 
 
-def _bn_modules(model: Any) -> list[tuple[str, Any]]:
+def _bn_modules(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
     from torch import nn
 
     return [(n, mod) for n, mod in model.named_modules()
             if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
 
 
-def _batch_dependence(engine: Any, out: str, x: Mapping[str, np.ndarray], sizes: list[int],
+def _batch_dependence(engine: TensorEngine, out: str, x: Mapping[str, np.ndarray], sizes: list[int],
                       seed: int) -> float:
     """Max |row output in a batch - the same row run alone| over batch sizes 1, 2, N, shuffled."""
     rows = feed_rows(x)
@@ -70,7 +74,8 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, Any]]) -> None:
+def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _BatchNorm]]
+                      ) -> None:
     """Fail BatchNorm layers without running statistics in the checkpoint, or with defaults."""
     for name, mod in bns:
         if not mod.track_running_stats or mod.running_mean is None:
@@ -95,7 +100,7 @@ def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, A
                 "before saving or never updated")
 
 
-def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, Any]],
+def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _BatchNorm]],
                     thresholds: Thresholds) -> tuple[float, list[str], int]:
     """Fail training-mode BatchNormalization nodes and artifact statistics that match no
     checkpoint layer; return (largest statistics difference, training-mode nodes, number of
@@ -107,7 +112,8 @@ def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, Any
             "training_mode_export",
             f"artifact has BatchNormalization exported in training mode: {training_nodes[:3]}")
     torch_stats = [(n, mod.running_mean.detach().numpy(), mod.running_var.detach().numpy())
-                   for n, mod in bns if mod.running_mean is not None]
+                   for n, mod in bns
+                   if mod.running_mean is not None and mod.running_var is not None]
     stats_diff = 0.0
     onnx_bns = graph.batchnorm_stats
     for label, mean, var in onnx_bns:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,7 +29,7 @@ def _spread(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[seen].astype(np.float64) - b[seen]).max()) if seen.any() else 0.0
 
 
-def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
+def _left_heads(state: Mapping[str, object], heads: list[str]) -> list[str]:
     """Inference tensors under a declared head, less those that are also a policy-path tensor
     under another name (a shared module registered under the head's name too): identity, not
     names, decides what was left in."""

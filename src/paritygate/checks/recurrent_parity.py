@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import permutations
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from paritygate.metrics import finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -100,7 +101,7 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return d if np.isfinite(d) else float("inf")
 
 
-def _run(engine: Any, feeds: Feeds) -> dict[str, np.ndarray]:
+def _run(engine: TensorEngine, feeds: Feeds) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in engine.infer(feeds).items()}
 
 

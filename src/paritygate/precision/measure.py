@@ -26,7 +26,7 @@ file instead of memory.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,7 +64,7 @@ from paritygate.precision.stats import (
 if TYPE_CHECKING:
     from paritygate.precision.onnx_compare import OnnxComparison
 
-Batch = tuple[tuple[object, ...], dict[str, object]]
+Batch = tuple[tuple[object, ...], Mapping[str, object]]
 """A probe batch: positional and keyword arguments of the model's forward."""
 
 
@@ -365,7 +365,7 @@ class _Pass:
 
 def measure_model(
     model: nn.Module,
-    batches: list[Batch],
+    batches: Sequence[Batch],
     select_output: Callable[[object], object],
     spec: PrecisionSpec,
     onnx: OnnxComparison | None = None,

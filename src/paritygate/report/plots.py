@@ -11,20 +11,23 @@ import base64
 import io
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.result import CheckResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LM_DELTA_CHECKS = ("logprob_delta", "vllm_delta")
 
 
-def _png(fig: Any) -> str:
+def _png(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)  # fixed margins: no extra measuring draw
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def _figure() -> Any:
+def _figure() -> Figure:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5, 3.2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import json
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import Rendered
 from paritygate.report.plots import lm_delta_plots
@@ -13,9 +13,12 @@ from paritygate.report.table import ICON, fmt
 from paritygate.result import CheckResult
 from paritygate.rootcause import RootCause, ordered
 
+if TYPE_CHECKING:
+    import jinja2
+
 
 @lru_cache(maxsize=2)
-def _env(autoescape: bool) -> Any:
+def _env(autoescape: bool) -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(
@@ -47,7 +50,7 @@ def table_html(header: list[str], rows: list[list[str]]) -> str:
     return render_fragment("table.html.j2", header=header, rows=rows)
 
 
-def _md_cell(text: Any, limit: int = 0) -> str:
+def _md_cell(text: object, limit: int = 0) -> str:
     """Text safe inside a Markdown table cell (pipes escaped, one line)."""
     out = str(text).replace("|", "\\|").replace("\n", " ")
     if limit and len(out) > limit:
