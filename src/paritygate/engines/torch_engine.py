@@ -51,7 +51,7 @@ class ForwardAdapter(torch.nn.Module):
         self.names = list(names)
         self.call = call
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *inputs: torch.Tensor) -> object:
         return call_forward(self.module, dict(zip(self.names, inputs, strict=True)), self.names,
                             self.call)
 
