@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS: dict[str, float] = {
@@ -21,7 +22,7 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _repeat_spread(engine: Any, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
+def _repeat_spread(engine: TensorEngine, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
     first = engine.infer(x)[out]
     worst = 0.0
     for _ in range(k - 1):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.reading import check_input, read_text
+
+if TYPE_CHECKING:
+    import torch
 
 
 @contextlib.contextmanager
@@ -28,7 +31,7 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.engines.artifact_graph import ArtifactGraph
 from paritygate.errors import InputError, MissingExtra
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def make_session(path: Path, *, threads: int = 1):
@@ -46,7 +49,7 @@ class OnnxRuntimeEngine:
         self.fixed_batch = dim0 if isinstance(dim0, int) and dim0 > 0 else None
 
     @cached_property
-    def graph(self) -> Any:
+    def graph(self) -> ArtifactGraph:
         """The artifact's :class:`~paritygate.engines.artifact_graph.ArtifactGraph` (read
         from the ONNX file on first use)."""
         import onnx
@@ -76,7 +79,7 @@ class OnnxRuntimeEngine:
         }
 
 
-def onnx_artifact_graph(model: Any) -> ArtifactGraph:
+def onnx_artifact_graph(model: onnx.ModelProto) -> ArtifactGraph:
     """An ONNX model as an :class:`~paritygate.engines.artifact_graph.ArtifactGraph`."""
     from onnx import numpy_helper
 
