@@ -33,6 +33,8 @@ from paritygate.init_infer import (
 from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
 from paritygate.init_inputs import InputLayout, inputs_lines, layout, sb3_dict_spaces
+from paritygate.init_sb3 import flow as _flow
+from paritygate.init_sb3 import zip_algorithm
 
 __all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
 
@@ -91,11 +93,16 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     if not layers:
         return None
     first = keys[layers[0][1]]
+    pi = [int(keys[k].shape[0]) for _, k in layers]
+    vf_layers = sorted((int(m.group(1)), k) for k in keys
+                       if (m := re.fullmatch(r"mlp_extractor\.value_net\.(\d+)\.weight", k)))
+    vf = [int(keys[k].shape[0]) for _, k in vf_layers]
     return {
         "obs_dim": int(first.shape[1]),
         "n_actions": int(keys["action_net.weight"].shape[0]),
-        "net_arch": [int(keys[k].shape[0]) for _, k in layers],
+        "net_arch": pi if vf == pi else {"pi": pi, "vf": vf},
         "continuous": "log_std" in keys,
+        "algorithm": zip_algorithm(checkpoint),
     }
 
 
@@ -296,14 +303,20 @@ def _policy_text(
         ]
     elif sb3 is not None:
         kwargs = {k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")}
+        a2c = "a2c_" if sb3["algorithm"] == "A2C" else ""
         lines += [
             "  # Stable-Baselines3 ActorCriticPolicy (read through policy.pth, weights_only):",
             f"  # obs_dim, n_actions and net_arch read from the tensor shapes of {source.name}.",
-            "  training_factory: paritygate.adapters.sb3:training_policy    # forward -> "
+        ]
+        if a2c:
+            lines.append("  # A2C: the zip's data names RMSprop and no PPO clip_range")
+        lines += [
+            f"  training_factory: paritygate.adapters.sb3:{a2c}training_policy    # forward -> "
             "{logits, value}",
-            "  inference_factory: paritygate.adapters.sb3:inference_policy  # actor path only",
+            f"  inference_factory: paritygate.adapters.sb3:{a2c}inference_policy  # actor path "
+            "only",
             "  factory_kwargs: {"
-            + ", ".join(f"{k}: {json.dumps(v)}" for k, v in kwargs.items())
+            + ", ".join(f"{k}: {_flow(v)}" for k, v in kwargs.items())
             + "}",
         ]
         if sb3["continuous"]:

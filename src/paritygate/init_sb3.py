@@ -52,6 +52,33 @@ def zip_space(checkpoint: Path, key: str) -> dict[str, Any] | None:
     return out
 
 
+def zip_algorithm(checkpoint: Path) -> str | None:
+    """``"A2C"`` or ``"PPO"`` for an SB3 actor-critic zip, told by the readable text of its
+    data JSON (A2C's RMSprop optimizer, PPO's ``clip_range``); ``None`` when it does not say."""
+    try:
+        with zipfile.ZipFile(checkpoint) as zf:
+            data = json.loads(zf.read("data"))
+    except (KeyError, OSError, ValueError, zipfile.BadZipFile):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "clip_range" in data:
+        return "PPO"
+    kwargs = data.get("policy_kwargs")
+    optimizer = kwargs.get("optimizer_class") if isinstance(kwargs, dict) else None
+    if isinstance(optimizer, str) and "RMSprop" in optimizer and "n_steps" in data:
+        return "A2C"
+    return None
+
+
+def flow(value: object) -> str:
+    """A YAML flow value: JSON for lists and scalars, ``{k: v}`` for a mapping (``net_arch:
+    {pi: [64], vf: [32]}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 def _numbers(text: Any) -> list[float] | None:
     """A 1-D numpy repr (``'[-2. -1.5]'``) as floats; ``None`` for anything else (an elided
     or nested array)."""
