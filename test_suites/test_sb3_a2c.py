@@ -140,3 +140,70 @@ def test_a2c_export_faults_are_named(a2c_run: Path, tmp_path: Path,
     result = results[check]
     assert result.status == "fail" and kind in result.finding_kinds(), (
         result.finding_kinds(), result.message)
+
+
+def _torch_artifact(zip_path: Path, out: Path, fmt: str) -> Path:
+    """The actor path as the team ships it: ``torch.jit.trace`` saved as ``.pt``, or a
+    ``torch.export`` program saved as ``.pt2`` (batch axis dynamic)."""
+    import torch
+
+    from paritygate.adapters.sb3 import a2c_inference_policy
+    from paritygate.checkpoints import load_state_dict
+
+    policy = a2c_inference_policy(4, 2, NET_ARCH)
+    state = load_state_dict(zip_path)
+    policy.load_state_dict({k: v for k, v in state.items() if k in policy.state_dict()})
+    policy.eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.zeros(3, 4)
+    if fmt == "torchscript":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit's notice
+            torch.jit.save(torch.jit.trace(policy, (example,)), str(out))
+    else:
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        program = torch.export.export(policy, (example,), dynamic_shapes=({0: batch},))
+        torch.export.save(program, str(out))
+    return out
+
+
+@pytest.mark.parametrize("fmt,suffix", [("torchscript", ".pt"), ("torch_export", ".pt2")])
+@pytest.mark.parametrize("zip_name", ["a2c_cartpole.zip", "a2c_early.zip"],
+                         ids=["clean", "stale"])
+def test_init_with_a_torch_artifact_declares_its_format(
+        a2c_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, suffix: str,
+        zip_name: str) -> None:
+    """``init --artifact`` on a TorchScript or ``.pt2`` file writes its ``artifact_format``; a
+    ``.pt2`` also gets ``allow_pickle`` as a TODO (torch.export.load unpickles), never set
+    silently, and the config is refused until the user answers it. Filled, the clean artifact
+    passes every check; one exported from an earlier checkpoint is named stale."""
+    from paritygate import write_config
+    from paritygate.config import load_config
+    from paritygate.errors import InputError
+
+    artifact = _torch_artifact(a2c_run / zip_name, tmp_path / "ship" / f"policy{suffix}", fmt)
+    monkeypatch.chdir(tmp_path)
+    written = write_config(a2c_run / "a2c_cartpole.zip", out=Path("configs") / "a2c.yaml",
+                           artifact=artifact)
+    data = yaml.safe_load(written.path.read_text())
+    assert data["policy"]["artifact_format"] == fmt
+    expected = ["policy.probes.generator"] + (["allow_pickle"] if fmt == "torch_export" else [])
+    assert sorted(written.todos) == sorted(expected), written.todos
+    if fmt == "torch_export":
+        assert "unpickles" in data["allow_pickle"], data["allow_pickle"]
+        with pytest.raises(InputError) as refused:
+            load_config(written.path)
+        assert refused.value.key is not None and "allow_pickle" in str(refused.value.key) + str(
+            refused.value), refused.value
+        data["allow_pickle"] = True
+    data["policy"]["probes"] = {"file": str(a2c_run / "probes.npy")}
+    gate = Gate(config_from_dict({**data, "checks": CHECKS}, written.path),
+                report_dir=tmp_path / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
+    if zip_name == "a2c_cartpole.zip":
+        assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
+            c: r.message for c, r in results.items() if r.status != "pass"}
+        return
+    integrity = results["export_integrity"]
+    assert integrity.status == "fail" and "not_from_checkpoint" in integrity.finding_kinds(), (
+        integrity.finding_kinds(), integrity.message)
