@@ -66,3 +66,29 @@ def probes(count: int, seed: int) -> np.ndarray:
 def unscaled_serving(raw: np.ndarray) -> np.ndarray:
     """A serving path that casts the pixels to float but forgot the /255."""
     return np.asarray(raw, np.float32)
+
+
+class BarDictEnv(gym.ObservationWrapper):  # type: ignore[type-arg]
+    """``BarEnv`` as a ``Dict`` observation for ``MultiInputPolicy``: ``{"image": the uint8
+    image, "pos": the column's place in [0, 1]}``."""
+
+    def __init__(self) -> None:
+        super().__init__(BarEnv())
+        self.observation_space = gym.spaces.Dict({
+            "image": gym.spaces.Box(0, 255, SHAPE, np.uint8),
+            "pos": gym.spaces.Box(0.0, 1.0, (1,), np.float32)})
+
+    def observation(self, observation: Any) -> dict[str, np.ndarray]:
+        x = np.float32(self.env.unwrapped.x / (SHAPE[2] - 1))
+        return {"image": observation, "pos": np.asarray([x], np.float32)}
+
+
+def make_dict_env() -> BarDictEnv:
+    return BarDictEnv()
+
+
+def dict_probes(count: int, seed: int) -> dict[str, np.ndarray]:
+    """``count`` observations of ``BarDictEnv``: the images and the column's place."""
+    images = probes(count, seed)
+    pos = images[:, 0, 0, :].argmax(axis=1).astype(np.float32)[:, None] / (SHAPE[2] - 1)
+    return {"image": images, "pos": pos}

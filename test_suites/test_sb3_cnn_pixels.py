@@ -113,3 +113,68 @@ def test_missing_pixel_scaling_is_named_by_preprocessing_parity(
     rollout = results["rollout_parity"]
     assert rollout.status == "fail", rollout.message
     assert rollout.reasons[0].finding == "action_divergence", rollout.message
+
+
+# --- MultiInputPolicy with an image key -------------------------------------------------------
+
+
+def _train_dict(out: Path, seed: int = 0) -> None:
+    import sys
+
+    from stable_baselines3 import PPO
+
+    sys.path.insert(0, str(HERE))
+    from sb3_image_env import dict_probes, make_dict_env
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = PPO("MultiInputPolicy", make_dict_env(), n_steps=64, batch_size=32, n_epochs=1,
+                seed=seed, device="cpu",
+                policy_kwargs={"features_extractor_kwargs": {"cnn_output_dim": 32},
+                               "net_arch": [32]})
+    model.learn(128)
+    model.save(out / "ppo_bar_dict.zip")
+    np.savez(out / "probes.npz", **dict_probes(32, seed))
+
+
+@pytest.fixture(scope="module")
+def bar_dict_run(build_once: Any) -> Path:
+    return build_once("sb3-ppo-multi-input-bar", _train_dict)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("serving", [None, "paritygate.adapters.sb3_cnn:scale_images_serving",
+                                     "sb3_image_env:unscaled_serving"],
+                         ids=["in-network", "declared-clean", "declared-missing-255"])
+def test_multi_input_image_key_from_init(
+        bar_dict_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        serving: str | None) -> None:
+    """``init`` on a ``MultiInputPolicy`` zip with an image key names it (``image_keys``, its
+    ``cnn_output_dim`` from the tensors); with the probes filled it passes. The /255 declared as
+    the image key's own preprocessing: a served path without it is ``image_scale_missing`` on
+    that input."""
+    from paritygate import write_config
+
+    monkeypatch.chdir(tmp_path)
+    written = write_config(bar_dict_run / "ppo_bar_dict.zip", out=Path("configs") / "dict.yaml")
+    assert written.todos == ["policy.probes.generator"], written.todos
+    data = yaml.safe_load(written.path.read_text())
+    policy = data["policy"]
+    assert policy["factory_kwargs"]["image_keys"] == ["image"]
+    assert policy["factory_kwargs"]["cnn_output_dim"] == 32
+    policy["probes"] = {"file": str(bar_dict_run / "probes.npz")}
+    data["python_path"] = [str(HERE)]
+    checks = list(CHECKS)
+    if serving is not None:
+        policy["factory_kwargs"]["normalize_images"] = False
+        image = next(i for i in policy["inputs"] if i["name"] == "image")
+        image["preprocessing"] = {
+            "training": "paritygate.adapters.sb3_cnn:scale_images_training", "serving": serving}
+        checks.append("preprocessing_parity")
+    results = _evaluate(data, written.path, tmp_path, checks)
+    if serving is None or "unscaled" not in serving:
+        assert {c: r.status for c, r in results.items()} == dict.fromkeys(checks, "pass"), {
+            c: r.message for c, r in results.items() if r.status != "pass"}
+        return
+    pre = results["preprocessing_parity"]
+    assert pre.status == "fail" and pre.finding_kinds()[0] == "image_scale_missing", (
+        pre.finding_kinds(), pre.message)
+    assert "input 'image':" in pre.message, pre.message

@@ -268,7 +268,8 @@ def _policy_text(
         if spaces is not None:
             context["kwargs"] = {"spaces": {k: v if v is not None else f"{TODO}: this key's shape"
                                             for k, v in spaces.items()},
-                                 "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"]}
+                                 "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"],
+                                 **_image_keys(state)}
         heads = [h for h in ("mlp_extractor.value_net", "value_net")
                  if any(k.startswith(h + ".") for k in keys)]
     log_stds = [] if sb3 is not None else bare_log_std(keys)
@@ -279,6 +280,17 @@ def _policy_text(
     if sb3 is None:
         context.update(_action_context(state, keys, log_stds))
     return render("policy.yaml.j2", **context)
+
+
+def _image_keys(state: dict[str, Tensor]) -> dict[str, object]:
+    """A ``MultiInputPolicy``'s image keys (a NatureCNN in its ``CombinedExtractor``) and
+    their ``cnn_output_dim``, read from tensor names and shapes; none: ``{}``."""
+    found = {m.group(1): int(t.shape[0]) for k, t in state.items()
+             if (m := re.fullmatch(r"features_extractor\.extractors\.([^.]+)\.linear\.0\.weight",
+                                   k))}
+    if not found:
+        return {}
+    return {"image_keys": sorted(found), "cnn_output_dim": max(found.values())}
 
 
 def _artifact_context(context: dict[str, object], artifact: Path | None, out: Path, name: str

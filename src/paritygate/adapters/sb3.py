@@ -143,7 +143,7 @@ a2c_inference_policy = inference_policy
 
 
 def _multi_input(spaces: dict[str, list[int]], n_actions: int, net_arch: NetArch | None,
-                 image_keys: list[str] | None, normalize_images: bool
+                 image_keys: list[str] | None, normalize_images: bool, cnn_output_dim: int
                  ) -> tuple[type, dict[str, object]]:
     try:
         import gymnasium as gym
@@ -163,21 +163,25 @@ def _multi_input(spaces: dict[str, list[int]], n_actions: int, net_arch: NetArch
         for key, shape in spaces.items()})
     kwargs = {"observation_space": obs_space, "action_space": gym.spaces.Discrete(n_actions),
               "lr_schedule": lambda _: 0.0, "net_arch": arch(net_arch, [64, 64]),
-              "normalize_images": normalize_images}
+              "normalize_images": normalize_images,
+              "features_extractor_kwargs": {"cnn_output_dim": cnn_output_dim}}
     return MultiInputActorCriticPolicy, kwargs
 
 
 def multi_input_training_policy(spaces: dict[str, list[int]], n_actions: int,
                                 net_arch: NetArch | None = None,
                                 image_keys: list[str] | None = None,
-                                normalize_images: bool = True) -> torch.nn.Module:
+                                normalize_images: bool = True,
+                                cnn_output_dim: int = 256) -> torch.nn.Module:
     """The whole SB3 ``MultiInputActorCriticPolicy`` (PPO/A2C ``MultiInputPolicy``, its
     ``CombinedExtractor``) over a ``Dict`` of ``Box`` spaces, ``spaces`` mapping each key
     to its shape; ``image_keys`` are uint8 images (C, H, W) the extractor runs a NatureCNN on,
     scaled by 1/255 inside unless ``normalize_images`` is false (then the scaling is declared
-    preprocessing: :func:`paritygate.adapters.sb3_cnn.scale_images_training`), the others float
-    vectors; ``forward(obs_dict)`` returns ``{"logits", "value"}``."""
-    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images)
+    preprocessing: :func:`paritygate.adapters.sb3_cnn.scale_images_training`), each to
+    ``cnn_output_dim`` features, the others float vectors; ``forward(obs_dict)`` returns
+    ``{"logits", "value"}``."""
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images,
+                               cnn_output_dim)
 
     class MultiInputTraining(cls):  # type: ignore[misc, valid-type]
         def forward(self, obs: dict[str, torch.Tensor]  # type: ignore[override]
@@ -192,10 +196,12 @@ def multi_input_training_policy(spaces: dict[str, list[int]], n_actions: int,
 def multi_input_inference_policy(spaces: dict[str, list[int]], n_actions: int,
                                  net_arch: NetArch | None = None,
                                  image_keys: list[str] | None = None,
-                                 normalize_images: bool = True) -> torch.nn.Module:
+                                 normalize_images: bool = True,
+                                 cnn_output_dim: int = 256) -> torch.nn.Module:
     """The actor path of the same policy (value network removed); ``forward(obs_dict)``
     returns the logits."""
-    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images)
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images,
+                               cnn_output_dim)
 
     class MultiInputInference(cls):  # type: ignore[misc, valid-type]
         def __init__(self, **kw: object) -> None:
