@@ -348,7 +348,7 @@ def _line(node: Any) -> str | None:
 
 def _refuse_todos(data: Any, path: Path) -> None:
     """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
-    from paritygate.init import find_todos
+    from paritygate.init_infer import find_todos
 
     todos = find_todos(data)
     if todos:
