@@ -199,9 +199,11 @@ def _diagnose(
 
 
 def _unscaled_pixels(raw: np.ndarray, case: _Case) -> bool:
-    """Integer (image) probes whose serving output is 255x the training output: the /255
-    scaling of pixels done on one side only."""
-    if not np.issubdtype(raw.dtype, np.integer) or not raw.size:
+    """8-bit pixel probes (integers in [0, 255], stored as integers or floats) whose serving
+    output is 255x the training output: the /255 scaling done on one side only."""
+    values = np.asarray(raw, np.float64)
+    if (not raw.size or not np.all(np.isfinite(values)) or values.min() < 0
+            or values.max() > 255 or not np.array_equal(values, np.round(values))):
         return False
     scaled = case.ref * 255.0
     return bool(np.abs(scaled).max() > 1.0 and np.allclose(case.cand, scaled, rtol=1e-5,
