@@ -207,3 +207,84 @@ def test_init_with_a_torch_artifact_declares_its_format(
     integrity = results["export_integrity"]
     assert integrity.status == "fail" and "not_from_checkpoint" in integrity.finding_kinds(), (
         integrity.finding_kinds(), integrity.message)
+
+
+# --- A2C over a continuous action space (Pendulum-v1) ------------------------------------------
+
+
+def _train_pendulum(out: Path, seed: int = 0) -> None:
+    from stable_baselines3 import A2C
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = A2C("MlpPolicy", "Pendulum-v1", n_steps=8, seed=seed, device="cpu",
+                policy_kwargs={"net_arch": [32, 32]})
+    model.learn(200)
+    model.save(out / "a2c_pendulum_early.zip")
+    model.learn(600, reset_num_timesteps=False)
+    model.save(out / "a2c_pendulum.zip")
+    rng = np.random.default_rng(seed)
+    theta = rng.uniform(-np.pi, np.pi, 48)
+    probes = np.stack([np.cos(theta), np.sin(theta), rng.uniform(-8, 8, 48)], 1)
+    np.save(out / "probes.npy", probes.astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def a2c_pendulum(build_once: Any) -> Path:
+    return build_once("sb3-a2c-pendulum", _train_pendulum)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("artifact_from", [None, "a2c_pendulum_early.zip"],
+                         ids=["clean-on-the-fly", "stale-artifact"])
+def test_init_on_a_continuous_a2c_zip_declares_its_gaussian_and_passes(
+        a2c_pendulum: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        artifact_from: str | None) -> None:
+    """A Box action space: the Gaussian factories, ``log_std`` a training head, the action box
+    read from the zip's data (SB3 clips the mean to it); only the probes are TODO. The clean
+    policy passes every check and ``rollout_parity`` on Pendulum-v1; the team's export of an
+    earlier checkpoint is named stale."""
+    import torch
+
+    from paritygate import write_config
+    from paritygate.adapters.sb3 import gaussian_inference_policy
+    from paritygate.checkpoints import load_state_dict
+
+    monkeypatch.chdir(tmp_path)
+    written = write_config(a2c_pendulum / "a2c_pendulum.zip", out=Path("configs") / "a2c.yaml")
+    assert written.todos == ["policy.probes.generator"], written.todos
+    data = yaml.safe_load(written.path.read_text())
+    policy = data["policy"]
+    assert policy["training_factory"] == "paritygate.adapters.sb3:gaussian_training_policy"
+    assert policy["factory_kwargs"] == {"obs_dim": 3, "net_arch": [32, 32],
+                                        "action_low": [-2.0], "action_high": [2.0]}
+    assert policy["training_heads"] == ["mlp_extractor.value_net", "value_net", "log_std"]
+    assert policy["distribution"] == {"log_std": "parameter", "log_std_key": "log_std",
+                                      "squash": "clip", "action_scale": 2.0,
+                                      "action_bias": 0.0}
+    policy["probes"] = {"file": str(a2c_pendulum / "probes.npy")}
+    checks = [*CHECKS, "rollout_parity"]
+    policy["rollout"] = {"env": "Pendulum-v1", "seeds": [0, 1], "max_steps": 60}
+    if artifact_from is not None:
+        actor = gaussian_inference_policy(3, [-2.0], [2.0], [32, 32])
+        state = load_state_dict(a2c_pendulum / artifact_from)
+        actor.load_state_dict({k: v for k, v in state.items() if k in actor.state_dict()})
+        actor.eval()
+        artifact = tmp_path / "export" / "policy.onnx"
+        artifact.parent.mkdir(parents=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(actor, (torch.zeros(1, 3),), str(artifact), dynamo=False,
+                              input_names=["obs"], output_names=["mean"],
+                              dynamic_axes={"obs": {0: "batch"}, "mean": {0: "batch"}})
+        policy["artifact"] = str(artifact)
+        checks = CHECKS
+    gate = Gate(config_from_dict({**data, "checks": checks}, written.path),
+                report_dir=tmp_path / "reports")
+    results = {cid: gate.evaluate(cid, golden=False) for cid in checks}
+    if artifact_from is None:
+        assert {c: r.status for c, r in results.items()} == dict.fromkeys(checks, "pass"), {
+            c: r.message for c, r in results.items() if r.status != "pass"}
+        assert results["rollout_parity"].metrics["episodes"] == 2
+        return
+    integrity = results["export_integrity"]
+    assert integrity.status == "fail" and "not_from_checkpoint" in integrity.finding_kinds(), (
+        integrity.finding_kinds(), integrity.message)

@@ -32,7 +32,7 @@ from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
 from paritygate.init_inputs import InputLayout, inputs_lines, layout, sb3_dict_spaces
 from paritygate.init_render import render
-from paritygate.init_sb3 import zip_algorithm
+from paritygate.init_sb3 import action_box, zip_algorithm
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -272,6 +272,9 @@ def _policy_text(
                                  **_image_keys(state)}
         heads = [h for h in ("mlp_extractor.value_net", "value_net")
                  if any(k.startswith(h + ".") for k in keys)]
+        if sb3["continuous"]:
+            heads.append("log_std")
+            context["box"] = action_box(source, sb3["n_actions"])
     log_stds = [] if sb3 is not None else bare_log_std(keys)
     context["heads"] = heads + [k for k in log_stds if k not in heads]
     inputs, outputs = _artifact_context(context, artifact, out, name)

@@ -200,11 +200,17 @@ def sb3_text(source: Path, out: Path, name: str, name_note: str, state: dict[str
 
 
 def _td3_box(source: Path, td3: TD3Layout) -> dict[str, str]:
-    """The action box lines of a TD3 config: from the zip's action space, else TODO."""
+    """The action box lines of a TD3 config and the algorithm's name."""
+    return {**action_box(source, td3["act_dim"]),
+            "kind": "TD3" if td3["n_critics"] > 1 else "DDPG (one critic)"}
+
+
+def action_box(source: Path, act_dim: int) -> dict[str, str]:
+    """The action box's YAML values (``action_low`` / ``high``, ``action_scale`` / ``bias``
+    with their comments, ``where`` they came from): from the zip's action space, else TODO."""
     box = zip_space(source, "action_space") or {}
     low, high = box.get("low"), box.get("high")
-    if (isinstance(low, list) and isinstance(high, list)
-            and len(low) == len(high) == td3["act_dim"]):
+    if isinstance(low, list) and isinstance(high, list) and len(low) == len(high) == act_dim:
         scale = [(h - lo) / 2 for lo, h in zip(low, high, strict=True)]
         bias = [(h + lo) / 2 for lo, h in zip(low, high, strict=True)]
         return {"where": f"   # from the zip's action space [{low}, {high}]",
@@ -212,14 +218,12 @@ def _td3_box(source: Path, td3: TD3Layout) -> dict[str, str]:
                 "action_scale": json.dumps(scale[0] if len(set(scale)) == 1 else scale)
                 + "   # (high - low) / 2",
                 "action_bias": json.dumps(bias[0] if len(set(bias)) == 1 else bias)
-                + "   # (high + low) / 2",
-                "kind": "TD3" if td3["n_critics"] > 1 else "DDPG (one critic)"}
-    todo = f"{TODO}: the action space's {{}}, one value per dimension ({td3['act_dim']})"
+                + "   # (high + low) / 2"}
+    todo = f"{TODO}: the action space's {{}}, one value per dimension ({act_dim})"
     return {"where": "", "action_low": _q(todo.format("low bound")),
             "action_high": _q(todo.format("high bound")),
             "action_scale": _q(f"{TODO}: (high - low) / 2 of the action space"),
-            "action_bias": _q(f"{TODO}: (high + low) / 2 of the action space"),
-            "kind": "TD3" if td3["n_critics"] > 1 else "DDPG (one critic)"}
+            "action_bias": _q(f"{TODO}: (high + low) / 2 of the action space")}
 
 
 def _cnn_text(context: dict[str, object], cnn: CnnLayout, state: dict[str, Tensor]) -> str:

@@ -37,10 +37,11 @@ and ``critic_target``::
     distribution: {log_std: output, log_std_key: log_std, log_std_clamp: [-20, 2],
                    squash: tanh, action_scale: 2.0, action_bias: 0.0}
 
-DQN, TD3/DDPG (:mod:`paritygate.adapters.sb3_offpolicy`) and ``CnnPolicy``
-(:mod:`paritygate.adapters.sb3_cnn`) have factories of their own, importable from here too:
-``dqn_training_policy``, ``td3_training_policy``, ``cnn_training_policy`` and their
-``*_inference_policy``.
+PPO / A2C over a ``Box`` action space (:mod:`paritygate.adapters.sb3_gaussian`:
+``gaussian_training_policy``), DQN, TD3/DDPG (:mod:`paritygate.adapters.sb3_offpolicy`) and
+``CnnPolicy`` (:mod:`paritygate.adapters.sb3_cnn`) have factories of their own, importable
+from here too: ``dqn_training_policy``, ``td3_training_policy``, ``cnn_training_policy`` and
+their ``*_inference_policy``.
 
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
@@ -393,6 +394,10 @@ def normalize_serving(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
 
 
 from paritygate.adapters.sb3_cnn import cnn_inference_policy, cnn_training_policy  # noqa: E402
+from paritygate.adapters.sb3_gaussian import (  # noqa: E402
+    gaussian_inference_policy,
+    gaussian_training_policy,
+)
 from paritygate.adapters.sb3_offpolicy import (  # noqa: E402
     dqn_inference_policy,
     dqn_training_policy,
@@ -401,10 +406,11 @@ from paritygate.adapters.sb3_offpolicy import (  # noqa: E402
 )
 
 __all__ = [
-    "a2c_inference_policy", "a2c_training_policy",
-    "cnn_inference_policy", "cnn_training_policy", "dqn_inference_policy", "dqn_training_policy",
-    "inference_policy", "multi_input_inference_policy", "multi_input_training_policy",
-    "normalize_serving", "normalize_training", "recurrent_inference_policy",
-    "recurrent_training_policy", "sac_inference_policy", "sac_training_policy",
-    "save_vecnormalize_stats", "td3_inference_policy", "td3_training_policy", "training_policy",
+    "a2c_inference_policy", "a2c_training_policy", "cnn_inference_policy", "cnn_training_policy",
+    "dqn_inference_policy", "dqn_training_policy", "gaussian_inference_policy",
+    "gaussian_training_policy", "inference_policy", "multi_input_inference_policy",
+    "multi_input_training_policy", "normalize_serving", "normalize_training",
+    "recurrent_inference_policy", "recurrent_training_policy", "sac_inference_policy",
+    "sac_training_policy", "save_vecnormalize_stats", "td3_inference_policy",
+    "td3_training_policy", "training_policy",
 ]
