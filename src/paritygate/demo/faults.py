@@ -314,6 +314,11 @@ def scale_image_serving_256(raw: np.ndarray) -> np.ndarray:
     return (np.asarray(raw, np.float32) / np.float32(256.0)).astype(np.float32)
 
 
+def scale_image_serving_missing(raw: np.ndarray) -> np.ndarray:
+    """Serving casts the 8-bit image to float but forgets the trainer's 1/255."""
+    return np.asarray(raw, np.float32).copy()
+
+
 def normalize_vector_missing(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     """Serving passes the vector key through without standardising it."""
     return np.asarray(raw, np.float32).copy()
