@@ -166,11 +166,11 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
         matches = ctx.initializer_match
-        foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
+        foreign = bool(matches.comparable) and matches.matched + matches.folded == 0
         precision = ctx.artifact_precision
-        targets = matches.get("target_network") or {}
+        targets = matches.target_network
         if targets:
-            nets = list(matches.get("target_networks") or [])
+            nets = list(matches.target_networks)
             m.fail("target_network_served",
                    f"artifact outputs differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact was built from the target network "
@@ -186,7 +186,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
-                   f"(0/{matches['comparable']} of its weight initializers match the "
+                   f"(0/{matches.comparable} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         elif hint:  # the outputs themselves show how they differ
             m.fail(

@@ -30,7 +30,7 @@ from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.rollout import Episode
+    from paritygate.families.policy.rollout import Episode, StepDiagnosis
     from paritygate.metrics.tiers import Limits
 
 DEFAULTS: dict[str, float] = {
@@ -120,7 +120,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     multi = len(ctx.raw_inputs) > 1
     preprocessed = bool(ctx.input_preprocessors)
     recurrent = ctx.spec.recurrent is not None
-    for index, (ref, cand) in enumerate(zip(rollouts.training, rollouts.serving, strict=True)):
+    for index, (ref, cand) in enumerate(zip(rollouts.reference, rollouts.candidate, strict=True)):
         label = f"episode {index} (seed {ref.seed})"
         for side, ep in (("training path", ref), ("artifact", cand)):
             if ep.nonfinite_step is not None:
@@ -237,13 +237,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-def _diagnosis(where: dict[str, Any], preprocessed: bool, multi: bool, recurrent: bool
+def _diagnosis(where: StepDiagnosis, preprocessed: bool, multi: bool, recurrent: bool
                ) -> str:
     """Which half of the serving path parts from training at the divergent observation."""
-    inputs, outputs = where["input_max_abs_diff"], where["output_max_abs_diff"]
+    inputs, outputs = where.input_max_abs_diff, where.output_max_abs_diff
     parts = []
     if preprocessed:
-        key = f" {where['worst_input']!r}" if multi else ""
+        key = f" {where.worst_input!r}" if multi else ""
         parts.append(f"serving preprocessing's model input{key} differs by {inputs:.3g}")
     given = " and the training path's state" if recurrent else ""
     parts.append(f"the artifact's output on the training model input{given} differs by "

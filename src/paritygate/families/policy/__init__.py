@@ -16,13 +16,13 @@ if TYPE_CHECKING:
 
 
 def build_context(config: GateConfig) -> PolicyContext:
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config)
 
 
 def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config, export_dir=out_dir, force_export=True).manifest_path
