@@ -22,6 +22,7 @@ from paritygate.metrics.gaussian import (
     kl_per_row,
     scale_bias,
 )
+from paritygate.metrics.tiers import tier_thresholds
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -392,13 +393,12 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 def _tier_thresholds(
     ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
-    """An engine in a lower precision than the trainer is judged by its precision tier (see
-    :func:`paritygate.metrics.tiers.logits_thresholds`, through the LM context's
+    """An engine in a lower precision than the trainer is judged by its precision tier
+    (:func:`paritygate.metrics.tiers.tier_thresholds`, the rule the policy artifact's limits
+    use too, with the LM context's
     :meth:`~paritygate.families.causal_lm.context.LMContext.served_limits`); values the config
     sets win."""
-    names = ("max_abs_diff", "kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
-    limits = ctx.served_limits(dict(thresholds), set(thresholds.overrides), names)
-    note = limits.note([n for n in names if n in limits])
+    limits, note = tier_thresholds(ctx.served_limits, thresholds, set(thresholds.overrides))
     if note:
         m.note(f"{note}; argmax and top-k agreement reported, not judged")
     return dict(limits)

@@ -62,9 +62,10 @@ def build_policy_context(
     raw = load_probes(config, spec)
     finite_raw, dropped = finite_rows(config, spec, raw)
     pres = input_preprocessors(config, spec)
-    inputs = reference_inputs(config, spec, pres, finite_raw)
-    for name, values in inputs.items():
-        if not np.all(np.isfinite(values)):
+    inputs: dict[str, np.ndarray] = {}
+    for name, values in finite_raw.items():
+        inputs.update(reference_inputs(config, spec, pres, {name: values}))
+        if not np.all(np.isfinite(inputs[name])):
             raise InputError(
                 config.path,
                 f"{spec.preprocessing_key(name)}.training",

@@ -363,8 +363,8 @@ class PolicyContext:
         from paritygate.families.policy.rollout import RolloutEnv
 
         shapes = {n: tuple(v.shape[1:]) for n, v in self.raw_inputs.items()}
-        width = int(np.prod(self.reference_outputs.shape[1:]))
-        return RolloutEnv(self.spec.rollout, self.config.path, self.spec, shapes, width)
+        return RolloutEnv(self.spec.rollout, self.config.path, self.spec, shapes,
+                          lambda: int(np.prod(self.reference_outputs.shape[1:])))
 
     def _path(self, side: int) -> PolicyPath:
         """The reference (0: training preprocessing, training model) or candidate (1: serving

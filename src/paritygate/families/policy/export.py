@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from paritygate.config import GateConfig
     from paritygate.families.policy.loading import LoadReport
+    from paritygate.metrics.tiers import Limits
 
 EXPORTER_NOISE_LOGGERS: tuple[str, ...] = (
     # one warning per optional torchvision op the exporter cannot register
@@ -240,27 +241,27 @@ class ArtifactPrecision:
 def artifact_limits(
     precision: ArtifactPrecision,
     thresholds: Mapping[str, float | None],
-    fp32_keys: Sequence[str],
+    output_keys: Sequence[str],
     overrides: Collection[str] = (),
     *,
     gaussian: bool = False,
 ) -> tuple[dict[str, float | None], str | None]:
     """``thresholds`` for the artifact's declared precision, and a note naming the tier
-    (``None`` for a float32 artifact): :func:`paritygate.metrics.tiers.judged_limits`, the
+    (``None`` for a float32 artifact): :func:`paritygate.metrics.tiers.tier_thresholds`, the
     rule every served-copy comparison uses. The fp32 torch-vs-ONNX limits named in
-    ``fp32_keys`` take the tier's ``max_abs_diff``; ``logits_agreement``'s distribution limits
+    ``output_keys`` take the tier's ``max_abs_diff``; ``logits_agreement``'s distribution limits
     (and, with ``gaussian``, a Gaussian policy's) take the tier's own; names in ``overrides``
     (set in the config) keep their value."""
-    from paritygate.metrics.tiers import judged_limits
+    from paritygate.metrics.tiers import GAUSSIAN_LIMITS, judged_limits, tier_thresholds
 
-    categorical = ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
-    gaussian_keys = ("action_max_abs_diff", "std_max_abs_diff", "gaussian_kl_max",
-                     "logprob_delta_max_abs")
-    judged = [*fp32_keys, *categorical, *(gaussian_keys if gaussian else ())]
-    limits = judged_limits(
-        precision.tier(), dict(thresholds), overrides, names=judged,
-        aliases={name: "max_abs_diff" for name in fp32_keys},
-        declared_by=f"policy.artifact_dtype {precision.declared}",
-    )
-    shown = [*fp32_keys, *(gaussian_keys if gaussian else ("kl_max", "tv_max"))]
-    return dict(limits), limits.note([n for n in shown if n in thresholds])
+    def judge(defaults: Mapping[str, float | None], user_set: Collection[str],
+              names: Collection[str]) -> Limits:
+        return judged_limits(precision.tier(), defaults, user_set, names=names,
+                             aliases={name: "max_abs_diff" for name in output_keys},
+                             declared_by=f"policy.artifact_dtype {precision.declared}")
+
+    limits, note = tier_thresholds(
+        judge, thresholds, overrides, output_keys=output_keys,
+        extra=GAUSSIAN_LIMITS if gaussian else (),
+        shown=[*output_keys, *(GAUSSIAN_LIMITS if gaussian else ("kl_max", "tv_max"))])
+    return dict(limits), note

@@ -14,7 +14,7 @@ close that choice was.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -104,10 +104,12 @@ def _gymnasium() -> ModuleType:
 class RolloutEnv:
     """The configured environment: a fresh instance per episode, spaces checked against the
     policy once (a mismatch is bad input naming ``policy.rollout``): ``raw_shapes`` are the
-    raw probes' per-row shapes per observation input, ``output_width`` the policy output's."""
+    raw probes' per-row shapes per observation input, ``output_width`` runs the policy and
+    gives its output's width (once the observations are found to fit)."""
 
     def __init__(self, spec: RolloutSpec, config_path: Path, policy: PolicySpec,
-                 raw_shapes: Mapping[str, tuple[int, ...]], output_width: int) -> None:
+                 raw_shapes: Mapping[str, tuple[int, ...]],
+                 output_width: Callable[[], int]) -> None:
         self.spec = spec
         self.key = "policy.rollout.env" if spec.env is not None else "policy.rollout.factory"
         self._config_path = config_path
@@ -124,7 +126,7 @@ class RolloutEnv:
             probe.close()
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._check_observations(gym, raw_shapes)
-        self._check_actions(gym, policy.action_space, output_width)
+        self._check_actions(gym, policy.action_space, output_width())
 
     @property
     def name(self) -> str:
