@@ -64,12 +64,12 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     """Max |artifact - torch eval with every BatchNorm reset to mean 0 / var 1|."""
     import copy
 
-    model = copy.deepcopy(ctx.training_model)
+    model = copy.deepcopy(ctx.reference_model)
     for _, mod in _bn_modules(model):
         if mod.track_running_stats and mod.running_mean is not None:
             mod.reset_running_stats()
     model.eval()
-    reset = ctx.new_training_engine(model).infer(ctx.feeds)[ctx.output_name]
+    reset = ctx.new_reference_engine(model).infer(ctx.feeds)[ctx.output_name]
     if reset.shape != candidate.shape:
         return float("inf")
     return float(np.abs(reset.astype(np.float64) - candidate).max())
@@ -93,8 +93,8 @@ def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _
                 f"BatchNorm {name!r} running statistics are not in the checkpoint ({absent}); "
                 "non-persistent buffers or dropped before saving")
             continue
-        mean, var = ctx.state[keys[0]], ctx.state[keys[1]]
-        if bool((mean == 0).all()) and bool((var == 1).all()):
+        saved_mean, saved_var = ctx.state[keys[0]], ctx.state[keys[1]]
+        if bool((saved_mean == 0).all()) and bool((saved_var == 1).all()):
             m.fail(
                 "default_stats",
                 f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
@@ -135,7 +135,7 @@ def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _Ba
 
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("batchnorm_export")
-    bns = _bn_modules(ctx.training_model)
+    bns = _bn_modules(ctx.reference_model)
     if not bns:
         m.note("the training model has no BatchNorm layers; batch-independence is still checked")
     _checkpoint_stats(m, ctx, bns)

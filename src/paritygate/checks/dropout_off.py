@@ -42,8 +42,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("dropout_off")
     k = ctx.spec.dropout_repeats
     in_training = []
-    for label, model in (("training model", ctx.training_model),
-                         ("inference model", ctx.inference_model)):
+    for label, model in (("training model", ctx.reference_model),
+                         ("inference model", ctx.heads_removed_model)):
         fresh_eval = [n or "<root>" for n, mod in model.named_modules() if mod.training]
         in_training += [f"{label}:{n}" for n in fresh_eval]
     if in_training:
@@ -53,7 +53,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "(train()/eval() overridden or mode forced)")
     # Reset the seed so a stochastic forward cannot be mistaken for determinism by luck.
     torch.manual_seed(ctx.config.seed)
-    inference = ctx.new_inference_engine(ctx.inference_model)
+    inference = ctx.new_heads_removed_engine(ctx.heads_removed_model)
     torch_spread = max(
         _repeat_spread(inference, ctx.output_name, ctx.feeds, k),
         _repeat_spread(ctx.reference, ctx.output_name, ctx.feeds, k),

@@ -6,6 +6,7 @@ distribution's log-std output), with the training model's."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
+    from paritygate.families.policy.initializers import InitializerMatch
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the
@@ -41,7 +43,7 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
     best = (float("inf"), "the inference model built from this checkpoint")
     sources: tuple[tuple[str, Callable[[], np.ndarray]], ...] = (
-        ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
+        ("the inference model built from this checkpoint", lambda: ctx.heads_removed_outputs),
         ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
     )
     for against, outputs in sources:
@@ -59,27 +61,27 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     return best
 
 
-def _match_text(matches: Mapping[str, Any]) -> str:
-    n = matches["comparable"]
+def _match_text(matches: InitializerMatch) -> str:
+    n = matches.comparable
     if not n:
         return "no weight initializer to match against the checkpoint"
-    text = f"{matches['matched']}/{n} weight initializers match checkpoint tensors"
-    if matches["folded"]:
-        text += f", {matches['folded']} more up to a per-channel scale (BatchNorm folded)"
+    text = f"{matches.matched}/{n} weight initializers match checkpoint tensors"
+    if matches.folded:
+        text += f", {matches.folded} more up to a per-channel scale (BatchNorm folded)"
     return text
 
 
-def _another_checkpoint(matches: Mapping[str, Any]) -> bool:
+def _another_checkpoint(matches: InitializerMatch) -> bool:
     """Most initializers have their role tensor's shape and values a little off (relative
     drift at most 5%): the same graph exported from another checkpoint of this model."""
-    drifted = matches["drifted"]
-    return (not matches["misplaced"] and len(drifted) * 2 > matches["comparable"]
-            and 0 < matches["max_rel_drift"] <= 0.05)
+    drifted = matches.drifted
+    return (not matches.misplaced and len(drifted) * 2 > matches.comparable
+            and 0 < matches.max_rel_drift <= 0.05)
 
 
-def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
+def _why_differs(matches: InitializerMatch, match_text: str) -> str:
     """What the initializers say about outputs that differ although most weights match."""
-    unmatched = matches["unmatched"]
+    unmatched = matches.unmatched
     if unmatched and all(n.endswith((".running_mean", ".running_var")) for n in unmatched):
         return (f"{match_text}; those that do not: {unmatched[:4]} are BatchNorm statistics "
                 "(see batchnorm_export)")
@@ -90,17 +92,17 @@ def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
     return f"{match_text} (the graph around them differs: see logits_agreement)"
 
 
-def _target_network_finding(m: Measurement, matches: Mapping[str, Any]) -> dict[str, str]:
+def _target_network_finding(m: Measurement, matches: InitializerMatch) -> dict[str, str]:
     """Name an artifact built from a target network: initializers whose values only a target
     network's tensors hold (``q_net_target``, ``actor_target``); its mapping, empty if none."""
-    targets: dict[str, str] = dict(matches.get("target_network") or {})
+    targets: dict[str, str] = dict(matches.target_network)
     if not targets:
         return targets
-    nets = list(matches.get("target_networks") or [])
+    nets = list(matches.target_networks)
     pairs = ", ".join(f"{k!r} = {v!r}" for k, v in list(targets.items())[:3])
     m.fail("target_network_served",
            f"the artifact was built from the target network {', '.join(nets)}: "
-           f"{len(targets)}/{matches['comparable']} of its weight initializers hold that "
+           f"{len(targets)}/{matches.comparable} of its weight initializers hold that "
            f"network's tensors, not the policy's ({pairs}); a target network is a "
            "training-only copy that lags behind the policy", metric="stale_checkpoint")
     return targets
@@ -162,8 +164,8 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
     if len(names) < 2:
         return
     served = ctx.candidate_outputs
-    inference = ctx.inference_declared_outputs
-    training = ctx.training_declared_outputs
+    inference = ctx.heads_removed_declared_outputs
+    training = ctx.reference_declared_outputs
     worst = 0.0
     differing = 0
     for index, name in enumerate(names[1:], start=1):
@@ -254,7 +256,7 @@ def _graph_shape(m: Measurement, ctx: PolicyContext) -> tuple[bool, bool, list[s
     return checker_ok, baked, batch_failures
 
 
-def _no_manifest(m: Measurement, ctx: PolicyContext, matches: Mapping[str, Any],
+def _no_manifest(m: Measurement, ctx: PolicyContext, matches: InitializerMatch,
                  provenance: tuple[float, str], limit: float, *, targets: bool,
                  cast_proven: bool) -> int:
     """Provenance without a manifest: proven numerically, by the initializers, or failed by
@@ -281,33 +283,33 @@ def _no_manifest(m: Measurement, ctx: PolicyContext, matches: Mapping[str, Any],
         m.fail(
             "not_from_checkpoint",
             f"artifact was not built from this checkpoint: its outputs differ by up to "
-            f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
-            f"{matches['comparable']} weight initializers have the shape of the "
+            f"{diff:.3g} from {against}; {len(matches.drifted)}/"
+            f"{matches.comparable} weight initializers have the shape of the "
             f"checkpoint tensor of their name but values up to "
-            f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
+            f"{matches.max_rel_drift:.2g} (relative) away: the graph matches, the "
             f"weights are another checkpoint's (an earlier or later step?) ({where})")
-    elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
+    elif matches.comparable and matches.matched + matches.folded == 0:
         stale = 1
         m.fail(
             "not_from_checkpoint",
             f"artifact was not built from this checkpoint: its outputs differ by up to "
             f"{diff:.3g} from {against} and {match_text} ({where})")
-    elif not matches["comparable"]:
+    elif not matches.comparable:
         stale = 1
         m.fail(
             "not_from_checkpoint",
             f"artifact was not built from this checkpoint: its outputs differ by up to "
             f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
-    elif matches["not_in_model"]:
+    elif matches.not_in_model:
         m.fail(
             "provenance_not_loaded",
             f"{where} and provenance unproven: the inference model built from this "
             f"checkpoint does not hold the checkpoint's tensors "
-            f"({len(matches['not_in_model'])} of its parameters differ from the "
+            f"({len(matches.not_in_model)} of its parameters differ from the "
             "artifact's initializers of the same name, which are checkpoint tensors: "
             "the checkpoint did not load, see weights_load), so its outputs (up to "
             f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
-    elif not matches["misplaced"]:
+    elif not matches.misplaced:
         m.fail(
             "provenance_unproven",
             f"{where} and provenance unproven: the artifact's outputs differ by up to "
@@ -349,11 +351,11 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     modified = 0
     provenance = _numeric_provenance(ctx)
     matches = ctx.initializer_match
-    m.details["initializers"] = matches
+    m.details["initializers"] = dataclasses.asdict(matches)
     precision = ctx.artifact_precision
     undeclared = _precision_finding(m, precision)
-    cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
-                   and not matches["unmatched"] and not matches["misplaced"])
+    cast_proven = (precision.stored != "float32" and matches.comparable > 0
+                   and not matches.unmatched and not matches.misplaced)
     limits, tier_note = ctx.artifact_limits(thresholds,
                                             ["provenance_max_abs_diff"])
     # fp32 rounding grows with the outputs' magnitude: so does the limit
@@ -370,8 +372,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                              cast_proven=cast_proven) or stale
     else:
         stale, modified = _with_manifest(m, ctx, manifest, stale)
-    if matches["misplaced"]:
-        pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
+    if matches.misplaced:
+        pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches.misplaced.items()]
         m.fail(
             "misplaced_tensor",
             f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
@@ -393,9 +395,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                  **({"bad": "none"} if cast_proven else {"threshold": limit}))
     else:  # the manifest proves provenance; numeric agreement is logits_agreement's
         m.details["provenance_max_abs_diff"] = provenance[0]
-    m.metric("initializers_matched", matches["matched"] + matches["folded"], bad="none",
+    m.metric("initializers_matched", matches.matched + matches.folded, bad="none",
              ratchet=False)
-    m.metric("misplaced_initializers", len(matches["misplaced"]), threshold=0)
+    m.metric("misplaced_initializers", len(matches.misplaced), threshold=0)
     m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
     m.metric("stale_checkpoint", stale, threshold=0, key=True)
     m.metric("undeclared_precision", int(undeclared), ratchet=False)

@@ -50,9 +50,9 @@ def _parameters(m: Measurement, ctx: PolicyContext) -> tuple[list[str], list[str
     heads = list(ctx.spec.training_heads)
     # Every name a module is registered under (SB3 registers its shared features extractor
     # three times): a head is matched by any of them.
-    train_names = dict(ctx.training_model.named_modules(remove_duplicate=False))
-    infer_state = ctx.inference_model.state_dict()
-    train_state = ctx.training_model.state_dict()
+    train_names = dict(ctx.reference_model.named_modules(remove_duplicate=False))
+    infer_state = ctx.heads_removed_model.state_dict()
+    train_state = ctx.reference_model.state_dict()
     for head in heads:
         if head not in train_names and head not in train_state and not any(
                 k.startswith(head + ".") for k in train_state):
@@ -108,8 +108,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
 
     # The inference model is the training model less its heads: it answers in the training
     # output's terms, or in the env action's when its factory applies the action transform.
-    reference = ctx.inference_terms(ctx.reference_results[ctx.output_name])
-    candidate = ctx.inference_outputs
+    reference = ctx.heads_removed_terms(ctx.reference_results[ctx.output_name])
+    candidate = ctx.heads_removed_outputs
     for label, arr in (
         ("training policy output", reference),
         ("inference model output", candidate),
@@ -120,8 +120,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     # A forward that disagrees with itself cannot be compared with another one: name the
     # randomness instead of blaming a removed step (dropout_off measures it).
     again = {
-        "inference model": ctx.inference_engine.infer(ctx.feeds)[ctx.output_name],
-        "training model": ctx.inference_terms(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
+        "inference model": ctx.heads_removed_engine.infer(ctx.feeds)[ctx.output_name],
+        "training model": ctx.heads_removed_terms(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
     }
     random_sides = []
     for side, first in (("inference model", candidate), ("training model", reference)):

@@ -23,6 +23,7 @@ from paritygate.metrics.gaussian import (
     kl_per_row,
     scale_bias,
 )
+from paritygate.metrics.tiers import tier_thresholds
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -167,11 +168,11 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
         matches = ctx.initializer_match
-        foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
+        foreign = bool(matches.comparable) and matches.matched + matches.folded == 0
         precision = ctx.artifact_precision
-        targets = matches.get("target_network") or {}
+        targets = matches.target_network
         if targets:
-            nets = list(matches.get("target_networks") or [])
+            nets = list(matches.target_networks)
             m.fail("target_network_served",
                    f"artifact outputs differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact was built from the target network "
@@ -187,7 +188,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
-                   f"(0/{matches['comparable']} of its weight initializers match the "
+                   f"(0/{matches.comparable} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         elif hint:  # the outputs themselves show how they differ
             m.fail(
@@ -393,13 +394,12 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 def _tier_thresholds(
     ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
-    """An engine in a lower precision than the trainer is judged by its precision tier (see
-    :func:`paritygate.metrics.tiers.logits_thresholds`, through the LM context's
+    """An engine in a lower precision than the trainer is judged by its precision tier
+    (:func:`paritygate.metrics.tiers.tier_thresholds`, the rule the policy artifact's limits
+    use too, with the LM context's
     :meth:`~paritygate.families.causal_lm.context.LMContext.served_limits`); values the config
     sets win."""
-    names = ("max_abs_diff", "kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
-    limits = ctx.served_limits(dict(thresholds), set(thresholds.overrides), names)
-    note = limits.note([n for n in names if n in limits])
+    limits, note = tier_thresholds(ctx.served_limits, thresholds, set(thresholds.overrides))
     if note:
         m.note(f"{note}; argmax and top-k agreement reported, not judged")
     return dict(limits)

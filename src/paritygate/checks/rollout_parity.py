@@ -18,7 +18,6 @@ continuous step agrees while the actions differ by at most ``policy.rollout.acti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -29,7 +28,7 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.rollout import Episode
+    from paritygate.families.policy.rollout import Episode, StepDiagnosis
     from paritygate.metrics.tiers import Limits
 
 DEFAULTS: dict[str, float] = {
@@ -182,7 +181,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(str(limits.note()))
     judge = _Judge(ctx, limits, thresholds["max_observation_abs_diff"], rollouts.discrete)
     tally = _Tally()
-    for index, (ref, cand) in enumerate(zip(rollouts.training, rollouts.serving, strict=True)):
+    for index, (ref, cand) in enumerate(zip(rollouts.reference, rollouts.candidate, strict=True)):
         _episode(m, judge, tally, index, ref, cand)
     limit = float(limits["max_observation_abs_diff"] or 0.0)
     if tally.obs_drift > max(limit, cause_limit(thresholds, "max_observation_abs_diff")):
@@ -329,13 +328,13 @@ def _metrics(m: Measurement, tally: _Tally, thresholds: Thresholds, limit: float
     m.metric("steps", sum(r.training_length for r in rows), bad="none", ratchet=False)
 
 
-def _diagnosis(where: Mapping[str, object], preprocessed: bool, multi: bool, recurrent: bool
+def _diagnosis(where: StepDiagnosis, preprocessed: bool, multi: bool, recurrent: bool
                ) -> str:
     """Which half of the serving path parts from training at the divergent observation."""
-    inputs, outputs = where["input_max_abs_diff"], where["output_max_abs_diff"]
+    inputs, outputs = where.input_max_abs_diff, where.output_max_abs_diff
     parts = []
     if preprocessed:
-        key = f" {where['worst_input']!r}" if multi else ""
+        key = f" {where.worst_input!r}" if multi else ""
         parts.append(f"serving preprocessing's model input{key} differs by {inputs:.3g}")
     given = " and the training path's state" if recurrent else ""
     parts.append(f"the artifact's output on the training model input{given} differs by "

@@ -71,7 +71,7 @@ class _Tally:
 def _replay_chunk(ctx: PolicyContext, chunk: Any, served: str, tally: _Tally,
                   base_limit: float) -> None:
     """``chunk``: :class:`paritygate.families.policy.serving_log.Chunk`."""
-    model_inputs = ctx.training_inputs(chunk.obs)
+    model_inputs = ctx.reference_inputs(chunk.obs)
     reference = _reference(ctx, model_inputs, served)
     got = chunk.served.reshape(reference.shape)
     diff = np.abs(got - reference).reshape(len(got), -1)
