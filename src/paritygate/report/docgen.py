@@ -1,6 +1,7 @@
 """Documentation generated from the code, so the docs cannot drift from it.
 
-The checklist table comes from the check registry (ids, families, marks, summaries). The
+The checklist table comes from the check registry (ids, families, marks, summaries), the
+config reference from the config models (:mod:`paritygate.report.configdoc`). The
 committed README and docs pages hold the generated text between marker comments;
 ``python -m paritygate.report.docgen`` rewrites them and ``--check`` exits 1 when one is stale
 (a test runs the same comparison).
@@ -28,6 +29,23 @@ def checklist_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def root_cause_actions() -> str:
+    """Every ``root_cause.kind`` of the explanation graph with its root check, why the checks
+    it explains fail too, and the likely fix, as a Markdown table (the graph's own words)."""
+    from paritygate.rootcause import GRAPH
+
+    rows = ["| `root_cause.kind` | root check | why the explained checks fail too | what to do |",
+            "|---|---|---|---|"]
+    seen: set[tuple[str, str]] = set()
+    for edge in GRAPH:
+        if (edge.kind, edge.check) in seen:
+            continue
+        seen.add((edge.kind, edge.check))
+        fix = edge.fix or "see the root check's message and the page of its check"
+        rows.append(f"| `{edge.kind}` | `{edge.check}` | {edge.why} | {fix} |")
+    return "\n".join(rows) + "\n"
+
+
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated:{name} (python -m paritygate.report.docgen) -->",
             f"<!-- end generated:{name} -->")
@@ -47,7 +65,10 @@ def splice(text: str, name: str, body: str) -> str:
 
 def generated_blocks() -> dict[str, str]:
     """Each generated block's name and its current text."""
-    return {CHECKLIST: checklist_table()}
+    from paritygate.report.configdoc import reference_pages
+
+    return {CHECKLIST: checklist_table(), "root-cause-actions": root_cause_actions(),
+            **reference_pages()}
 
 
 def spliced_files(root: Path) -> dict[Path, str]:
