@@ -17,10 +17,8 @@ import types
 import typing
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 from paritygate.checks import checks_for
 from paritygate.config import GateConfig
@@ -110,7 +108,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}
-    for node, following in zip(body, [*body[1:], None]):
+    for node, following in zip(body, [*body[1:], None], strict=True):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                 and isinstance(following.value.value, str)):

@@ -46,6 +46,24 @@ def root_cause_actions() -> str:
     return "\n".join(rows) + "\n"
 
 
+def benchmark_table(root: Path) -> str:
+    """Each script in ``benchmarks/``: what it measures (its docstring's first paragraph) and
+    the docs pages that quote its figures."""
+    import ast
+
+    pages = sorted((root / "docs").rglob("*.md"))
+    rows = ["| script | what it measures | figures on |", "|---|---|---|"]
+    for script in sorted((root / "benchmarks").glob("bench_*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or ""
+        summary = " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+        cited = [page for page in pages if f"benchmarks/{script.name}" in
+                 page.read_text(encoding="utf-8") and page.name != "benchmarks.md"]
+        links = ", ".join(f"[{page.stem}]({page.relative_to(root / 'docs').as_posix()})"
+                          for page in cited) or "its own output"
+        rows.append(f"| `benchmarks/{script.name}` | {summary} | {links} |")
+    return "\n".join(rows) + "\n"
+
+
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated:{name} (python -m paritygate.report.docgen) -->",
             f"<!-- end generated:{name} -->")
@@ -73,7 +91,7 @@ def generated_blocks() -> dict[str, str]:
 
 def spliced_files(root: Path) -> dict[Path, str]:
     """Every file under ``root`` that holds a generated block, with its up-to-date text."""
-    blocks = generated_blocks()
+    blocks = {**generated_blocks(), "benchmarks": benchmark_table(root)}
     files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
     result: dict[Path, str] = {}
     for path in files:
