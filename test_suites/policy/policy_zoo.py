@@ -26,19 +26,13 @@ import rollout_subjects
 import shape_zoo_builders as sb
 import yaml
 from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
+from zoo_checks import zoo_checks
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "demo-policy.yaml"
 
-POLICY_CHECKS = (
-    "weights_load",
-    "batchnorm_export",
-    "head_removal",
-    "dropout_off",
-    "preprocessing_parity",
-    "logits_agreement",
-    "export_integrity",
-)
+POLICY_CHECKS = zoo_checks("policy")
+"""The checks of the policy zoo's base subjects, derived from the registry."""
 ROLLOUT_CHECKS = (*POLICY_CHECKS, "rollout_parity")
 """The checks of the ``cartpole`` base (its config has a ``policy.rollout`` section)."""
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
@@ -239,3 +240,15 @@ CHECK = CheckSpec(
     marks=("fast",),
     kinds=KINDS,
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("batch_invariance", "batch_layout",
+                ("right_padding", "position_ids_not_from_mask", "mask_not_passed"),
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                "the engine lays batches out so that a row's numbers depend on its batch-mates",
+                fix="left-pad batches, pass the attention mask and count position ids from it",
+                rank=320),
+)
+
+POSITION = 160
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

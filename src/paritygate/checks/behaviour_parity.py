@@ -200,3 +200,6 @@ CHECK = CheckSpec(
     marks=("slow",),
     kinds=KINDS,
 )
+
+POSITION = 170
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

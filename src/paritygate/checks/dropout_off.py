@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, no_layer_over_budget
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS: dict[str, float] = {
@@ -20,7 +22,7 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _repeat_spread(engine: Any, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
+def _repeat_spread(engine: TensorEngine, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
     first = engine.infer(x)[out]
     worst = 0.0
     for _ in range(k - 1):
@@ -94,3 +96,19 @@ CHECK = CheckSpec(
     kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
            "random_operators"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("dropout_off", "nondeterministic",
+                ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
+                 "random_operators"),
+                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer",
+                 "rollout_parity"),
+                "randomness in the forward changes every output it feeds",
+                fix="put the model in eval mode before exporting or serving (no dropout or "
+                    "sampling on the inference path)",
+                only_if=(("precision_per_layer", no_layer_over_budget), *ROLLOUT),
+                rank=220),
+)
+
+POSITION = 40
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -11,6 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import (
+    ROLLOUT,
+    TARGET_SERVED,
+    TARGET_SERVED_FIX,
+    Explanation,
+    artifact_tier_only,
+)
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.base import take_rows
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
@@ -207,10 +214,9 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
     m.metric("declared_output_diff_ratio", worst, bad="none", ratchet=False)
 
 
-def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
-    from paritygate.provenance import sha256_file
-
-    m = Measurement("export_integrity")
+def _graph_shape(m: Measurement, ctx: PolicyContext) -> tuple[bool, bool, list[str]]:
+    """The artifact's validity, names and batch axis: (checker ok, batch axis baked, batch
+    sizes that failed)."""
     graph = ctx.artifact_graph
     complaint = graph.validate()
     checker_ok = complaint is None
@@ -245,13 +251,105 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
     if batch_failures:
         m.fail("batch_sizes_fail", f"artifact does not run at every batch size: {batch_failures}")
+    return checker_ok, baked, batch_failures
+
+
+def _no_manifest(m: Measurement, ctx: PolicyContext, matches: Mapping[str, Any],
+                 provenance: tuple[float, str], limit: float, *, targets: bool,
+                 cast_proven: bool) -> int:
+    """Provenance without a manifest: proven numerically, by the initializers, or failed by
+    what the initializers show; return 1 when the artifact is another checkpoint's."""
+    match_text = _match_text(matches)
+    precision = ctx.artifact_precision
+    stale = 0
+    where = f"no manifest at {ctx.manifest_path}"
+    if ctx.spec.require_manifest:
+        m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
+               "artifact with paritygate export, or write its manifest.json)")
+    diff, against = provenance
+    if targets:  # named above: the target network's tensors, whatever the outputs show
+        m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
+    elif cast_proven:
+        m.note(f"no manifest: provenance proven against the checkpoint cast to "
+               f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
+               "(judged by logits_agreement)")
+    elif diff <= limit:
+        m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
+               f"{against} ({match_text})")
+    elif _another_checkpoint(matches):
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
+            f"{matches['comparable']} weight initializers have the shape of the "
+            f"checkpoint tensor of their name but values up to "
+            f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
+            f"weights are another checkpoint's (an earlier or later step?) ({where})")
+    elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against} and {match_text} ({where})")
+    elif not matches["comparable"]:
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
+    elif matches["not_in_model"]:
+        m.fail(
+            "provenance_not_loaded",
+            f"{where} and provenance unproven: the inference model built from this "
+            f"checkpoint does not hold the checkpoint's tensors "
+            f"({len(matches['not_in_model'])} of its parameters differ from the "
+            "artifact's initializers of the same name, which are checkpoint tensors: "
+            "the checkpoint did not load, see weights_load), so its outputs (up to "
+            f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
+    elif not matches["misplaced"]:
+        m.fail(
+            "provenance_unproven",
+            f"{where} and provenance unproven: the artifact's outputs differ by up to "
+            f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+    return stale
+
+
+def _with_manifest(m: Measurement, ctx: PolicyContext, manifest: Mapping[str, object],
+                   stale: int) -> tuple[int, int]:
+    """Provenance by the manifest: the gated checkpoint's and the artifact's hashes; return
+    (stale, modified)."""
+    from paritygate.provenance import sha256_file
+
+    modified = 0
+    recorded = manifest.get("checkpoint_sha256")
+    if recorded != ctx.checkpoint_sha256:
+        stale = 1
+        m.fail(
+            "stale_manifest",
+            f"stale artifact: manifest says it was exported from checkpoint sha256 "
+            f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
+    artifact_sha = sha256_file(ctx.artifact_path)
+    if manifest.get("artifact_sha256") != artifact_sha:
+        modified = 1
+        m.fail(
+            "artifact_modified",
+            f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
+            f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
+    m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    return stale, modified
+
+
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("export_integrity")
+    graph = ctx.artifact_graph
+    checker_ok, baked, batch_failures = _graph_shape(m, ctx)
 
     manifest = ctx.manifest()
     modified = 0
     provenance = _numeric_provenance(ctx)
     matches = ctx.initializer_match
     m.details["initializers"] = matches
-    match_text = _match_text(matches)
     precision = ctx.artifact_precision
     undeclared = _precision_finding(m, precision)
     cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
@@ -268,72 +366,10 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     targets = _target_network_finding(m, matches)
     stale = int(bool(targets))
     if manifest is None:
-        where = f"no manifest at {ctx.manifest_path}"
-        if ctx.spec.require_manifest:
-            m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
-                   "artifact with paritygate export, or write its manifest.json)")
-        diff, against = provenance
-        if targets:  # named above: the target network's tensors, whatever the outputs show
-            m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
-        elif cast_proven:
-            m.note(f"no manifest: provenance proven against the checkpoint cast to "
-                   f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
-                   "(judged by logits_agreement)")
-        elif diff <= limit:
-            m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
-                   f"{against} ({match_text})")
-        elif _another_checkpoint(matches):
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
-                f"{matches['comparable']} weight initializers have the shape of the "
-                f"checkpoint tensor of their name but values up to "
-                f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
-                f"weights are another checkpoint's (an earlier or later step?) ({where})")
-        elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against} and {match_text} ({where})")
-        elif not matches["comparable"]:
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
-        elif matches["not_in_model"]:
-            m.fail(
-                "provenance_not_loaded",
-                f"{where} and provenance unproven: the inference model built from this "
-                f"checkpoint does not hold the checkpoint's tensors "
-                f"({len(matches['not_in_model'])} of its parameters differ from the "
-                "artifact's initializers of the same name, which are checkpoint tensors: "
-                "the checkpoint did not load, see weights_load), so its outputs (up to "
-                f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
-        elif not matches["misplaced"]:
-            m.fail(
-                "provenance_unproven",
-                f"{where} and provenance unproven: the artifact's outputs differ by up to "
-                f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+        stale = _no_manifest(m, ctx, matches, provenance, limit, targets=bool(targets),
+                             cast_proven=cast_proven) or stale
     else:
-        recorded = manifest.get("checkpoint_sha256")
-        if recorded != ctx.checkpoint_sha256:
-            stale = 1
-            m.fail(
-                "stale_manifest",
-                f"stale artifact: manifest says it was exported from checkpoint sha256 "
-                f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
-        artifact_sha = sha256_file(ctx.artifact_path)
-        if manifest.get("artifact_sha256") != artifact_sha:
-            modified = 1
-            m.fail(
-                "artifact_modified",
-                f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
-                f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
-        m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+        stale, modified = _with_manifest(m, ctx, manifest, stale)
     if matches["misplaced"]:
         pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
         m.fail(
@@ -386,3 +422,43 @@ CHECK = CheckSpec(
            "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched",
            "target_network_served"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("export_integrity", "undeclared_precision",
+                ("undeclared_precision",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact stores its weights in a lower precision than the config "
+                "declares, so its outputs are held to the float32 limits",
+                fix="declare the artifact's precision (policy.artifact_dtype) or export it "
+                    "in float32",
+                only_if=ROLLOUT,
+                rank=120),
+    Explanation("export_integrity", "stale_artifact",
+                ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact was not exported from the checkpoint under test",
+                fix="re-export the artifact from the gated checkpoint "
+                    "(paritygate export CONFIG)",
+                only_if=ROLLOUT,
+                rank=130),
+    Explanation("export_integrity", "target_network_served", ("target_network_served",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                TARGET_SERVED, fix=TARGET_SERVED_FIX,
+                only_if=ROLLOUT,
+                rank=140),
+    Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact carries a checkpoint tensor in another layer's place",
+                fix="load the state_dict into the export model by key name, strictly, "
+                    "and re-export",
+                only_if=(("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=150),
+    Explanation("export_integrity", "batch_axis", ("batch_axis_baked", "batch_sizes_fail"),
+                ("batchnorm_export", "logits_agreement"),
+                "the artifact only runs at its baked batch size",
+                fix="export with a dynamic batch axis",
+                rank=160),
+)
+
+POSITION = 100
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

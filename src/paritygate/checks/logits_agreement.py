@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
     diff_stats,
@@ -79,24 +80,24 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
             f"{list(candidate.shape)}")
         return {}
     diff = diff_stats(reference, candidate)
-    m.metric("max_abs_diff", diff["max_abs"], threshold=thresholds["max_abs_diff"], key=True)
-    m.metric("mean_abs_diff", diff["mean_abs"], bad="none", ratchet=False)
+    m.metric("max_abs_diff", diff.max_abs, threshold=thresholds["max_abs_diff"], key=True)
+    m.metric("mean_abs_diff", diff.mean_abs, bad="none", ratchet=False)
     # A percentile of the same differences: never above max_abs_diff, so its limit bounds it too
     # and gives its golden comparison a noise floor (threshold_fraction of it).
-    m.metric("p99_abs_diff", diff["p99_abs"], threshold=thresholds["max_abs_diff"],
+    m.metric("p99_abs_diff", diff.p99_abs, threshold=thresholds["max_abs_diff"],
              limit_key="max_abs_diff")
-    m.metric("max_rel_diff", diff["max_rel"], bad="none", ratchet=False)
+    m.metric("max_rel_diff", diff.max_rel, bad="none", ratchet=False)
     if continuous:
-        return diff
+        return diff.as_dict()
     dist = distribution_stats(reference, candidate, top_k=top_k)
-    m.metric("kl_max", dist["kl_max"], threshold=thresholds["kl_max"])
-    m.metric("kl_mean", dist["kl_mean"], bad="none", ratchet=False)
-    m.metric("tv_max", dist["tv_max"], threshold=thresholds["tv_max"])
-    m.metric("argmax_disagreement", 1.0 - dist["argmax_agreement"],
+    m.metric("kl_max", dist.kl_max, threshold=thresholds["kl_max"])
+    m.metric("kl_mean", dist.kl_mean, bad="none", ratchet=False)
+    m.metric("tv_max", dist.tv_max, threshold=thresholds["tv_max"])
+    m.metric("argmax_disagreement", 1.0 - dist.argmax_agreement,
              threshold=thresholds.get("argmax_disagreement"))
-    m.metric("topk_overlap_min", dist["topk_overlap"], bad="lower",
+    m.metric("topk_overlap_min", dist.topk_overlap, bad="lower",
              threshold=thresholds.get("topk_overlap_min"))
-    kl_rows = dist.get("kl_per_row", [])
+    kl_rows = dist.kl_per_row
     rows = np.abs(np.asarray(reference, np.float64) - candidate).reshape(len(reference), -1).max(1)
     order = np.argsort(-rows, kind="stable")[:5]
     m.details["worst_probes"] = [
@@ -106,7 +107,7 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
          "candidate_argmax": int(np.argmax(candidate[i]))}
         for i in order
     ]
-    return {**diff, **dist}
+    return {**diff.as_dict(), **dist.as_dict()}
 
 
 def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
@@ -414,3 +415,34 @@ CHECK = CheckSpec(
            "undeclared_precision", *_TRANSFORM_KINDS,
            "log_std_clamp_differs", "target_network_served"),
 )
+
+CAUSES: tuple[causes.Explanation, ...] = (
+    causes.Explanation(
+        "logits_agreement", "action_transform",
+        ("squash_missing", "action_scale_missing", "action_bias_missing",
+         "action_clip_differs", "log_std_clamp_differs"),
+        ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
+         "rollout_parity"),
+        "the serving side turns the policy output (a Gaussian's mean or a deterministic "
+        "actor's) into actions differently from training (policy.distribution)",
+        fix="apply the declared squash (clip bounds), action scale and bias and log_std clamp "
+            "in the served actor, or declare what it serves in policy.distribution",
+        only_if=causes.ROLLOUT, rank=180),
+    causes.Explanation(
+        "logits_agreement", "target_network_served", ("target_network_served",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        causes.TARGET_SERVED, fix=causes.TARGET_SERVED_FIX,
+        only_if=(("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        rank=230),
+    causes.Explanation(
+        "logits_agreement", "artifact_outputs_differ",
+        ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        "the artifact's outputs differ from torch eval (measured by logits_agreement)",
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        breaches=("max_abs_diff",), rank=240),
+)
+
+POSITION = 80
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
@@ -412,3 +413,13 @@ CHECK = CheckSpec(
            "temperature_ignored", "temperature_wrong", "low_precision", "pads_counted",
            "padding_leak", "pads_after_eos", "position_ids"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("logprob_impl", "logprob_recompute", None,
+                ("logprob_delta",),
+                "the trainer's log-prob recompute is wrong, so its deltas to the engine are too",
+                rank=270),
+)
+
+POSITION = 120
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.result import Measurement
 
@@ -340,3 +341,15 @@ CHECK = CheckSpec(
            "fill_differs", "clip_differs", "sign_flipped", "stats_differ", "nonfinite_mismatch",
            "discrete_mismatch"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("preprocessing_parity", "preprocessing_mismatch", None,
+                ("rollout_parity",),
+                "the serving preprocessing feeds the artifact other model inputs than the "
+                "training preprocessing feeds the trainer",
+                only_if=ROLLOUT,
+                rank=260),
+)
+
+POSITION = 50
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -197,3 +197,6 @@ CHECK = CheckSpec(
     kinds=("empty_log", "serving_preprocessing_differs", "served_nonfinite",
            "served_outputs_differ", "probes_miss_served_inputs"),
 )
+
+POSITION = 210
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
+from paritygate.checks._registration.weights_load import CAUSES as CAUSES
+from paritygate.checks._registration.weights_load import POSITION as POSITION
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:

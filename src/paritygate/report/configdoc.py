@@ -12,6 +12,7 @@ import ast
 import enum
 import inspect
 import json
+import re
 import textwrap
 import types
 import typing
@@ -99,6 +100,12 @@ class KeyDoc:
     description: str
 
 
+def _plain(docstring: str) -> str:
+    """A docstring as one Markdown line: reST literals and roles become code spans."""
+    text = " ".join(inspect.cleandoc(docstring).split()).replace("``", "`")
+    return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+
+
 @cache
 def _attribute_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of ``cls`` (the string literal written under a field)."""
@@ -112,8 +119,7 @@ def _attribute_docs(cls: type) -> dict[str, str]:
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                 and isinstance(following.value.value, str)):
-            text = " ".join(inspect.cleandoc(following.value.value).split())
-            docs[node.target.id] = text.replace("``", "`")
+            docs[node.target.id] = _plain(following.value.value)
     return docs
 
 
@@ -196,8 +202,7 @@ def _section_doc(annotation: object) -> str:
     nested = _nested_model(annotation)
     if not nested or not nested[0].__doc__:
         return ""
-    text = " ".join(inspect.cleandoc(nested[0].__doc__).split("\n\n")[0].split())
-    return text.replace("``", "`")
+    return _plain(inspect.cleandoc(nested[0].__doc__).split("\n\n")[0])
 
 
 def _cell(text: str) -> str:
