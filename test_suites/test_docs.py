@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,7 +209,8 @@ def test_every_command_block_runs_or_says_why_not() -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_folder(build_once, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def demo_folder(build_once: Callable[..., Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh copy of ``paritygate demo --only policy --out DIR``: its configs, golden, policy."""
 
     def build(out: Path) -> None:
