@@ -1,6 +1,7 @@
 """Documentation generated from the code, so the docs cannot drift from it.
 
-The checklist table comes from the check registry (ids, families, marks, summaries). The
+The checklist table comes from the check registry (ids, families, marks, summaries), the
+config reference from the config models (:mod:`paritygate.report.configdoc`). The
 committed README and docs pages hold the generated text between marker comments;
 ``python -m paritygate.report.docgen`` rewrites them and ``--check`` exits 1 when one is stale
 (a test runs the same comparison).
@@ -28,6 +29,41 @@ def checklist_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def root_cause_actions() -> str:
+    """Every ``root_cause.kind`` of the explanation graph with its root check, why the checks
+    it explains fail too, and the likely fix, as a Markdown table (the graph's own words)."""
+    from paritygate.rootcause import GRAPH
+
+    rows = ["| `root_cause.kind` | root check | why the explained checks fail too | what to do |",
+            "|---|---|---|---|"]
+    seen: set[tuple[str, str]] = set()
+    for edge in GRAPH:
+        if (edge.kind, edge.check) in seen:
+            continue
+        seen.add((edge.kind, edge.check))
+        fix = edge.fix or "see the root check's message and the page of its check"
+        rows.append(f"| `{edge.kind}` | `{edge.check}` | {edge.why} | {fix} |")
+    return "\n".join(rows) + "\n"
+
+
+def benchmark_table(root: Path) -> str:
+    """Each script in ``benchmarks/``: what it measures (its docstring's first paragraph) and
+    the docs pages that quote its figures."""
+    import ast
+
+    pages = sorted((root / "docs").rglob("*.md"))
+    rows = ["| script | what it measures | figures on |", "|---|---|---|"]
+    for script in sorted((root / "benchmarks").glob("bench_*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or ""
+        summary = " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+        cited = [page for page in pages if f"benchmarks/{script.name}" in
+                 page.read_text(encoding="utf-8") and page.name != "benchmarks.md"]
+        links = ", ".join(f"[{page.stem}]({page.relative_to(root / 'docs').as_posix()})"
+                          for page in cited) or "its own output"
+        rows.append(f"| `benchmarks/{script.name}` | {summary} | {links} |")
+    return "\n".join(rows) + "\n"
+
+
 def _markers(name: str) -> tuple[str, str]:
     return (f"<!-- generated:{name} (python -m paritygate.report.docgen) -->",
             f"<!-- end generated:{name} -->")
@@ -47,12 +83,15 @@ def splice(text: str, name: str, body: str) -> str:
 
 def generated_blocks() -> dict[str, str]:
     """Each generated block's name and its current text."""
-    return {CHECKLIST: checklist_table()}
+    from paritygate.report.configdoc import reference_pages
+
+    return {CHECKLIST: checklist_table(), "root-cause-actions": root_cause_actions(),
+            **reference_pages()}
 
 
 def spliced_files(root: Path) -> dict[Path, str]:
     """Every file under ``root`` that holds a generated block, with its up-to-date text."""
-    blocks = generated_blocks()
+    blocks = {**generated_blocks(), "benchmarks": benchmark_table(root)}
     files = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
     result: dict[Path, str] = {}
     for path in files:
