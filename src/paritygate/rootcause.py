@@ -265,7 +265,7 @@ GRAPH: tuple[Explanation, ...] = (
     Explanation("batchnorm_export", "training_mode_export",
                 ("training_mode_export",),
                 ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
-                 "precision_per_layer", "rollout_parity"),
+                 "precision_per_layer", "rollout_parity", "batch_invariance"),
                 "the artifact was exported in training mode",
                 fix="call model.eval() before exporting",
                 only_if=(("export_integrity", _bn_stats_explain_provenance),
@@ -314,7 +314,7 @@ GRAPH: tuple[Explanation, ...] = (
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),
     Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
-                ("logits_agreement", "generation_parity"),
+                ("logits_agreement", "generation_parity", "batch_invariance"),
                 "the engine computes in another precision than the pinned tier judges",
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision"),

@@ -329,6 +329,10 @@ class PolicySpec(StrictModel):
     """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
     serving_log: ServingLogSpec | None = None
     """A log of served requests for ``serving_replay``; omitted: that check is skipped."""
+    batch_invariant: bool = False
+    """The serving stack is claimed batch invariant: ``batch_invariance`` then requires each
+    probe's outputs in any batch to equal its outputs alone bit for bit (otherwise the
+    artifact's precision tier bounds the difference)."""
 
     @model_validator(mode="after")
     def _inputs_consistent(self) -> PolicySpec:
