@@ -180,7 +180,8 @@ class ServingLogSpec(StrictModel):
     training path (schema: README, "Serving-log replay")."""
 
     path: str
-    """An ``.npz`` or JSON-lines (``.jsonl``) file, relative to the config."""
+    """An ``.npz``, Parquet (``.parquet``) or JSON-lines (``.jsonl``) file, relative to the
+    config."""
     served: Literal["output", "action"] = "output"
     """What each record's ``served`` holds: the artifact's first output (``output``: logits,
     or the action when ``distribution.serving_output: action``) or the env action taken
