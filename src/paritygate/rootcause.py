@@ -137,6 +137,17 @@ logits_agreement."""
 _ROLLOUT = (("rollout_parity", _actions_differ),)
 """The artifact-side and preprocessing roots explain a rollout's actions only."""
 
+
+def _replayed_outputs_differ(root: CheckResult, c: CheckResult) -> bool:
+    """serving_replay failed only by what serving computed (its preprocessed inputs or its
+    outputs), never by a log the probes do not cover or an empty one."""
+    kinds = c.finding_kinds()
+    return bool(kinds) and set(kinds) <= {"serving_preprocessing_differs", "served_outputs_differ"}
+
+
+_REPLAY = (("serving_replay", _replayed_outputs_differ),)
+"""A root on the serving path explains the served records that differ from the replay."""
+
 _DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
                       "precision_per_layer", "recurrent_parity", "rollout_parity")
 _DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
@@ -291,10 +302,11 @@ GRAPH: tuple[Explanation, ...] = (
                 only_if=(("precision_per_layer", _artifact_tier_only), *_ROLLOUT)),
     Explanation("logits_agreement", "artifact_outputs_differ",
                 ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
-                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+                ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+                 "serving_replay"),
                 "the artifact's outputs differ from torch eval (measured by logits_agreement)",
                 only_if=(("export_integrity", _same_output_gap),
-                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT),
+                         ("precision_per_layer", _artifact_tier_only), *_ROLLOUT, *_REPLAY),
                 breaches=("max_abs_diff",)),
     Explanation("recurrent_parity", "recurrent_state",
                 ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
@@ -305,11 +317,17 @@ GRAPH: tuple[Explanation, ...] = (
                 fix="export the new state in the declared order and per-row layout (batch on "
                     "axis 0), reset to the initial state on the episode-start input",
                 only_if=(("export_integrity", _declared_outputs_only), *_ROLLOUT)),
+    Explanation("batch_invariance", "batch_statistics_in_serving",
+                ("preprocessing_batch_dependent",),
+                ("preprocessing_parity", "rollout_parity", "serving_replay"),
+                "serving preprocessing normalises each row with its batch's statistics",
+                fix="normalise with fixed statistics (the training run's), never the batch's",
+                only_if=(*_ROLLOUT, *_REPLAY)),
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
-                ("rollout_parity",),
+                ("rollout_parity", "serving_replay"),
                 "the serving preprocessing feeds the artifact other model inputs than the "
                 "training preprocessing feeds the trainer",
-                only_if=_ROLLOUT),
+                only_if=(*_ROLLOUT, *_REPLAY)),
     Explanation("logprob_impl", "logprob_recompute", None,
                 ("logprob_delta",),
                 "the trainer's log-prob recompute is wrong, so its deltas to the engine are too"),

@@ -57,3 +57,18 @@ def test_training_mode_export_is_the_root(clean_demo: Path, tmp_path: Path) -> N
     explained, root = explain(results)
     assert root is not None and root.check == "batchnorm_export", root
     assert {r.id: r.consequence_of for r in explained}["batch_invariance"] == "batchnorm_export"
+
+
+def test_batch_statistics_in_serving_is_the_root(clean_demo: Path, tmp_path: Path) -> None:
+    """preprocessing_parity sees serving's inputs differ; batch_invariance names why."""
+    from paritygate.rootcause import explain
+
+    entry = ENTRIES_BY_ID["serving_batch_stats"]
+    out = tmp_path / entry.id
+    config = fault_config(clean_demo, out, entry.build(clean_demo, out))
+    results = list(evaluate_all(config, ("preprocessing_parity", "batch_invariance")).values())
+    explained, root = explain(results)
+    assert root is not None and (root.check, root.kind) == (
+        "batch_invariance", "batch_statistics_in_serving"), root
+    assert {r.id: r.consequence_of for r in explained}["preprocessing_parity"] == (
+        "batch_invariance")

@@ -204,3 +204,22 @@ def test_log_over_its_bound_is_bad_input(clean_demo: Path, tmp_path: Path, fmt: 
                           {"policy": {"serving_log": {"path": str(log), "max_records": 10}}})
     assert_input_error(*run_in_process(capsys, config), file=log,
                        key="policy.serving_log.max_records", cause="more than 10")
+
+
+def test_stale_serving_stats_root_is_preprocessing_parity(clean_demo: Path,
+                                                          tmp_path: Path) -> None:
+    """The gate's serving preprocessing reads the stale stats too: preprocessing_parity names
+    the fault, and the replayed records that differ are its consequence."""
+    import policy_zoo_builders as zb
+
+    from paritygate.rootcause import explain
+
+    stale = zb.stale_stats(clean_demo, tmp_path / "stats")
+    log = write_log(clean_demo, tmp_path / "log",
+                    normalise=stale_serving(clean_demo, tmp_path / "stats2"))
+    stale["policy"]["serving_log"] = {"path": str(log)}
+    config = fault_config(clean_demo, tmp_path / "gate", stale)
+    results = list(evaluate_all(config, ("preprocessing_parity", "serving_replay")).values())
+    explained, root = explain(results)
+    assert root is not None and root.check == "preprocessing_parity", root
+    assert {r.id: r.consequence_of for r in explained}["serving_replay"] == "preprocessing_parity"
