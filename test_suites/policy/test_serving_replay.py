@@ -19,21 +19,23 @@ from policy_zoo import evaluate_all, fault_config
 from test_bad_input import assert_input_error, run_in_process, write_config
 
 
-def serve(clean: Path, raw: np.ndarray, normalise: Any) -> tuple[np.ndarray, np.ndarray]:
+def serve(clean: Path, raw: np.ndarray, normalise: Any, artifact: Path | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
     """What the demo's serving path returns for raw observations: (model inputs, logits)."""
     import onnxruntime as ort
 
     x = np.asarray(normalise(raw, stats_path=clean / "obs_norm.json"), np.float32)
-    session = ort.InferenceSession(str(clean / "policy.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(artifact or clean / "policy.onnx"),
+                                   providers=["CPUExecutionProvider"])
     return x, session.run(None, {"obs": x})[0]
 
 
 def write_log(clean: Path, out: Path, *, normalise: Any = None, scale: float = 1.0,
-              fmt: str = "jsonl", count: int = 300) -> Path:
+              fmt: str = "jsonl", count: int = 300, artifact: Path | None = None) -> Path:
     from paritygate.demo import policy
 
     raw = policy.probe_observations(count, 7) * np.float32(scale)
-    x, served = serve(clean, raw, normalise or policy.normalize_serving)
+    x, served = serve(clean, raw, normalise or policy.normalize_serving, artifact)
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
         import pyarrow as pa
@@ -223,3 +225,19 @@ def test_stale_serving_stats_root_is_preprocessing_parity(clean_demo: Path,
     explained, root = explain(results)
     assert root is not None and root.check == "preprocessing_parity", root
     assert {r.id: r.consequence_of for r in explained}["serving_replay"] == "preprocessing_parity"
+
+
+def test_an_older_model_in_serving_is_named(clean_demo: Path, tmp_path: Path) -> None:
+    """Serving preprocesses right but runs an artifact of a checkpoint 1e-4 away (an older
+    one, 1e-3 relative): the model, not the preprocessing, is named."""
+    import policy_zoo_builders as zb
+
+    artifact = tmp_path / "old" / "policy.onnx"
+    zb._export(zb._inference_model(zb._perturbed(zb._state(clean_demo), 1e-3)), artifact)
+    log = write_log(clean_demo, tmp_path / "log", artifact=artifact)
+    result = replay(clean_demo, tmp_path / "gate", log)
+    kinds = result.finding_kinds()
+    assert "served_model_differs" in kinds and "served_outputs_differ" in kinds, kinds
+    assert "serving_preprocessing_differs" not in kinds
+    clean = replay(clean_demo, tmp_path / "gate-clean", write_log(clean_demo, tmp_path / "c"))
+    assert "served_model_differs" not in clean.finding_kinds()
