@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from paritygate.result import CheckResult
 
 __all__ = [
-    "ACTING", "DOWNSTREAM_LM", "DOWNSTREAM_POLICY", "ROLLOUT", "TARGET_SERVED",
+    "ACTING", "DOWNSTREAM_LM", "DOWNSTREAM_POLICY", "REPLAY", "ROLLOUT", "TARGET_SERVED",
     "TARGET_SERVED_FIX", "Explanation", "actions_differ", "artifact_tier_only",
     "bn_stats_explain_provenance", "declared_outputs_only", "failed_only",
     "no_layer_over_budget", "not_loaded_explains_provenance", "provenance_only",
@@ -131,6 +131,17 @@ logits_agreement."""
 
 ROLLOUT = (("rollout_parity", actions_differ),)
 """The artifact-side and preprocessing roots explain a rollout's actions only."""
+
+
+def replayed_outputs_differ(root: CheckResult, c: CheckResult) -> bool:
+    """serving_replay failed only by what serving computed (its preprocessed inputs or its
+    outputs), never by a log the probes do not cover or an empty one."""
+    kinds = c.finding_kinds()
+    return bool(kinds) and set(kinds) <= {"serving_preprocessing_differs", "served_outputs_differ"}
+
+
+REPLAY = (("serving_replay", replayed_outputs_differ),)
+"""A root on the serving path explains the served records that differ from the replay."""
 
 DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
                       "precision_per_layer", "recurrent_parity", "rollout_parity")

@@ -222,7 +222,7 @@ CAUSES: tuple[Explanation, ...] = (
     Explanation("batchnorm_export", "training_mode_export",
                 ("training_mode_export",),
                 ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
-                 "precision_per_layer", "rollout_parity"),
+                 "precision_per_layer", "rollout_parity", "batch_invariance"),
                 "the artifact was exported in training mode",
                 fix="call model.eval() before exporting",
                 only_if=(("export_integrity", bn_stats_explain_provenance),

@@ -437,10 +437,12 @@ CAUSES: tuple[causes.Explanation, ...] = (
     causes.Explanation(
         "logits_agreement", "artifact_outputs_differ",
         ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
-        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "serving_replay"),
         "the artifact's outputs differ from torch eval (measured by logits_agreement)",
         only_if=(("export_integrity", causes.same_output_gap),
-                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
+                 *causes.REPLAY),
         breaches=("max_abs_diff",), rank=240),
 )
 

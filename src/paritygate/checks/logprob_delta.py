@@ -269,7 +269,7 @@ CHECK = CheckSpec(
 
 CAUSES: tuple[Explanation, ...] = (
     Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
-                ("logits_agreement", "generation_parity"),
+                ("logits_agreement", "generation_parity", "batch_invariance"),
                 "the engine computes in another precision than the pinned tier judges",
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from paritygate.causes import ROLLOUT, Explanation
+from paritygate.causes import REPLAY, ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.result import Measurement
 
@@ -364,10 +364,10 @@ CHECK = CheckSpec(
 
 CAUSES: tuple[Explanation, ...] = (
     Explanation("preprocessing_parity", "preprocessing_mismatch", None,
-                ("rollout_parity",),
+                ("rollout_parity", "serving_replay"),
                 "the serving preprocessing feeds the artifact other model inputs than the "
                 "training preprocessing feeds the trainer",
-                only_if=ROLLOUT,
+                only_if=(*ROLLOUT, *REPLAY),
                 rank=260),
 )
 
