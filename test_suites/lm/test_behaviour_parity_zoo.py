@@ -15,7 +15,11 @@ FAULTS = {
     "temperature_0_8": ({"temperature": 0.8}, "logprob_differs"),
     "top_p_0_9": ({"top_p": 0.9}, "logprob_differs"),
     "max_new_tokens_halved": ({"max_tokens": 8}, "truncation_differs"),
+    "stop_string_missing": ({"stop": []}, "stop_reason_differs"),
+    "repetition_penalty_1_3": ({"repetition_penalty": 1.3}, "repetition_differs"),
 }
+TRAINING = {"stop": ["."]}
+"""Both sides stop at a full stop: the serving side without it is the missing-stop fault."""
 
 
 def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
@@ -25,8 +29,8 @@ def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
 
     data = variant_config(demo_lm, out, None)
     data["causal_lm"]["behaviour"] = dict(BEHAVIOUR if behaviour is None else behaviour)
-    if serving:
-        _sampling(data, "serving", out, **serving)
+    _sampling(data, "training", out, **TRAINING)
+    _sampling(data, "serving", out, **{**TRAINING, **(serving or {})})
     data["name"] = "bp"
     return Gate(config_from_dict(data, out / "gate.yaml")).evaluate("behaviour_parity",
                                                                     golden=False)
@@ -36,8 +40,10 @@ def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
     result = _evaluate(demo_lm, tmp_path, None)
     assert result.status == "pass", result.message
     stats = result.details["statistics"]
-    assert set(stats) == {"length", "distinct_2", "logprob_per_token", "truncation_rate",
+    assert set(stats) == {"length", "distinct_2", "self_rouge_l", "logprob_per_token",
+                          "repeat_rate", "truncation_rate", "eos_rate", "stop_string_rate",
                           "format_hit_rate", "reward"}
+    assert result.details["stop_reasons"]["serving"].get("stop", 0) > 0
     assert stats["reward"]["low"] <= 0.05 and stats["reward"]["high"] >= -0.05
 
 

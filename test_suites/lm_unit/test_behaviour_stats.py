@@ -46,7 +46,7 @@ def _dist(row: np.ndarray, temperature: float = 1.0, top_p: float = 1.0,
     return p
 
 
-def _side(seed: int, temperature: float = 1.0, top_p: float = 1.0,  # noqa: PLR0913
+def _side(seed: int, temperature: float = 1.0, top_p: float = 1.0,
           max_new: int = MAX_NEW, stop: bool = True, penalty: float = 1.0) -> SideSample:
     rng = np.random.default_rng(seed)
     train = [_dist(LOGITS[t]) for t in range(VOCAB)]  # the trainer's distribution (T = 1)

@@ -401,6 +401,25 @@ class VLLMEngine:
             engine=self.name,
         )
 
+    def sample_n(self, prompts: list[list[int]], sampling: SamplingSpec, n: int) -> Generation:
+        """``n`` samples of each prompt, one request per prompt (vLLM's ``n``), as a
+        :class:`Generation` of ``len(prompts) * n`` rows, a prompt's samples adjacent."""
+        vllm = _import_vllm()
+        params = [vllm.SamplingParams(**{**sampling_params_kwargs(sampling, 0, i), "n": n})
+                  for i in range(len(prompts))]
+        requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
+        lora = self.lora_request()
+        extra = {"lora_request": lora} if lora is not None else {}
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
+        rows = [(list(prompt), [int(t) for t in c.token_ids])
+                for request, prompt in zip(outputs, prompts, strict=True)
+                for c in request.outputs]
+        if len(rows) != n * len(prompts):
+            raise ValueError(f"vLLM returned {len(rows)} samples for {len(prompts)} prompts "
+                             f"x n={n}")
+        return Generation([p for p, _ in rows], [o for _, o in rows], [[] for _ in rows], None,
+                          self.logprobs_mode, self.name)
+
     def close(self) -> None:
         """Shut the engine down (its engine-core process and workers) and release its memory.
 

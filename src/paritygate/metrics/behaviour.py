@@ -193,7 +193,8 @@ class SideSample:
 def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[str, StatRow]:
     """Each statistic's test, p-value, effect, side values and Holm rejection at ``alpha``."""
     stats: dict[str, StatRow] = {}
-    ranked = [("length", reference.lengths, candidate.lengths),
+    ranked: list[tuple[str, Sequence[float], Sequence[float]]] = [
+              ("length", reference.lengths, candidate.lengths),
               ("distinct_2", reference.diversity, candidate.diversity)]
     if reference.rouge_l is not None and candidate.rouge_l is not None:
         ranked.append(("self_rouge_l", reference.rouge_l, candidate.rouge_l))
@@ -218,7 +219,8 @@ def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[
             "test": "centred repeat z", "effect": shift,
             "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
             "training": reference.repeats / tokens[0], "serving": candidate.repeats / tokens[1]}
-    rates = [("truncation_rate", reference.truncated, candidate.truncated)]
+    rates: list[tuple[str, list[bool], list[bool]]] = [
+        ("truncation_rate", reference.truncated, candidate.truncated)]
     if reference.stop_reasons is not None and candidate.stop_reasons is not None:
         for reason, name in (("eos", "eos_rate"), ("stop", "stop_string_rate")):
             rates.append((name, [r == reason for r in reference.stop_reasons],
