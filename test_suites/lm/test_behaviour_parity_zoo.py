@@ -44,6 +44,14 @@ def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
                           "repeat_rate", "truncation_rate", "eos_rate", "stop_string_rate",
                           "format_hit_rate", "reward"}
     assert result.details["stop_reasons"]["serving"].get("stop", 0) > 0
+    from paritygate.checks.behaviour_parity import CHECK
+
+    assert CHECK.render is not None
+    section = CHECK.render(result, tmp_path)
+    for name in stats:
+        assert f"| {name} |" in section.markdown
+    assert "samples per side to detect" in section.markdown
+    assert (tmp_path / "behaviour.png").stat().st_size > 0 and "base64" in section.html
     assert stats["reward"]["low"] <= 0.05 and stats["reward"]["high"] >= -0.05
 
 
@@ -114,3 +122,31 @@ def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path,
     explained, root = explain(results)
     assert root is not None and (root.check, root.kind) == ("sampling_config", "sampling_protocol")
     assert {r.id: r.consequence_of for r in explained}["behaviour_parity"] == "sampling_config"
+
+
+def test_chat_template_that_keeps_greedy_output_is_found(demo_lm: Path, tmp_path: Path) -> None:
+    """A serving chat template with a space after the assistant tag (a common template
+    mismatch): greedy output is the same (generation_parity passes) but sampled behaviour is
+    not; sampling_config cannot name it, so behaviour_parity is the root. The clean twin is
+    ``test_clean_twin_passes``."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+    from paritygate.rootcause import explain
+
+    template = tmp_path / "serving-template.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
+        "{{ message['content'] }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    data = variant_config(demo_lm, tmp_path, None)
+    data["causal_lm"]["behaviour"] = {}
+    data["causal_lm"]["tokenizer"]["serving_chat_template"] = str(template)
+    data["name"] = "bp"
+    gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
+    results = [gate.evaluate(cid, golden=False) for cid in ("generation_parity",
+                                                            "behaviour_parity")]
+    assert results[0].status == "pass", results[0].message
+    assert results[1].status == "fail" and "logprob_differs" in results[1].finding_kinds(), (
+        results[1].message)
+    _, root = explain(results)
+    assert root is not None and root.check == "behaviour_parity"

@@ -47,17 +47,24 @@ def _dist(row: np.ndarray, temperature: float = 1.0, top_p: float = 1.0,
 
 
 def _side(seed: int, temperature: float = 1.0, top_p: float = 1.0,
-          max_new: int = MAX_NEW, stop: bool = True, penalty: float = 1.0) -> SideSample:
+          max_new: int = MAX_NEW, stop: bool = True, penalty: float = 1.0,
+          shifted_prompt: int = 0) -> SideSample:
+    """One side's samples; ``shifted_prompt``: that prompt is sampled from the state after
+    another prompt (as a chat template that renders one prompt otherwise), scored after its
+    own."""
     rng = np.random.default_rng(seed)
     train = [_dist(LOGITS[t]) for t in range(VOCAB)]  # the trainer's distribution (T = 1)
     lengths, truncated, means, samples, reasons = [], [], [], [], []
     total = variance = repeat_sum = repeat_var = 0.0
     repeats = 0
+    per_prompt: dict[tuple[int, ...], tuple[float, float, int]] = {}
     for prompt in range(1, PROMPTS + 1):
+        before = (total, variance, sum(lengths))
         for _ in range(N):
             state, out, logps = prompt, [], []
             while len(out) < max_new:
-                token = int(rng.choice(VOCAB, p=_dist(LOGITS[state], temperature, top_p,
+                drawn = PROMPTS + 1 if not out and prompt == shifted_prompt else state
+                token = int(rng.choice(VOCAB, p=_dist(LOGITS[drawn], temperature, top_p,
                                                       set(out), penalty)))
                 p = train[state]
                 logp = np.log(p)
@@ -80,11 +87,13 @@ def _side(seed: int, temperature: float = 1.0, top_p: float = 1.0,
             truncated.append(reason == "length")
             means.append(float(np.mean(logps)))
             samples.append(out)
+        per_prompt[(prompt,)] = (total - before[0], variance - before[1],
+                                 sum(lengths) - before[2])
     diversity = [distinct_n(samples[i : i + N]) for i in range(0, len(samples), N)]
     rouge = [self_rouge_l(samples[i : i + N]) for i in range(0, len(samples), N)]
     return SideSample(lengths, truncated, diversity, means, total, variance,
                       stop_reasons=reasons, rouge_l=rouge, repeats=repeats,
-                      repeat_sum=repeat_sum, repeat_var=repeat_var)
+                      repeat_sum=repeat_sum, repeat_var=repeat_var, prompt_scores=per_prompt)
 
 
 def _rejected(serving: SideSample, training: SideSample) -> list[str]:
@@ -103,6 +112,7 @@ def test_clean_twin_false_alarms_at_most_1_in_100_seeds() -> None:
     ("max_new_tokens halved", {"max_new": MAX_NEW // 2}, "truncation_rate"),
     ("stop string missing on one side", {"stop": False}, "stop_string_rate"),
     ("repetition_penalty 1.3 on one side", {"penalty": 1.3}, "repeat_rate"),
+    ("one prompt rendered otherwise", {"shifted_prompt": 6}, "logprob_per_prompt"),
 ])
 def test_each_fault_detected_at_the_default_size(fault: str, kwargs: dict, statistic: str) -> None:
     detected = [seed for seed in range(10)

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.check import CheckSpec, Thresholds
-from paritygate.result import Measurement
+from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
     from paritygate.engines.dump_stream import Draw
@@ -41,7 +42,8 @@ DEFAULTS: dict[str, float] = {"rejected_tests": 0.0}
 KIND_OF = {"length": "length_differs", "truncation_rate": "truncation_differs",
            "eos_rate": "stop_reason_differs", "stop_string_rate": "stop_reason_differs",
            "distinct_2": "diversity_differs", "self_rouge_l": "diversity_differs",
-           "logprob_per_token": "logprob_differs", "repeat_rate": "repetition_differs",
+           "logprob_per_token": "logprob_differs", "logprob_per_prompt": "logprob_differs",
+           "repeat_rate": "repetition_differs",
            "format_hit_rate": "format_differs"}
 KINDS = tuple(dict.fromkeys([*KIND_OF.values(), "reward_differs"]))
 SIDES = ("training", "serving")
@@ -68,7 +70,8 @@ def _source(ctx: LMContext, side: str, kept: set[int]) -> tuple[Iterator[list[Dr
                 f"{len(paths)} dump file(s) ({paths[0].name}...)")
     engine = "vllm" if side == "serving" and "vllm" in ctx.spec.engines else "hf"
     prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]
-    return generated(ctx, side, prompts, engine), f"{engine} generate"
+    scored = [p for i, p in enumerate(ctx.prompts("training")) if i in kept]
+    return generated(ctx, side, prompts, engine, scored), f"{engine} generate"
 
 
 def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
@@ -195,6 +198,12 @@ def _reward(ctx: LMContext, m: Measurement, stats: dict[str, StatRow],
     return 1
 
 
+def _render(result: CheckResult, report_dir: Path) -> Rendered:
+    from paritygate.report.behaviour import render_behaviour
+
+    return render_behaviour(result, report_dir)
+
+
 CHECK = CheckSpec(
     id="behaviour_parity",
     summary="sampled with each side's config, the trainer's sampler and the engine behave alike",
@@ -202,4 +211,5 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     marks=("slow",),
     kinds=KINDS,
+    render=_render,
 )

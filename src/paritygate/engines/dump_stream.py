@@ -31,6 +31,9 @@ class Draw:
     completion_ids: list[int]
     reason: str
     """One of ``eos``, ``stop`` (a stop string or stop token id), ``length``."""
+    scored_prompt: tuple[int, ...] | None = None
+    """The prompt the trainer scores the completion after, when not ``prompt_ids``: the
+    training side's rendering of the same probe (another chat template shows here)."""
 
 
 def expand(paths: str | Sequence[str], base: Path, key: str) -> list[Path]:

@@ -188,6 +188,28 @@ class SideSample:
     """Sum over every token of ``1[repeat] - P_train(repeat)``: mean 0 under the trainer."""
     repeat_var: float = 0.0
     """Sum over every token of ``P(repeat) (1 - P(repeat))``: the variance of that sum."""
+    prompt_scores: dict[tuple[int, ...], tuple[float, float, int]] | None = None
+    """Per prompt (as the trainer sees it): the log-prob score's sum, variance and token count."""
+
+
+def _worst_prompt(reference: SideSample, candidate: SideSample) -> StatRow | None:
+    """The log-prob score compared prompt by prompt: the largest |z| over the prompts both
+    sides sampled, Bonferroni-corrected over them. A difference confined to a few prompts (a
+    chat template that changes only chat prompts) is diluted in the pooled score; not here."""
+    ref, cand = reference.prompt_scores, candidate.prompt_scores
+    if ref is None or cand is None:
+        return None
+    worst: tuple[float, float] = (0.0, 0.0)  # (|z|, shift)
+    common = [k for k in ref if k in cand and ref[k][2] and cand[k][2]]
+    for key in common:
+        (rs, rv, rn), (cs, cv, cn) = ref[key], cand[key]
+        shift = cs / cn - rs / rn
+        spread = rv / rn**2 + cv / cn**2
+        z = abs(shift) / math.sqrt(spread) if spread > 0 else 0.0
+        worst = max(worst, (z, shift))
+    p = min(1.0, len(common) * _two_sided(worst[0])) if common else 1.0
+    return {"test": "centred score z per prompt, Bonferroni", "p": p, "effect": worst[1],
+            "training": float(len(common)), "serving": float(len(common))}
 
 
 def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[str, StatRow]:
@@ -219,6 +241,9 @@ def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[
             "test": "centred repeat z", "effect": shift,
             "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
             "training": reference.repeats / tokens[0], "serving": candidate.repeats / tokens[1]}
+    per_prompt = _worst_prompt(reference, candidate)
+    if per_prompt is not None:
+        stats["logprob_per_prompt"] = per_prompt
     rates: list[tuple[str, list[bool], list[bool]]] = [
         ("truncation_rate", reference.truncated, candidate.truncated)]
     if reference.stop_reasons is not None and candidate.stop_reasons is not None:

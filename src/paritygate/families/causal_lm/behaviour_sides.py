@@ -54,6 +54,7 @@ class SideReducer:
     score: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     """log-prob score sum and variance, repeat score sum and variance."""
     repeats: int = 0
+    prompts: dict[tuple[int, ...], tuple[float, float, int]] = field(default_factory=dict)
     _open: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
 
     def add(self, draws: list[Draw]) -> None:
@@ -61,7 +62,7 @@ class SideReducer:
         from paritygate.engines.generation import Generation
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        gen = Generation([list(d.prompt_ids) for d in draws], [d.completion_ids for d in draws],
+        gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in draws], [d.completion_ids for d in draws],
                          [[] for _ in draws], None, "raw", "behaviour")
         pad = self.ctx.training_tokenizer.pad_token_id
         rows = teacher_forced_rows(self.ctx.reference_model(), gen, 0 if pad is None else pad)
@@ -108,11 +109,16 @@ class SideReducer:
         entropy = -(probs * logp).sum(-1)
         second = np.clip((probs * logp * logp).sum(-1) - entropy**2, 0, None)
         self.means.append(float(chosen.mean()))
-        self.score[0] += float((chosen + entropy).sum())
-        self.score[1] += float(second.sum())
+        total, var = float((chosen + entropy).sum()), float(second.sum())
+        self.score[0] += total
+        self.score[1] += var
+        key = draw.scored_prompt or draw.prompt_ids
+        was = self.prompts.get(key, (0.0, 0.0, 0))
+        self.prompts[key] = (was[0] + total, was[1] + var, was[2] + len(out))
         steps = np.arange(len(out))
         seen = np.zeros_like(probs, dtype=bool)  # (N, V): token in the sequence before step j
-        seen[:, [t for t in draw.prompt_ids if t < z.shape[1]]] = True
+        prompt = draw.scored_prompt or draw.prompt_ids
+        seen[:, [t for t in prompt if t < z.shape[1]]] = True
         earlier = np.zeros_like(probs, dtype=np.int64)
         earlier[steps[1:], out[:-1]] = 1
         seen |= np.cumsum(earlier, axis=0) > 0
@@ -137,7 +143,7 @@ class SideReducer:
             diversity=self.diversity, logprob_means=self.means, score_sum=self.score[0],
             score_var=self.score[1], format_hits=self.hits if self.pattern else None,
             stop_reasons=self.reasons, rouge_l=self.rouge, repeats=self.repeats,
-            repeat_sum=self.score[2], repeat_var=self.score[3])
+            repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
 
 
 def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
@@ -165,10 +171,11 @@ def stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Decoder) -> list[
     return reasons
 
 
-def generated(ctx: LMContext, side: str, prompts: list[list[int]],
-              engine_name: str) -> Iterator[list[Draw]]:
+def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: str,
+              scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
     """The side's samples from an engine: every prompt ``samples`` times in one batch (vLLM:
-    one request per prompt with ``n`` samples)."""
+    one request per prompt with ``n`` samples); ``scored[i]`` is the prompt the trainer scores
+    prompt ``i``'s samples after (the training side's rendering of the probe)."""
     from paritygate.engines.hf_generate import HFGenerateEngine
 
     spec = ctx.spec.behaviour
@@ -187,7 +194,8 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]],
             top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
         gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
     reasons = stop_reasons(gen, sampling, tok)
-    draws = [Draw(tuple(p), list(o), r)
+    after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
+    draws = [Draw(tuple(p), list(o), r, after[tuple(p)] if after[tuple(p)] != tuple(p) else None)
              for p, o, r in zip(gen.prompt_ids, gen.output_ids, reasons, strict=True)]
     for start in range(0, len(draws), spec.batch_size):
         yield draws[start : start + spec.batch_size]
