@@ -41,7 +41,8 @@ def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
     assert result.status == "pass", result.message
     stats = result.details["statistics"]
     assert set(stats) == {"length", "distinct_2", "self_rouge_l", "logprob_per_token",
-                          "repeat_rate", "truncation_rate", "eos_rate", "stop_string_rate",
+                          "repeat_rate", "logprob_per_prompt", "truncation_rate", "eos_rate",
+                          "stop_string_rate",
                           "format_hit_rate", "reward"}
     assert result.details["stop_reasons"]["serving"].get("stop", 0) > 0
     from paritygate.checks.behaviour_parity import CHECK

@@ -65,13 +65,22 @@ def _ids(path: Path, where: str, rec: dict[str, object], name: str,
     return value
 
 
+def finish_from_vllm(finish_reason: object, stop_reason: object) -> str:
+    """vLLM's ``finish_reason`` / ``stop_reason`` as a stop reason: ``length`` is the length
+    limit; ``stop`` with a string ``stop_reason`` a stop string, with a token id or none the
+    EOS (or a stop token id, which the configs list as EOS ids)."""
+    if finish_reason == "length":
+        return "length"
+    return "stop" if isinstance(stop_reason, str) else "eos"
+
+
 def _reason(path: Path, where: str, rec: dict[str, object]) -> str:
     finish = rec.get("finish_reason")
     if finish is None:
         raise InputError(path, f"{where}: finish_reason", "required field missing (the "
                          "stop-reason rates need eos, stop or length per record)")
     if finish == "stop" and "stop_reason" in rec:
-        return "stop" if isinstance(rec["stop_reason"], str) else "eos"
+        return finish_from_vllm(finish, rec["stop_reason"])
     if finish not in FINISH_REASONS:
         raise InputError(path, f"{where}: finish_reason",
                          f"{finish!r} is not one of {', '.join(FINISH_REASONS)}")

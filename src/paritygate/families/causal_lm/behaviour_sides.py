@@ -62,8 +62,9 @@ class SideReducer:
         from paritygate.engines.generation import Generation
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in draws], [d.completion_ids for d in draws],
-                         [[] for _ in draws], None, "raw", "behaviour")
+        gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in draws],
+                         [d.completion_ids for d in draws], [[] for _ in draws], None, "raw",
+                         "behaviour")
         pad = self.ctx.training_tokenizer.pad_token_id
         rows = teacher_forced_rows(self.ctx.reference_model(), gen, 0 if pad is None else pad)
         for draw, row in zip(draws, rows, strict=True):
@@ -187,13 +188,13 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: 
 
         engine = ctx.engine("vllm")
         assert isinstance(engine, VLLMEngine)
-        gen = engine.sample_n(prompts, sampling, spec.samples)
+        gen, reasons = engine.sample_n(prompts, sampling, spec.samples)
     else:
         hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
             ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
             top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
         gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
-    reasons = stop_reasons(gen, sampling, tok)
+        reasons = stop_reasons(gen, sampling, tok)
     after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
     draws = [Draw(tuple(p), list(o), r, after[tuple(p)] if after[tuple(p)] != tuple(p) else None)
              for p, o, r in zip(gen.prompt_ids, gen.output_ids, reasons, strict=True)]
