@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from paritygate.engines import vllm_engine
+from paritygate.engines import vllm_sampling
 from paritygate.engines.dump_stream import finish_from_vllm
 from paritygate.engines.generation import SamplingSpec
 from paritygate.engines.vllm_engine import VLLMEngine
+from paritygate.engines.vllm_sampling import sample_n
 
 
 @dataclass
@@ -40,12 +41,12 @@ class _FakeLLM:
 
 
 def test_one_request_per_prompt_with_n_samples(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_engine, "_import_vllm",
+    monkeypatch.setattr(vllm_sampling, "_import_vllm",
                         lambda: SimpleNamespace(SamplingParams=lambda **kw: kw))
     engine = VLLMEngine("/m")
     fake = _FakeLLM()
     engine._llm = fake
-    gen, reasons = engine.sample_n([[1, 2], [3]], SamplingSpec(temperature=0.8, seed=5), 4)
+    gen, reasons = sample_n(engine, [[1, 2], [3]], SamplingSpec(temperature=0.8, seed=5), 4)
     requests, params = fake.calls[0]
     assert len(fake.calls) == 1 and len(requests) == 2
     assert [p["n"] for p in params] == [4, 4] and params[0]["temperature"] == 0.8

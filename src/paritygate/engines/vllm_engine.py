@@ -401,33 +401,6 @@ class VLLMEngine:
             engine=self.name,
         )
 
-    def sample_n(self, prompts: list[list[int]], sampling: SamplingSpec,
-                 n: int) -> tuple[Generation, list[str]]:
-        """``n`` samples of each prompt, one request per prompt (vLLM's ``n``): a
-        :class:`Generation` of ``len(prompts) * n`` rows (a prompt's samples adjacent, no
-        log-probs) and how each ended (``eos``, ``stop``, ``length``, from vLLM's
-        ``finish_reason`` and ``stop_reason``: vLLM leaves a stop string out of the text)."""
-        from paritygate.engines.dump_stream import finish_from_vllm
-
-        vllm = _import_vllm()
-        params = [vllm.SamplingParams(**{**sampling_params_kwargs(sampling, 0, i), "n": n,
-                                         "logprobs": None})
-                  for i in range(len(prompts))]
-        requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        lora = self.lora_request()
-        extra = {"lora_request": lora} if lora is not None else {}
-        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
-        rows = [(list(prompt), [int(t) for t in c.token_ids],
-                 finish_from_vllm(c.finish_reason, c.stop_reason))
-                for request, prompt in zip(outputs, prompts, strict=True)
-                for c in request.outputs]
-        if len(rows) != n * len(prompts):
-            raise ValueError(f"vLLM returned {len(rows)} samples for {len(prompts)} prompts "
-                             f"x n={n}")
-        gen = Generation([p for p, _, _ in rows], [o for _, o, _ in rows], [[] for _ in rows],
-                         None, self.logprobs_mode, self.name)
-        return gen, [r for _, _, r in rows]
-
     def close(self) -> None:
         """Shut the engine down (its engine-core process and workers) and release its memory.
 

@@ -185,10 +185,11 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: 
     tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
     if engine_name == "vllm":
         from paritygate.engines.vllm_engine import VLLMEngine
+        from paritygate.engines.vllm_sampling import sample_n
 
         engine = ctx.engine("vllm")
         assert isinstance(engine, VLLMEngine)
-        gen, reasons = engine.sample_n(prompts, sampling, spec.samples)
+        gen, reasons = sample_n(engine, prompts, sampling, spec.samples)
     else:
         hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
             ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
