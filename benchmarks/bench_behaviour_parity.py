@@ -76,7 +76,7 @@ def paired(demo: Path, out: Path, repeats: int) -> None:
 
     def check() -> None:
         m = measure(ctx, dict(DEFAULTS))
-        assert m.status != "skip"
+        assert m.skipped is None, m.skipped
 
     t_floor, t_check = paired_times(floor, check, repeats)
     ratios = [c / f for f, c in zip(t_floor, t_check, strict=True)]
@@ -137,7 +137,8 @@ def dump_audit(demo: Path, out: Path, records: int, batch: int) -> None:
     print(f"dump audit: {total} records (2 sides x {records}, 4 shards each, batch {batch}): "
           f"check {audit:.1f} s = {total / audit:.0f} records/s; trainer forward floor "
           f"{floor:.1f} s = {total / floor:.0f} records/s; ratio {audit / floor:.2f}; peak RSS "
-          f"growth during the audit {grown:.1f} MiB (status {m.status})")
+          f"growth during the audit {grown:.1f} MiB ({len(m.findings)} findings, skipped: "
+          f"{m.skipped})")
 
 
 def main() -> None:

@@ -151,3 +151,16 @@ def test_chat_template_that_keeps_greedy_output_is_found(demo_lm: Path, tmp_path
         results[1].message)
     _, root = explain(results)
     assert root is not None and root.check == "behaviour_parity"
+
+
+def test_too_few_samples_says_the_minimum(demo_lm: Path, tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.errors import InputError
+
+    data = variant_config(demo_lm, tmp_path, None)
+    data["name"] = "bp"
+    data["causal_lm"]["behaviour"] = {"samples": 4}
+    with pytest.raises(InputError) as err:
+        config_from_dict(data, tmp_path / "gate.yaml")
+    assert "causal_lm.behaviour.samples" in str(err.value), str(err.value)
+    assert "greater than or equal to 8" in str(err.value), str(err.value)
