@@ -110,6 +110,7 @@ def dump_audit(demo: Path, out: Path, records: int, batch: int) -> None:
     from paritygate.checks.behaviour_parity import DEFAULTS, measure
     from paritygate.engines.dump_stream import stream_draws
     from paritygate.engines.generation import Generation
+    from paritygate.families.causal_lm.behaviour_sides import SCORE_BATCH
     from paritygate.families.causal_lm.recompute import teacher_forced_rows
     from paritygate.gate import Gate
 
@@ -126,7 +127,7 @@ def dump_audit(demo: Path, out: Path, records: int, batch: int) -> None:
             gen = Generation([list(d.prompt_ids) for d in draws],
                              [d.completion_ids for d in draws], [[] for _ in draws], None,
                              "raw", "floor")
-            teacher_forced_rows(model, gen, 0)
+            teacher_forced_rows(model, gen, 0, batch_size=SCORE_BATCH)
     floor = time.perf_counter() - start
     before = _rss_mib()
     start = time.perf_counter()

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 _SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
 Reward = Callable[[str, str], float]
+SCORE_BATCH = 32
+"""Samples per teacher-forced forward: larger batches amortise the forward's overhead."""
 
 
 class Decoder(Protocol):
@@ -66,7 +68,8 @@ class SideReducer:
                          [d.completion_ids for d in draws], [[] for _ in draws], None, "raw",
                          "behaviour")
         pad = self.ctx.training_tokenizer.pad_token_id
-        rows = teacher_forced_rows(self.ctx.reference_model(), gen, 0 if pad is None else pad)
+        rows = teacher_forced_rows(self.ctx.reference_model(), gen, 0 if pad is None else pad,
+                                   batch_size=SCORE_BATCH)
         for draw, row in zip(draws, rows, strict=True):
             self._score(draw, row)
             self.lengths.append(len(draw.completion_ids))
@@ -117,14 +120,15 @@ class SideReducer:
         was = self.prompts.get(key, (0.0, 0.0, 0))
         self.prompts[key] = (was[0] + total, was[1] + var, was[2] + len(out))
         steps = np.arange(len(out))
-        seen = np.zeros_like(probs, dtype=bool)  # (N, V): token in the sequence before step j
-        prompt = draw.scored_prompt or draw.prompt_ids
-        seen[:, [t for t in prompt if t < z.shape[1]]] = True
-        earlier = np.zeros_like(probs, dtype=np.int64)
-        earlier[steps[1:], out[:-1]] = 1
-        seen |= np.cumsum(earlier, axis=0) > 0
-        q = (probs * seen).sum(-1)  # P_train(a repeat) at each step
-        hits = seen[steps, out]
+        prompt = {t for t in (draw.scored_prompt or draw.prompt_ids) if t < z.shape[1]}
+        first: dict[int, int] = {}
+        for j, token in enumerate(out):
+            first.setdefault(token, j)
+        fresh = [t for t in first if t not in prompt]  # completion tokens not in the prompt
+        born = np.array([first[t] for t in fresh], dtype=np.int64)
+        later = born[None, :] < steps[:, None]  # (N, U): token t already sampled before step j
+        q = probs[:, sorted(prompt)].sum(-1) + (probs[:, fresh] * later).sum(-1)
+        hits = np.array([t in prompt or first[t] < j for j, t in enumerate(out)])
         self.repeats += int(hits.sum())
         self.score[2] += float((hits - q).sum())
         self.score[3] += float((q * (1 - q)).sum())
