@@ -195,7 +195,7 @@ def test_action_scripts_pass_shellcheck(action: dict[str, Any]) -> None:
 def _readme_workflows() -> list[dict[str, Any]]:
     """The README's caller examples (```yml blocks) as workflows; a block with jobs but no
     trigger joins the first example in place of its jobs of the same name."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    text = (REPO_ROOT / "docs" / "github-actions.md").read_text(encoding="utf-8")
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yml\n(.*?)```", text, re.S)]
     full = [b for b in blocks if isinstance(b, dict) and "jobs" in b]
     assert full and True in full[0], "the README's first workflow example has no `on:`"
