@@ -24,6 +24,9 @@ _SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
 Reward = Callable[[str, str], float]
 SCORE_BATCH = 32
 """Samples per teacher-forced forward: larger batches amortise the forward's overhead."""
+LOGITS_BUDGET = 512 * 2**20
+"""Bytes of float32 logits one forward's chunk may hold (fewer samples per forward for a
+large vocabulary or long completions)."""
 
 
 class Decoder(Protocol):
@@ -60,18 +63,26 @@ class SideReducer:
     _open: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
 
     def add(self, draws: list[Draw]) -> None:
-        """Reduce one batch (one batched trainer forward)."""
+        """Reduce one batch: the trainer's logits in chunks small enough that a chunk's
+        ``(tokens, vocab)`` rows stay within :data:`LOGITS_BUDGET` bytes, scored and dropped."""
         from paritygate.engines.generation import Generation
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in draws],
-                         [d.completion_ids for d in draws], [[] for _ in draws], None, "raw",
-                         "behaviour")
         pad = self.ctx.training_tokenizer.pad_token_id
-        rows = teacher_forced_rows(self.ctx.reference_model(), gen, 0 if pad is None else pad,
-                                   batch_size=SCORE_BATCH)
-        for draw, row in zip(draws, rows, strict=True):
-            self._score(draw, row)
+        model = self.ctx.reference_model()
+        vocab = int(getattr(model.config, "vocab_size", 0) or 1)
+        longest = 1 + max(len(d.completion_ids) for d in draws)
+        step = max(1, min(SCORE_BATCH, LOGITS_BUDGET // (4 * vocab * longest)))
+        for start in range(0, len(draws), step):
+            chunk = draws[start : start + step]
+            gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in chunk],
+                             [d.completion_ids for d in chunk], [[] for _ in chunk], None,
+                             "raw", "behaviour")
+            rows = teacher_forced_rows(model, gen, 0 if pad is None else pad, batch_size=step)
+            for draw, row in zip(chunk, rows, strict=True):
+                self._score(draw, row)
+            del rows
+        for draw in draws:
             self.lengths.append(len(draw.completion_ids))
             self.reasons.append(draw.reason)
             text = self.tokenizer.decode(draw.completion_ids, skip_special_tokens=True)
