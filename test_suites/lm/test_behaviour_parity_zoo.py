@@ -107,19 +107,24 @@ def test_reward_function_that_raises_is_bad_input(demo_lm: Path, tmp_path: Path)
     assert "causal_lm.behaviour.reward_fn" in str(err.value)
 
 
-def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path,
-                                                            tmp_path: Path) -> None:
-    """Serving temperature 0.8: sampling_config names the field and explains the behaviour."""
+@pytest.mark.parametrize("serving", [{"temperature": 0.8}, {"stop": []},
+                                     {"repetition_penalty": 1.3}])
+def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path, tmp_path: Path,
+                                                            serving: dict[str, Any]) -> None:
+    """Serving temperature 0.8, a missing stop string, a repetition penalty: sampling_config
+    names the field and explains the behaviour."""
     from paritygate.config import config_from_dict
     from paritygate.gate import Gate
     from paritygate.rootcause import explain
 
     data = variant_config(demo_lm, tmp_path, None)
     data["causal_lm"]["behaviour"] = {}
-    _sampling(data, "serving", tmp_path, temperature=0.8)
+    _sampling(data, "training", tmp_path, **TRAINING)
+    _sampling(data, "serving", tmp_path, **{**TRAINING, **serving})
     data["name"] = "bp"
     gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
     results = [gate.evaluate(cid, golden=False) for cid in ("sampling_config", "behaviour_parity")]
+    assert results[1].status == "fail", results[1].message
     explained, root = explain(results)
     assert root is not None and (root.check, root.kind) == ("sampling_config", "sampling_protocol")
     assert {r.id: r.consequence_of for r in explained}["behaviour_parity"] == "sampling_config"
