@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from paired import paired_times
 
 CHECKS = ["weights_load", "batchnorm_export", "head_removal", "dropout_off",
-          "preprocessing_parity", "logits_agreement", "export_integrity"]
+          "preprocessing_parity", "logits_agreement", "export_integrity", "batch_invariance"]
 
 
 def widen(demo: Path, hidden: int) -> None:
@@ -76,7 +76,9 @@ def minimal_work(demo: Path, artifact: Path, fmt: str, hidden: int, *,
     with ``check_forwards`` also the forward passes the checks need on any implementation:
     K = 5 repeated runs of the training model, the inference model and the artifact
     (dropout_off), and each of 16 rows alone, in batches of 1, 2, 7 and 16 and shuffled through
-    the training model and the artifact (batchnorm_export's batch independence)."""
+    the training model and the artifact (batchnorm_export's batch independence); and the 64
+    probes alone, batched, in pairs, reversed and shuffled through the serving preprocessing and
+    the artifact (batch_invariance)."""
     from safetensors.torch import load_file
 
     from paritygate.demo import policy
@@ -108,6 +110,16 @@ def minimal_work(demo: Path, artifact: Path, fmt: str, hidden: int, *,
                 for start in range(0, (16 // size) * size, size):
                     model(rows[start:start + size])
             model(rows[torch.randperm(16)])
+        # batch_invariance: the serving preprocessing and the artifact on each probe alone, then
+        # batched, in pairs, reversed and shuffled
+        served_x = torch.as_tensor(policy.normalize_serving(raw, stats_path=demo / "obs_norm.json"))
+        for i in range(len(served_x)):
+            served(served_x[i:i + 1])
+        served(served_x)
+        for start in range(0, len(served_x), 2):
+            served(served_x[start:start + 2])
+        served(served_x.flip(0))
+        served(served_x[torch.randperm(len(served_x))])
 
 
 def gate_work(demo: Path, artifact: Path, out: Path, hidden: int) -> str:

@@ -78,7 +78,7 @@ def minimal_sequences(ctx: Any, session: Any, probes: np.ndarray) -> None:
     rows = rec.sequences
     t = np.arange(rec.steps)[:, None]
     starts = ((t == 0) | ((t + np.arange(rows)[None]) % rec.reset_every == 0)).astype(np.float32)
-    model = ctx.training_model
+    model = ctx.reference_model
     h = c = np.zeros((rows, HIDDEN), np.float32)
     hs = cs = h
     for step in range(rec.steps):
@@ -104,7 +104,7 @@ def main() -> None:
     from paritygate.checks.recurrent_parity import CHECK
     from paritygate.config import load_config
     from paritygate.engines.onnxruntime_engine import make_session
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

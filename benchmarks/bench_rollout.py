@@ -155,7 +155,7 @@ def main() -> None:
     from paritygate.check import Thresholds
     from paritygate.checks.rollout_parity import CHECK
     from paritygate.config import load_config
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

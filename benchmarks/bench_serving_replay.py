@@ -2,11 +2,12 @@
 
 Floor: the same records' raw observations through the training preprocessing and the training
 model, a chunk at a time, from arrays already in memory (no file, no comparison). The check
-reads the log from disk (``.npz`` streamed by row blocks, or JSON lines parsed line by line),
+reads the log from disk (``.npz`` streamed by row blocks, Parquet by record batches, or JSON
+lines parsed line by line),
 validates every record, replays and compares. Printed: records per second of each and the ratio;
 peak RSS growth shows the replay's memory does not grow with the log.
 
-    python benchmarks/bench_serving_replay.py [--records 1000000] [--format npz|jsonl]
+    python benchmarks/bench_serving_replay.py [--records 1000000] [--format npz|jsonl|parquet]
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def write_log(demo: Path, out: Path, records: int, fmt: str) -> Path:
     x = policy.normalize_serving(raw, stats_path=demo / "obs_norm.json")
     served = np.concatenate([session.run(None, {"obs": x[i:i + 65536]})[0]
                              for i in range(0, records, 65536)])
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = out / "serving.parquet"
+        dim, outs = raw.shape[1], served.shape[1]
+        table = pa.table({
+            "obs": pa.FixedSizeListArray.from_arrays(pa.array(raw.reshape(-1)), dim),
+            "served": pa.FixedSizeListArray.from_arrays(pa.array(served.reshape(-1)), outs)})
+        pq.write_table(table, path, row_group_size=65536)
+        return path
     if fmt == "npz":
         path = out / "serving.npz"
         np.savez(path, obs=raw, served=served)
@@ -90,7 +102,7 @@ def replay(demo: Path, log: Path, out: Path, records: int, chunk: int) -> tuple[
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--format", choices=["npz", "jsonl"], default="npz")
+    parser.add_argument("--format", choices=["npz", "jsonl", "parquet"], default="npz")
     parser.add_argument("--chunk", type=int, default=4096)
     args = parser.parse_args()
     torch.set_num_threads(1)

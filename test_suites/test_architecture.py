@@ -315,3 +315,28 @@ def test_files_is_the_ground_floor_every_writer_shares() -> None:
                      if p.name != "files.py" and ("os.replace(" in (t := p.read_text("utf-8"))
                                                   or "mkstemp(" in t))
     assert writers == [], "atomic writes belong in paritygate.files"
+
+
+def test_registration_is_one_module_per_check() -> None:
+    """A check registers by its module alone: the registry finds every module of
+    ``paritygate/checks`` (each with a CHECK spec and a POSITION), and the root-cause edges a
+    module declares are the edges of its own check."""
+    import importlib
+
+    from paritygate.checks import CHECK_IDS
+    from paritygate.rootcause import GRAPH
+
+    package = Path(importlib.import_module("paritygate.checks").__file__ or "").parent
+    modules = sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("_"))
+    assert sorted(CHECK_IDS) == modules
+    positions = [importlib.import_module(f"paritygate.checks.{cid}").POSITION
+                 for cid in CHECK_IDS]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    for cid in CHECK_IDS:
+        spec = importlib.import_module(f"paritygate.checks.{cid}").CHECK
+        assert spec.id == cid
+        for edge in getattr(importlib.import_module(f"paritygate.checks.{cid}"), "CAUSES", ()):
+            assert edge.check == cid, f"{cid} declares an edge of {edge.check}"
+            assert set(edge.explains) <= set(CHECK_IDS), edge
+    ranks = [edge.rank for edge in GRAPH]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)

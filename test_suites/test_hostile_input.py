@@ -156,7 +156,7 @@ def test_run_length_bounds_name_the_key(
 
 
 def test_bounds_are_documented_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
     for name, value in (("MAX_RECURRENT_STEPS", MAX_RECURRENT_STEPS),
                         ("MAX_EPISODES", MAX_EPISODES),
                         ("MAX_EPISODE_STEPS", MAX_EPISODE_STEPS)):
@@ -190,7 +190,7 @@ def test_every_reader_of_arrays_and_checkpoints_goes_through_paritygate_reading(
             assert path.name == "checkpoints.py", path
     for user in ("paritygate.config", "paritygate.checkpoints", "paritygate.golden",
                  "paritygate.engines.rollout_dump", "paritygate.engines.hf_loading",
-                 "paritygate.families.policy.probes", "paritygate.families.policy.context",
+                 "paritygate.families.policy.probes", "paritygate.families.policy.build",
                  "paritygate.families.causal_lm.probes", "paritygate.families.causal_lm.sampling",
                  "paritygate.families.causal_lm.tokenizer", "paritygate.families.causal_lm.weights",
                  "paritygate.families.hf_model.probes", "paritygate.families.hf_model.context",

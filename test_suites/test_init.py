@@ -342,3 +342,19 @@ def test_state_pairs_are_guessed_by_name_and_unknown_shapes_are_todo() -> None:
     assert not plain.recurrent and [n for n, _ in plain.observations] == ["image", "done"]
     assert find_todos(yaml.safe_load("policy:\n" + "\n".join(
         inputs_lines(plain, "x", None)))) == ["policy.call"]
+
+
+def test_an_artifact_in_no_format_the_gate_reads_is_refused_naming_the_formats(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from paritygate.errors import InputError
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = _checkpoint(tmp_path / "runs" / "agent.safetensors")
+    artifact = tmp_path / "ship" / "policy.bin"
+    artifact.parent.mkdir()
+    artifact.write_bytes(b"\x00not a model\x00" * 8)
+    with pytest.raises(InputError) as refused:
+        write_config(ckpt, out=Path("configs/agent.yaml"), artifact=artifact)
+    assert refused.value.key == "--artifact"
+    assert "TorchScript" in str(refused.value) and ".pt2" in str(refused.value)
+    assert not (tmp_path / "configs" / "agent.yaml").exists()

@@ -97,8 +97,8 @@ def test_wheel_ships_gate_suite_and_demo_bundle(tmp_path: Path) -> None:
     # no path), and the README's install line needs no file from a clone.
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
     assert requires and not [r for r in requires if "@" in r or "/" in r.split(";")[0]]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Installed from the wheel"):]
+    readme = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    section = readme[readme.index("# Installed from the wheel"):]
     install = next(line for line in section.splitlines() if line.startswith("pip install "))
     assert " -c " not in install and "constraints" not in install, install
 
@@ -215,8 +215,8 @@ def test_readme_python_api_example_runs(
     demo_out: tuple[Path, subprocess.CompletedProcess[str]]
 ) -> None:
     out, _ = demo_out
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Python API"):]
+    readme = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    section = readme[readme.index("# Python API"):]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     assert "demo/configs/demo-policy.yaml" in code.group(1)

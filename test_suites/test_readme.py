@@ -1,4 +1,4 @@
-"""The README's config examples stay valid configs."""
+"""The README's and the docs' examples stay true: configs validate, error lines are real."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import yaml
 
 from paritygate.config import config_from_dict
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+RUNNING = DOCS / "running.md"  # the CLI page: exit codes and the bad-input lines
 STUB_POLICY = {
     "training_factory": "m:f",
     "inference_factory": "m:g",
@@ -22,7 +25,9 @@ STUB_POLICY = {
 
 
 def test_readme_yaml_examples_validate(tmp_path: Path) -> None:
-    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
     assert len(blocks) >= 4
     for block in blocks:
         data = yaml.safe_load(block)
@@ -57,13 +62,13 @@ def _run_cli(args: list[str], cwd: Path) -> str:
 
 
 def test_readme_error_lines_match_real_output(tmp_path: Path) -> None:
-    """Each example error line in the README is what the command that provokes it prints."""
+    """Each example error line in the docs is what the command that provokes it prints."""
     import argparse
 
     import torch
     from safetensors.torch import save_file
 
-    text = README.read_text(encoding="utf-8")
+    text = RUNNING.read_text(encoding="utf-8")
     block = re.search(r"one line naming the file and key, e\.g\.\n\n```\n(.*?)```", text, re.S)
     assert block is not None
     shown = block.group(1).strip().splitlines()

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from zoo_checks import zoo_checks
 
 from paritygate.config import config_from_dict
 from paritygate.gate import Gate
@@ -28,8 +29,7 @@ pytest.importorskip("stable_baselines3", reason="stable-baselines3 not installed
 
 pytestmark = pytest.mark.xdist_group("sb3")
 
-POLICY_CHECKS = ["weights_load", "batchnorm_export", "head_removal", "dropout_off",
-                 "preprocessing_parity", "logits_agreement", "export_integrity"]
+POLICY_CHECKS = list(zoo_checks("policy"))
 
 
 def _train(root: Path, seed: int) -> tuple[Path, Path]:

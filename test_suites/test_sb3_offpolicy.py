@@ -267,3 +267,71 @@ def test_a_continuous_output_is_never_a_temperature(
     assert "temperature" not in logits.message
     assert "an action scale applied on one side only" in logits.message
     assert "policy.distribution" in logits.message
+
+
+# --- rollout_parity in each one's environment ---------------------------------------------------
+
+
+@pytest.mark.parametrize("served", ["q_net", "reversed"], ids=["clean", "action-order-reversed"])
+def test_dqn_rollout_parity_on_cartpole(
+        dqn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: str) -> None:
+    """Greedy actions (argmax of the served Q-values) stepped on CartPole-v1 by both paths: the
+    online network's export agrees step for step; an export whose Q-values come in the other
+    action order (a serving action map reversed) pushes the cart the other way."""
+    import torch
+
+    from paritygate.adapters.sb3 import dqn_training_policy
+    from paritygate.checkpoints import load_state_dict
+
+    policy = dqn_training_policy(4, 2, NET_ARCH)
+    policy.load_state_dict(load_state_dict(dqn_run / "dqn_cartpole.zip"))
+
+    class Served(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_net = policy.q_net
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            q = self.q_net(obs)
+            return q if served == "q_net" else torch.flip(q, dims=[1])
+
+    artifact = _export(Served(), torch.zeros(1, 4), tmp_path / "export" / "policy.onnx",
+                       "q_values")
+    data, path, _ = _init(dqn_run / "dqn_cartpole.zip", tmp_path, monkeypatch,
+                          dqn_run / "probes.npy")
+    data["policy"].update(artifact=str(artifact),
+                          rollout={"env": "CartPole-v1", "seeds": [0, 1, 2], "max_steps": 100})
+    gate = Gate(config_from_dict({**data, "checks": ["rollout_parity"]}, path),
+                report_dir=tmp_path / "reports")
+    rollout = gate.evaluate("rollout_parity", golden=False)
+    assert rollout.metrics["episodes"] == 3 and rollout.metrics["steps"] > 0, rollout.metrics
+    if served == "q_net":
+        assert rollout.status == "pass", rollout.message
+        assert rollout.metrics["unexcused_divergences"] == 0
+        return
+    assert rollout.status == "fail" and rollout.reasons[0].finding == "action_divergence", (
+        rollout.message)
+
+
+@pytest.mark.parametrize("served", ["clean", "no-tanh"])
+def test_td3_rollout_parity_on_pendulum(
+        td3_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, served: str) -> None:
+    """TD3's deterministic action ``2 * tanh(u)`` stepped on Pendulum-v1 by both paths; an export
+    that drops the tanh acts ``2 * u`` and diverges."""
+    artifact = _td3_action_export(td3_run, tmp_path / "export" / "policy.onnx", served)
+    data, path, _ = _init(td3_run / "td3_pendulum.zip", tmp_path, monkeypatch,
+                          td3_run / "probes.npy")
+    policy = data["policy"]
+    policy.update(artifact=str(artifact), output_names=["action"],
+                  rollout={"env": "Pendulum-v1", "seeds": [0, 1, 2], "max_steps": 60})
+    policy["distribution"]["serving_output"] = "action"
+    gate = Gate(config_from_dict({**data, "checks": ["rollout_parity"]}, path),
+                report_dir=tmp_path / "reports")
+    rollout = gate.evaluate("rollout_parity", golden=False)
+    assert rollout.metrics["episodes"] == 3 and rollout.metrics["steps"] > 0, rollout.metrics
+    if served == "clean":
+        assert rollout.status == "pass", rollout.message
+        assert rollout.metrics["max_action_abs_diff"] < 1e-4, rollout.metrics
+        return
+    assert rollout.status == "fail" and rollout.reasons[0].finding == "action_divergence", (
+        rollout.message)

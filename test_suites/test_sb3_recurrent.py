@@ -147,7 +147,7 @@ def test_trained_recurrent_ppo_passes_rollout_parity_with_its_state_fed_back(
     assert result.status == "pass", result.message
     assert result.metrics["action_agreement"] == 1.0 and result.metrics["episodes"] == 6
     assert result.metrics["max_return_abs_diff"] == 0.0
-    serving = gate.context.rollouts.serving
+    serving = gate.context.rollouts.candidate
     # the state moved: each step's incoming state is the previous step's state output
     first = serving[0].incoming_states
     assert float(first[0]["episode_start"][0]) == 1.0 and not first[0]["h_in"].any()

@@ -17,11 +17,10 @@ trainer/engine log-prob mismatch of a batch (see :mod:`paritygate.metrics.mismat
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-IMPORTED_AT = time.perf_counter()
-"""When this process imported paritygate: the gate's start-up is measured from here."""
+from paritygate.startup import IMPORTED_AT as IMPORTED_AT
+
 __version__ = "0.1.0"
 __all__ = [
     "CHECK_IDS",
@@ -69,7 +68,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

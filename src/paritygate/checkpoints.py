@@ -14,10 +14,15 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, BinaryIO
 
 from paritygate.errors import InputError, MissingExtra
 from paritygate.reading import check_input, read_zip_member
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
 
 PICKLE_REFUSED = (
     "needs arbitrary unpickling, which can run code from the file; refused "
@@ -25,7 +30,7 @@ PICKLE_REFUSED = (
 )
 
 
-def _torch() -> Any:
+def _torch() -> ModuleType:
     try:
         import torch
     except ImportError:
@@ -33,7 +38,7 @@ def _torch() -> Any:
     return torch
 
 
-def has_nonfinite(t: Any) -> bool:
+def has_nonfinite(t: torch.Tensor) -> bool:
     """Whether a tensor holds NaN or +-Inf.
 
     Its sum is taken first: one reduction, non-finite whenever any value is. Only a non-finite
@@ -52,9 +57,9 @@ def has_nonfinite(t: Any) -> bool:
     return not bool(torch.isfinite(t).all())
 
 
-def _looks_like_torch(source: Any) -> bool:
+def _looks_like_torch(source: str | BinaryIO) -> bool:
     """A torch file is a zip archive (torch >= 1.6) or starts with a pickle PROTO opcode."""
-    if hasattr(source, "seek"):
+    if not isinstance(source, str):
         source.seek(0)
         head = source.read(4)
         source.seek(0)
@@ -64,7 +69,8 @@ def _looks_like_torch(source: Any) -> bool:
     return head.startswith(b"PK") or head[:1] == b"\x80"
 
 
-def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) -> Any:
+def _torch_load(source: str | BinaryIO, path: Path, key: str | None, allow_pickle: bool
+                ) -> object:
     torch = _torch()
     try:
         with warnings.catch_warnings():
@@ -77,7 +83,7 @@ def _torch_load(source: Any, path: Path, key: str | None, allow_pickle: bool) ->
             ) from None
         if not allow_pickle:
             raise InputError(path, key, PICKLE_REFUSED) from None
-        if hasattr(source, "seek"):
+        if not isinstance(source, str):
             source.seek(0)
         try:
             return torch.load(source, map_location="cpu", weights_only=False)
@@ -99,21 +105,21 @@ keeps the model's state dict under, tried in this order when ``policy.state_dict
 STATE_DICT_KEY = "policy.state_dict_key"
 
 
-def _is_state_dict(obj: Any) -> bool:
+def _is_state_dict(obj: object) -> bool:
     torch = _torch()
     return isinstance(obj, Mapping) and bool(obj) and all(
         isinstance(v, torch.Tensor) for v in obj.values())
 
 
-def _top_keys(obj: Mapping[Any, Any]) -> str:
+def _top_keys(obj: Mapping[object, object]) -> str:
     names = [str(k) for k in obj]
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} keys)" if len(names) > 12 else "")
     return f"top-level keys: {shown}"
 
 
 def find_state_dict(
-    obj: Any, path: Path, key: str | None = None
-) -> tuple[Mapping[Any, Any], str | None]:
+    obj: object, path: Path, key: str | None = None
+) -> tuple[Mapping[object, object], str | None]:
     """The state dict inside a loaded checkpoint object and the dotted key it was found under.
 
     ``key`` (``policy.state_dict_key``, dotted for nesting: ``agent.actor``) picks it;
@@ -168,11 +174,13 @@ def nested_state_dict_keys(path: Path, *, allow_pickle: bool = False) -> list[st
 
 
 def _as_state_dict(
-    obj: Any, path: Path, key: str | None = None
-) -> tuple[dict[str, Any], str | None]:
-    torch = _torch()
+    obj: object, path: Path, key: str | None = None
+) -> tuple[dict[str, torch.Tensor], str | None]:
+    _torch()  # MissingExtra without torch
+    import torch
+
     found, where = find_state_dict(obj, path, key)
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for name, value in found.items():
         if not isinstance(value, torch.Tensor):
             prefix = f"{where}." if where else ""
@@ -219,7 +227,7 @@ def read_checkpoint(path: Path) -> tuple[bytes, str]:
 def load_state_dict(
     path: Path, *, allow_pickle: bool = False, data: bytes | None = None,
     state_dict_key: str | None = None,
-) -> dict[str, Any]:
+) -> dict[str, torch.Tensor]:
     """Read a checkpoint file into ``{name: tensor}`` on the CPU, read-only.
 
     ``data``: the file's bytes, already read (:func:`read_checkpoint`), so the file is read
@@ -231,7 +239,7 @@ def load_state_dict(
 def load_checkpoint_state(
     path: Path, *, allow_pickle: bool = False, data: bytes | None = None,
     state_dict_key: str | None = None,
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[dict[str, torch.Tensor], str | None]:
     """:func:`load_state_dict`, and the dotted key of a training checkpoint the state dict was
     read from (``None``: the file is the state dict itself)."""
     if data is None:
@@ -249,22 +257,22 @@ def load_checkpoint_state(
                 path, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
             ) from None
         return _as_state_dict(loaded, path, state_dict_key)
-    source: Any = path if data is None else io.BytesIO(data)
+    source: Path | io.BytesIO = path if data is None else io.BytesIO(data)
     if suffix == ".zip" and zipfile.is_zipfile(source):
         with zipfile.ZipFile(source) as zf:
             if "policy.pth" in zf.namelist():  # Stable-Baselines3 layout
                 member = io.BytesIO(read_zip_member(zf, "policy.pth", path, None,
                                                     what="member", max_bytes=memory_bytes()))
                 try:
-                    loaded = _torch_load(member, path, None, allow_pickle)
+                    unpickled = _torch_load(member, path, None, allow_pickle)
                 except InputError as exc:  # the member is named in the cause, the key stays free
                     raise InputError(path, None, f"member policy.pth: {exc.cause}") from None
-                return _as_state_dict(loaded, path, state_dict_key)
-    source = str(path) if data is None else io.BytesIO(data)
-    return _as_state_dict(_torch_load(source, path, None, allow_pickle), path, state_dict_key)
+                return _as_state_dict(unpickled, path, state_dict_key)
+    reread: str | io.BytesIO = str(path) if data is None else io.BytesIO(data)
+    return _as_state_dict(_torch_load(reread, path, None, allow_pickle), path, state_dict_key)
 
 
-def _storage(tensor: Any) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+def _storage(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
     """Where a tensor's values live: the same storage, offset, shape and strides is the same
     tensor under another name."""
     try:
@@ -273,14 +281,14 @@ def _storage(tensor: Any) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] |
         return None
     if not tensor.numel() or not ptr:
         return None
-    return ptr, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride())
+    return ptr, int(tensor.storage_offset()), tuple(tensor.shape), tuple(tensor.stride())
 
 
 def _suffix(name: str) -> str:
     return name.split(".", 1)[1] if "." in name else name
 
 
-def find_aliases(state: dict[str, Any], loaded: set[str], *, by_value: bool = True
+def find_aliases(state: Mapping[str, object], loaded: set[str], *, by_value: bool = True
                  ) -> dict[str, str]:
     """Checkpoint names outside ``loaded`` that store a tensor also stored under a loaded name:
     the same storage (a module registered under several names, saved once), or, in a file
@@ -290,7 +298,7 @@ def find_aliases(state: dict[str, Any], loaded: set[str], *, by_value: bool = Tr
     name}``."""
     import torch
 
-    where: dict[Any, str] = {}
+    where: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
     by_suffix: dict[str, list[str]] = {}
     for name in sorted(loaded):
         tensor = state[name]
@@ -312,8 +320,9 @@ def find_aliases(state: dict[str, Any], loaded: set[str], *, by_value: bool = Tr
             continue
         for other in sorted(by_suffix.get(_suffix(name), [])):
             ref = state[other]
-            if (ref.shape == tensor.shape and ref.dtype == tensor.dtype
-                    and torch.equal(ref, tensor) and bool((tensor != tensor.flatten()[0]).any())):
+            if (isinstance(ref, torch.Tensor) and ref.shape == tensor.shape
+                    and ref.dtype == tensor.dtype and torch.equal(ref, tensor)
+                    and bool((tensor != tensor.flatten()[0]).any())):
                 found[name] = other
                 break
     return found

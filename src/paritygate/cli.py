@@ -13,11 +13,13 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from paritygate.cli_parser import build_parser
+from paritygate.cli_signals import Signals, Terminated
 from paritygate.errors import InputError
-from paritygate.families import FAMILIES
 
 if TYPE_CHECKING:
     from paritygate.gate import Gate
@@ -27,185 +29,6 @@ EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 """Ctrl-C (SIGINT, KeyboardInterrupt) and SIGTERM: no report is written, golden unchanged."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="paritygate",
-        description="Release gate for RL policy checkpoints: proves the inference path "
-        "computes the policy the trainer optimised.",
-    )
-    from paritygate import __version__
-
-    parser.add_argument(
-        "--version", action="version", version=f"paritygate {__version__}",
-        help="print the version and exit",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run the gate on a config (exit 0 pass, 1 fail, 2 bad input)")
-    run.add_argument("config", type=Path, help="gate config YAML")
-    run.add_argument(
-        "--report-dir",
-        type=Path,
-        default=None,
-        help="where report.json/.md/.html and junit.xml go (default: report_dir of the config, "
-        "else ./reports/<name>)",
-    )
-    run.add_argument(
-        "--update-golden",
-        action="store_true",
-        help="bless the obtained metrics as golden baselines (atomic)",
-    )
-    run.add_argument(
-        "-m",
-        dest="markexpr",
-        default=None,
-        help="pytest mark expression selecting checks, e.g. 'fast' or 'not vllm'",
-    )
-    run.add_argument(
-        "-n",
-        dest="workers",
-        default=None,
-        help="pytest-xdist workers (e.g. 2 or auto); same verdict as serial. Each worker "
-        "loads every input again, so the checks run serially (saying so) unless the last "
-        "report's durations and idle cores show the workers finish sooner",
-    )
-    run.add_argument(
-        "--force-workers",
-        action="store_true",
-        help="start the -n workers even where they are estimated not to shorten the run",
-    )
-    run.add_argument(
-        "--check",
-        dest="check_ids",
-        action="append",
-        default=None,
-        metavar="ID",
-        help="run only this check (repeatable); ids: paritygate checks",
-    )
-    run.add_argument(
-        "--allow-skips",
-        action="store_true",
-        help="pass a run in which every selected check skipped (default: exit 3)",
-    )
-    run.add_argument(
-        "--checkpoint",
-        default=None,
-        metavar="N|PATH",
-        help="gate another checkpoint of the same policy with this config (same name, same "
-        "baselines): a step N of the trainer output_dir the config names, latest, final, or "
-        "a path (a checkpoint-N folder, an output_dir, a policy checkpoint file)",
-    )
-    run.add_argument(
-        "--all",
-        dest="all_checkpoints",
-        action="store_true",
-        help="gate every checkpoint-N of the config's trainer output_dir, one run each, "
-        "reports in <report-dir>/checkpoint-N; exit with the worst code",
-    )
-
-    export = sub.add_parser("export", help="build the inference artifact and manifest.json")
-    export.add_argument("config", type=Path, help="gate config YAML")
-    export.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output folder (default: export/<name>/ beside the current folder)",
-    )
-
-    demo = sub.add_parser("demo", help="build the bundled demo checkpoints (no network needed)")
-    demo.add_argument(
-        "--out",
-        type=Path,
-        default=Path("demo"),
-        help="folder for the checkpoints, configs/ and golden/ (default: ./demo)",
-    )
-    demo.add_argument(
-        "--only", choices=("policy", "lm", "rollout"), default=None,
-        help="build one demo only (rollout: a CartPole policy for rollout_parity)"
-    )
-
-    dump = sub.add_parser(
-        "dump", help="causal LM: write the serving engine's rollouts as a dump to audit"
-    )
-    dump.add_argument("config", type=Path, help="gate config YAML (causal-LM family)")
-    dump.add_argument("--out", type=Path, required=True, help="FILE.jsonl or FILE.parquet")
-    dump.add_argument(
-        "--engine", default="hf", choices=["hf", "vllm"], help="engine that generates"
-    )
-    prec = sub.add_parser("precision", help="per-layer fp16/bf16 precision report only")
-    prec.add_argument("config", type=Path, help="gate config YAML")
-    prec.add_argument(
-        "--report-dir", type=Path, default=None, help="report folder (default as for run)"
-    )
-    prec.add_argument(
-        "--update-golden", action="store_true", help="bless its baseline (as run does)"
-    )
-
-    init = sub.add_parser(
-        "init",
-        help="write a commented gate config for a checkpoint or HF model directory",
-        description="Inspect a checkpoint (tensor keys, training-only heads), an ONNX artifact "
-        "beside it and an HF directory's tokenizer and generation config, and write a gate config "
-        "to edit. Every value it cannot infer is a TODO; paritygate run refuses the config "
-        "(exit 2, naming the key) until each is filled.",
-    )
-    init.add_argument(
-        "source",
-        type=Path,
-        help="checkpoint file (.safetensors, .pt/.pth, SB3 .zip), HF model directory, or a "
-        "trainer output_dir of checkpoint-N folders",
-    )
-    init.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="config file to write (default: ./configs/<name>.yaml); never overwritten",
-    )
-    init.add_argument(
-        "--artifact",
-        type=Path,
-        default=None,
-        help="ONNX artifact to inspect (default: the only .onnx file beside the checkpoint)",
-    )
-    init.add_argument(
-        "--serving",
-        type=Path,
-        default=None,
-        help="HF causal LM: the served copy (causal_lm.serving.model_dir); its own "
-        "generation_config.json, tokenizer, chat template and config.json dtype are the serving "
-        "defaults (default: a TODO)",
-    )
-    init.add_argument(
-        "--checkpoint",
-        default=None,
-        metavar="N",
-        help="with a trainer output_dir: the step of the checkpoint-N to inspect (default: the "
-        "latest); the config keeps the output_dir and pins this step",
-    )
-    init.add_argument(
-        "--name",
-        default=None,
-        help="gate name, naming golden/<name>/ (default: the --out file's name, else the "
-        "checkpoint's file or folder that names the policy, not a step such as step_300, "
-        "else the repository)",
-    )
-
-    init.add_argument(
-        "--reward-model", type=Path, default=None,
-        help="causal LM: the reward model directory (default: reward_model/, reward/ or rm/ "
-        "beside the model directory)",
-    )
-    init.add_argument(
-        "--reference", type=Path, default=None,
-        help="causal LM: the KL reference directory (default: ref_model/, reference/ or ref/ "
-        "beside the model directory)",
-    )
-
-    checks = sub.add_parser("checks", help="list the check ids, their families and marks")
-    checks.add_argument(
-        "--family", choices=FAMILIES, default=None, help="one family only"
-    )
-    return parser
 
 
 def _select_checks(gate: object, check_ids: list[str]) -> list[str]:
@@ -474,13 +297,22 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_checks(args: argparse.Namespace) -> int:
     from paritygate.checks import CHECK_IDS, get_check
 
-    for cid in CHECK_IDS:
-        spec = get_check(cid)
-        if args.family and args.family not in spec.families:
-            continue
-        print(f"{cid:<22} {','.join(spec.families):<17} {','.join(spec.marks):<10} "
-              f"{spec.summary}")
+    specs = [spec for spec in map(get_check, CHECK_IDS)
+             if not args.family or args.family in spec.families]
+    rows = [(spec.id, ",".join(spec.families), ",".join(spec.marks), spec.summary)
+            for spec in specs]
+    print("\n".join(text_table(rows)))
     return EXIT_PASS
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as aligned text: every column but the last as wide as its widest cell, so no
+    value runs into the next column."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    padded = ([cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)] for row in rows)
+    return [" ".join([*cells, row[-1]]).rstrip() for cells, row in zip(padded, rows, strict=True)]
 
 
 def _cmd_precision(args: argparse.Namespace) -> int:
@@ -508,7 +340,7 @@ def _cmd_precision(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
     handlers = {
         "run": _cmd_run,
@@ -519,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "init": _cmd_init,
         "checks": _cmd_checks,
     }
-    signals = _Signals()
+    signals = Signals()
     try:
         try:
             return handlers[args.command](args)
@@ -546,70 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         signals.restore()
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is so the run stops the way Ctrl-C stops it: no
-    report, golden untouched, exit 143."""
-
-
-REDELIVER_S = 0.05
-"""An interrupt that arrives while a module is being imported is delivered again this much
-later: raised inside an extension module's initialisation it would abort the interpreter."""
-
-
-def _importing(frame: Any) -> bool:
-    """Whether the interrupted Python frame is inside an import."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-class _Signals:
-    """SIGINT and SIGTERM as interrupts (:class:`KeyboardInterrupt`, :class:`Terminated`) in
-    the main thread for one command, each one recorded (:attr:`received`)."""
-
-    def __init__(self) -> None:
-        import signal
-        import threading
-
-        self.received: list[int] = []
-        self.previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for name in ("SIGINT", "SIGTERM"):
-            if hasattr(signal, name):
-                signum = getattr(signal, name)
-                self.previous[signum] = signal.signal(signum, self._handle)
-
-    @property
-    def last(self) -> str | None:
-        import signal
-
-        return signal.Signals(self.received[-1]).name if self.received else None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        import signal
-        import threading
-
-        self.received.append(signum)
-        if _importing(frame):
-            timer = threading.Timer(REDELIVER_S, self._redeliver, (signum,))
-            timer.daemon = True
-            timer.start()
-            return
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-    def _redeliver(self, signum: int) -> None:
-        if self.previous:  # the command is still running
-            os.kill(os.getpid(), signum)
-
-    def restore(self) -> None:
-        import signal
-
-        previous, self.previous = self.previous, {}
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+_parser = build_parser
+"""Kept under its old name for callers of the parser."""
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Relative paths resolve against the folder of the config file.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from paritygate.config_base import StrictModel
 from paritygate.errors import InputError, shorten
@@ -27,6 +29,7 @@ from paritygate.families.causal_lm.config import CausalLMSpec
 from paritygate.families.hf_model.config import HFModelSpec
 from paritygate.families.policy.config import PolicySpec
 from paritygate.precision.config import PrecisionSpec
+from paritygate.trainer_output import CHECKPOINT_ENV, TrainerCheckpoint, pick_checkpoint
 
 
 class GoldenSettings(StrictModel):
@@ -55,6 +58,10 @@ class GateConfig(StrictModel):
     golden: GoldenSettings = GoldenSettings()
     report_dir: str | None = None
     seed: int = 0
+    threads: int | None = Field(default=None, ge=1)
+    """Intra-op threads for torch and ONNX Runtime (default: the cores the process is given,
+    shared among pytest-xdist workers; ``PARITYGATE_THREADS`` sets it too). See
+    :mod:`paritygate.threads`."""
     allow_pickle: bool = False
     """Allow checkpoint formats that unpickle arbitrary objects (runs code from the file)."""
     trust_remote_code: bool = False
@@ -68,7 +75,7 @@ class GateConfig(StrictModel):
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
     _report_dir: Path | None = PrivateAttr(default=None)
-    _trainer_checkpoint: Any = PrivateAttr(default=None)
+    _trainer_checkpoint: TrainerCheckpoint | None = PrivateAttr(default=None)
 
     @field_validator("checks", "skip_checks")
     @classmethod
@@ -101,7 +108,7 @@ class GateConfig(StrictModel):
         return self._path
 
     @property
-    def trainer_checkpoint(self) -> Any:
+    def trainer_checkpoint(self) -> TrainerCheckpoint | None:
         """The trainer checkpoint the model directory resolved to
         (:class:`paritygate.trainer_output.TrainerCheckpoint`), or ``None``."""
         return self._trainer_checkpoint
@@ -122,7 +129,7 @@ class GateConfig(StrictModel):
         ``module:callable``) resolve to paths no error is about and match nothing."""
         named: dict[str, Path] = {}
 
-        def walk(value: Any, key: str) -> None:
+        def walk(value: object, key: str) -> None:
             if isinstance(value, dict):
                 for k, v in value.items():
                     walk(v, f"{key}.{k}" if key else str(k))
@@ -156,7 +163,7 @@ class GateConfig(StrictModel):
         return Path.cwd() / "reports" / self.name
 
 
-def _format_loc(loc: tuple[Any, ...]) -> str:
+def _format_loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -170,12 +177,12 @@ MAX_ECHO_CHARS = 200
 """At most this much of a wrong value is echoed in an error line."""
 
 
-def _echo(value: Any) -> str:
+def _echo(value: object) -> str:
     """``repr(value)``, cut: a hostile value must not become a megabyte error line."""
     return shorten(_short_repr(value), MAX_ECHO_CHARS)
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: object) -> str:
     """A repr that stops early on deep or long containers (``reprlib``), plain otherwise."""
     import reprlib
 
@@ -185,7 +192,7 @@ def _short_repr(value: Any) -> str:
     return short.repr(value) if isinstance(value, (dict, list, tuple, set, str)) else repr(value)
 
 
-def _describe_error(err: Any) -> tuple[str | None, str]:
+def _describe_error(err: ErrorDetails) -> tuple[str | None, str]:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     if loc and loc[-1] in ("float", "none") and len(loc) >= 3 and loc[0] == "thresholds":
         loc = loc[:-1]  # the union branch (float | None) is not a key
@@ -200,7 +207,7 @@ def _describe_error(err: Any) -> tuple[str | None, str]:
     return _format_loc(loc) or None, cause
 
 
-def config_from_dict(data: Any, path: Path) -> GateConfig:
+def config_from_dict(data: object, path: Path) -> GateConfig:
     """Validate a parsed config; raises :class:`InputError` naming the first bad key."""
     if not isinstance(data, dict):
         raise InputError(path, None, "config must be a YAML mapping")
@@ -214,16 +221,35 @@ def config_from_dict(data: Any, path: Path) -> GateConfig:
         raise InputError(path, key, "; ".join([cause, *rest])) from None
     config._path = Path(path).resolve()
     _validate_thresholds(config, path)
-    import os
-
-    from paritygate.trainer_output import CHECKPOINT_ENV, apply_checkpoint
-
     config = apply_checkpoint(config, os.environ.get(CHECKPOINT_ENV))
     _refuse_special_files(config)
     from paritygate.imports import register_python_path
 
     register_python_path(config.path, [config.resolve(p) for p in config.python_path])
     return config
+
+
+def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateConfig:
+    """``config`` with its model directory resolved to one checkpoint
+    (:func:`paritygate.trainer_output.pick_checkpoint` says how ``override`` picks it). The
+    trainer's record is kept on the config (:attr:`GateConfig.trainer_checkpoint`) for the
+    report and the provenance."""
+    section_name, field = ("policy", "checkpoint") if config.family == "policy" \
+        else (config.family, "model_dir")
+    section = getattr(config, section_name)
+    by_folder = field == "model_dir"
+    selector = getattr(section, "checkpoint", None) if by_folder else None
+    new_value, record = pick_checkpoint(
+        getattr(section, field), override=override, base=config.resolve, where=config.path,
+        key=f"{section_name}.{'checkpoint' if selector is not None else field}",
+        selector=selector, earlier=config.trainer_checkpoint, accepts_output_dir=by_folder)
+    if new_value is None:
+        return config
+    updated = config.model_copy(
+        update={section_name: section.model_copy(update={field: new_value})}
+    )
+    updated._trainer_checkpoint = record
+    return updated
 
 
 def _refuse_special_files(config: GateConfig) -> None:
@@ -298,7 +324,7 @@ written out are not counted here (the file's size, :data:`~paritygate.reading.MA
 bounds them), so a long list written out meets its own key's bound instead."""
 
 
-def _parse_yaml(text: str, path: Path) -> Any:
+def _parse_yaml(text: str, path: Path) -> object:
     """The YAML document of ``text``, parsed once (libyaml where installed): composed into
     nodes, the alias expansion bounded (:func:`_refuse_alias_bombs`), then constructed."""
     loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -311,7 +337,7 @@ def _parse_yaml(text: str, path: Path) -> Any:
         loader.dispose()
 
 
-def _refuse_alias_bombs(root: Any, path: Path) -> None:
+def _refuse_alias_bombs(root: yaml.Node | None, path: Path) -> None:
     """Refuse a document whose aliases add more than :data:`MAX_YAML_ALIAS_VALUES` values.
 
     Each node's expanded size is memoised (so the count stays linear in the file); what
@@ -320,7 +346,7 @@ def _refuse_alias_bombs(root: Any, path: Path) -> None:
     more than the document's), so a bomb is refused at the anchor that blows up."""
     sizes: dict[int, int] = {}
 
-    def size(node: Any, depth: int) -> int:
+    def size(node: yaml.Node, depth: int) -> int:
         if id(node) in sizes:
             return sizes[id(node)]
         if depth > 200:
@@ -341,14 +367,14 @@ def _refuse_alias_bombs(root: Any, path: Path) -> None:
         size(root, 0)
 
 
-def _line(node: Any) -> str | None:
+def _line(node: yaml.Node) -> str | None:
     mark = getattr(node, "start_mark", None)
     return f"line {mark.line + 1}" if mark is not None else None
 
 
-def _refuse_todos(data: Any, path: Path) -> None:
+def _refuse_todos(data: object, path: Path) -> None:
     """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
-    from paritygate.init import find_todos
+    from paritygate.init_infer import find_todos
 
     todos = find_todos(data)
     if todos:

@@ -13,7 +13,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+import filelock
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STALE_TMP_S = 60.0
 """A temp file older than this is a leftover of a killed writer: a live write takes
@@ -40,7 +45,7 @@ def clean_stale_temps(path: Path, *, older_than_s: float = STALE_TMP_S) -> list[
     return removed
 
 
-def _stage(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
+def _stage(path: Path, write: Callable[[IO[bytes]], object]) -> str:
     """``write(fh)`` on a new temp file beside ``path`` (its name returned), not yet in place;
     stale temp files of killed writers are removed first (:func:`clean_stale_temps`), and on
     any error, an interrupt included, the temp file goes."""
@@ -57,7 +62,7 @@ def _stage(path: Path, write: Callable[[IO[bytes]], Any]) -> str:
     return tmp
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(fh)`` on a temp file beside ``path``, then ``os.replace`` it into place.
 
     Safe under pytest-xdist and for readers polling ``path``: they see the old file or the
@@ -72,7 +77,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return path
 
 
-def _writer(data: bytes) -> Callable[[IO[bytes]], Any]:
+def _writer(data: bytes) -> Callable[[IO[bytes]], object]:
     """A ``write(fh)`` callback that writes ``data``."""
     return lambda fh: fh.write(data)
 
@@ -103,16 +108,17 @@ def atomic_write_text(path: Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_savefig(fig: Any, path: Path, **kwargs: Any) -> Path:
+def atomic_savefig(fig: Figure, path: Path, **kwargs: Any) -> Path:
     """Save a matplotlib figure to ``path`` atomically (format taken from the suffix)."""
-    fmt = kwargs.pop("format", path.suffix.lstrip(".") or "png")
+    fmt = str(kwargs.pop("format", path.suffix.lstrip(".") or "png"))
     return atomic_write(path, lambda fh: fig.savefig(fh, format=fmt, **kwargs))
 
 
-def json_default(obj: Any) -> Any:
+def json_default(obj: object) -> object:
     """JSON for numpy scalars/arrays and paths that checks may leave in details."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        return tolist()
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, (set, tuple)):
@@ -120,7 +126,7 @@ def json_default(obj: Any) -> Any:
     return str(obj)
 
 
-def dump_json(data: Any) -> str:
+def dump_json(data: object) -> str:
     """Indented, key-sorted JSON text (NaN allowed) ending in a newline."""
     return json.dumps(data, indent=2, sort_keys=True, allow_nan=True, default=json_default) + "\n"
 
@@ -174,69 +180,45 @@ class LockHeld(Exception):
 
 
 class FileLock:
-    """An exclusive, non-blocking lock on ``path`` that holds the holder's pid.
+    """An exclusive, non-blocking lock on ``path`` (:class:`filelock.FileLock`) that names its
+    holder's pid.
 
-    ``flock`` where the platform has it: the kernel drops the lock when its holder dies,
-    so a killed process never leaves a lock that blocks the next run (the file may stay; it
-    is taken over). Elsewhere ``O_EXCL`` creation, with a lock of a dead pid taken over.
+    ``flock`` where the platform has it: the kernel drops the lock when its holder dies, so a
+    killed process never leaves a lock that blocks the next run (the file stays, and is
+    taken over). The holder writes its pid into the file for the message of a second run.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
+        self._lock: filelock.BaseFileLock | None = None
 
     def acquire(self) -> FileLock:
         """Take the lock or raise :class:`LockHeld`; ``OSError`` when it cannot be created."""
+        if self._lock is not None:
+            return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
         try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            return self._acquire_excl()
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise LockHeld(self.path, _read_pid(self.path)) from None
-            try:  # the holder before us may have removed the file we locked: lock the new one
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockHeld(self.path, _read_pid(self.path)) from None
+        self._lock = lock
+        try:
+            self.path.write_text(f"{os.getpid()}\n", encoding="utf-8")
+        except OSError:
+            self.release()
+            raise
         return self
 
-    def _acquire_excl(self) -> FileLock:  # pragma: no cover - not POSIX
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                pid = _read_pid(self.path)
-                if pid is not None and _alive(pid):
-                    raise LockHeld(self.path, pid) from None
-                self.path.unlink(missing_ok=True)  # a dead holder's lock
-                continue
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return self
-        raise LockHeld(self.path, _read_pid(self.path))
-
     def release(self) -> None:
-        """Drop the lock and remove its file (a no-op when not held)."""
-        if self._fd is None:
-            return
-        self.path.unlink(missing_ok=True)
-        os.close(self._fd)
-        self._fd = None
+        """Drop the lock (a no-op when not held)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release(force=True)
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._lock is not None
 
 
 def _read_pid(path: Path) -> int | None:
@@ -244,13 +226,3 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text(encoding="utf-8").split()[0])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:  # pragma: no cover - not POSIX
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True

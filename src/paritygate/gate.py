@@ -25,10 +25,12 @@ from paritygate.files import unwritable_reason
 from paritygate.golden import BlessInProgress, GoldenStore, regression_check
 from paritygate.provenance import environment
 from paritygate.result import CheckResult, Measurement
+from paritygate.startup import IMPORTED_AT
 from paritygate.verdict import Margin, judge
 
 if TYPE_CHECKING:
     from paritygate.families.base import Context
+    from paritygate.threads import ThreadPlan
 
 
 class Gate:
@@ -52,6 +54,8 @@ class Gate:
         self.golden = GoldenStore(config.golden_dir())
         self.startup_s: float | None = None
         """Seconds from importing paritygate to the built context: what a new process repeats."""
+        self.threads: ThreadPlan | None = None
+        """The intra-op thread counts set when the context was built, and why."""
         self.margin = Margin(config.golden.rel_margin, config.golden.threshold_fraction)
         self.markexpr: str | None = None
         """The run's ``-m`` expression (the plugin sets it): see :meth:`asked_for`."""
@@ -71,7 +75,7 @@ class Gate:
         of the trainer output_dir the config names, ``latest``, ``final`` or a path."""
         config = load_config(path)
         if checkpoint is not None:
-            from paritygate.trainer_output import apply_checkpoint
+            from paritygate.config import apply_checkpoint
 
             config = apply_checkpoint(config, str(checkpoint))
         return cls(config, update_golden=update_golden, report_dir=report_dir)
@@ -79,9 +83,10 @@ class Gate:
     @cached_property
     def context(self) -> Context:
         """The family context, built once; raises :class:`InputError` on bad input."""
-        from paritygate import IMPORTED_AT
         from paritygate.families import build_context
+        from paritygate.threads import apply_threads
 
+        self.threads = apply_threads(self.config.threads)
         context = build_context(self.config)
         self.startup_s = time.perf_counter() - IMPORTED_AT
         return context
@@ -178,8 +183,10 @@ class Gate:
 
     def provenance(self) -> dict[str, Any]:
         ctx = self.context
-        # Hash of the validated config, so comments and formatting do not count as changes.
-        config_hash = hashlib.sha256(self.config.model_dump_json().encode()).hexdigest()
+        # Hash of the validated config, so comments and formatting do not count as changes;
+        # the thread count is where the gate runs, not what it checks.
+        dumped = self.config.model_dump_json(exclude={"threads"})
+        config_hash = hashlib.sha256(dumped.encode()).hexdigest()
         return {
             "checkpoint_sha256": ctx.checkpoint_sha256,
             "probes_sha256": ctx.probes_sha256,

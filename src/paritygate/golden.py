@@ -15,16 +15,16 @@ A bless run is one transaction of :class:`GoldenStore` under the lock file
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from paritygate.files import FileLock, LockHeld, atomic_write_many, atomic_write_text, dump_json
 from paritygate.result import CheckResult, Measurement
-from paritygate.verdict import Margin, judge
+from paritygate.verdict import GoldenRecord, GoldenValue, Margin, judge
 
 
-def _read_record(path: Path) -> dict[str, Any]:
+def _read_record(path: Path) -> GoldenRecord:
     """A golden JSON file with a ``metrics`` mapping of numbers, booleans or null; anything
     else is bad input naming the file and key (a string value would silently switch the
     metric's regression check off)."""
@@ -47,7 +47,7 @@ def _read_record(path: Path) -> dict[str, Any]:
     for name, value in data["metrics"].items():
         if value is not None and not isinstance(value, (int, float, bool)):
             raise InputError(path, f"metrics.{name}", f"golden value {value!r} is not a number")
-    return data
+    return cast(GoldenRecord, data)
 
 
 class BlessInProgress(Exception):
@@ -135,7 +135,7 @@ class GoldenStore:
         """Per-item baselines (a layer's error): kept apart from the headline metrics."""
         return self.directory / f"{check_id}.detail.json"
 
-    def load(self, check_id: str) -> dict[str, Any] | None:
+    def load(self, check_id: str) -> GoldenRecord | None:
         """The blessed record, or ``None`` when there is no baseline yet."""
         p = self.path(check_id)
         if not p.exists():
@@ -143,15 +143,15 @@ class GoldenStore:
         data = _read_record(p)
         detail = self.detail_path(check_id)
         if detail.exists():
-            data["detail_metrics"] = _read_record(detail)["metrics"]
+            data["detail_metrics"] = _read_record(detail).get("metrics", {})
         return data
 
     def write(
         self,
         check_id: str,
-        metrics: dict[str, Any],
-        provenance: dict[str, Any],
-        detail: dict[str, Any] | None = None,
+        metrics: Mapping[str, GoldenValue],
+        provenance: Mapping[str, object],
+        detail: Mapping[str, GoldenValue] | None = None,
     ) -> Path:
         """Bless ``metrics`` (and the per-item ``detail`` metrics, in their own file) as the
         new baseline and drop any stale obtained file."""
@@ -164,12 +164,12 @@ class GoldenStore:
     def write_obtained(
         self,
         check_id: str,
-        metrics: dict[str, Any],
-        provenance: dict[str, Any],
-        detail: dict[str, Any] | None = None,
+        metrics: Mapping[str, GoldenValue],
+        provenance: Mapping[str, object],
+        detail: Mapping[str, GoldenValue] | None = None,
     ) -> Path:
         p = self.obtained_path(check_id)
-        record: dict[str, Any] = {"metrics": metrics, "provenance": provenance}
+        record: dict[str, object] = {"metrics": metrics, "provenance": provenance}
         if detail:
             record["detail_metrics"] = detail
         atomic_write_text(p, dump_json(record))
@@ -183,9 +183,9 @@ def regression_check(
     margin: Margin,
     blessing: bool,
     probes_sha256: Callable[[], str],
-    provenance: Callable[[], dict[str, Any]],
+    provenance: Callable[[], Mapping[str, object]],
     bless_command: str,
-    numerics: Callable[[], dict[str, Any]] | None = None,
+    numerics: Callable[[], Mapping[str, object]] | None = None,
 ) -> CheckResult:
     """Judge ``measurement`` against its baseline in ``store`` and run the golden life cycle.
 

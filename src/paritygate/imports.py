@@ -6,12 +6,15 @@ A config's ``python_path`` folders (relative to the config file) are put in fron
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from paritygate.errors import InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _PYTHON_PATHS: dict[Path, list[Path]] = {}
 """``python_path`` folders of each loaded config, keyed by the config file."""
@@ -32,14 +35,22 @@ def _activate(file: Path) -> None:
             sys.path.insert(0, str(folder))
 
 
-def import_callable(spec: str, file: Path, key: str) -> Any:
-    """Resolve ``module:callable`` (dotted attribute path allowed), or raise InputError."""
+def import_callable(spec: str, file: Path, key: str) -> Callable[..., Any]:
+    """Resolve ``module:callable`` (dotted attribute path allowed) with
+    :func:`pkgutil.resolve_name`, or raise InputError naming ``key``."""
     if ":" not in spec:
         raise InputError(file, key, f"expected 'module:callable', got {spec!r}")
     _activate(file)
     module_name, attr = spec.split(":", 1)
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj = pkgutil.resolve_name(spec)
+    except ValueError:
+        raise InputError(file, key, f"expected 'module:callable', got {spec!r}") from None
+    except AttributeError as exc:
+        if module_name not in sys.modules:  # raised while the module itself was imported
+            raise InputError(file, key, f"cannot import {module_name!r}: "
+                             f"{type(exc).__name__}: {exc}") from None
+        raise InputError(file, key, f"{module_name!r} has no attribute {attr!r}") from None
     except Exception as exc:
         hint = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
@@ -48,16 +59,12 @@ def import_callable(spec: str, file: Path, key: str) -> Any:
         raise InputError(
             file, key, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}{hint}"
         ) from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InputError(file, key, f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
     if not callable(obj):
         raise InputError(file, key, f"{spec!r} is not callable")
-    return obj
+    return cast("Callable[..., Any]", obj)
 
 
-def guard_user_code(fn: Any, file: Path, key: str) -> Any:
+def guard_user_code(fn: F, file: Path, key: str) -> F:
     """``fn`` whose exceptions are bad input naming the config ``key`` that named it.
 
     User code the gate calls mid-check (a trainer's log-prob function) failing is an input
@@ -77,4 +84,4 @@ def guard_user_code(fn: Any, file: Path, key: str) -> Any:
         except Exception as exc:
             raise InputError(file, key, f"raised {type(exc).__name__}: {exc}") from None
 
-    return call
+    return cast("F", call)

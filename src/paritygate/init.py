@@ -13,17 +13,15 @@ gets the family its architecture fits (:mod:`paritygate.init_hf`).
 
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from paritygate.errors import InputError
 from paritygate.init_infer import (
     TODO,
-    config_header,
     find_todos,
     gate_name,
     gitignore_proposal,
@@ -33,6 +31,11 @@ from paritygate.init_infer import (
 from paritygate.init_infer import relative as _rel
 from paritygate.init_infer import yaml_scalar as _q
 from paritygate.init_inputs import InputLayout, inputs_lines, layout, sb3_dict_spaces
+from paritygate.init_render import render
+from paritygate.init_sb3 import action_box, zip_algorithm
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
 
@@ -50,7 +53,40 @@ class WrittenConfig:
     """The ``.gitignore`` file and the entries it lacks (none missing: an empty list)."""
 
 
-def _onnx_io(path: Path) -> tuple[list[tuple[str, list[Any]]], list[str]]:
+class SB3Layout(TypedDict):
+    """An SB3 MLP ``ActorCriticPolicy`` zip's factory kwargs and what else init reads."""
+
+    obs_dim: int
+    n_actions: int
+    net_arch: list[int] | dict[str, list[int]]
+    continuous: bool
+    algorithm: str | None
+
+
+class SacLayout(TypedDict):
+    obs_dim: int
+    act_dim: int
+    net_arch: list[int]
+
+
+ARTIFACT_SUFFIXES = (".onnx", ".pt2", ".ts")
+"""Artifacts init finds beside a checkpoint on its own, the only one of the first suffix present
+(a ``.pt`` there may be a checkpoint: name a TorchScript ``.pt`` with ``--artifact``)."""
+
+
+def artifact_format(path: Path) -> str:
+    """``onnx``, ``torchscript`` or ``torch_export``, told by the file; anything else is an
+    :class:`InputError` naming the formats the gate reads."""
+    from paritygate.engines.artifact_graph import FORMATS_TEXT, sniff_format
+
+    fmt = sniff_format(path)
+    if fmt is None:
+        raise InputError(path, "--artifact",
+                         f"not an artifact the gate reads: the gate reads {FORMATS_TEXT}")
+    return fmt
+
+
+def _onnx_io(path: Path) -> tuple[list[tuple[str, list[int | str]]], list[str]]:
     """Graph inputs (name, shape) without initializers, and output names."""
     try:
         import onnx
@@ -61,7 +97,7 @@ def _onnx_io(path: Path) -> tuple[list[tuple[str, list[Any]]], list[str]]:
     except Exception as exc:
         raise InputError(path, None, f"unreadable ONNX file: {exc}") from None
     init_names = {t.name for t in model.graph.initializer}
-    inputs = []
+    inputs: list[tuple[str, list[int | str]]] = []
     for value in model.graph.input:
         if value.name in init_names:
             continue
@@ -73,13 +109,16 @@ def _onnx_io(path: Path) -> tuple[list[tuple[str, list[Any]]], list[str]]:
 def _find_artifact(checkpoint: Path, artifact: Path | None) -> Path | None:
     if artifact is not None:
         if not artifact.is_file():
-            raise InputError(artifact, None, "ONNX artifact not found")
+            raise InputError(artifact, None, "artifact not found")
         return artifact
-    beside = sorted(checkpoint.parent.glob("*.onnx"))
-    return beside[0] if len(beside) == 1 else None
+    for suffix in ARTIFACT_SUFFIXES:
+        beside = sorted(p for p in checkpoint.parent.glob(f"*{suffix}") if p != checkpoint)
+        if beside:
+            return beside[0] if len(beside) == 1 else None
+    return None
 
 
-def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None:
+def _sb3_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SB3Layout | None:
     """factory_kwargs for the SB3 adapter when the zip holds an MLP ActorCriticPolicy."""
     if checkpoint.suffix.lower() != ".zip" or "action_net.weight" not in keys:
         return None
@@ -91,15 +130,20 @@ def _sb3_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
     if not layers:
         return None
     first = keys[layers[0][1]]
+    pi = [int(keys[k].shape[0]) for _, k in layers]
+    vf_layers = sorted((int(m.group(1)), k) for k in keys
+                       if (m := re.fullmatch(r"mlp_extractor\.value_net\.(\d+)\.weight", k)))
+    vf = [int(keys[k].shape[0]) for _, k in vf_layers]
     return {
         "obs_dim": int(first.shape[1]),
         "n_actions": int(keys["action_net.weight"].shape[0]),
-        "net_arch": [int(keys[k].shape[0]) for _, k in layers],
+        "net_arch": pi if vf == pi else {"pi": pi, "vf": vf},
         "continuous": "log_std" in keys,
+        "algorithm": zip_algorithm(checkpoint),
     }
 
 
-def _sac_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None:
+def _sac_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SacLayout | None:
     """factory_kwargs for the SB3 SAC adapter when the zip holds an MLP ``SACPolicy``."""
     if checkpoint.suffix.lower() != ".zip" or "actor.mu.weight" not in keys:
         return None
@@ -113,48 +157,19 @@ def _sac_layout(checkpoint: Path, keys: dict[str, Any]) -> dict[str, Any] | None
             "net_arch": [int(keys[k].shape[0]) for _, k in layers]}
 
 
-def _sac_text(source: Path, out: Path, name: str, name_note: str, sac: dict[str, Any],
+def _sac_text(source: Path, out: Path, name: str, name_note: str, sac: SacLayout,
               n_keys: int) -> str:
     """The config of an SB3 SAC zip: the adapter's SAC factories and its Gaussian; the action
     box (not in the tensors) is TODO."""
-    base = out.parent
-    box = _q(f"{TODO}: the action space's {{}} bound, one value per dimension "
-             f"({sac['act_dim']})")
-    lines = config_header(source, out, name, name_note, "policy")
-    lines += [
-        "policy:",
-        "  # Stable-Baselines3 SACPolicy (read through policy.pth, weights_only): obs_dim and",
-        f"  # net_arch read from the tensor shapes of {source.name}.",
-        "  training_factory: paritygate.adapters.sb3:sac_training_policy    # forward -> "
-        "{mean, log_std, q}",
-        "  inference_factory: paritygate.adapters.sb3:sac_inference_policy  # actor only -> "
-        "(mean, log_std)",
-        "  factory_kwargs:",
-        f"    obs_dim: {sac['obs_dim']}",
-        f"    net_arch: {json.dumps(sac['net_arch'])}",
-        f"    action_low: {box.format('low')}",
-        f"    action_high: {box.format('high')}",
-        f"  checkpoint: {_rel(source, base)}   # {n_keys} tensors",
-        '  training_heads: ["critic", "critic_target"]   # the Q-networks: training only',
-        "  policy_output: mean",
-        '  output_names: ["mean", "log_std"]',
-        "  action_space: continuous",
-        "  distribution:              # SB3 acts low + (tanh(mean) + 1) / 2 * (high - low)",
-        "    log_std: output",
-        "    log_std_key: log_std",
-        "    log_std_clamp: [-20, 2]   # SB3's LOG_STD_MIN, LOG_STD_MAX",
-        "    squash: tanh",
-        f"    action_scale: {_q(f'{TODO}: (high - low) / 2 of the action space')}",
-        f"    action_bias: {_q(f'{TODO}: (high + low) / 2 of the action space')}",
-        "  probes:",
-        "    generator: "
-        + _q(f"{TODO}: module:callable(count, seed) -> raw observations (N, ...); "
-             "or replace this line with file: probes.npy"),
-        "golden:",
-        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in <dir>/{name}/<check_id>.json",
-        "",
-    ]
-    return "\n".join(lines)
+    return render("sac.yaml.j2", **_base_context(source, out, name, name_note), **sac,
+                  n_keys=n_keys)
+
+
+def _base_context(source: Path, out: Path, name: str, name_note: str) -> dict[str, object]:
+    """What every policy template shows: the header's, the checkpoint line's, the golden's."""
+    return {"source": source, "out": out, "name": name, "name_note": name_note,
+            "family": "policy", "checkpoint": _rel(source, out.parent),
+            "golden_dir": _rel(Path.cwd() / "golden", out.parent)}
 
 
 def bare_log_std(keys: list[str]) -> list[str]:
@@ -163,7 +178,7 @@ def bare_log_std(keys: list[str]) -> list[str]:
     return [k for k in keys if "." not in k and k.lower().replace("_", "").endswith("logstd")]
 
 
-def _load_state(source: Path) -> tuple[dict[str, Any], str | None, list[str]]:
+def _load_state(source: Path) -> tuple[dict[str, Tensor], str | None, list[str]]:
     """The checkpoint's state dict, its key, and the candidate keys when a training
     checkpoint holds one only under an uncommon nested key (``agent.actor``): the largest
     candidate is read, and more than one leaves the key TODO."""
@@ -186,7 +201,7 @@ def _load_state(source: Path) -> tuple[dict[str, Any], str | None, list[str]]:
     return state, key, candidates
 
 
-def _buffer_value(state: dict[str, Any], name: str) -> Any:
+def _buffer_value(state: dict[str, Tensor], name: str) -> float | list[float] | None:
     """An ``action_scale`` / ``action_bias`` buffer's value (one number when all equal)."""
     found = [k for k in state if k == name or k.endswith("." + name)]
     if len(found) != 1:
@@ -218,40 +233,6 @@ def deterministic_actor(keys: list[str]) -> bool:
                                   for t in top)
 
 
-def _distribution_lines(state: dict[str, Any], log_stds: list[str], layers: list[str]
-                        ) -> list[str]:
-    """The ``distribution`` block: the log-std's source (none for a deterministic actor), and
-    the squash, scale and bias (TODO unless ``action_scale`` / ``action_bias`` buffers give
-    them)."""
-    lines = ["  distribution:            # the Gaussian (README: continuous actions); review"]
-    if not log_stds and not layers:
-        lines = ["  distribution:            # a deterministic actor (TD3/DDPG: an actor target "
-                 "or Q-networks, no log-std); review",
-                 "    type: deterministic"]
-    elif log_stds:
-        lines += [f"    log_std: parameter     # {log_stds[0]!r} is a bare tensor of the "
-                  "checkpoint (a training head: the served actor returns the mean)",
-                  f"    log_std_key: {_q(log_stds[0])}"]
-    else:
-        lines += [f"    log_std: output        # {layers[0]!r} computes it in the forward",
-                  "    log_std_key: " + _q(f"{TODO}: dict key or tuple index of the log-std "
-                                           "in the training forward's result"),
-                  "    log_std_clamp: " + _q(f"{TODO}: [min, max] the training side clamps "
-                                             "the raw log-std to, or null")]
-    lines.append("    squash: " + _q(f"{TODO}: tanh (SAC, TD3) | clip (clipped to the action "
-                                     "box) | none"))
-    for name, what in (("action_scale", "(high - low) / 2"), ("action_bias", "(high + low) / 2")):
-        value = _buffer_value(state, name)
-        if value is None:
-            lines.append(f"    {name}: " + _q(f"{TODO}: {what} of the action box"))
-        else:
-            lines.append(f"    {name}: {_q(value)}   # from the checkpoint's {name} buffer")
-    if not log_stds:
-        lines.append("    serving_output: " + _q(f"{TODO}: mean (the artifact serves the "
-                                                  "policy output u) | action (the env action)"))
-    return lines
-
-
 def _policy_text(
     source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
 ) -> str:
@@ -265,156 +246,104 @@ def _policy_text(
     if text is not None:
         return text
     keys = list(state)
-    heads = head_prefixes(keys)
     sb3 = _sb3_layout(source, state)
     spaces = sb3_dict_spaces(source) if sb3 is not None else None
-    base = out.parent
-    n_params = sum(int(t.numel()) for t in state.values())
-    lines = config_header(source, out, name, name_note, "policy")
+    context = _base_context(source, out, name, name_note)
+    context.update(
+        sb3=sb3 is not None, spaces=spaces, a2c="", continuous=False, kwargs={},
+        python_path=None, n_keys=len(keys),
+        n_values=f"{sum(int(t.numel()) for t in state.values()):,}",
+        state_key=state_key, key_candidates=key_candidates,
+        ddp=any(k.startswith("module.") for k in keys),
+        compiled=any(k.startswith("_orig_mod.") for k in keys))
     if sb3 is None:
         folders, why = python_path(Path.cwd())
-        lines.append(
-            f"python_path: [{', '.join(_q(_rel(f, base)) for f in folders)}]   # folders "
-            f"(relative to this file) the module:callable names below import from: {why}"
-        )
-    lines.append("policy:")
-    if sb3 is not None and spaces is not None:
-        kwargs = {"spaces": {k: v if v is not None else f"{TODO}: this key's shape"
-                             for k, v in spaces.items()},
-                  "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"]}
-        lines += [
-            "  # Stable-Baselines3 MultiInputPolicy (read through policy.pth, weights_only): the",
-            "  # Dict space's keys and shapes from the zip's data JSON (its readable text; the",
-            f"  # pickled space is never loaded), n_actions and net_arch from {source.name}.",
-            "  training_factory: paritygate.adapters.sb3:multi_input_training_policy    "
-            "# -> {logits, value}",
-            "  inference_factory: paritygate.adapters.sb3:multi_input_inference_policy  "
-            "# actor path only",
-            "  factory_kwargs: {"
-            + ", ".join(f"{k}: {json.dumps(v)}" for k, v in kwargs.items())
-            + "}",
-        ]
-    elif sb3 is not None:
-        kwargs = {k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")}
-        lines += [
-            "  # Stable-Baselines3 ActorCriticPolicy (read through policy.pth, weights_only):",
-            f"  # obs_dim, n_actions and net_arch read from the tensor shapes of {source.name}.",
-            "  training_factory: paritygate.adapters.sb3:training_policy    # forward -> "
-            "{logits, value}",
-            "  inference_factory: paritygate.adapters.sb3:inference_policy  # actor path only",
-            "  factory_kwargs: {"
-            + ", ".join(f"{k}: {json.dumps(v)}" for k, v in kwargs.items())
-            + "}",
-        ]
+        context.update(python_path=[_q(_rel(f, out.parent)) for f in folders],
+                       python_path_why=why)
+        heads = head_prefixes(keys)
+    else:
+        context.update(a2c="a2c_" if sb3["algorithm"] == "A2C" else "",
+                       continuous=sb3["continuous"],
+                       kwargs={k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")})
+        if spaces is not None:
+            context["kwargs"] = {"spaces": {k: v if v is not None else f"{TODO}: this key's shape"
+                                            for k, v in spaces.items()},
+                                 "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"],
+                                 **_image_keys(state)}
+        heads = [h for h in ("mlp_extractor.value_net", "value_net")
+                 if any(k.startswith(h + ".") for k in keys)]
         if sb3["continuous"]:
-            lines.append(f"  # {TODO}: log_std found: a continuous action space; the SB3 adapter "
-                         "serves Discrete actions only")
-    else:
-        lines += [
-            "  # module:callable(**factory_kwargs) -> nn.Module; importable where the gate runs.",
-            f"  training_factory: {_q(f'{TODO}: module:callable building the training model, with heads')}",  # noqa: E501
-            f"  inference_factory: {_q(f'{TODO}: module:callable building the serving model, heads removed')}",  # noqa: E501
-            "  factory_kwargs: {}   # keyword arguments passed to both factories",
-            "  # factory_path_kwargs: [name]   # factory_kwargs holding paths, resolved relative "
-            "to this file",
-        ]
-    lines += [
-        f"  checkpoint: {_rel(source, base)}   # {len(keys)} tensors, {n_params:,} values",
-    ]
-    if len(key_candidates) > 1:
-        lines.append("  state_dict_key: " + _q(f"{TODO}: the key of the policy's state dict, "
-                                               f"one of {', '.join(key_candidates)}")
-                     + f"   # proposed below from {state_key}")
-    elif key_candidates:
-        lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: the only "
-                     "mapping of tensors found under its keys")
-    elif state_key is not None:
-        lines.append(f"  state_dict_key: {_q(state_key)}   # a training checkpoint: its state "
-                     "dict sits under this key (found by name; dotted when nested)")
-    if any(k.startswith("module.") for k in keys):
-        lines.append("  # note: keys carry DDP's 'module.' prefix; weights_load will name it")
-    if any(k.startswith("_orig_mod.") for k in keys):
-        lines.append("  # note: keys carry torch.compile's '_orig_mod.' prefix; weights_load "
-                     "will name it")
-    if sb3 is not None:
-        heads = [h for h in ("mlp_extractor.value_net", "value_net") if any(
-            k.startswith(h + ".") for k in keys)]
+            heads.append("log_std")
+            context["box"] = action_box(source, sb3["n_actions"])
     log_stds = [] if sb3 is not None else bare_log_std(keys)
-    heads += [k for k in log_stds if k not in heads]
-    head_note = "proposed from tensor names; review" if heads else "none found in tensor names"
-    lines.append(f"  training_heads: {_q(heads)}   # training-only module prefixes: {head_note}")
-    onnx_inputs: list[tuple[str, list[Any]]] = []
-    onnx_outputs: list[str] = []
-    artifact_name = artifact.name if artifact is not None else ""
-    if artifact is not None:
-        onnx_inputs, onnx_outputs = _onnx_io(artifact)
-        lines.append(f"  artifact: {_rel(artifact, base)}")
-        manifest = artifact.parent / "manifest.json"
-        lines.append(
-            "  # manifest.json beside the artifact found: export_integrity checks its sha256"
-            if manifest.exists()
-            else "  # no manifest.json beside the artifact: provenance is proven numerically"
-        )
-    else:
-        shipped = _rel(Path.cwd() / "export" / name / "policy.onnx", base)
-        lines.append(f"  # artifact: {shipped}   # omitted: exported on the fly on every run; "
-                     f"`paritygate export {out.as_posix()}` writes this one + manifest.json")
-    if sb3 is not None:
-        lines.append("  policy_output: logits      # the adapter's training forward returns a dict")
-    else:
-        lines.append("  policy_output: "
-                     + _q(f"{TODO}: dict key (e.g. logits) or tuple index (e.g. 0) of the policy "
-                          "output in the training forward's result")
-                     )
+    context["heads"] = heads + [k for k in log_stds if k not in heads]
+    inputs, outputs = _artifact_context(context, artifact, out, name)
+    context.update(onnx_outputs=outputs,
+                   **_inputs_context(inputs, outputs, spaces, artifact))
+    if sb3 is None:
+        context.update(_action_context(state, keys, log_stds))
+    return render("policy.yaml.j2", **context)
+
+
+def _image_keys(state: dict[str, Tensor]) -> dict[str, object]:
+    """A ``MultiInputPolicy``'s image keys (a NatureCNN in its ``CombinedExtractor``) and
+    their ``cnn_output_dim``, read from tensor names and shapes; none: ``{}``."""
+    found = {m.group(1): int(t.shape[0]) for k, t in state.items()
+             if (m := re.fullmatch(r"features_extractor\.extractors\.([^.]+)\.linear\.0\.weight",
+                                   k))}
+    if not found:
+        return {}
+    return {"image_keys": sorted(found), "cnn_output_dim": max(found.values())}
+
+
+def _artifact_context(context: dict[str, object], artifact: Path | None, out: Path, name: str
+                      ) -> tuple[list[tuple[str, list[int | str]]], list[str]]:
+    """The artifact lines' context (its path, format, manifest), and its ONNX inputs and
+    outputs (none for the formats that name them by position)."""
+    context.update(artifact=None, artifact_format=None, manifest=False,
+                   shipped=_rel(Path.cwd() / "export" / name / "policy.onnx", out.parent))
+    if artifact is None:
+        return [], []
+    fmt = artifact_format(artifact)
+    context.update(artifact=_rel(artifact, out.parent), artifact_format=fmt,
+                   manifest=(artifact.parent / "manifest.json").exists())
+    return _onnx_io(artifact) if fmt == "onnx" else ([], [])
+
+
+def _inputs_context(inputs: list[tuple[str, list[int | str]]], outputs: list[str],
+                    spaces: dict[str, list[int] | None] | None, artifact: Path | None
+                    ) -> dict[str, object]:
+    """``input_lines``: the inputs the artifact or the zip's Dict space declare (the
+    ``policy.inputs`` block of several), and whether a layout was found."""
     found: InputLayout | None = None
-    if len(onnx_inputs) > 1:
-        found = layout(onnx_inputs, onnx_outputs)
-        lines += inputs_lines(found, f"the artifact's inputs and shapes ({artifact_name})",
-                              "dict" if spaces is not None else None)
+    if len(inputs) > 1:
+        found = layout(inputs, outputs)
+        where = artifact.name if artifact is not None else ""
+        lines = inputs_lines(found, f"the artifact's inputs and shapes ({where})",
+                             "dict" if spaces is not None else None)
     elif spaces is not None:
         found = InputLayout(observations=list(spaces.items()), order=list(spaces))
-        lines += inputs_lines(found, "the zip's Dict observation space", "dict")
-    elif onnx_inputs:
-        name_in, dims = onnx_inputs[0]
-        lines.append(f"  input_name: {_q(name_in)}   # from the artifact; shape {dims}")
+        lines = inputs_lines(found, "the zip's Dict observation space", "dict")
+    elif inputs:
+        name_in, dims = inputs[0]
+        lines = [f"  input_name: {_q(name_in)}   # from the artifact; shape {dims}"]
     else:
-        lines.append('  input_name: "obs"   # the artifact input name (default)')
-    if onnx_outputs:
-        lines.append(f"  output_names: {_q(onnx_outputs)}   # from the artifact; first = policy")
-    else:
-        lines.append('  output_names: ["logits"]   # outputs the artifact must declare')
-    if sb3 is not None:
-        action = "continuous" if sb3["continuous"] else "discrete"
-        lines.append(f"  action_space: {action}   # from the policy's tensors")
-    else:
-        layers = _log_std_layers(keys)
-        deterministic = deterministic_actor(keys)
-        guess = "continuous" if log_stds or layers or deterministic or any(
-            k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
-        lines.append(f"  action_space: {guess}   # discrete | continuous; guessed from tensor "
-                     "names: review")
-        if log_stds or layers or deterministic:
-            lines += _distribution_lines(state, log_stds, layers)
-    if found is None:
-        lines += [
-            "  # preprocessing:          # both sides' observation preprocessing, if any",
-            "  #   training: mypkg.obs:normalize_torch   # fn(raw, stats_path=..., **kwargs)",
-            "  #   serving: myserving.obs:normalize_numpy",
-            "  #   stats: obs_norm.json",
-            "  #   discrete_features: []",
-        ]
-    lines += [
-        "  probes:                   # raw observations the checks feed",
-        "    generator: "
-        + _q(f"{TODO}: module:callable(count, seed) -> raw observations (N, ...); "
-             "or replace this line with file: probes.npy"),
-        "    count: 64",
-        "    seed: 0",
-        "golden:",
-        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in <dir>/{name}/<check_id>.json",
-        "",
-    ]
-    return "\n".join(lines)
+        lines = ['  input_name: "obs"   # the artifact input name (default)']
+    return {"input_lines": lines, "input_layout": found is not None}
+
+
+def _action_context(state: dict[str, Tensor], keys: list[str], log_stds: list[str]
+                    ) -> dict[str, object]:
+    """The action space guessed from tensor names and the ``distribution`` block's context
+    (the log-std's source; scale and bias from ``action_scale`` / ``action_bias`` buffers)."""
+    layers = _log_std_layers(keys)
+    deterministic = deterministic_actor(keys)
+    guess = "continuous" if log_stds or layers or deterministic or any(
+        k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
+    return {"action_guess": guess, "distribution": bool(log_stds or layers or deterministic),
+            "log_stds": log_stds, "layers": layers,
+            "buffers": [(n, what, _buffer_value(state, n)) for n, what in (
+                ("action_scale", "(high - low) / 2"), ("action_bias", "(high + low) / 2"))]}
 
 
 def write_config(

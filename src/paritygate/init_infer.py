@@ -190,13 +190,8 @@ def gitignore_proposal(root: Path, reports: str = "reports/") -> tuple[Path, lis
 
 def config_header(source: Path, out: Path, name: str, name_note: str, family: str) -> list[str]:
     """The first lines of every config ``init`` writes: how to bless it, the TODO rule, the
-    gate's name with where it came from, and the family."""
-    return [
-        f"# Gate config written by `paritygate init {source.name}`. Edit it, then bless:",
-        f"#   paritygate run {out.as_posix()} --update-golden",
-        "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
-        "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}   # {name_note}",
-        f"family: {family}",
-        "seed: 0",
-    ]
+    gate's name with where it came from, and the family (``header.yaml.j2``)."""
+    from paritygate.init_render import render
+
+    return render("header.yaml.j2", source=source, out=out, name=name, name_note=name_note,
+                  family=family).splitlines()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 LOW_PRECISION = {10: "float16", 16: "bfloat16"}
 """ONNX ``TensorProto`` data types of low-precision weights (FLOAT16, BFLOAT16)."""
@@ -19,33 +22,34 @@ RANDOM_OPS = {
 }
 
 
-def _attr(node: Any, name: str) -> Any:
-    import onnx
+def _attr(node: onnx.NodeProto, name: str) -> object:
+    from onnx import helper
 
     for a in node.attribute:
         if a.name == name:
-            return onnx.helper.get_attribute_value(a)
+            value: object = helper.get_attribute_value(a)
+            return value
     return None
 
 
-def _constants(model: Any) -> dict[str, np.ndarray]:
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Initializers and Constant-node outputs, by tensor name."""
-    from onnx import numpy_helper
+    from onnx import TensorProto, numpy_helper
 
     out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant":
             value = _attr(node, "value")
-            if value is not None:
+            if isinstance(value, TensorProto):
                 out[node.output[0]] = numpy_helper.to_array(value)
     return out
 
 
-def _label(node: Any) -> str:
+def _label(node: onnx.NodeProto) -> str:
     return node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"
 
 
-def all_nodes(model: Any) -> list[Any]:
+def all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Nodes of the main graph and of local functions (the dynamo exporter may emit functions)."""
     nodes = list(model.graph.node)
     for fn in model.functions:
@@ -53,7 +57,7 @@ def all_nodes(model: Any) -> list[Any]:
     return nodes
 
 
-def batchnorm_training_nodes(model: Any) -> list[str]:
+def batchnorm_training_nodes(model: onnx.ModelProto) -> list[str]:
     """BatchNormalization nodes exported in training mode (training_mode=1 or extra outputs)."""
     bad = []
     for node in all_nodes(model):
@@ -65,7 +69,7 @@ def batchnorm_training_nodes(model: Any) -> list[str]:
     return bad
 
 
-def batchnorm_initializers(model: Any) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def batchnorm_initializers(model: onnx.ModelProto) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """(node label, mean, var) of each BatchNormalization node whose stats are constants."""
     consts = _constants(model)
     rows = []
@@ -77,7 +81,7 @@ def batchnorm_initializers(model: Any) -> list[tuple[str, np.ndarray, np.ndarray
     return rows
 
 
-def random_nodes(model: Any) -> list[str]:
+def random_nodes(model: onnx.ModelProto) -> list[str]:
     """Random operators, and Dropout nodes whose training_mode input is a true constant."""
     consts = _constants(model)
     bad = [f"{_label(n)} ({n.op_type})" for n in all_nodes(model) if n.op_type in RANDOM_OPS]

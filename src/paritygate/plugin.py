@@ -14,27 +14,40 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from paritygate.errors import InputError, shorten, write_failed
+from paritygate.cli_signals import interrupts_deferred
+from paritygate.errors import InputError, write_failed
 from paritygate.files import json_default
+from paritygate.plugin_run import (
+    INPUT_ERROR_KEY,
+    RESULT_KEY,
+    RUN,
+    STATUS_KEY,
+    GateRun,
+    Outcome,
+    check_id_of,
+    marker_hint,
+    state,
+    verified_before,
+)
 from paritygate.result import CheckResult
 
 if TYPE_CHECKING:
-    from paritygate.gate import Gate
-    from paritygate.report import WrittenReport
+    from typing import Protocol
 
-RESULT_KEY = "paritygate_result"
-"""user_properties entry carrying a check's result from an xdist worker to the controller;
-the controller swaps it for a short ``paritygate_status`` entry (junit.xml stays small)."""
-STATUS_KEY = "paritygate_status"
-INPUT_ERROR_KEY = "paritygate_input_error"
+    import pluggy
+
+    class HasConfig(Protocol):
+        """An xdist worker controller, as far as the plugin reads it."""
+
+        config: pytest.Config
+
+    from paritygate.gate import Gate
 
 EXIT_NOTHING_VERIFIED = pytest.ExitCode.NO_TESTS_COLLECTED
 """Under pytest, a run that verified nothing (every selected check skipped, or none
@@ -44,111 +57,6 @@ EXIT_STOPPED = pytest.ExitCode.USAGE_ERROR
 pytest's usage-error code, 4, and one line on stderr. ``paritygate run`` says 2."""
 
 
-@dataclass
-class Outcome:
-    """How a gate session ended: what the CLI turns into its exit code and stderr line.
-
-    ``kind`` is the report's status (``pass``, ``fail``, ``nothing_verified``) or why no
-    report was written: ``interrupted``, ``input_error``, ``usage_error``, ``collect_only``.
-    """
-
-    kind: str
-    line: str | None = None
-    written: WrittenReport | None = None
-    not_run: list[str] = field(default_factory=list)
-
-
-class GateRun:
-    """State of one gate session, kept in ``config.stash[RUN]`` (never in module globals).
-
-    A caller that already built the :class:`~paritygate.gate.Gate` (the CLI validates every
-    input first) hands one in, ``pytest.main(args, plugins=[GateRun(gate)])``, and reads
-    :attr:`outcome` when the run returns. Otherwise :func:`pytest_configure` makes one.
-    """
-
-    def __init__(self, gate: Gate | None = None, *, owns_stderr: bool = False) -> None:
-        self.gates: dict[str, Gate] = {}
-        if gate is not None:
-            self.gates[str(gate.config.path)] = gate
-        self.owns_stderr = owns_stderr
-        """The caller prints the one stderr line itself (from :attr:`outcome`)."""
-        self.input_errors: dict[str, InputError] = {}
-        self.results: list[CheckResult] = []
-        self.bad_input: list[str] = []
-        self.selected: list[str] = []
-        """Check ids of the gate items left after selection, in run order."""
-        self.notice: str | None = None
-        self.outcome: Outcome | None = None
-        self.config: pytest.Config | None = None
-        self.interrupted = False
-        """A KeyboardInterrupt (SIGINT, SIGTERM) reached the session: whatever exit status
-        pytest ends with, the run verified nothing it can report."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-        """Note the interrupt before any other plugin's hook can fail on it (pytest's own
-        terminal reporter may raise formatting the interrupted frame, and the session then
-        finishes with exit status 0). A session stopped on purpose (bad input found while a
-        check runs: ``session.shouldstop``, ``pytest.exit``) is not one."""
-        stopped = isinstance(excinfo.value, pytest.Session.Interrupted)
-        if isinstance(excinfo.value, KeyboardInterrupt) and not stopped:
-            self.interrupted = True
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Collect each check's result (the controller's copy under xdist), and swap the
-        result JSON in ``user_properties`` for its status before ``--junitxml`` reads it."""
-        if self.config is not None and hasattr(self.config, "workerinput"):
-            return  # an xdist worker sends the result JSON on to the controller
-        found = False
-        for n, (name, value) in enumerate(report.user_properties):
-            if name == RESULT_KEY:
-                result = CheckResult.from_json(json.loads(str(value)))
-                report.user_properties[n] = (STATUS_KEY, result.status)
-                found = True
-                if report.when == "call":
-                    self.results.append(result)
-                    self._progress(result)
-            elif name == INPUT_ERROR_KEY:
-                found = True
-                if str(value) not in self.bad_input:
-                    self.bad_input.append(str(value))
-        check_id = _check_id(report.nodeid)
-        if report.failed and not found and check_id is not None and report.when != "teardown":
-            # A gate test that failed without recording a result (a crash around the check):
-            # never counted as verified, so --allow-skips cannot turn it into a pass.
-            why = str(report.longrepr).strip().splitlines()[-1:] or ["no result"]
-            self.results.append(CheckResult(
-                check_id, "error", f"the check ended without a result: {shorten(why[0], 300)}",
-                {}, None, {}))
-
-    def _progress(self, result: CheckResult) -> None:
-        tr = self.config.pluginmanager.get_plugin("terminalreporter") if self.config else None
-        if tr is None:
-            return
-        key = result.key_metric
-        value = result.metrics.get(key) if key else None
-        shown = (f"{key}={value:.3g}" if isinstance(value, float)
-                 else (f"{key}={value}" if key else ""))
-        tr.write_line(
-            f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}"
-        )
-
-
-RUN = pytest.StashKey[GateRun]()
-"""Where a session's :class:`GateRun` lives."""
-
-
-def _state(config: pytest.Config) -> GateRun:
-    return config.stash[RUN]
-
-
-def _check_id(nodeid: str) -> str | None:
-    """The check a gate file's test node evaluates (``test_<id>`` in ``paritygate_gates``)."""
-    from paritygate.checks import CHECK_IDS
-
-    name = nodeid.rsplit("::", 1)[-1].removeprefix("test_")
-    return name if name in CHECK_IDS and "::test_" in nodeid else None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -239,7 +147,7 @@ def _plan_workers(config: pytest.Config) -> None:
         config.option.dist = "no"
         config.option.tx = []
         config.option.numprocesses = 0
-        _state(config).notice = plan.notice
+        state(config).notice = plan.notice
 
 
 def _report_dir(config: pytest.Config, gate: Gate) -> Path:
@@ -277,20 +185,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Remember which checks were selected (after ``-m``/``-k``), to name those a stopped
     run (``-x``, ``--maxfail``) never reached."""
-    _state(session.config).selected = [
-        cid for cid in (_check_id(i.nodeid) for i in session.items) if cid is not None
+    state(session.config).selected = [
+        cid for cid in (check_id_of(i.nodeid) for i in session.items) if cid is not None
     ]
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+def pytest_xdist_node_collection_finished(node: HasConfig, ids: list[str]) -> None:
     """The controller's view of the selection under pytest-xdist (workers collect)."""
-    run = _state(node.config)
+    run = state(node.config)
     if not run.selected:
-        run.selected = [cid for cid in (_check_id(i) for i in ids) if cid is not None]
+        run.selected = [cid for cid in (check_id_of(i) for i in ids) if cid is not None]
 
 
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
     """Gate checks print their own progress line; keep pytest's status letters out of it
     (the word stays, so the short summary still reads ``FAILED <test>``)."""
     if report.when == "call" and any(
@@ -303,7 +213,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 def _get_gate(config: pytest.Config) -> Gate:
     from paritygate.gate import Gate
 
-    run = _state(config)
+    run = state(config)
     path = config.getoption("--gate-config")
     if not path:
         raise InputError(None, "--gate-config", "no gate config given (or set PARITYGATE_CONFIG)")
@@ -355,7 +265,7 @@ def paritygate_gate(pytestconfig: pytest.Config) -> Gate:
 
 
 @pytest.fixture
-def gate_check(request: pytest.FixtureRequest) -> Any:
+def gate_check(request: pytest.FixtureRequest) -> Callable[[str], CheckResult]:
     """``gate_check(check_id)``: evaluate one check; fail or skip the test by its verdict.
 
     Bad input ends the session after this test (``session.shouldstop``): it is said once,
@@ -383,7 +293,9 @@ def gate_check(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A failing check's cause is printed once, in the paritygate summary; pytest's failure
     section points there and its short summary keeps the plain ``FAILED <test>`` line."""
     outcome = yield
@@ -391,13 +303,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call" and report.failed:
         for name, value in report.user_properties:
             if name == RESULT_KEY:
-                check_id = json.loads(value).get("id", item.name.removeprefix("test_"))
+                check_id = json.loads(str(value)).get("id", item.name.removeprefix("test_"))
                 report.longrepr = f"{check_id}: the cause is in the paritygate summary below"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    notice = _state(session.config).notice
+    notice = state(session.config).notice
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if notice and tr is not None:
         tr.write_line(f"paritygate: {notice}")
@@ -412,12 +324,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if RUN not in config.stash:
         return
-    _close_gates(_state(config))
+    _close_gates(state(config))
     if hasattr(config, "workerinput"):
         return  # xdist worker: the controller writes the report
     if not config.getoption("--gate-config"):
         return  # not a gate session (the project's own tests)
-    run = _state(config)
+    run = state(config)
     run.outcome = _finish(run, session, int(exitstatus))
     session.exitstatus = _pytest_exit(run.outcome, int(exitstatus))
     if run.outcome.written is not None:
@@ -479,17 +391,17 @@ def _finish(run: GateRun, session: pytest.Session, exitstatus: int) -> Outcome:
     status = overall_status(results, allow_skips=gate.allow_skips)
     line = None
     if status == NOTHING_VERIFIED:
-        line = nothing_verified_reason(results) + _marker_hint(config)
+        line = nothing_verified_reason(results) + marker_hint(config)
     out = _report_dir(config, gate)
     verified = any(r.status in ("pass", "fail", "error") for r in results)
-    if not verified and _verified_before(out / "report.json"):
+    if not verified and verified_before(out / "report.json"):
         kept = f"; {out / 'report.json'} (an earlier run that verified checks) is kept"
         gate.discard_golden()
         return Outcome(status, (line or "nothing was verified") + kept, None, not_run)
     from paritygate.report import write_reports
 
     try:
-        with _interrupts_deferred():
+        with interrupts_deferred():
             gate.commit_golden()
             written = write_reports(gate, results, out, not_run=not_run)
     except InputError as exc:
@@ -506,54 +418,12 @@ def _stop(gate: Gate | None, outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _verified_before(path: Path) -> bool:
-    """An existing report.json that verified checks (status pass or fail)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("status") in ("pass", "fail")
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _marker_hint(config: pytest.Config) -> str:
-    """``-m`` naming no registered marker says so and lists them (as --strict-markers does)."""
-    import re
-
-    expr = config.getoption("markexpr", "") or ""
-    names = set(re.findall(r"[A-Za-z_][\w.-]*", expr)) - {"and", "or", "not"}
-    known = sorted({line.split(":")[0].split("(")[0].strip()
-                    for line in config.getini("markers")})
-    unknown = sorted(names - set(known))
-    if not unknown:
-        return ""
-    return f"; -m names no marker {', '.join(unknown)}: markers are {', '.join(known)}"
-
-
-@contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while golden and reports are written (a few milliseconds), so the
-    set of files is one run's. A signal that arrives then finds the work done: the run ends
-    with its verdict, which the files already say."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    names = [n for n in ("SIGINT", "SIGTERM") if hasattr(signal, n)]
-    old = {n: signal.signal(getattr(signal, n), lambda sig, _f: caught.append(sig))
-           for n in names}
-    try:
-        yield
-    finally:
-        for n, handler in old.items():
-            signal.signal(getattr(signal, n), handler)
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
     if hasattr(config, "workerinput") or RUN not in config.stash:
         return  # xdist worker: its errors travel to the controller, which prints the one line
-    run = _state(config)
+    run = state(config)
     outcome = run.outcome
     if outcome is None:
         return

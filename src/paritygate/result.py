@@ -80,7 +80,7 @@ class Finding:
     metric: str | None = None
     """The metric whose breach this finding explains (the verdict states both in one sentence)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "message": self.message, "metric": self.metric}
 
 
@@ -94,7 +94,7 @@ class Reason:
     metric: str | None = None
     finding: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "message": self.message, "metric": self.metric,
                 "finding": self.finding}
 
@@ -225,8 +225,8 @@ class CheckResult:
     id: str
     status: Status
     message: str
-    metrics: dict[str, Any]
-    golden: dict[str, Any] | None
+    metrics: dict[str, float | None]
+    golden: dict[str, object] | None
     thresholds: dict[str, float]
     key_metric: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
@@ -245,7 +245,7 @@ class CheckResult:
         """The kinds of the check's findings, in verdict order."""
         return [r.finding for r in self.reasons if r.kind == "finding" and r.finding]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "id": self.id,
             "status": self.status,

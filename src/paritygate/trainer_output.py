@@ -16,22 +16,19 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.reading import read_json_object
 
-if TYPE_CHECKING:
-    from paritygate.config import GateConfig
-
 __all__ = [
     "CHECKPOINT_ENV",
     "TrainerCheckpoint",
-    "apply_checkpoint",
     "find_checkpoints",
     "is_output_dir",
+    "pick_checkpoint",
     "pin_output_dir",
     "resolve_checkpoint",
 ]
@@ -67,7 +64,7 @@ class TrainerCheckpoint:
     chosen_by: str
     """Why this one: ``latest``, ``checkpoint: N``, ``--checkpoint PATH``..."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "output_dir": str(self.output_dir) if self.output_dir is not None else None,
             "step": self.step,
@@ -120,7 +117,7 @@ def _trainer_files(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _read_state(folder: Path) -> dict[str, Any] | None:
+def _read_state(folder: Path) -> dict[str, object] | None:
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None
@@ -201,26 +198,27 @@ def _listing(steps: tuple[int, ...]) -> str:
     return ", ".join(f"checkpoint-{n}" for n in steps) or "none"
 
 
-def _model_key(config: GateConfig) -> tuple[str, str]:
-    """``(section, field)`` of the model path a checkpoint override replaces."""
-    if config.family == "policy":
-        return "policy", "checkpoint"
-    return config.family, "model_dir"
-
-
-def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateConfig:
-    """``config`` with its model directory resolved to one checkpoint.
+def pick_checkpoint(
+    configured: str,
+    *,
+    key: str,
+    override: str | None,
+    base: Callable[[str], Path],
+    where: Path,
+    selector: int | str | None = None,
+    earlier: TrainerCheckpoint | None = None,
+    accepts_output_dir: bool = True,
+) -> tuple[str | None, TrainerCheckpoint | None]:
+    """The model path a config's ``configured`` value resolves to, and the trainer's record.
 
     ``override`` is ``paritygate run --checkpoint``'s value: a step number or ``latest`` /
     ``final`` (picked in the configured output_dir), or a path (relative to the current
     folder) to a checkpoint folder, an output_dir (its latest checkpoint) or, for a torch
-    policy, a checkpoint file. The trainer's record is kept on the config
-    (:attr:`GateConfig.trainer_checkpoint`) for the report and the provenance.
+    policy (``accepts_output_dir=False``), a checkpoint file. ``selector`` is the config's own
+    ``checkpoint:`` pick, ``earlier`` the record of a resolution already made (its output_dir
+    is reused), ``base`` resolves a config path, ``key`` names the config key in errors.
+    Returns ``(None, None)`` when nothing changes.
     """
-    section_name, field = _model_key(config)
-    section = getattr(config, section_name)
-    configured = getattr(section, field)
-    config_selector = getattr(section, "checkpoint", None) if field == "model_dir" else None
     new_value: str | None = None
     record: TrainerCheckpoint | None
     if override is not None and override.strip():
@@ -228,40 +226,31 @@ def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateCon
         step: int | str | None = int(override) if override.isdigit() else (
             override if override in ("latest", "final") else None)
         if step is not None:
-            if field != "model_dir":
+            if not accepts_output_dir:
                 raise InputError(None, "--checkpoint", f"a step ({override}) needs a trainer "
                                  "output_dir; give the checkpoint file's path")
-            earlier = config.trainer_checkpoint  # already resolved once: its output_dir
-            base = earlier.output_dir if earlier is not None and earlier.output_dir else \
-                config.resolve(configured)
-            record = resolve_checkpoint(base, step, key="--checkpoint", where=config.path)
+            start = earlier.output_dir if earlier is not None and earlier.output_dir else \
+                base(configured)
+            record = resolve_checkpoint(start, step, key="--checkpoint", where=where)
             if record is not None:
                 record = _replace_choice(record, f"--checkpoint {override}")
         else:
             target = Path(override).expanduser().resolve()
             if not target.exists():
                 raise InputError(target, "--checkpoint", "checkpoint not found")
-            record = resolve_checkpoint(target, key="--checkpoint") if field == "model_dir" \
+            record = resolve_checkpoint(target, key="--checkpoint") if accepts_output_dir \
                 else None
             if record is not None:
                 record = _replace_choice(record, f"--checkpoint {override}"
                                          if record.output_dir is None else record.chosen_by)
             new_value = str(target)
     else:
-        if field != "model_dir":
-            return config
-        base = config.resolve(configured)
-        key = f"{section_name}.{'checkpoint' if config_selector is not None else field}"
-        record = resolve_checkpoint(base, config_selector, key=key, where=config.path)
+        if not accepts_output_dir:
+            return None, None
+        record = resolve_checkpoint(base(configured), selector, key=key, where=where)
     if record is not None:
         new_value = str(record.path)
-    if new_value is None:
-        return config
-    updated = config.model_copy(
-        update={section_name: section.model_copy(update={field: new_value})}
-    )
-    updated._trainer_checkpoint = record
-    return updated
+    return new_value, record
 
 
 def _replace_choice(record: TrainerCheckpoint, chosen_by: str) -> TrainerCheckpoint:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import SupportsFloat, TypedDict
 
 from paritygate.result import (
     CHANGED,
@@ -33,6 +33,18 @@ from paritygate.result import (
     Status,
 )
 
+GoldenValue = float | int | bool | None
+"""A blessed metric value (golden files hold numbers, booleans or null)."""
+
+
+class GoldenRecord(TypedDict, total=False):
+    """A blessed baseline as read from the golden folder (:meth:`GoldenStore.load`)."""
+
+    metrics: dict[str, GoldenValue]
+    provenance: dict[str, object]
+    detail_metrics: dict[str, GoldenValue]
+    """Per-item baselines (a layer's error), from the check's ``.detail.json``."""
+
 
 @dataclass(frozen=True)
 class Margin:
@@ -40,10 +52,10 @@ class Margin:
     threshold_fraction: float = 0.05
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int) or not isinstance(value, SupportsFloat):
         return str(value)
     v = float(value)
     if v == 0:
@@ -53,7 +65,7 @@ def _fmt(value: Any) -> str:
     return f"{v:.4g}"
 
 
-def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | None:
+def golden_regression(metric: Metric, expected: object, margin: Margin) -> str | None:
     """A reason when ``metric`` regressed against the golden value ``expected``, else ``None``."""
     if not metric.ratchet or metric.bad == "none" or expected is None or metric.value is None:
         return None
@@ -61,11 +73,9 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
         if metric.value != expected:
             return f"{metric.name} {CHANGED} {_fmt(expected)}, obtained {_fmt(metric.value)}"
         return None
-    try:
-        exp = float(expected)
-        val = float(metric.value)
-    except (TypeError, ValueError):
+    if not isinstance(expected, (int, float)):  # bool included, as a number
         return None
+    exp, val = float(expected), float(metric.value)
     if not math.isfinite(exp):
         return None
     allowed = margin.rel_margin * abs(exp)
@@ -86,13 +96,13 @@ def golden_regression(metric: Metric, expected: Any, margin: Margin) -> str | No
 
 def judge(
     measurement: Measurement,
-    golden: dict[str, Any] | None,
+    golden: GoldenRecord | None,
     *,
     margin: Margin = Margin(),
     use_golden: bool = True,
     blessing: bool = False,
     probes_sha256: str | None = None,
-    numerics: Mapping[str, Any] | None = None,
+    numerics: Mapping[str, object] | None = None,
 ) -> CheckResult:
     """Apply the rules above; ``golden`` is the blessed record or ``None``.
 
@@ -106,7 +116,7 @@ def judge(
     details = dict(measurement.details)
     if measurement.notes:
         details["notes"] = list(measurement.notes)
-    expected = None
+    expected: dict[str, GoldenValue] | None = None
     if use_golden and golden is not None:
         # per-item (detail) baselines live beside the headline ones; both are judged
         expected = {**golden.get("metrics", {}), **golden.get("detail_metrics", {})}
@@ -123,23 +133,8 @@ def judge(
             details,
         )
 
-    reasons: list[Reason] = [
-        Reason("finding", f.message, f.metric, f.kind) for f in measurement.findings
-    ]
-    offending: list[str] = []  # metrics that fail, first one shown as the key metric
-    breached: set[str] = set()
+    reasons, offending, breached = _own_reasons(measurement)
     regressed: dict[str, str] = {}
-    for m in measurement.metrics.values():
-        if not m.is_finite():
-            reasons.append(Reason("nonfinite", f"{m.name} is {m.value} (non-finite output)",
-                                  m.name))
-            offending.append(m.name)
-        elif m.breaches():
-            op = ">" if m.bad == "higher" else "<"
-            reasons.append(Reason(
-                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
-            offending.append(m.name)
-            breached.add(m.name)
     no_golden = False
     if use_golden and not blessing:
         if expected is None:
@@ -173,18 +168,8 @@ def judge(
         fix = ("bless a baseline for this configuration under its own golden.baseline "
                "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
         details["numerics_changed"] = changed
-    if reasons:
-        message = " ".join(sentences)
-        if changed:
-            message += (f" The golden baseline was blessed with other numerics "
-                        f"({', '.join(changed)}); its numbers are not this configuration's.")
-    elif key is not None:
-        km = measurement.metrics[key]
-        message = f"{key}={_fmt(km.value)}" + (
-            f" (threshold {_fmt(km.threshold)})" if km.threshold is not None else ""
-        )
-    else:
-        message = "ok"
+    message = _message(measurement, key, sentences, changed) if reasons \
+        else _passing_message(measurement, key)
     result = CheckResult(
         measurement.check_id,
         status,
@@ -203,26 +188,67 @@ def judge(
     return result
 
 
-def _probe_set_changed(golden: dict[str, Any] | None, current: str | None) -> str | None:
+def _own_reasons(measurement: Measurement) -> tuple[list[Reason], list[str], set[str]]:
+    """What fails on this run alone: the check's findings, non-finite metrics and threshold
+    breaches; with the failing metrics (in order) and those that breached."""
+    reasons = [Reason("finding", f.message, f.metric, f.kind) for f in measurement.findings]
+    offending: list[str] = []  # metrics that fail, first one shown as the key metric
+    breached: set[str] = set()
+    for m in measurement.metrics.values():
+        if not m.is_finite():
+            reasons.append(Reason("nonfinite", f"{m.name} is {m.value} (non-finite output)",
+                                  m.name))
+            offending.append(m.name)
+        elif m.breaches():
+            op = ">" if m.bad == "higher" else "<"
+            reasons.append(Reason(
+                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
+            offending.append(m.name)
+            breached.add(m.name)
+    return reasons, offending, breached
+
+
+def _message(
+    measurement: Measurement, key: str | None, sentences: list[str], changed: list[str]
+) -> str:
+    """A failing check's message: its sentences, and why its baseline's numbers differ."""
+    message = " ".join(sentences)
+    if changed:
+        message += (f" The golden baseline was blessed with other numerics "
+                    f"({', '.join(changed)}); its numbers are not this configuration's.")
+    return message
+
+
+def _passing_message(measurement: Measurement, key: str | None) -> str:
+    """A passing check's message: its key metric against its threshold, else ``ok``."""
+    if key is None:
+        return "ok"
+    km = measurement.metrics[key]
+    limit = f" (threshold {_fmt(km.threshold)})" if km.threshold is not None else ""
+    return f"{key}={_fmt(km.value)}{limit}"
+
+
+def _probe_set_changed(golden: GoldenRecord | None, current: str | None) -> str | None:
     """Golden numbers are only comparable on the probes they were blessed with."""
-    blessed = ((golden or {}).get("provenance") or {}).get("probes_sha256")
-    if current is None or not blessed or blessed == current:
+    blessed = (golden or {}).get("provenance", {}).get("probes_sha256")
+    if current is None or not isinstance(blessed, str) or not blessed or blessed == current:
         return None
     return (f"probe set changed since the golden baseline was blessed (sha256 "
             f"{blessed[:12]} -> {current[:12]})")
 
 
 def _numerics_changed(
-    golden: dict[str, Any] | None, current: Mapping[str, Any] | None
+    golden: GoldenRecord | None, current: Mapping[str, object] | None
 ) -> list[str]:
     """Settings that move numbers by design (a serving dtype, say) and differ from the
     baseline's: a regression against it is expected of that change."""
-    blessed = ((golden or {}).get("provenance") or {}).get("numerics") or {}
+    found = (golden or {}).get("provenance", {}).get("numerics")
+    blessed: Mapping[str, object] = found if isinstance(found, dict) else {}
     return [f"{k} {blessed[k]} -> {v}" for k, v in (current or {}).items()
             if k in blessed and blessed[k] != v]  # fmt: skip
 
 
-def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None:
+def _unguarded(measurement: Measurement, expected: Mapping[str, GoldenValue]) -> str | None:
     """A note when the baseline and the run disagree on which ratcheted metrics exist (another
     layer selection or probe set than the one blessed): those metrics are not compared."""
     ratcheted = [
@@ -242,8 +268,10 @@ def _unguarded(measurement: Measurement, expected: dict[str, Any]) -> str | None
 
 
 def _headline(
-    expected: dict[str, Any] | None, measurement: Measurement, golden: dict[str, Any] | None
-) -> dict[str, Any] | None:
+    expected: Mapping[str, GoldenValue] | None,
+    measurement: Measurement,
+    golden: GoldenRecord | None,
+) -> dict[str, object] | None:
     """The golden values shown beside the report's metrics: per-item (detail) ones left out
     (a baseline blessed before a metric became a detail one still holds it among ``metrics``)."""
     if expected is None:
@@ -283,7 +311,7 @@ def _failing_key(measurement: Measurement, offending: list[str], key: str | None
     return key
 
 
-def _golden_breaches(m: Metric, gold: Any) -> bool:
+def _golden_breaches(m: Metric, gold: object) -> bool:
     """The blessed value breaches today's threshold too: the model did not change, the
     threshold did (a golden inside the threshold means the model moved within the margin)."""
     if isinstance(gold, bool) or not isinstance(gold, (int, float)):
@@ -306,7 +334,7 @@ def _sentences(
     offending: list[str],
     breached: set[str],
     regressed: dict[str, str],
-    expected: dict[str, Any] | None,
+    expected: Mapping[str, GoldenValue] | None,
     no_golden: bool,
 ) -> tuple[list[str], str | None]:
     """One sentence per failure (named causes first, then failing metrics) and a likely fix.

@@ -15,19 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from zoo_checks import zoo_checks
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "demo-lm.yaml"
-LM_CHECKS = (
-    "weights_load",
-    "tokenizer_parity",
-    "sampling_config",
-    "logits_agreement",
-    "logprob_impl",
-    "logprob_delta",
-    "vllm_delta",
-    "generation_parity",
-)
+LM_CHECKS = zoo_checks("causal_lm")
+"""The checks of the LM zoo's faults, derived from the registry."""
 
 Patch = Callable[[dict[str, Any], Path, Path], None]
 """(config dict to edit, clean demo model dir, this variant's folder)."""

@@ -15,7 +15,11 @@ FAULTS = {
     "temperature_0_8": ({"temperature": 0.8}, "logprob_differs"),
     "top_p_0_9": ({"top_p": 0.9}, "logprob_differs"),
     "max_new_tokens_halved": ({"max_tokens": 8}, "truncation_differs"),
+    "stop_string_missing": ({"stop": []}, "stop_reason_differs"),
+    "repetition_penalty_1_3": ({"repetition_penalty": 1.3}, "repetition_differs"),
 }
+TRAINING = {"stop": ["."]}
+"""Both sides stop at a full stop: the serving side without it is the missing-stop fault."""
 
 
 def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
@@ -25,8 +29,8 @@ def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
 
     data = variant_config(demo_lm, out, None)
     data["causal_lm"]["behaviour"] = dict(BEHAVIOUR if behaviour is None else behaviour)
-    if serving:
-        _sampling(data, "serving", out, **serving)
+    _sampling(data, "training", out, **TRAINING)
+    _sampling(data, "serving", out, **{**TRAINING, **(serving or {})})
     data["name"] = "bp"
     return Gate(config_from_dict(data, out / "gate.yaml")).evaluate("behaviour_parity",
                                                                     golden=False)
@@ -36,8 +40,19 @@ def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
     result = _evaluate(demo_lm, tmp_path, None)
     assert result.status == "pass", result.message
     stats = result.details["statistics"]
-    assert set(stats) == {"length", "distinct_2", "logprob_per_token", "truncation_rate",
+    assert set(stats) == {"length", "distinct_2", "self_rouge_l", "logprob_per_token",
+                          "repeat_rate", "logprob_per_prompt", "truncation_rate", "eos_rate",
+                          "stop_string_rate",
                           "format_hit_rate", "reward"}
+    assert result.details["stop_reasons"]["serving"].get("stop", 0) > 0
+    from paritygate.checks.behaviour_parity import CHECK
+
+    assert CHECK.render is not None
+    section = CHECK.render(result, tmp_path)
+    for name in stats:
+        assert f"| {name} |" in section.markdown
+    assert "samples per side to detect" in section.markdown
+    assert (tmp_path / "behaviour.png").stat().st_size > 0 and "base64" in section.html
     assert stats["reward"]["low"] <= 0.05 and stats["reward"]["high"] >= -0.05
 
 
@@ -92,19 +107,65 @@ def test_reward_function_that_raises_is_bad_input(demo_lm: Path, tmp_path: Path)
     assert "causal_lm.behaviour.reward_fn" in str(err.value)
 
 
-def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path,
-                                                            tmp_path: Path) -> None:
-    """Serving temperature 0.8: sampling_config names the field and explains the behaviour."""
+@pytest.mark.parametrize("serving", [{"temperature": 0.8}, {"stop": []},
+                                     {"repetition_penalty": 1.3}])
+def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path, tmp_path: Path,
+                                                            serving: dict[str, Any]) -> None:
+    """Serving temperature 0.8, a missing stop string, a repetition penalty: sampling_config
+    names the field and explains the behaviour."""
     from paritygate.config import config_from_dict
     from paritygate.gate import Gate
     from paritygate.rootcause import explain
 
     data = variant_config(demo_lm, tmp_path, None)
     data["causal_lm"]["behaviour"] = {}
-    _sampling(data, "serving", tmp_path, temperature=0.8)
+    _sampling(data, "training", tmp_path, **TRAINING)
+    _sampling(data, "serving", tmp_path, **{**TRAINING, **serving})
     data["name"] = "bp"
     gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
     results = [gate.evaluate(cid, golden=False) for cid in ("sampling_config", "behaviour_parity")]
+    assert results[1].status == "fail", results[1].message
     explained, root = explain(results)
     assert root is not None and (root.check, root.kind) == ("sampling_config", "sampling_protocol")
     assert {r.id: r.consequence_of for r in explained}["behaviour_parity"] == "sampling_config"
+
+
+def test_chat_template_that_keeps_greedy_output_is_found(demo_lm: Path, tmp_path: Path) -> None:
+    """A serving chat template with a space after the assistant tag (a common template
+    mismatch): greedy output is the same (generation_parity passes) but sampled behaviour is
+    not; sampling_config cannot name it, so behaviour_parity is the root. The clean twin is
+    ``test_clean_twin_passes``."""
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+    from paritygate.rootcause import explain
+
+    template = tmp_path / "serving-template.jinja"
+    template.write_text(
+        "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
+        "{{ message['content'] }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    data = variant_config(demo_lm, tmp_path, None)
+    data["causal_lm"]["behaviour"] = {}
+    data["causal_lm"]["tokenizer"]["serving_chat_template"] = str(template)
+    data["name"] = "bp"
+    gate = Gate(config_from_dict(data, tmp_path / "gate.yaml"))
+    results = [gate.evaluate(cid, golden=False) for cid in ("generation_parity",
+                                                            "behaviour_parity")]
+    assert results[0].status == "pass", results[0].message
+    assert results[1].status == "fail" and "logprob_differs" in results[1].finding_kinds(), (
+        results[1].message)
+    _, root = explain(results)
+    assert root is not None and root.check == "behaviour_parity"
+
+
+def test_too_few_samples_says_the_minimum(demo_lm: Path, tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.errors import InputError
+
+    data = variant_config(demo_lm, tmp_path, None)
+    data["name"] = "bp"
+    data["causal_lm"]["behaviour"] = {"samples": 4}
+    with pytest.raises(InputError) as err:
+        config_from_dict(data, tmp_path / "gate.yaml")
+    assert "causal_lm.behaviour.samples" in str(err.value), str(err.value)
+    assert "greater than or equal to 8" in str(err.value), str(err.value)

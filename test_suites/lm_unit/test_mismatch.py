@@ -15,7 +15,7 @@ import pytest
 import paritygate
 from paritygate.metrics.logprob import delta_stats
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "training.md"
 
 
 def _batch(seed: int = 0, shape: tuple[int, int] = (16, 64)) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +128,8 @@ def test_import_paritygate_stays_free_of_torch() -> None:
 def test_readme_training_loop_example_runs() -> None:
     pytest.importorskip("torch")
     text = README.read_text(encoding="utf-8")
-    section = text.split("### The in-loop mismatch meter", 1)[1]
+    section = text.split("## The in-loop mismatch meter", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block is not None and "paritygate.mismatch(" in block.group(1)
     assert len(block.group(1).strip().splitlines()) <= 12
-    exec(compile(block.group(1), "README.md", "exec"), {})
+    exec(compile(block.group(1), "docs/training.md", "exec"), {})

@@ -329,3 +329,20 @@ def test_device_map_plumbing() -> None:
             load_kwargs("auto")
     else:
         assert load_kwargs("auto") == {"device_map": "auto"}
+
+
+def test_device_map_model_takes_the_callers_tensors(tmp_path: Path) -> None:
+    """A model placed by ``device_map: auto`` takes CPU inputs and returns CPU outputs, on
+    whatever device accelerate put it (a model on one GPU gets no hook from accelerate)."""
+    pytest.importorskip("accelerate")
+    import torch
+
+    from paritygate.engines.hf_loading import load_causal_lm
+
+    model, _ = load_causal_lm(_tiny_model_dir(tmp_path), device_map="auto")
+    assert getattr(model, "_hf_hook", None) is not None
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert logits.device == ids.device
+    assert torch.isfinite(logits).all()

@@ -126,7 +126,7 @@ def traced_from(config: Any, out: Path) -> Path:
 
     ctx = Gate(config).context
     names, call = ctx.input_names, ctx.spec.call
-    model = ctx.inference_model
+    model = ctx.heads_removed_model
     if call != "positional":
         model = ForwardAdapter(model, names, call).eval()
     example = tuple(torch.from_numpy(ctx.feeds[n][:4].copy()) for n in names)

@@ -26,19 +26,13 @@ import rollout_subjects
 import shape_zoo_builders as sb
 import yaml
 from policy_zoo_builders import FAULTS_MODULE, Builder, Overrides
+from zoo_checks import zoo_checks
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "demo-policy.yaml"
 
-POLICY_CHECKS = (
-    "weights_load",
-    "batchnorm_export",
-    "head_removal",
-    "dropout_off",
-    "preprocessing_parity",
-    "logits_agreement",
-    "export_integrity",
-)
+POLICY_CHECKS = zoo_checks("policy")
+"""The checks of the policy zoo's base subjects, derived from the registry."""
 ROLLOUT_CHECKS = (*POLICY_CHECKS, "rollout_parity")
 """The checks of the ``cartpole`` base (its config has a ``policy.rollout`` section)."""
 
@@ -246,6 +240,10 @@ SHAPE_FAULTS: tuple[Fault, ...] = (
           "serving scales the image key by 1/256 instead of 1/255",
           sb.serving(0, "scale_image_serving_256"), ("input 'image':", "differs by"),
           base="dict", kind="stats_differ"),
+    Fault("dict_image_scale_missing", "preprocessing_parity",
+          "serving passes the 8-bit image key unscaled (the /255 missing)",
+          sb.serving(0, "scale_image_serving_missing"), ("input 'image':", "/255"),
+          absent=("input 'vector'",), base="dict", kind="image_scale_missing"),
     Fault("dict_vector_normalisation_missing", "preprocessing_parity",
           "serving passes the vector key raw", sb.serving(1, "normalize_vector_missing"),
           ("input 'vector':", "normalisation missing"), absent=("input 'image'",),

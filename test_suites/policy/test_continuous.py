@@ -22,7 +22,7 @@ from paritygate.metrics.gaussian import (
     squash,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "policy" / "continuous.md"
 
 
 def _sides(seed: int = 0) -> tuple[DistributionSpec, np.ndarray, np.ndarray]:

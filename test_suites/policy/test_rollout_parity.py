@@ -223,9 +223,9 @@ def test_continuous_actions_are_clipped_to_the_action_space(pendulum: Path,
     from paritygate.families.policy.rollout import action_margin, env_action
 
     ctx = _gate(rs.pendulum_config(pendulum), tmp_path).context
-    assert env_action(ctx, np.array([5.0], np.float32)).tolist() == [2.0]
-    assert env_action(ctx, np.array([-0.5], np.float32)).tolist() == [-0.5]
-    assert action_margin(ctx, np.array([0.3], np.float32)) == float("inf")
+    assert env_action(ctx.rollout_env, ctx.spec, np.array([5.0], np.float32)).tolist() == [2.0]
+    assert env_action(ctx.rollout_env, ctx.spec, np.array([-0.5], np.float32)).tolist() == [-0.5]
+    assert action_margin(ctx.rollout_env, np.array([0.3], np.float32)) == float("inf")
 
 
 def test_discrete_actions_are_the_argmax_and_the_margin_its_gap(cartpole: Path,
@@ -233,8 +233,8 @@ def test_discrete_actions_are_the_argmax_and_the_margin_its_gap(cartpole: Path,
     from paritygate.families.policy.rollout import action_margin, env_action
 
     ctx = _gate(rs.cartpole_config(cartpole), tmp_path).context
-    assert env_action(ctx, np.array([0.2, 1.5], np.float32)) == 1
-    assert action_margin(ctx, np.array([0.2, 1.5], np.float32)) == pytest.approx(1.3)
+    assert env_action(ctx.rollout_env, ctx.spec, np.array([0.2, 1.5], np.float32)) == 1
+    assert action_margin(ctx.rollout_env, np.array([0.2, 1.5], np.float32)) == pytest.approx(1.3)
 
 
 def test_continuous_actions_follow_the_declared_distribution(pendulum: Path,
@@ -245,13 +245,13 @@ def test_continuous_actions_follow_the_declared_distribution(pendulum: Path,
     from paritygate.families.policy.rollout import env_action
 
     ctx = _gate(rs.pendulum_config(pendulum), tmp_path).context
-    ctx.rollout_env  # noqa: B018 - built for the undeclared spec
+    env = ctx.rollout_env  # built for the undeclared spec
     dist = DistributionSpec(squash="tanh", action_scale=2.0, serving_output="action")
     ctx.spec = ctx.spec.model_copy(update={"distribution": dist})
     mean = np.array([0.5], np.float32)
-    assert env_action(ctx, mean).tolist() == pytest.approx([2.0 * np.tanh(0.5)])
-    assert env_action(ctx, mean, served=True).tolist() == [0.5]
-    assert env_action(ctx, np.array([3.0], np.float32), served=True).tolist() == [2.0]
+    assert env_action(env, ctx.spec, mean).tolist() == pytest.approx([2.0 * np.tanh(0.5)])
+    assert env_action(env, ctx.spec, mean, served=True).tolist() == [0.5]
+    assert env_action(env, ctx.spec, np.array([3.0], np.float32), served=True).tolist() == [2.0]
 
 
 # --- a Dict observation and a recurrent policy, stepped closed loop ------------------------------
@@ -274,7 +274,7 @@ def test_dict_observation_policy_passes_clean(dict_cartpole: Path, tmp_path: Pat
     result = gate.evaluate("rollout_parity", golden=False)
     assert result.status == "pass", result.message
     assert result.metrics["action_agreement"] == 1.0 and result.metrics["episodes"] == 4
-    episode = gate.context.rollouts.serving[0]
+    episode = gate.context.rollouts.candidate[0]
     assert set(episode.observations) == {"pos", "vel"}
     assert episode.observations["vel"].shape == (episode.length, 2)
 
@@ -310,7 +310,7 @@ def test_recurrent_policy_passes_with_its_state_fed_back(recurrent_cartpole: Pat
     result = gate.evaluate("rollout_parity", golden=False)
     assert result.status == "pass", result.message
     assert result.metrics["action_agreement"] == 1.0
-    episode = gate.context.rollouts.training[0]
+    episode = gate.context.rollouts.reference[0]
     assert [float(s["episode_start"][0]) for s in episode.incoming_states[:2]] == [1.0, 0.0]
 
 

@@ -37,10 +37,11 @@ and ``critic_target``::
     distribution: {log_std: output, log_std_key: log_std, log_std_clamp: [-20, 2],
                    squash: tanh, action_scale: 2.0, action_bias: 0.0}
 
-DQN, TD3/DDPG (:mod:`paritygate.adapters.sb3_offpolicy`) and ``CnnPolicy``
-(:mod:`paritygate.adapters.sb3_cnn`) have factories of their own, importable from here too:
-``dqn_training_policy``, ``td3_training_policy``, ``cnn_training_policy`` and their
-``*_inference_policy``.
+PPO / A2C over a ``Box`` action space (:mod:`paritygate.adapters.sb3_gaussian`:
+``gaussian_training_policy``), DQN, TD3/DDPG (:mod:`paritygate.adapters.sb3_offpolicy`) and
+``CnnPolicy`` (:mod:`paritygate.adapters.sb3_cnn`) have factories of their own, importable
+from here too: ``dqn_training_policy``, ``td3_training_policy``, ``cnn_training_policy`` and
+their ``*_inference_policy``.
 
 ``save_vecnormalize_stats`` writes the running mean/var, epsilon and clip of a
 ``VecNormalize`` to JSON, so the gate never unpickles SB3's ``vecnormalize.pkl``.
@@ -58,37 +59,55 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import torch
 
+from paritygate.adapters.sb3_common import NetArch, arch
+from paritygate.adapters.sb3_common import gym as sb3_gym
 from paritygate.errors import MissingExtra
 
+if TYPE_CHECKING:
+    from gymnasium.spaces import Space
+    from stable_baselines3.common.vec_env import VecNormalize
 
-def _policy_class() -> Any:
+
+
+class VecNormalizeStats(TypedDict):
+    """What :func:`save_vecnormalize_stats` writes: a ``VecNormalize``'s observation side."""
+
+    mean: list[float]
+    var: list[float]
+    count: float
+    epsilon: float
+    clip_obs: float
+    norm_obs: bool
+
+
+def _policy_class() -> tuple[ModuleType, type]:
+    gym = sb3_gym()
     try:
-        import gymnasium as gym
         from stable_baselines3.common.policies import ActorCriticPolicy
     except ImportError:
         raise MissingExtra("stable-baselines3", "sb3") from None
     return gym, ActorCriticPolicy
 
 
-def _build(obs_dim: int, n_actions: int, net_arch: list[int] | None) -> Any:
+def _build(obs_dim: int, n_actions: int, net_arch: NetArch | None
+           ) -> tuple[type, Space[np.ndarray], Space[np.int64], NetArch]:
     gym, policy_cls = _policy_class()
-    import numpy as np
-
     obs_space = gym.spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
     act_space = gym.spaces.Discrete(n_actions)
-    arch = list(net_arch) if net_arch is not None else [64, 64]
-    return policy_cls, obs_space, act_space, arch
+    return policy_cls, obs_space, act_space, arch(net_arch, [64, 64])
 
 
-def training_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = None) -> Any:
-    """The whole SB3 ``ActorCriticPolicy``; forward returns ``{"logits", "value"}``."""
-    policy_cls, obs_space, act_space, arch = _build(obs_dim, n_actions, net_arch)
+def training_policy(obs_dim: int, n_actions: int, net_arch: NetArch | None = None
+                    ) -> torch.nn.Module:
+    """The whole SB3 ``ActorCriticPolicy`` (PPO, A2C); forward returns ``{"logits", "value"}``.
+    ``net_arch``: a list for both sides or ``{pi: [...], vf: [...]}`` (A2C/PPO's own)."""
+    policy_cls, obs_space, act_space, arch_ = _build(obs_dim, n_actions, net_arch)
 
     class TrainingPolicy(policy_cls):  # type: ignore[misc, valid-type]
         def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
@@ -96,15 +115,16 @@ def training_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = N
             latent_pi, latent_vf = self.mlp_extractor(features)
             return {"logits": self.action_net(latent_pi), "value": self.value_net(latent_vf)}
 
-    return TrainingPolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+    return TrainingPolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch_)
 
 
-def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = None) -> Any:
+def inference_policy(obs_dim: int, n_actions: int, net_arch: NetArch | None = None
+                     ) -> torch.nn.Module:
     """The actor path of the same policy (value network removed); forward returns logits."""
-    policy_cls, obs_space, act_space, arch = _build(obs_dim, n_actions, net_arch)
+    policy_cls, obs_space, act_space, arch_ = _build(obs_dim, n_actions, net_arch)
 
     class InferencePolicy(policy_cls):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)
             del self.value_net
             del self.mlp_extractor.value_net
@@ -114,11 +134,18 @@ def inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = 
             features = self.extract_features(obs, self.pi_features_extractor)
             return self.action_net(self.mlp_extractor.forward_actor(features))
 
-    return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+    return InferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch_)
 
 
-def _multi_input(spaces: dict[str, list[int]], n_actions: int,
-                 net_arch: list[int] | None) -> tuple[Any, dict[str, Any]]:
+a2c_training_policy = training_policy
+"""A2C's ``MlpPolicy`` is PPO's ``ActorCriticPolicy`` (RMSprop is the optimizer's business, not
+the network's): the same factories, under the algorithm's name."""
+a2c_inference_policy = inference_policy
+
+
+def _multi_input(spaces: dict[str, list[int]], n_actions: int, net_arch: NetArch | None,
+                 image_keys: list[str] | None, normalize_images: bool, cnn_output_dim: int
+                 ) -> tuple[type, dict[str, object]]:
     try:
         import gymnasium as gym
         from stable_baselines3.common.policies import MultiInputActorCriticPolicy
@@ -127,22 +154,35 @@ def _multi_input(spaces: dict[str, list[int]], n_actions: int,
     if not isinstance(spaces, dict) or not spaces:
         raise ValueError("spaces must map each observation key to its shape, e.g. "
                          "{pos: [2], vel: [2]}")
+    images = set(image_keys or ())
+    if images - set(spaces):
+        raise ValueError(f"image_keys {sorted(images - set(spaces))} are not keys of spaces")
     obs_space = gym.spaces.Dict({
-        key: gym.spaces.Box(-np.inf, np.inf, shape=tuple(int(d) for d in shape),
-                            dtype=np.float32)
+        key: gym.spaces.Box(0, 255, shape=tuple(int(d) for d in shape), dtype=np.uint8)
+        if key in images else
+        gym.spaces.Box(-np.inf, np.inf, shape=tuple(int(d) for d in shape), dtype=np.float32)
         for key, shape in spaces.items()})
     kwargs = {"observation_space": obs_space, "action_space": gym.spaces.Discrete(n_actions),
-              "lr_schedule": lambda _: 0.0,
-              "net_arch": list(net_arch) if net_arch is not None else [64, 64]}
+              "lr_schedule": lambda _: 0.0, "net_arch": arch(net_arch, [64, 64]),
+              "normalize_images": normalize_images,
+              "features_extractor_kwargs": {"cnn_output_dim": cnn_output_dim}}
     return MultiInputActorCriticPolicy, kwargs
 
 
 def multi_input_training_policy(spaces: dict[str, list[int]], n_actions: int,
-                                net_arch: list[int] | None = None) -> Any:
+                                net_arch: NetArch | None = None,
+                                image_keys: list[str] | None = None,
+                                normalize_images: bool = True,
+                                cnn_output_dim: int = 256) -> torch.nn.Module:
     """The whole SB3 ``MultiInputActorCriticPolicy`` (PPO/A2C ``MultiInputPolicy``, its
-    ``CombinedExtractor``) over a ``Dict`` of float ``Box`` spaces, ``spaces`` mapping each key
-    to its shape; ``forward(obs_dict)`` returns ``{"logits", "value"}``."""
-    cls, kwargs = _multi_input(spaces, n_actions, net_arch)
+    ``CombinedExtractor``) over a ``Dict`` of ``Box`` spaces, ``spaces`` mapping each key
+    to its shape; ``image_keys`` are uint8 images (C, H, W) the extractor runs a NatureCNN on,
+    scaled by 1/255 inside unless ``normalize_images`` is false (then the scaling is declared
+    preprocessing: :func:`paritygate.adapters.sb3_cnn.scale_images_training`), each to
+    ``cnn_output_dim`` features, the others float vectors; ``forward(obs_dict)`` returns
+    ``{"logits", "value"}``."""
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images,
+                               cnn_output_dim)
 
     class MultiInputTraining(cls):  # type: ignore[misc, valid-type]
         def forward(self, obs: dict[str, torch.Tensor]  # type: ignore[override]
@@ -155,13 +195,17 @@ def multi_input_training_policy(spaces: dict[str, list[int]], n_actions: int,
 
 
 def multi_input_inference_policy(spaces: dict[str, list[int]], n_actions: int,
-                                 net_arch: list[int] | None = None) -> Any:
+                                 net_arch: NetArch | None = None,
+                                 image_keys: list[str] | None = None,
+                                 normalize_images: bool = True,
+                                 cnn_output_dim: int = 256) -> torch.nn.Module:
     """The actor path of the same policy (value network removed); ``forward(obs_dict)``
     returns the logits."""
-    cls, kwargs = _multi_input(spaces, n_actions, net_arch)
+    cls, kwargs = _multi_input(spaces, n_actions, net_arch, image_keys, normalize_images,
+                               cnn_output_dim)
 
     class MultiInputInference(cls):  # type: ignore[misc, valid-type]
-        def __init__(self, **kw: Any) -> None:
+        def __init__(self, **kw: object) -> None:
             super().__init__(**kw)
             del self.value_net
             del self.mlp_extractor.value_net
@@ -175,7 +219,7 @@ def multi_input_inference_policy(spaces: dict[str, list[int]], n_actions: int,
     return MultiInputInference(**kwargs)
 
 
-def _recurrent_class() -> Any:
+def _recurrent_class() -> type:
     try:
         from sb3_contrib.common.recurrent.policies import RecurrentActorCriticPolicy
     except ImportError:
@@ -184,16 +228,16 @@ def _recurrent_class() -> Any:
 
 
 def _recurrent(obs_dim: int, n_actions: int, lstm_hidden_size: int,
-               net_arch: list[int] | None) -> tuple[Any, dict[str, Any]]:
-    _, obs_space, act_space, arch = _build(obs_dim, n_actions, net_arch)
+               net_arch: NetArch | None) -> tuple[type, dict[str, object]]:
+    _, obs_space, act_space, arch_ = _build(obs_dim, n_actions, net_arch)
     kwargs = {"observation_space": obs_space, "action_space": act_space,
-              "lr_schedule": lambda _: 0.0, "net_arch": arch,
+              "lr_schedule": lambda _: 0.0, "net_arch": arch_,
               "lstm_hidden_size": lstm_hidden_size}
     return _recurrent_class(), kwargs
 
 
 def recurrent_training_policy(obs_dim: int, n_actions: int, lstm_hidden_size: int = 256,
-                              net_arch: list[int] | None = None) -> Any:
+                              net_arch: NetArch | None = None) -> torch.nn.Module:
     """sb3-contrib's whole ``RecurrentActorCriticPolicy`` (``RecurrentPPO``'s
     ``MlpLstmPolicy``, one LSTM layer); ``forward(obs, h, c, episode_start)`` runs the actor
     through the library's own ``_process_sequence`` (its episode-start reset) and returns
@@ -202,7 +246,8 @@ def recurrent_training_policy(obs_dim: int, n_actions: int, lstm_hidden_size: in
 
     class RecurrentTraining(cls):  # type: ignore[misc, valid-type]
         def forward(self, obs: torch.Tensor, h: torch.Tensor,  # type: ignore[override]
-                    c: torch.Tensor, episode_start: torch.Tensor) -> Any:
+                    c: torch.Tensor, episode_start: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             features = self.extract_features(obs, self.pi_features_extractor)
             latent, (h_n, c_n) = self._process_sequence(
                 features, (h.unsqueeze(0).contiguous(), c.unsqueeze(0).contiguous()),
@@ -214,14 +259,14 @@ def recurrent_training_policy(obs_dim: int, n_actions: int, lstm_hidden_size: in
 
 
 def recurrent_inference_policy(obs_dim: int, n_actions: int, lstm_hidden_size: int = 256,
-                               net_arch: list[int] | None = None) -> Any:
+                               net_arch: NetArch | None = None) -> torch.nn.Module:
     """The actor path of the same recurrent policy (critic LSTM and value network removed), one
     step written out for the exporter: reset where ``episode_start`` is 1, one LSTM step,
     ``(logits, h, c)``."""
     cls, kwargs = _recurrent(obs_dim, n_actions, lstm_hidden_size, net_arch)
 
     class RecurrentInference(cls):  # type: ignore[misc, valid-type]
-        def __init__(self, **kw: Any) -> None:
+        def __init__(self, **kw: object) -> None:
             super().__init__(**kw)
             del self.value_net
             del self.mlp_extractor.value_net
@@ -229,7 +274,8 @@ def recurrent_inference_policy(obs_dim: int, n_actions: int, lstm_hidden_size: i
             self.optimizer = None
 
         def forward(self, obs: torch.Tensor, h: torch.Tensor,  # type: ignore[override]
-                    c: torch.Tensor, episode_start: torch.Tensor) -> Any:
+                    c: torch.Tensor, episode_start: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             features = self.extract_features(obs, self.pi_features_extractor)
             keep = (1.0 - episode_start).view(1, -1, 1)
             out, (h_n, c_n) = self.lstm_actor(
@@ -240,7 +286,8 @@ def recurrent_inference_policy(obs_dim: int, n_actions: int, lstm_hidden_size: i
     return RecurrentInference(**kwargs)
 
 def _sac_build(obs_dim: int, action_low: list[float], action_high: list[float],
-               net_arch: list[int] | None) -> tuple[Any, Any, Any, list[int]]:
+               net_arch: NetArch | None
+               ) -> tuple[type, Space[np.ndarray], Space[np.ndarray], NetArch]:
     try:
         import gymnasium as gym
         from stable_baselines3.sac.policies import SACPolicy
@@ -249,16 +296,15 @@ def _sac_build(obs_dim: int, action_low: list[float], action_high: list[float],
     obs_space = gym.spaces.Box(-np.inf, np.inf, shape=(obs_dim,), dtype=np.float32)
     act_space = gym.spaces.Box(np.asarray(action_low, np.float32),
                                np.asarray(action_high, np.float32), dtype=np.float32)
-    arch = list(net_arch) if net_arch is not None else [256, 256]
-    return SACPolicy, obs_space, act_space, arch
+    return SACPolicy, obs_space, act_space, arch(net_arch, [256, 256])
 
 
 def sac_training_policy(obs_dim: int, action_low: list[float], action_high: list[float],
-                        net_arch: list[int] | None = None) -> Any:
+                        net_arch: NetArch | None = None) -> torch.nn.Module:
     """The whole SB3 ``SACPolicy``; forward returns ``{"mean", "log_std", "q"}`` (the actor's
     pre-squash Gaussian and the first critic's Q of its deterministic action)."""
-    policy_cls, obs_space, act_space, arch = _sac_build(obs_dim, action_low, action_high,
-                                                        net_arch)
+    policy_cls, obs_space, act_space, arch_ = _sac_build(obs_dim, action_low, action_high,
+                                                         net_arch)
 
     class SACTrainingPolicy(policy_cls):  # type: ignore[misc, valid-type]
         def forward(self, obs: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
@@ -266,17 +312,17 @@ def sac_training_policy(obs_dim: int, action_low: list[float], action_high: list
             q = self.critic(obs, torch.tanh(mean))[0]
             return {"mean": mean, "log_std": log_std, "q": q}
 
-    return SACTrainingPolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+    return SACTrainingPolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch_)
 
 
 def sac_inference_policy(obs_dim: int, action_low: list[float], action_high: list[float],
-                         net_arch: list[int] | None = None) -> Any:
+                         net_arch: NetArch | None = None) -> torch.nn.Module:
     """The actor of the same policy (critics removed); forward returns ``(mean, log_std)``."""
-    policy_cls, obs_space, act_space, arch = _sac_build(obs_dim, action_low, action_high,
-                                                        net_arch)
+    policy_cls, obs_space, act_space, arch_ = _sac_build(obs_dim, action_low, action_high,
+                                                         net_arch)
 
     class SACInferencePolicy(policy_cls):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)
             self.critic = self.critic_target = None  # type: ignore[has-type]  # critics removed
             self.optimizer = None
@@ -286,17 +332,20 @@ def sac_inference_policy(obs_dim: int, action_low: list[float], action_high: lis
             mean, log_std, _ = self.actor.get_action_dist_params(obs)
             return mean, log_std
 
-    return SACInferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch)
+    return SACInferencePolicy(obs_space, act_space, lambda _: 0.0, net_arch=arch_)
 
 
-def save_vecnormalize_stats(vec_normalize: Any, path: str | Path,
+def save_vecnormalize_stats(vec_normalize: VecNormalize, path: str | Path,
                             key: str | None = None) -> Path:
     """Write a ``VecNormalize``'s observation statistics (mean, var, count, epsilon, clip) to
     JSON, the ``policy.preprocessing.stats`` file of the adapter's normalisers; ``key``: one
     key's statistics of a ``Dict`` observation space (``norm_obs_keys``), the
     ``policy.inputs[i].preprocessing.stats`` of that input."""
-    rms = vec_normalize.obs_rms if key is None else vec_normalize.obs_rms[key]
-    stats = {
+    all_rms = vec_normalize.obs_rms
+    rms = all_rms[key] if isinstance(all_rms, dict) and key is not None else all_rms
+    if isinstance(rms, dict):
+        raise ValueError(f"a Dict observation space: name one of its keys {sorted(rms)}")
+    stats: VecNormalizeStats = {
         "mean": np.asarray(rms.mean, np.float64).tolist(),
         "var": np.asarray(rms.var, np.float64).tolist(),
         "count": float(rms.count),
@@ -310,8 +359,8 @@ def save_vecnormalize_stats(vec_normalize: Any, path: str | Path,
     return out
 
 
-def _stats(stats_path: str | Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(Path(stats_path).read_text(encoding="utf-8"))
+def _stats(stats_path: str | Path) -> VecNormalizeStats:
+    data: VecNormalizeStats = json.loads(Path(stats_path).read_text(encoding="utf-8"))
     return data
 
 
@@ -345,6 +394,10 @@ def normalize_serving(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
 
 
 from paritygate.adapters.sb3_cnn import cnn_inference_policy, cnn_training_policy  # noqa: E402
+from paritygate.adapters.sb3_gaussian import (  # noqa: E402
+    gaussian_inference_policy,
+    gaussian_training_policy,
+)
 from paritygate.adapters.sb3_offpolicy import (  # noqa: E402
     dqn_inference_policy,
     dqn_training_policy,
@@ -353,9 +406,11 @@ from paritygate.adapters.sb3_offpolicy import (  # noqa: E402
 )
 
 __all__ = [
-    "cnn_inference_policy", "cnn_training_policy", "dqn_inference_policy", "dqn_training_policy",
-    "inference_policy", "multi_input_inference_policy", "multi_input_training_policy",
-    "normalize_serving", "normalize_training", "recurrent_inference_policy",
-    "recurrent_training_policy", "sac_inference_policy", "sac_training_policy",
-    "save_vecnormalize_stats", "td3_inference_policy", "td3_training_policy", "training_policy",
+    "a2c_inference_policy", "a2c_training_policy", "cnn_inference_policy", "cnn_training_policy",
+    "dqn_inference_policy", "dqn_training_policy", "gaussian_inference_policy",
+    "gaussian_training_policy", "inference_policy", "multi_input_inference_policy",
+    "multi_input_training_policy", "normalize_serving", "normalize_training",
+    "recurrent_inference_policy", "recurrent_training_policy", "sac_inference_policy",
+    "sac_training_policy", "save_vecnormalize_stats", "td3_inference_policy",
+    "td3_training_policy", "training_policy",
 ]

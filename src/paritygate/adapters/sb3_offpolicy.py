@@ -30,15 +30,20 @@ drops the tanh is named (``squash_missing``)::
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from paritygate.adapters.sb3_common import NetArch, arch
 from paritygate.errors import MissingExtra
 
+if TYPE_CHECKING:
+    from stable_baselines3.td3.policies import Actor
 
-def _spaces() -> Any:
+
+def _spaces() -> ModuleType:
     try:
         import gymnasium as gym
     except ImportError:
@@ -46,7 +51,8 @@ def _spaces() -> Any:
     return gym.spaces
 
 
-def _dqn(obs_dim: int, n_actions: int, net_arch: list[int] | None) -> tuple[Any, dict[str, Any]]:
+def _dqn(obs_dim: int, n_actions: int, net_arch: NetArch | None
+         ) -> tuple[type, dict[str, object]]:
     spaces = _spaces()
     try:
         from stable_baselines3.dqn.policies import DQNPolicy
@@ -55,11 +61,12 @@ def _dqn(obs_dim: int, n_actions: int, net_arch: list[int] | None) -> tuple[Any,
     kwargs = {"observation_space": spaces.Box(-np.inf, np.inf, shape=(obs_dim,),
                                               dtype=np.float32),
               "action_space": spaces.Discrete(n_actions), "lr_schedule": lambda _: 0.0,
-              "net_arch": list(net_arch) if net_arch is not None else [64, 64]}
+              "net_arch": arch(net_arch, [64, 64])}
     return DQNPolicy, kwargs
 
 
-def dqn_training_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = None) -> Any:
+def dqn_training_policy(obs_dim: int, n_actions: int, net_arch: NetArch | None = None
+                        ) -> torch.nn.Module:
     """The whole SB3 ``DQNPolicy``; forward returns ``{"q_values", "target_q"}`` (the online
     network's Q-values, the policy, and the target network's)."""
     cls, kwargs = _dqn(obs_dim, n_actions, net_arch)
@@ -71,12 +78,13 @@ def dqn_training_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None
     return DQNTraining(**kwargs)
 
 
-def dqn_inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | None = None) -> Any:
+def dqn_inference_policy(obs_dim: int, n_actions: int, net_arch: NetArch | None = None
+                         ) -> torch.nn.Module:
     """The online Q-network alone (``q_net_target`` removed); forward returns its Q-values."""
     cls, kwargs = _dqn(obs_dim, n_actions, net_arch)
 
     class DQNInference(cls):  # type: ignore[misc, valid-type]
-        def __init__(self, **kw: Any) -> None:
+        def __init__(self, **kw: object) -> None:
             super().__init__(**kw)
             self.q_net_target = None
             self.optimizer = None
@@ -88,7 +96,7 @@ def dqn_inference_policy(obs_dim: int, n_actions: int, net_arch: list[int] | Non
 
 
 def _td3(obs_dim: int, action_low: list[float], action_high: list[float],
-         net_arch: list[int] | None, n_critics: int) -> tuple[Any, dict[str, Any]]:
+         net_arch: NetArch | None, n_critics: int) -> tuple[type, dict[str, object]]:
     spaces = _spaces()
     try:
         from stable_baselines3.td3.policies import TD3Policy
@@ -99,12 +107,12 @@ def _td3(obs_dim: int, action_low: list[float], action_high: list[float],
               "action_space": spaces.Box(np.asarray(action_low, np.float32),
                                          np.asarray(action_high, np.float32), dtype=np.float32),
               "lr_schedule": lambda _: 0.0,
-              "net_arch": list(net_arch) if net_arch is not None else [400, 300],
+              "net_arch": arch(net_arch, [400, 300]),
               "n_critics": n_critics}
     return TD3Policy, kwargs
 
 
-def _pre_tanh(actor: Any, obs: torch.Tensor) -> torch.Tensor:
+def _pre_tanh(actor: Actor, obs: torch.Tensor) -> torch.Tensor:
     """The actor's output before its final tanh (SB3 builds ``mu`` ending in ``nn.Tanh``)."""
     if not isinstance(actor.mu[-1], torch.nn.Tanh):
         raise TypeError("the TD3 actor's last layer is not a tanh")
@@ -113,7 +121,8 @@ def _pre_tanh(actor: Any, obs: torch.Tensor) -> torch.Tensor:
 
 
 def td3_training_policy(obs_dim: int, action_low: list[float], action_high: list[float],
-                        net_arch: list[int] | None = None, n_critics: int = 2) -> Any:
+                        net_arch: NetArch | None = None, n_critics: int = 2
+                        ) -> torch.nn.Module:
     """The whole SB3 ``TD3Policy`` (DDPG: ``n_critics=1``); forward returns ``{"pre_tanh",
     "q"}``: the actor's output before its tanh, and the first critic's Q of its action."""
     cls, kwargs = _td3(obs_dim, action_low, action_high, net_arch, n_critics)
@@ -128,13 +137,14 @@ def td3_training_policy(obs_dim: int, action_low: list[float], action_high: list
 
 
 def td3_inference_policy(obs_dim: int, action_low: list[float], action_high: list[float],
-                         net_arch: list[int] | None = None, n_critics: int = 2) -> Any:
+                         net_arch: NetArch | None = None, n_critics: int = 2
+                        ) -> torch.nn.Module:
     """The actor of the same policy (its target and the critics removed); forward returns the
     pre-tanh action ``u`` (the env action is ``bias + scale * tanh(u)``)."""
     cls, kwargs = _td3(obs_dim, action_low, action_high, net_arch, n_critics)
 
     class TD3Inference(cls):  # type: ignore[misc, valid-type]
-        def __init__(self, **kw: Any) -> None:
+        def __init__(self, **kw: object) -> None:
             super().__init__(**kw)
             self.actor_target = self.critic = self.critic_target = None
             self.optimizer = None

@@ -1,34 +1,23 @@
-"""Registry of checks, one module per check id, imported lazily."""
+"""Registry of checks, one module per check id (its ``CHECK`` spec), found in this package."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from paritygate.check import CheckSpec
 
-CHECK_IDS: tuple[str, ...] = (
-    "weights_load",
-    "batchnorm_export",
-    "head_removal",
-    "dropout_off",
-    "preprocessing_parity",
-    "tokenizer_parity",
-    "sampling_config",
-    "logits_agreement",
-    "recurrent_parity",
-    "export_integrity",
-    "precision_per_layer",
-    "logprob_impl",
-    "logprob_delta",
-    "vllm_delta",
-    "generation_parity",
-    "batch_invariance",
-    "behaviour_parity",
-    "rollout_parity",
-    "reward_parity",
-    "reference_parity",
-    "serving_replay",
-)
+
+def _discover() -> tuple[str, ...]:
+    """The ids of the check modules in this package, in checklist order (each module's
+    ``POSITION``): a new check is registered by adding its module, nothing else."""
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    position = {n: importlib.import_module(f"{__name__}.{n}").POSITION for n in names}
+    return tuple(sorted(names, key=lambda n: (position[n], n)))
+
+
+CHECK_IDS: tuple[str, ...] = _discover()
+"""Every check id, in checklist order."""
 
 
 def get_check(check_id: str) -> CheckSpec:

@@ -21,21 +21,27 @@ Where a difference is found, the batch layout names its cause: a right-padded ba
 shorter row continues from a pad), position ids not counted from the attention mask, or no
 attention mask passed. The HF engine lays batches out as ``causal_lm.engine.collate`` does
 (default: the serving tokenizer's padding side, mask passed, positions from the mask).
+
+Policy artifacts that take a batch (ONNX with a dynamic batch axis, TorchScript, ``.pt2``) are
+checked the same way on their served outputs: :func:`measure_policy`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import REPLAY, ROLLOUT, Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from paritygate.engines.batching import BatchRunner, Layout
+    from paritygate.engines.batching import BatchRunner, Layout, PolicySweep
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.policy.context import PolicyContext
 
 # The fp32/fp32 tier's worst-token bound (sources in paritygate.metrics.tiers); at run time the
 # engine dtype's tier replaces it unless the config sets it; 0 when invariance is declared.
@@ -43,10 +49,18 @@ DEFAULTS: dict[str, float] = {
     "logprob_max_abs_diff": PRECISION_TIERS["fp32/fp32"]["delta_max_abs"],
     # Greedy decoding of one prompt must not depend on its batch outside measured near-ties.
     "greedy_divergences": 0.0,
+    # Policy artifacts: logits_agreement's fp32 budget (~2e-6 noise on the demo, 10x above it);
+    # a declared artifact_dtype's tier replaces it.
+    "output_max_abs_diff": 2e-5,
+    # preprocessing_parity's budget for one normalisation computed twice.
+    "preprocessed_max_abs_diff": 1e-5,
 }
 
+_DECLARED_KEY = "causal_lm.serving.batch_invariant"
+
 KINDS = ("right_padding", "position_ids_not_from_mask", "mask_not_passed", "not_bitwise",
-         "batch_dependent")
+         "batch_dependent", "batch_statistics", "preprocessing_batch_dependent",
+         "nonfinite_output")
 
 _CAUSES = {
     "right_padding": "the batch is right-padded: a shorter row's next token is read after its "
@@ -73,11 +87,13 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
     """The engine to re-batch: the first of ``engines`` other than vLLM and dump, else vLLM."""
     engines = ctx.spec.engines
     if "hf" in engines:
-        from paritygate.engines.batching import HFBatchRunner, collate_padded
+        from paritygate.engines.batching import Collate, HFBatchRunner, collate_padded
+        from paritygate.engines.hf_generate import HFGenerateEngine
         from paritygate.imports import guard_user_code, import_callable
 
-        eng: Any = ctx.engine("hf")
-        collate: Any = collate_padded
+        eng = ctx.engine("hf")
+        assert isinstance(eng, HFGenerateEngine)
+        collate: Collate = collate_padded
         if ctx.spec.engine.collate:
             key = "causal_lm.engine.collate"
             collate = guard_user_code(
@@ -87,12 +103,14 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
         return HFBatchRunner(eng.model, collate, eng.pad_token_id, eng.padding_side), "hf", None
     if "vllm" in engines:
         from paritygate.engines.batching import VLLMBatchRunner
-        from paritygate.engines.vllm_engine import vllm_unavailable_reason
+        from paritygate.engines.vllm_engine import VLLMEngine, vllm_unavailable_reason
 
         reason = vllm_unavailable_reason(ctx.engine_model_dir)
         if reason is not None:
             return None, "vllm", f"batch_invariance with engines: [vllm] needs vLLM: {reason}"
-        return VLLMBatchRunner(ctx.engine("vllm")), "vllm", None
+        vllm = ctx.engine("vllm")
+        assert isinstance(vllm, VLLMEngine)
+        return VLLMBatchRunner(vllm), "vllm", None
     return None, "dump", "a rollout dump cannot be served in other batches (engines: [dump])"
 
 
@@ -125,6 +143,112 @@ def layout_causes(found: Layout | None) -> list[str]:
     return causes
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """A greedy decode that left the alone run's tokens."""
+
+    variant: str
+    probe: str
+    at: int
+    """Index of the first differing token."""
+    margin: float
+    """The alone run's top-2 margin there (``inf`` past its end)."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Every probe alone and in each batched variant, compared."""
+
+    rows: list[dict[str, object]]
+    """Per variant: batch sizes, largest log-prob difference, greedy divergences."""
+    worst: tuple[float, str, str]
+    """Largest log-prob difference, its variant and probe."""
+    divergences: list[Divergence]
+    batched_forwards: int
+
+
+def _first_difference(tokens: list[int], expected: list[int]) -> int:
+    return next((j for j, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b),
+                min(len(tokens), len(expected)))
+
+
+def sweep(runner: BatchRunner, prompts: list[list[int]], probes: list[str], filler: list[int],
+          batch_size: int, max_new_tokens: int, eos: set[int]) -> Sweep:
+    """Run each prompt alone, then in every :func:`variants` layout, and compare."""
+    alone = [runner.greedy([p], max_new_tokens, eos)[0] for p in prompts]
+    completions = [tokens for tokens, _ in alone]
+    alone_lp = [runner.score([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
+    rows: list[dict[str, object]] = []
+    divergences: list[Divergence] = []
+    worst = (0.0, "", "")
+    forwards = 0
+    for name, batches in variants(len(prompts), batch_size).items():
+        diff, greedy_diff = 0.0, 0
+        for batch in batches:
+            batch_prompts = [prompts[i] if i >= 0 else filler for i in batch]
+            scored = runner.score(batch_prompts, [completions[i] if i >= 0 else [] for i in batch])
+            decoded = runner.greedy(batch_prompts, max_new_tokens, eos)
+            forwards += 1
+            for i, lp, (tokens, _) in zip(batch, scored, decoded, strict=True):
+                if i < 0:
+                    continue
+                gap = float(np.max(np.abs(lp - alone_lp[i]))) if lp.size else 0.0
+                gap = gap if np.isfinite(gap) else float("inf")
+                if gap > worst[0]:
+                    worst = (gap, name, probes[i])
+                diff = max(diff, gap)
+                if tokens != completions[i]:
+                    greedy_diff += 1
+                    at = _first_difference(tokens, completions[i])
+                    margins = alone[i][1]
+                    divergences.append(Divergence(
+                        name, probes[i], at, margins[at] if at < len(margins) else float("inf")))
+        rows.append({"variant": name, "batches": [len(b) for b in batches],
+                     "max_abs_diff": diff, "greedy_divergences": greedy_diff})
+    return Sweep(rows, worst, divergences, forwards)
+
+
+def verdict(m: Measurement, result: Sweep, *, limit: float, tier_name: str, declared: bool,
+            causes: list[str], near_tie_margin: float, dtype: str,
+            greedy_threshold: float) -> None:
+    """Record the metrics and the finding (or noise note) of a :class:`Sweep` on ``m``."""
+    max_diff, variant_at, probe_at = result.worst
+    bitwise = max_diff == 0.0 and not result.divergences
+    noise = 2 * max_diff if max_diff <= limit else 0.0
+    excusable = 0.0 if declared else max(near_tie_margin, noise)
+    unexcused = [d for d in result.divergences if not d.margin < excusable]
+    m.metric("logprob_max_abs_diff", max_diff, threshold=limit, unit="nats", key=True)
+    m.metric("greedy_divergences", len(unexcused), threshold=greedy_threshold)
+    m.metric("bitwise_identical", bitwise, bad="none", ratchet=False)
+    where = (f"largest log-prob difference {max_diff:.3g} nats ({variant_at}, probe "
+             f"{probe_at!r}) vs alone" if max_diff > 0 else "log-probs identical")
+    if unexcused:
+        first = unexcused[0]
+        where += (f"; {len(unexcused)} greedy divergence(s), first probe {first.probe!r} in "
+                  f"{first.variant} at token {first.at} (alone margin {first.margin:.3g})")
+    failing = max_diff > limit or bool(unexcused)
+    metric = "logprob_max_abs_diff" if max_diff > limit else None
+    if failing and causes:
+        for kind in causes:
+            m.fail(kind, f"batch-dependent results: {_CAUSES[kind]} ({where})", metric=metric)
+    elif declared and not bitwise:
+        m.fail("not_bitwise",
+               f"not bitwise batch invariant, as {_DECLARED_KEY} declares: {where}",
+               metric="logprob_max_abs_diff" if max_diff > 0 else None)
+    elif failing:
+        m.fail("batch_dependent",
+               f"results depend on the batch beyond the {tier_name} bound {limit:.3g}: {where}",
+               metric=metric)
+    elif not bitwise:
+        m.note(f"batch-dependent rounding in {dtype} (noise, within the {tier_name} bound "
+               f"{limit:.3g}): {where}; {len(result.divergences)} greedy divergence(s) at "
+               "near-ties excused")
+    if causes and not failing:
+        m.note("the batch layout has " + ", ".join(causes).replace("_", " ")
+               + ", which does not move this model's numbers (positions enter only "
+               "relatively, or no row is padded)")
+
+
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("batch_invariance")
     runner, engine_name, reason = _runner(ctx)
@@ -135,107 +259,147 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("the serving config's max_new_tokens is 0: nothing to decode")
     eos_id = ctx.serving_tokenizer.eos_token_id
     eos = set(sampling.eos_token_ids) or ({eos_id} if eos_id is not None else set())
-    empty = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if not ids]
-    prompts = [ids for ids in ctx.prompts() if ids]
-    probes = [p.id for p, ids in zip(ctx.probes, ctx.prompts(), strict=True) if ids]
+    encoded = list(zip(ctx.probes, ctx.prompts(), strict=True))
+    empty = [p.id for p, ids in encoded if not ids]
+    prompts = [ids for _, ids in encoded if ids]
+    probes = [p.id for p, ids in encoded if ids]
     if not prompts:
         return m.skip("every probe encodes to no serving tokens: nothing to batch")
     if empty:
         m.note(f"probes with no serving tokens left out: {', '.join(empty)}")
     declared = bool(ctx.spec.serving.batch_invariant)
     tier_name, limit = bound(ctx, thresholds, declared)
-
-    alone = [runner.greedy([p], sampling.max_new_tokens, eos)[0] for p in prompts]
-    completions = [tokens for tokens, _ in alone]
-    alone_lp = [runner.score([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
     longest = max(prompts, key=len)
     # longer than every probe (up to max_prompt_tokens): more padding for each row
     filler = longest + longest[: max(0, min(8, ctx.spec.max_prompt_tokens - len(longest)))]
-
-    rows: list[dict[str, Any]] = []
-    divergences: list[tuple[str, str, int, float]] = []  # variant, probe, position, margin
-    worst = (0.0, "", "")
-    forwards = len(prompts)
-    for name, batches in variants(len(prompts), ctx.spec.engine.batch_size).items():
-        diff = 0.0
-        greedy_diff = 0
-        for batch in batches:
-            batch_prompts = [prompts[i] if i >= 0 else filler for i in batch]
-            batch_completions = [completions[i] if i >= 0 else [] for i in batch]
-            scored = runner.score(batch_prompts, batch_completions)
-            decoded = runner.greedy(batch_prompts, sampling.max_new_tokens, eos)
-            forwards += 1
-            for i, lp, (tokens, _) in zip(batch, scored, decoded, strict=True):
-                if i < 0:
-                    continue
-                gap = float(np.max(np.abs(lp - alone_lp[i]))) if lp.size else 0.0
-                if not np.isfinite(gap):
-                    gap = float("inf")
-                if gap > worst[0]:
-                    worst = (gap, name, probes[i])
-                diff = max(diff, gap)
-                if tokens != completions[i]:
-                    greedy_diff += 1
-                    at = next((j for j, (a, b) in enumerate(zip(tokens, completions[i],
-                                                                 strict=False)) if a != b),
-                              min(len(tokens), len(completions[i])))
-                    margins = alone[i][1]
-                    margin = margins[at] if at < len(margins) else float("inf")
-                    divergences.append((name, probes[i], at, margin))
-        rows.append({"variant": name, "batches": [len(b) for b in batches],
-                     "max_abs_diff": diff, "greedy_divergences": greedy_diff})
-
-    max_diff = worst[0]
-    bitwise = max_diff == 0.0 and not divergences
-    noise = 2 * max_diff if max_diff <= limit else 0.0
-    excusable = 0.0 if declared else max(ctx.spec.near_tie_margin, noise)
-    unexcused = [d for d in divergences if not d[3] < excusable]
-    m.metric("logprob_max_abs_diff", max_diff, threshold=limit, unit="nats", key=True)
-    m.metric("greedy_divergences", len(unexcused), threshold=thresholds["greedy_divergences"])
-    m.metric("bitwise_identical", bitwise, bad="none", ratchet=False)
-    m.details.update(variants=rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},
-                     engine=engine_name, batched_forwards=forwards - len(prompts),
+    result = sweep(runner, prompts, probes, filler, ctx.spec.engine.batch_size,
+                   sampling.max_new_tokens, eos)
+    m.details.update(variants=result.rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},
+                     engine=engine_name, batched_forwards=result.batched_forwards,
                      alone_forwards=len(prompts), declared_invariant=declared)
+    from paritygate.engines.batching import HFBatchRunner
 
-    found = None
-    if hasattr(runner, "batch"):  # HF: the layout of the batch with the most padding
-        found = runner.batch([*prompts, filler])[1]
-    causes = layout_causes(found)
-    where = (f"largest log-prob difference {max_diff:.3g} nats ({worst[1]}, probe "
-             f"{worst[2]!r}) vs alone" if max_diff > 0 else "log-probs identical")
-    if unexcused:
-        variant, probe, at, margin = unexcused[0]
-        where += (f"; {len(unexcused)} greedy divergence(s), first probe {probe!r} in "
-                  f"{variant} at token {at} (alone margin {margin:.3g})")
-    failing = max_diff > limit or bool(unexcused)
-    if failing and causes:
-        for kind in causes:
-            m.fail(kind, f"batch-dependent results: {_CAUSES[kind]} ({where})",
-                   metric="logprob_max_abs_diff" if max_diff > limit else None)
-    elif declared and not bitwise:
-        m.fail("not_bitwise",
-               f"not bitwise batch invariant, as causal_lm.serving.batch_invariant declares: "
-               f"{where}", metric="logprob_max_abs_diff" if max_diff > 0 else None)
-    elif failing:
-        m.fail("batch_dependent",
-               f"results depend on the batch beyond the {tier_name} bound {limit:.3g}: {where}",
-               metric="logprob_max_abs_diff" if max_diff > limit else None)
-    elif not bitwise:
-        m.note(f"batch-dependent rounding in {ctx.spec.engine.dtype} (noise, within the "
-               f"{tier_name} bound {limit:.3g}): {where}; {len(divergences)} greedy "
-               "divergence(s) at near-ties excused")
-    if causes and not failing:
-        m.note("the batch layout has " + ", ".join(causes).replace("_", " ")
-               + ", which does not move this model's numbers (positions enter only "
-               "relatively, or no row is padded)")
+    # HF: the layout of the batch with the most padding names the cause of a difference
+    found = runner.batch([*prompts, filler])[1] if isinstance(runner, HFBatchRunner) else None
+    verdict(m, result, limit=limit, tier_name=tier_name, declared=declared,
+            causes=layout_causes(found), near_tie_margin=ctx.spec.near_tie_margin,
+            dtype=str(ctx.spec.engine.dtype),
+            greedy_threshold=float(thresholds["greedy_divergences"]))
     return m
+
+
+def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    """Each finite raw probe through the serving path (serving preprocessing, the artifact)
+    alone, then batched, in pairs, reversed and shuffled; per row, outputs and the model inputs
+    serving computed compared with the alone run. Beyond the artifact's precision tier (or any
+    difference when ``policy.batch_invariant`` is declared) a row depends on its batch-mates:
+    a BatchNorm exported in training mode, a preprocessing normalising with batch statistics.
+    A fixed batch axis serves no other batch: skipped with that reason."""
+    from paritygate.engines.batching import ServingPath, policy_sweep
+
+    m = Measurement("batch_invariance")
+    engine = ctx.candidate
+    fixed = getattr(engine, "fixed_batch", None)
+    if fixed is not None:
+        return m.skip(f"the artifact's batch axis is fixed to {fixed}: it serves no other "
+                      "batch (export with a dynamic batch axis to serve and check batches)")
+    keep = np.all([np.isfinite(v.reshape(len(v), -1)).all(1) for v in ctx.raw_inputs.values()],
+                  axis=0)
+    raw = {name: v[keep] for name, v in ctx.raw_inputs.items()}
+    count = int(keep.sum())
+    if count < 2:
+        return m.skip("fewer than two finite probes: nothing to batch")
+    serving = {name: fns[1] for name, fns in (ctx.input_preprocessors or {}).items()
+               if fns[1] is not None}
+    # the model inputs' other feeds (a recurrent policy's state), one row per finite probe
+    state = {name: v for name, v in ctx.feeds.items() if name not in ctx.inputs}
+    path = ServingPath(engine, serving, raw, state)
+    try:
+        path.run([0])
+    except Exception as exc:  # a traced batch axis: the artifact runs its export batch only
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        return m.skip(f"the artifact does not run a batch of one ({type(exc).__name__}: "
+                      f"{first}): its batch axis is fixed at export")
+    result = policy_sweep(path, count)
+    declared = bool(ctx.spec.batch_invariant)
+    if declared:
+        tier, limit = "bitwise (policy.batch_invariant)", 0.0
+    else:
+        limits, note = ctx.artifact_limits(thresholds, ["output_max_abs_diff"])
+        value = limits["output_max_abs_diff"]
+        limit = float(value) if value is not None else float("inf")
+        tier = note or "fp32 (thresholds.batch_invariance.output_max_abs_diff)"
+    record(m, result, ctx, limit=limit, tier=tier, declared=declared,
+           input_limit=float(thresholds["preprocessed_max_abs_diff"]))
+    m.details.update(layouts=result.per_layout, alone_runs=count,
+                     batched_runs=result.batched_runs, declared_invariant=declared,
+                     tier={"name": tier, "output_max_abs_diff": limit})
+    return m
+
+
+def record(m: Measurement, result: PolicySweep, ctx: PolicyContext, *, limit: float, tier: str,
+           declared: bool, input_limit: float) -> None:
+    """The metrics and the finding (or noise note) of a :class:`PolicySweep`."""
+    gap = result.outputs
+    bitwise = gap.value == 0.0
+    m.metric("output_max_abs_diff", gap.value, threshold=limit, key=True)
+    m.metric("bitwise_identical", bitwise, bad="none", ratchet=False)
+    where = (f"largest output difference {gap.value:.3g} ({gap.layout}, probe row {gap.row}) "
+             "vs the same row alone" if gap.value > 0 else "outputs identical")
+    if result.nonfinite:
+        m.fail("nonfinite_output", f"served outputs hold NaN/Inf in a batch but not alone: "
+               f"{', '.join(result.nonfinite[:4])} (a batch statistic over one row?)")
+    if result.inputs.value > input_limit:
+        m.metric("preprocessed_max_abs_diff", result.inputs.value, threshold=input_limit)
+        m.fail("preprocessing_batch_dependent",
+               f"serving preprocessing of a row depends on its batch: its model inputs move by "
+               f"{result.inputs.value:.3g} ({result.inputs.layout}, probe row "
+               f"{result.inputs.row}) vs the row alone: it normalises with the batch's own "
+               "statistics instead of fixed ones (policy.preprocessing.serving)")
+        return
+    if gap.value <= limit:
+        if not bitwise:
+            m.note(f"batch-dependent rounding (noise, within the {tier} bound {limit:.3g}): "
+                   f"{where}")
+        return
+    graph = getattr(ctx.candidate, "graph", None)
+    bn = list(getattr(graph, "batchnorm_training", []) or [])
+    if bn:
+        m.fail("batch_statistics",
+               f"the artifact normalises with each batch's statistics (BatchNorm in training "
+               f"mode: {', '.join(bn[:3])}), so a row's output depends on its batch-mates: "
+               f"{where}", metric="output_max_abs_diff")
+    elif declared:
+        m.fail("not_bitwise", f"not bitwise batch invariant, as policy.batch_invariant "
+               f"declares: {where}", metric="output_max_abs_diff")
+    else:
+        m.fail("batch_dependent", f"served outputs depend on the batch beyond the {tier} bound "
+               f"{limit:.3g}: {where}", metric="output_max_abs_diff")
 
 
 CHECK = CheckSpec(
     id="batch_invariance",
     summary="a probe's engine log-probs and greedy tokens do not depend on its batch",
-    measures={"causal_lm": measure},
+    measures={"causal_lm": measure, "policy": measure_policy},
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=KINDS,
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("batch_invariance", "batch_layout",
+                ("right_padding", "position_ids_not_from_mask", "mask_not_passed"),
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                "the engine lays batches out so that a row's numbers depend on its batch-mates",
+                fix="left-pad batches, pass the attention mask and count position ids from it",
+                rank=320),
+    Explanation("batch_invariance", "batch_statistics_in_serving",
+                ("preprocessing_batch_dependent",),
+                ("preprocessing_parity", "rollout_parity", "serving_replay"),
+                "serving preprocessing normalises each row with its batch's statistics",
+                fix="normalise with fixed statistics (the training run's), never the batch's",
+                only_if=(*ROLLOUT, *REPLAY), rank=255),
+)
+
+POSITION = 160
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, artifact_tier_only, bn_stats_explain_provenance
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.engines.base import feed_rows, take_rows
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from torch import nn
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -29,14 +34,14 @@ DEFAULTS = {
 }
 
 
-def _bn_modules(model: Any) -> list[tuple[str, Any]]:
+def _bn_modules(model: nn.Module) -> list[tuple[str, _BatchNorm]]:
     from torch import nn
 
     return [(n, mod) for n, mod in model.named_modules()
             if isinstance(mod, nn.modules.batchnorm._BatchNorm)]
 
 
-def _batch_dependence(engine: Any, out: str, x: Mapping[str, np.ndarray], sizes: list[int],
+def _batch_dependence(engine: TensorEngine, out: str, x: Mapping[str, np.ndarray], sizes: list[int],
                       seed: int) -> float:
     """Max |row output in a batch - the same row run alone| over batch sizes 1, 2, N, shuffled."""
     rows = feed_rows(x)
@@ -59,22 +64,20 @@ def _diff_with_reset_stats(ctx: PolicyContext, candidate: np.ndarray) -> float:
     """Max |artifact - torch eval with every BatchNorm reset to mean 0 / var 1|."""
     import copy
 
-    model = copy.deepcopy(ctx.training_model)
+    model = copy.deepcopy(ctx.reference_model)
     for _, mod in _bn_modules(model):
         if mod.track_running_stats and mod.running_mean is not None:
             mod.reset_running_stats()
     model.eval()
-    reset = ctx.new_training_engine(model).infer(ctx.feeds)[ctx.output_name]
+    reset = ctx.new_reference_engine(model).infer(ctx.feeds)[ctx.output_name]
     if reset.shape != candidate.shape:
         return float("inf")
     return float(np.abs(reset.astype(np.float64) - candidate).max())
 
 
-def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
-    m = Measurement("batchnorm_export")
-    bns = _bn_modules(ctx.training_model)
-    if not bns:
-        m.note("the training model has no BatchNorm layers; batch-independence is still checked")
+def _checkpoint_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _BatchNorm]]
+                      ) -> None:
+    """Fail BatchNorm layers without running statistics in the checkpoint, or with defaults."""
     for name, mod in bns:
         if not mod.track_running_stats or mod.running_mean is None:
             m.fail(
@@ -90,13 +93,19 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 f"BatchNorm {name!r} running statistics are not in the checkpoint ({absent}); "
                 "non-persistent buffers or dropped before saving")
             continue
-        mean, var = ctx.state[keys[0]], ctx.state[keys[1]]
-        if bool((mean == 0).all()) and bool((var == 1).all()):
+        saved_mean, saved_var = ctx.state[keys[0]], ctx.state[keys[1]]
+        if bool((saved_mean == 0).all()) and bool((saved_var == 1).all()):
             m.fail(
                 "default_stats",
                 f"BatchNorm {name!r} has default running statistics (mean 0, var 1): reset "
                 "before saving or never updated")
 
+
+def _artifact_stats(m: Measurement, ctx: PolicyContext, bns: list[tuple[str, _BatchNorm]],
+                    thresholds: Thresholds) -> tuple[float, list[str], int]:
+    """Fail training-mode BatchNormalization nodes and artifact statistics that match no
+    checkpoint layer; return (largest statistics difference, training-mode nodes, number of
+    BatchNormalization nodes)."""
     graph = ctx.artifact_graph
     training_nodes = graph.batchnorm_training
     if training_nodes:
@@ -104,7 +113,8 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             "training_mode_export",
             f"artifact has BatchNormalization exported in training mode: {training_nodes[:3]}")
     torch_stats = [(n, mod.running_mean.detach().numpy(), mod.running_var.detach().numpy())
-                   for n, mod in bns if mod.running_mean is not None]
+                   for n, mod in bns
+                   if mod.running_mean is not None and mod.running_var is not None]
     stats_diff = 0.0
     onnx_bns = graph.batchnorm_stats
     for label, mean, var in onnx_bns:
@@ -120,6 +130,16 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                 "stats reset or taken from another model before export")
     if not onnx_bns and bns:
         m.note("BatchNorm folded into neighbouring layers in the artifact; verified numerically")
+    return stats_diff, list(training_nodes), len(onnx_bns)
+
+
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("batchnorm_export")
+    bns = _bn_modules(ctx.reference_model)
+    if not bns:
+        m.note("the training model has no BatchNorm layers; batch-independence is still checked")
+    _checkpoint_stats(m, ctx, bns)
+    stats_diff, training_nodes, onnx_bns = _artifact_stats(m, ctx, bns, thresholds)
 
     x = take_rows(ctx.feeds, slice(0, min(ctx.n_probes, 16)))
     sizes = list(ctx.spec.batch_sizes)
@@ -143,7 +163,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             f"{list(ctx.reference_outputs.shape)} (see weights_load / export_integrity)")
         eval_diff = None
     else:
-        eval_diff = diff_stats(ctx.reference_outputs, cand)["max_abs"]
+        eval_diff = diff_stats(ctx.reference_outputs, cand).max_abs
     # fp32 rounding grows with the outputs' magnitude: the absolute limits grow with it
     limits, tier_note = ctx.artifact_limits(
         thresholds, ["batch_dependence_max_abs", "eval_max_abs_diff"])
@@ -165,12 +185,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("eval_max_abs_diff", eval_diff, bad="none", ratchet=False)
     m.metric("stats_max_abs_diff", stats_diff, threshold=thresholds["stats_max_abs_diff"])
     m.metric("batchnorm_layers", len(bns), bad="none", ratchet=False)
-    m.metric("artifact_batchnorm_nodes", len(onnx_bns), bad="none", ratchet=False)
+    m.metric("artifact_batchnorm_nodes", onnx_bns, bad="none", ratchet=False)
     if bns and eval_diff is not None and eval_diff > limit and not training_nodes:
         reset_diff = _diff_with_reset_stats(ctx, cand)
         m.metric("reset_stats_max_abs_diff", reset_diff, bad="none", ratchet=False)
         folded = " (BatchNorm is folded into the artifact's Conv/Gemm weights)" if (
-            not onnx_bns) else ""
+            onnx_bns == 0) else ""
         if reset_diff <= limit:
             m.fail(
                 "stats_reset",
@@ -197,3 +217,25 @@ CHECK = CheckSpec(
     kinds=("no_running_stats", "stats_missing", "default_stats", "training_mode_export",
            "stats_mismatch", "batch_dependence_unmeasured", "output_shape", "stats_reset"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("batchnorm_export", "training_mode_export",
+                ("training_mode_export",),
+                ("dropout_off", "logits_agreement", "head_removal", "export_integrity",
+                 "precision_per_layer", "rollout_parity", "batch_invariance"),
+                "the artifact was exported in training mode",
+                fix="call model.eval() before exporting",
+                only_if=(("export_integrity", bn_stats_explain_provenance),
+                         ("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=200),
+    Explanation("batchnorm_export", "stats_reset",
+                ("stats_missing", "default_stats", "stats_mismatch", "stats_reset"),
+                ("logits_agreement", "export_integrity", "precision_per_layer", "rollout_parity"),
+                "the artifact normalises with other BatchNorm statistics than the checkpoint's",
+                only_if=(("export_integrity", bn_stats_explain_provenance),
+                         ("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=210),
+)
+
+POSITION = 20
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

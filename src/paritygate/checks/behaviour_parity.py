@@ -1,63 +1,52 @@
 """behaviour_parity: sampled with each side's own config, the two sides behave alike.
 
-The trainer's sampler (HF ``generate`` on the training model with the training sampling config
-and tokenizer) and the serving engine (HF ``generate`` on the served model with the serving
-config) each draw ``causal_lm.behaviour.samples`` completions per probe, from independent
+Each side's samples come from an engine or a dump. The trainer's sampler is HF ``generate`` on
+the training model with the training sampling config, or ``causal_lm.behaviour.training_dump``;
+the serving side is vLLM where ``engines`` names it (one request per prompt with ``n``
+samples), else HF ``generate`` on the served model, or ``serving_dump``. Dumps (a file, a
+glob or a list of shards a distributed engine wrote) are read in streaming batches: O(batch)
+memory. Engines draw ``causal_lm.behaviour.samples`` completions per probe from independent
 seeds. Compared, each with a two-sample test and an effect size: completion length
-(Mann–Whitney), truncation rate (length limit hit, two-proportion z), distinct-2 diversity per
-prompt (Mann–Whitney), the training model's mean raw log-prob per token of each sample
-(tested through the centred score ``log p + H``: exact mean 0 and known variance under the
-trainer's distribution, the most sensitive single statistic for a sampling drift) and, with
-``format_regex``, the format hit rate (two-proportion z). The tests' family-wise false-alarm
-rate is ``alpha`` (Holm's correction). With ``reward_fn``, E[reward] is compared by a
-bootstrap interval of the difference: it fails when the whole interval lies beyond
+(Mann–Whitney), the stop-reason rates (EOS, stop string, length limit: two-proportion z),
+distinct-2 and self-ROUGE-L per prompt (Mann–Whitney), the training model's mean log-prob
+per token and repeat rate (centred scores with exact mean 0 and known variance under the
+trainer's distribution: the most sensitive statistics for a sampling drift and a repetition
+penalty) and, with ``format_regex``, the format hit rate. The family-wise false-alarm rate is
+``alpha`` (Holm's correction). With ``reward_fn``, E[reward] is compared by a bootstrap
+interval of the difference: it fails when the whole interval lies beyond
 ``reward_tolerance`` (0.05 by default: a difference above 0.05 means roll back).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.check import CheckSpec, Thresholds
-from paritygate.result import Measurement
+from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
-    from paritygate.engines.generation import Generation, SamplingSpec
+    from paritygate.engines.dump_stream import Draw
+    from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
+    from paritygate.families.causal_lm.config import BehaviourSpec
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.metrics.behaviour import StatRow
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.
 DEFAULTS: dict[str, float] = {"rejected_tests": 0.0}
 
-KINDS = ("length_differs", "truncation_differs", "diversity_differs", "logprob_differs",
-         "format_differs", "reward_differs")
-
-_SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
-
-
-def _sample(ctx: LMContext, side: str) -> tuple[Generation, SamplingSpec]:
-    from paritygate.engines.generation import SamplingSpec
-    from paritygate.engines.hf_generate import HFGenerateEngine
-
-    spec = ctx.spec.behaviour
-    assert spec is not None
-    sampling_file = ctx.training_sampling if side == "training" else ctx.serving_sampling
-    sampling = sampling_file.spec()
-    seed = (sampling.seed if sampling.seed is not None else ctx.config.seed) + (
-        _SERVING_SEED_OFFSET if side == "serving" else 0)
-    sampling = SamplingSpec(**{**sampling.as_dict(), "seed": seed})
-    kept = _kept(ctx)
-    prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept
-               for _ in range(spec.samples)]
-    if side == "serving":
-        engine: Any = ctx.engine("hf")
-    else:
-        engine = HFGenerateEngine.for_tokenizer(
-            ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
-            top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
-    return engine.generate(prompts, sampling), sampling
+KIND_OF = {"length": "length_differs", "truncation_rate": "truncation_differs",
+           "eos_rate": "stop_reason_differs", "stop_string_rate": "stop_reason_differs",
+           "distinct_2": "diversity_differs", "self_rouge_l": "diversity_differs",
+           "logprob_per_token": "logprob_differs", "logprob_per_prompt": "logprob_differs",
+           "repeat_rate": "repetition_differs",
+           "format_hit_rate": "format_differs"}
+KINDS = tuple(dict.fromkeys([*KIND_OF.values(), "reward_differs"]))
+SIDES = ("training", "serving")
 
 
 def _kept(ctx: LMContext) -> set[int]:
@@ -66,130 +55,153 @@ def _kept(ctx: LMContext) -> set[int]:
     return {i for i, (train, serve) in enumerate(pairs) if train and serve}
 
 
-def _stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Any) -> list[str]:
-    eos = set(sampling.eos_token_ids) or ({tok.eos_token_id} if tok.eos_token_id is not None
-                                          else set())
-    reasons = []
-    for out in gen.output_ids:
-        if out and out[-1] in eos:
-            reasons.append("eos")
-        elif sampling.stop and any(s in tok.decode(out) for s in sampling.stop):
-            reasons.append("stop")
-        else:
-            reasons.append("length" if len(out) >= sampling.max_new_tokens else "other")
-    return reasons
+def _source(ctx: LMContext, side: str, kept: set[int]) -> tuple[Iterator[list[Draw]], str]:
+    """The side's batches of draws and a description of where they come from."""
+    from paritygate.engines.dump_stream import expand, stream_draws
+    from paritygate.families.causal_lm.behaviour_sides import generated
+
+    spec = ctx.spec.behaviour
+    assert spec is not None
+    dump = spec.training_dump if side == "training" else spec.serving_dump
+    if dump is not None:
+        key = f"causal_lm.behaviour.{side}_dump"
+        paths = expand(dump, ctx.config.path.parent, key)
+        return (stream_draws(paths, batch=spec.batch_size),
+                f"{len(paths)} dump file(s) ({paths[0].name}...)")
+    engine = "vllm" if side == "serving" and "vllm" in ctx.spec.engines else "hf"
+    prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]
+    scored = [p for i, p in enumerate(ctx.prompts("training")) if i in kept]
+    return generated(ctx, side, prompts, engine, scored), f"{engine} generate"
 
 
-def _token_scores(ctx: LMContext, gen: Generation) -> tuple[list[float], float, float]:
-    """Per sample, the training model's mean raw log-prob per token; and over every token the
-    centred score ``log p(token) + H(p)`` summed, with its variance (the varentropy
-    ``Var_p[log p]`` summed). Sampled from the training model's own distribution, each score
-    has mean exactly 0 and that variance: a sampler that is sharper (lower temperature,
-    top-p) or flatter moves it by far more than its noise. One batched forward per side."""
-    import torch
+def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
+            kept: set[int]) -> tuple[dict[str, SideReducer], dict[str, str]]:
+    from paritygate.errors import InputError
+    from paritygate.families.causal_lm.behaviour_sides import SideReducer
 
-    means = []
-    total = variance = 0.0
-    for rows, out in zip(ctx.teacher_forced(gen), gen.output_ids, strict=True):
-        if not out:
-            means.append(0.0)
-            continue
-        logp = torch.log_softmax(torch.as_tensor(np.asarray(rows[: len(out)])).double(), dim=-1)
-        chosen = logp.gather(-1, torch.tensor(out).unsqueeze(-1)).squeeze(-1)  # (N,)
-        probs = logp.exp()
-        entropy = -(probs * logp).sum(-1)  # (N,)
-        second = (probs * logp * logp).sum(-1) - entropy**2  # varentropy (N,)
-        means.append(float(chosen.mean()))
-        total += float((chosen + entropy).sum())
-        variance += float(second.clamp(min=0).sum())
-    return means, total, variance
+    pattern = re.compile(spec.format_regex) if spec.format_regex else None
+    reducers: dict[str, SideReducer] = {}
+    origins: dict[str, str] = {}
+    for side in SIDES:
+        tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
+        reducer = SideReducer(ctx, tok, spec.samples, pattern, reward)
+        batches, origins[side] = _source(ctx, side, kept)
+        for batch in batches:
+            reducer.add(batch)
+        if len(reducer.lengths) < spec.samples:
+            raise InputError(ctx.config.path, f"causal_lm.behaviour.{side}_dump",
+                             f"{len(reducer.lengths)} samples; the tests need at least "
+                             f"{spec.samples} per side (causal_lm.behaviour.samples)")
+        reducers[side] = reducer
+    return reducers, origins
+
+
+def _guidance(stats: dict[str, StatRow], alpha: float, tests: int) -> dict[str, int]:
+    """Samples per side that would detect, with 90% power at Holm's strictest level, a shift of
+    0.2 standard deviations in length and a 0.05 change in each rate."""
+    from paritygate.metrics.behaviour import samples_to_detect
+
+    level = alpha / max(1, tests)
+    out = {"length shift 0.2 sd": samples_to_detect(0.2, alpha=level)}
+    for name in ("truncation_rate", "eos_rate", "stop_string_rate", "format_hit_rate"):
+        if name in stats:
+            base = float(stats[name].get("training", 0.0))
+            out[f"{name} +0.05"] = samples_to_detect(0.05 if base < 0.95 else -0.05,
+                                                     alpha=level, base_rate=base)
+    return out
 
 
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
-    from paritygate.metrics.behaviour import SideSample, bootstrap_diff, compare, distinct_n
+    from paritygate.metrics.behaviour import compare
 
     m = Measurement("behaviour_parity")
     spec = ctx.spec.behaviour
     if spec is None:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
-    if "hf" not in ctx.spec.engines:
-        return m.skip("behaviour_parity samples with the HF engine (engines: [hf])")
+    dumps = spec.training_dump is not None and spec.serving_dump is not None
+    if not dumps and not {"hf", "vllm"} & set(ctx.spec.engines):
+        return m.skip("behaviour_parity samples with the HF or vLLM engine (engines: [hf] or "
+                      "[vllm]) or reads causal_lm.behaviour.training_dump and serving_dump")
     kept = _kept(ctx)
-    if not kept:
+    if not kept and not dumps:
         return m.skip("no probe has tokens on both sides: nothing to sample")
-    if len(kept) < len(ctx.probes):
+    if len(kept) < len(ctx.probes) and not dumps:
         m.note("probes with no tokens on one side left out: " + ", ".join(
             p.id for i, p in enumerate(ctx.probes) if i not in kept))
-    sides = {side: _sample(ctx, side) for side in ("training", "serving")}
-    toks = {"training": ctx.training_tokenizer, "serving": ctx.serving_tokenizer}
-    n = spec.samples
-    texts = {s: [toks[s].decode(o, skip_special_tokens=True) for o in g.output_ids]
-             for s, (g, _) in sides.items()}
-    pattern = re.compile(spec.format_regex) if spec.format_regex else None
-    stops: dict[str, list[str]] = {}
-    reduced: dict[str, SideSample] = {}
-    for s, (g, sp) in sides.items():
-        stops[s] = _stop_reasons(g, sp, toks[s])
-        means, total, variance = _token_scores(ctx, g)
-        reduced[s] = SideSample(
-            lengths=[len(o) for o in g.output_ids],
-            truncated=[r == "length" for r in stops[s]],
-            diversity=[distinct_n(g.output_ids[i : i + n])
-                       for i in range(0, len(g.output_ids), n)],
-            logprob_means=means, score_sum=total, score_var=variance,
-            format_hits=[bool(pattern.search(t)) for t in texts[s]] if pattern else None)
-    stats = compare(reduced["training"], reduced["serving"], spec.alpha)
-    names = list(stats)
-    kind_of = {"length": "length_differs", "truncation_rate": "truncation_differs",
-               "distinct_2": "diversity_differs", "logprob_per_token": "logprob_differs",
-               "format_hit_rate": "format_differs"}
-    configs = (f"(training temperature {sides['training'][1].temperature}, top_p "
-               f"{sides['training'][1].top_p}, max_new_tokens {sides['training'][1].max_new_tokens}"
-               f"; serving {sides['serving'][1].temperature}, {sides['serving'][1].top_p}, "
-               f"{sides['serving'][1].max_new_tokens})")
+    reward = None
+    key = "causal_lm.behaviour.reward_fn"
+    if spec.reward_fn:
+        from paritygate.imports import import_callable
+
+        reward = import_callable(spec.reward_fn, ctx.config.path, key)
+    reducers, origins = _reduce(ctx, spec, reward, kept)
+    stats = compare(reducers["training"].finish(), reducers["serving"].finish(), spec.alpha)
+    configs = _configs(ctx, origins)
     failed = 0
-    for name in names:
-        row = stats[name]
-        reject = row["rejected"]
+    for name, row in stats.items():
         m.metric(f"{name}_p", row["p"], bad="none", ratchet=False)
         m.metric(f"{name}_effect", row["effect"], bad="none", ratchet=False)
-        if reject:
+        if row["rejected"]:
             failed += 1
-            m.fail(kind_of[name],
+            m.fail(KIND_OF[name],
                    f"{name.replace('_', ' ')} differs: training {row['training']:.4g} vs serving "
                    f"{row['serving']:.4g} ({row['test']}, p = {row['p']:.2g}, effect "
-                   f"{row['effect']:+.3g}; Holm at alpha {spec.alpha:g} over {len(names)} tests, "
-                   f"{n} samples per prompt per side) {configs}")
-    if spec.reward_fn:
-        from paritygate.imports import guard_user_code, import_callable
-
-        key = "causal_lm.behaviour.reward_fn"
-        reward = guard_user_code(import_callable(spec.reward_fn, ctx.config.path, key),
-                                 ctx.config.path, key)
-        prompts = [ctx.render_probe("training", p) for i, p in enumerate(ctx.probes)
-                   if i in kept]
-        rewards = {s: [float(reward(prompts[i // n], t)) for i, t in enumerate(texts[s])]
-                   for s in ("training", "serving")}
-        diff, low, high = bootstrap_diff(rewards["training"], rewards["serving"],
-                                         seed=ctx.config.seed)
-        tol = spec.reward_tolerance
-        stats["reward"] = {"test": "bootstrap 95%", "effect": diff, "low": low, "high": high,
-                           "training": float(np.mean(rewards["training"])),
-                           "serving": float(np.mean(rewards["serving"]))}
-        m.metric("reward_diff", diff, bad="none", ratchet=False)
-        if low > tol or high < -tol:
-            failed += 1
-            m.fail("reward_differs",
-                   f"E[reward] differs: training {stats['reward']['training']:.4g} vs serving "
-                   f"{stats['reward']['serving']:.4g}, difference {diff:+.3g} with 95% bootstrap "
-                   f"interval [{low:+.3g}, {high:+.3g}] beyond the tolerance {tol:g} "
-                   "(causal_lm.behaviour.reward_tolerance; 0.05 is the offline equivalence "
-                   f"check's roll-back figure) {configs}")
+                   f"{row['effect']:+.3g}; Holm at alpha {spec.alpha:g} over {len(stats)} "
+                   f"tests, {spec.samples} samples per prompt per side) {configs}")
+    tests = len(stats)
+    if reward is not None:
+        failed += _reward(ctx, m, stats, reducers, configs)
     m.metric("rejected_tests", failed, threshold=thresholds["rejected_tests"], key=True)
-    m.details.update(statistics=stats, samples_per_prompt=n, alpha=spec.alpha,
-                     stop_reasons={s: {r: stops[s].count(r) for r in sorted(set(stops[s]))}
-                                   for s in stops})
+    m.details.update(
+        statistics=stats, samples_per_prompt=spec.samples, alpha=spec.alpha, sources=origins,
+        samples={s: len(r.lengths) for s, r in reducers.items()},
+        stop_reasons={s: {k: r.reasons.count(k) for k in sorted(set(r.reasons))}
+                      for s, r in reducers.items()},
+        length_histogram={s: {str(k): int(v) for k, v in zip(*np.unique(
+            r.lengths, return_counts=True), strict=True)} for s, r in reducers.items()},
+        samples_to_detect=_guidance(stats, spec.alpha, tests))
     return m
+
+
+def _configs(ctx: LMContext, origins: dict[str, str]) -> str:
+    train, serve = ctx.training_sampling.spec(), ctx.serving_sampling.spec()
+    return (f"(training {origins['training']}: temperature {train.temperature}, top_p "
+            f"{train.top_p}, max_new_tokens {train.max_new_tokens}, stop {train.stop}, "
+            f"repetition_penalty {train.repetition_penalty}; serving {origins['serving']}: "
+            f"{serve.temperature}, {serve.top_p}, {serve.max_new_tokens}, {serve.stop}, "
+            f"{serve.repetition_penalty})")
+
+
+def _reward(ctx: LMContext, m: Measurement, stats: dict[str, StatRow],
+            reducers: dict[str, SideReducer], configs: str) -> int:
+    """E[reward] by a bootstrap interval of the difference against the tolerance."""
+    from paritygate.metrics.behaviour import bootstrap_diff
+
+    spec = ctx.spec.behaviour
+    assert spec is not None
+    rewards = {s: reducers[s].rewards for s in SIDES}
+    diff, low, high = bootstrap_diff(rewards["training"], rewards["serving"],
+                                     seed=ctx.config.seed)
+    tol = spec.reward_tolerance
+    row: StatRow = {"test": "bootstrap 95%", "effect": diff, "low": low, "high": high,
+                    "training": float(np.mean(rewards["training"])),
+                    "serving": float(np.mean(rewards["serving"]))}
+    stats["reward"] = row
+    m.metric("reward_diff", diff, bad="none", ratchet=False)
+    if not (low > tol or high < -tol):
+        return 0
+    m.fail("reward_differs",
+           f"E[reward] differs: training {row['training']:.4g} vs serving {row['serving']:.4g}, "
+           f"difference {diff:+.3g} with 95% bootstrap interval [{low:+.3g}, {high:+.3g}] beyond "
+           f"the tolerance {tol:g} (causal_lm.behaviour.reward_tolerance; 0.05 is the offline "
+           f"equivalence check's roll-back figure) {configs}")
+    return 1
+
+
+def _render(result: CheckResult, report_dir: Path) -> Rendered:
+    from paritygate.report.behaviour import render_behaviour
+
+    return render_behaviour(result, report_dir)
 
 
 CHECK = CheckSpec(
@@ -199,4 +211,8 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     marks=("slow",),
     kinds=KINDS,
+    render=_render,
 )
+
+POSITION = 170
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, no_layer_over_budget
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS: dict[str, float] = {
@@ -20,7 +22,7 @@ DEFAULTS: dict[str, float] = {
 }
 
 
-def _repeat_spread(engine: Any, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
+def _repeat_spread(engine: TensorEngine, out: str, x: Mapping[str, np.ndarray], k: int) -> float:
     first = engine.infer(x)[out]
     worst = 0.0
     for _ in range(k - 1):
@@ -40,8 +42,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("dropout_off")
     k = ctx.spec.dropout_repeats
     in_training = []
-    for label, model in (("training model", ctx.training_model),
-                         ("inference model", ctx.inference_model)):
+    for label, model in (("training model", ctx.reference_model),
+                         ("inference model", ctx.heads_removed_model)):
         fresh_eval = [n or "<root>" for n, mod in model.named_modules() if mod.training]
         in_training += [f"{label}:{n}" for n in fresh_eval]
     if in_training:
@@ -51,7 +53,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "(train()/eval() overridden or mode forced)")
     # Reset the seed so a stochastic forward cannot be mistaken for determinism by luck.
     torch.manual_seed(ctx.config.seed)
-    inference = ctx.new_inference_engine(ctx.inference_model)
+    inference = ctx.new_heads_removed_engine(ctx.heads_removed_model)
     torch_spread = max(
         _repeat_spread(inference, ctx.output_name, ctx.feeds, k),
         _repeat_spread(ctx.reference, ctx.output_name, ctx.feeds, k),
@@ -94,3 +96,19 @@ CHECK = CheckSpec(
     kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
            "random_operators"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("dropout_off", "nondeterministic",
+                ("training_modules", "torch_nondeterministic", "artifact_nondeterministic",
+                 "random_operators"),
+                ("head_removal", "batchnorm_export", "logits_agreement", "precision_per_layer",
+                 "rollout_parity"),
+                "randomness in the forward changes every output it feeds",
+                fix="put the model in eval mode before exporting or serving (no dropout or "
+                    "sampling on the inference path)",
+                only_if=(("precision_per_layer", no_layer_over_budget), *ROLLOUT),
+                rank=220),
+)
+
+POSITION = 40
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

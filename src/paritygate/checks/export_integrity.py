@@ -6,11 +6,19 @@ distribution's log-std output), with the training model's."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import (
+    ROLLOUT,
+    TARGET_SERVED,
+    TARGET_SERVED_FIX,
+    Explanation,
+    artifact_tier_only,
+)
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.base import take_rows
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
@@ -18,6 +26,7 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
+    from paritygate.families.policy.initializers import InitializerMatch
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the
@@ -34,7 +43,7 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     cand = np.asarray(ctx.candidate_outputs.get(ctx.output_name), np.float64)
     best = (float("inf"), "the inference model built from this checkpoint")
     sources: tuple[tuple[str, Callable[[], np.ndarray]], ...] = (
-        ("the inference model built from this checkpoint", lambda: ctx.inference_outputs),
+        ("the inference model built from this checkpoint", lambda: ctx.heads_removed_outputs),
         ("the training model's policy output on this checkpoint", lambda: ctx.reference_outputs),
     )
     for against, outputs in sources:
@@ -52,27 +61,27 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
     return best
 
 
-def _match_text(matches: Mapping[str, Any]) -> str:
-    n = matches["comparable"]
+def _match_text(matches: InitializerMatch) -> str:
+    n = matches.comparable
     if not n:
         return "no weight initializer to match against the checkpoint"
-    text = f"{matches['matched']}/{n} weight initializers match checkpoint tensors"
-    if matches["folded"]:
-        text += f", {matches['folded']} more up to a per-channel scale (BatchNorm folded)"
+    text = f"{matches.matched}/{n} weight initializers match checkpoint tensors"
+    if matches.folded:
+        text += f", {matches.folded} more up to a per-channel scale (BatchNorm folded)"
     return text
 
 
-def _another_checkpoint(matches: Mapping[str, Any]) -> bool:
+def _another_checkpoint(matches: InitializerMatch) -> bool:
     """Most initializers have their role tensor's shape and values a little off (relative
     drift at most 5%): the same graph exported from another checkpoint of this model."""
-    drifted = matches["drifted"]
-    return (not matches["misplaced"] and len(drifted) * 2 > matches["comparable"]
-            and 0 < matches["max_rel_drift"] <= 0.05)
+    drifted = matches.drifted
+    return (not matches.misplaced and len(drifted) * 2 > matches.comparable
+            and 0 < matches.max_rel_drift <= 0.05)
 
 
-def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
+def _why_differs(matches: InitializerMatch, match_text: str) -> str:
     """What the initializers say about outputs that differ although most weights match."""
-    unmatched = matches["unmatched"]
+    unmatched = matches.unmatched
     if unmatched and all(n.endswith((".running_mean", ".running_var")) for n in unmatched):
         return (f"{match_text}; those that do not: {unmatched[:4]} are BatchNorm statistics "
                 "(see batchnorm_export)")
@@ -83,17 +92,17 @@ def _why_differs(matches: Mapping[str, Any], match_text: str) -> str:
     return f"{match_text} (the graph around them differs: see logits_agreement)"
 
 
-def _target_network_finding(m: Measurement, matches: Mapping[str, Any]) -> dict[str, str]:
+def _target_network_finding(m: Measurement, matches: InitializerMatch) -> dict[str, str]:
     """Name an artifact built from a target network: initializers whose values only a target
     network's tensors hold (``q_net_target``, ``actor_target``); its mapping, empty if none."""
-    targets: dict[str, str] = dict(matches.get("target_network") or {})
+    targets: dict[str, str] = dict(matches.target_network)
     if not targets:
         return targets
-    nets = list(matches.get("target_networks") or [])
+    nets = list(matches.target_networks)
     pairs = ", ".join(f"{k!r} = {v!r}" for k, v in list(targets.items())[:3])
     m.fail("target_network_served",
            f"the artifact was built from the target network {', '.join(nets)}: "
-           f"{len(targets)}/{matches['comparable']} of its weight initializers hold that "
+           f"{len(targets)}/{matches.comparable} of its weight initializers hold that "
            f"network's tensors, not the policy's ({pairs}); a target network is a "
            "training-only copy that lags behind the policy", metric="stale_checkpoint")
     return targets
@@ -155,8 +164,8 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
     if len(names) < 2:
         return
     served = ctx.candidate_outputs
-    inference = ctx.inference_declared_outputs
-    training = ctx.training_declared_outputs
+    inference = ctx.heads_removed_declared_outputs
+    training = ctx.reference_declared_outputs
     worst = 0.0
     differing = 0
     for index, name in enumerate(names[1:], start=1):
@@ -207,10 +216,9 @@ def _declared_outputs(ctx: PolicyContext, m: Measurement, base_limit: float) -> 
     m.metric("declared_output_diff_ratio", worst, bad="none", ratchet=False)
 
 
-def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
-    from paritygate.provenance import sha256_file
-
-    m = Measurement("export_integrity")
+def _graph_shape(m: Measurement, ctx: PolicyContext) -> tuple[bool, bool, list[str]]:
+    """The artifact's validity, names and batch axis: (checker ok, batch axis baked, batch
+    sizes that failed)."""
     graph = ctx.artifact_graph
     complaint = graph.validate()
     checker_ok = complaint is None
@@ -245,17 +253,109 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             batch_failures.append(f"batch {n}: {str(exc).splitlines()[0][:200]}")
     if batch_failures:
         m.fail("batch_sizes_fail", f"artifact does not run at every batch size: {batch_failures}")
+    return checker_ok, baked, batch_failures
+
+
+def _no_manifest(m: Measurement, ctx: PolicyContext, matches: InitializerMatch,
+                 provenance: tuple[float, str], limit: float, *, targets: bool,
+                 cast_proven: bool) -> int:
+    """Provenance without a manifest: proven numerically, by the initializers, or failed by
+    what the initializers show; return 1 when the artifact is another checkpoint's."""
+    match_text = _match_text(matches)
+    precision = ctx.artifact_precision
+    stale = 0
+    where = f"no manifest at {ctx.manifest_path}"
+    if ctx.spec.require_manifest:
+        m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
+               "artifact with paritygate export, or write its manifest.json)")
+    diff, against = provenance
+    if targets:  # named above: the target network's tensors, whatever the outputs show
+        m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
+    elif cast_proven:
+        m.note(f"no manifest: provenance proven against the checkpoint cast to "
+               f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
+               "(judged by logits_agreement)")
+    elif diff <= limit:
+        m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
+               f"{against} ({match_text})")
+    elif _another_checkpoint(matches):
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against}; {len(matches.drifted)}/"
+            f"{matches.comparable} weight initializers have the shape of the "
+            f"checkpoint tensor of their name but values up to "
+            f"{matches.max_rel_drift:.2g} (relative) away: the graph matches, the "
+            f"weights are another checkpoint's (an earlier or later step?) ({where})")
+    elif matches.comparable and matches.matched + matches.folded == 0:
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against} and {match_text} ({where})")
+    elif not matches.comparable:
+        stale = 1
+        m.fail(
+            "not_from_checkpoint",
+            f"artifact was not built from this checkpoint: its outputs differ by up to "
+            f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
+    elif matches.not_in_model:
+        m.fail(
+            "provenance_not_loaded",
+            f"{where} and provenance unproven: the inference model built from this "
+            f"checkpoint does not hold the checkpoint's tensors "
+            f"({len(matches.not_in_model)} of its parameters differ from the "
+            "artifact's initializers of the same name, which are checkpoint tensors: "
+            "the checkpoint did not load, see weights_load), so its outputs (up to "
+            f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
+    elif not matches.misplaced:
+        m.fail(
+            "provenance_unproven",
+            f"{where} and provenance unproven: the artifact's outputs differ by up to "
+            f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+    return stale
+
+
+def _with_manifest(m: Measurement, ctx: PolicyContext, manifest: Mapping[str, object],
+                   stale: int) -> tuple[int, int]:
+    """Provenance by the manifest: the gated checkpoint's and the artifact's hashes; return
+    (stale, modified)."""
+    from paritygate.provenance import sha256_file
+
+    modified = 0
+    recorded = manifest.get("checkpoint_sha256")
+    if recorded != ctx.checkpoint_sha256:
+        stale = 1
+        m.fail(
+            "stale_manifest",
+            f"stale artifact: manifest says it was exported from checkpoint sha256 "
+            f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
+    artifact_sha = sha256_file(ctx.artifact_path)
+    if manifest.get("artifact_sha256") != artifact_sha:
+        modified = 1
+        m.fail(
+            "artifact_modified",
+            f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
+            f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
+    m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    return stale, modified
+
+
+def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
+    m = Measurement("export_integrity")
+    graph = ctx.artifact_graph
+    checker_ok, baked, batch_failures = _graph_shape(m, ctx)
 
     manifest = ctx.manifest()
     modified = 0
     provenance = _numeric_provenance(ctx)
     matches = ctx.initializer_match
-    m.details["initializers"] = matches
-    match_text = _match_text(matches)
+    m.details["initializers"] = dataclasses.asdict(matches)
     precision = ctx.artifact_precision
     undeclared = _precision_finding(m, precision)
-    cast_proven = (precision.stored != "float32" and matches["comparable"] > 0
-                   and not matches["unmatched"] and not matches["misplaced"])
+    cast_proven = (precision.stored != "float32" and matches.comparable > 0
+                   and not matches.unmatched and not matches.misplaced)
     limits, tier_note = ctx.artifact_limits(thresholds,
                                             ["provenance_max_abs_diff"])
     # fp32 rounding grows with the outputs' magnitude: so does the limit
@@ -268,74 +368,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     targets = _target_network_finding(m, matches)
     stale = int(bool(targets))
     if manifest is None:
-        where = f"no manifest at {ctx.manifest_path}"
-        if ctx.spec.require_manifest:
-            m.fail("manifest_required", f"{where}: policy.require_manifest is true (build the "
-                   "artifact with paritygate export, or write its manifest.json)")
-        diff, against = provenance
-        if targets:  # named above: the target network's tensors, whatever the outputs show
-            m.note(f"no manifest: the artifact's outputs are {diff:.3g} from {against}")
-        elif cast_proven:
-            m.note(f"no manifest: provenance proven against the checkpoint cast to "
-                   f"{precision.stored}: {match_text}; outputs {diff:.3g} from {against} "
-                   "(judged by logits_agreement)")
-        elif diff <= limit:
-            m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
-                   f"{against} ({match_text})")
-        elif _another_checkpoint(matches):
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against}; {len(matches['drifted'])}/"
-                f"{matches['comparable']} weight initializers have the shape of the "
-                f"checkpoint tensor of their name but values up to "
-                f"{matches['max_rel_drift']:.2g} (relative) away: the graph matches, the "
-                f"weights are another checkpoint's (an earlier or later step?) ({where})")
-        elif matches["comparable"] and matches["matched"] + matches["folded"] == 0:
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against} and {match_text} ({where})")
-        elif not matches["comparable"]:
-            stale = 1
-            m.fail(
-                "not_from_checkpoint",
-                f"artifact was not built from this checkpoint: its outputs differ by up to "
-                f"{diff:.3g} from {against} (no weight initializer to compare; {where})")
-        elif matches["not_in_model"]:
-            m.fail(
-                "provenance_not_loaded",
-                f"{where} and provenance unproven: the inference model built from this "
-                f"checkpoint does not hold the checkpoint's tensors "
-                f"({len(matches['not_in_model'])} of its parameters differ from the "
-                "artifact's initializers of the same name, which are checkpoint tensors: "
-                "the checkpoint did not load, see weights_load), so its outputs (up to "
-                f"{diff:.3g} from the artifact's) prove nothing ({match_text})")
-        elif not matches["misplaced"]:
-            m.fail(
-                "provenance_unproven",
-                f"{where} and provenance unproven: the artifact's outputs differ by up to "
-                f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+        stale = _no_manifest(m, ctx, matches, provenance, limit, targets=bool(targets),
+                             cast_proven=cast_proven) or stale
     else:
-        recorded = manifest.get("checkpoint_sha256")
-        if recorded != ctx.checkpoint_sha256:
-            stale = 1
-            m.fail(
-                "stale_manifest",
-                f"stale artifact: manifest says it was exported from checkpoint sha256 "
-                f"{str(recorded)[:12]}, the gated checkpoint is {ctx.checkpoint_sha256[:12]}")
-        artifact_sha = sha256_file(ctx.artifact_path)
-        if manifest.get("artifact_sha256") != artifact_sha:
-            modified = 1
-            m.fail(
-                "artifact_modified",
-                f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
-                f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
-        m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
-    if matches["misplaced"]:
-        pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches["misplaced"].items()]
+        stale, modified = _with_manifest(m, ctx, manifest, stale)
+    if matches.misplaced:
+        pairs = [f"{k!r} holds the checkpoint's {v!r}" for k, v in matches.misplaced.items()]
         m.fail(
             "misplaced_tensor",
             f"artifact initializers sit in the wrong layer: {'; '.join(pairs[:4])} (a "
@@ -357,9 +395,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                  **({"bad": "none"} if cast_proven else {"threshold": limit}))
     else:  # the manifest proves provenance; numeric agreement is logits_agreement's
         m.details["provenance_max_abs_diff"] = provenance[0]
-    m.metric("initializers_matched", matches["matched"] + matches["folded"], bad="none",
+    m.metric("initializers_matched", matches.matched + matches.folded, bad="none",
              ratchet=False)
-    m.metric("misplaced_initializers", len(matches["misplaced"]), threshold=0)
+    m.metric("misplaced_initializers", len(matches.misplaced), threshold=0)
     m.metric("checker_ok", checker_ok, bad="none", ratchet=False)
     m.metric("stale_checkpoint", stale, threshold=0, key=True)
     m.metric("undeclared_precision", int(undeclared), ratchet=False)
@@ -386,3 +424,43 @@ CHECK = CheckSpec(
            "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched",
            "target_network_served"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("export_integrity", "undeclared_precision",
+                ("undeclared_precision",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact stores its weights in a lower precision than the config "
+                "declares, so its outputs are held to the float32 limits",
+                fix="declare the artifact's precision (policy.artifact_dtype) or export it "
+                    "in float32",
+                only_if=ROLLOUT,
+                rank=120),
+    Explanation("export_integrity", "stale_artifact",
+                ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact was not exported from the checkpoint under test",
+                fix="re-export the artifact from the gated checkpoint "
+                    "(paritygate export CONFIG)",
+                only_if=ROLLOUT,
+                rank=130),
+    Explanation("export_integrity", "target_network_served", ("target_network_served",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                TARGET_SERVED, fix=TARGET_SERVED_FIX,
+                only_if=ROLLOUT,
+                rank=140),
+    Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact carries a checkpoint tensor in another layer's place",
+                fix="load the state_dict into the export model by key name, strictly, "
+                    "and re-export",
+                only_if=(("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=150),
+    Explanation("export_integrity", "batch_axis", ("batch_axis_baked", "batch_sizes_fail"),
+                ("batchnorm_export", "logits_agreement"),
+                "the artifact only runs at its baked batch size",
+                fix="export with a dynamic batch axis",
+                rank=160),
+)
+
+POSITION = 100
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

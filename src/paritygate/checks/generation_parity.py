@@ -206,3 +206,6 @@ CHECK = CheckSpec(
     marks=("fast",),
     kinds=("length_drift", "greedy_divergence"),
 )
+
+POSITION = 150
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
@@ -29,7 +30,7 @@ def _spread(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[seen].astype(np.float64) - b[seen]).max()) if seen.any() else 0.0
 
 
-def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
+def _left_heads(state: Mapping[str, object], heads: list[str]) -> list[str]:
     """Inference tensors under a declared head, less those that are also a policy-path tensor
     under another name (a shared module registered under the head's name too): identity, not
     names, decides what was left in."""
@@ -43,14 +44,15 @@ def _left_heads(state: Mapping[str, Any], heads: list[str]) -> list[str]:
     return [k for k in named if k not in shared]
 
 
-def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
-    m = Measurement("head_removal")
+def _parameters(m: Measurement, ctx: PolicyContext) -> tuple[list[str], list[str]]:
+    """Fail undeclared heads, foreign, differing and left-over head parameters of the
+    inference model; return (foreign, differing) parameter names."""
     heads = list(ctx.spec.training_heads)
     # Every name a module is registered under (SB3 registers its shared features extractor
     # three times): a head is matched by any of them.
-    train_names = dict(ctx.training_model.named_modules(remove_duplicate=False))
-    infer_state = ctx.inference_model.state_dict()
-    train_state = ctx.training_model.state_dict()
+    train_names = dict(ctx.reference_model.named_modules(remove_duplicate=False))
+    infer_state = ctx.heads_removed_model.state_dict()
+    train_state = ctx.reference_model.state_dict()
     for head in heads:
         if head not in train_names and head not in train_state and not any(
                 k.startswith(head + ".") for k in train_state):
@@ -81,11 +83,33 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         m.fail(
             "head_left",
             f"training-only head parameters remain in the inference model: {leftover[:5]}")
+    return foreign, differing
+
+
+def _artifact_outputs(m: Measurement, ctx: PolicyContext) -> int:
+    """Fail outputs the artifact exposes beyond (or lacks of) the declared ones; return how
+    many it exposes undeclared."""
+    declared = list(ctx.spec.output_names)
+    exposed = list(ctx.artifact_graph.output_names)
+    extra = [o for o in exposed if o not in declared]
+    absent = [o for o in declared if o not in exposed]
+    if extra:
+        m.fail(
+            "undeclared_outputs",
+            f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
+    if absent:
+        m.fail("missing_outputs", f"artifact lacks declared outputs {absent}")
+    return len(extra)
+
+
+def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
+    m = Measurement("head_removal")
+    foreign, differing = _parameters(m, ctx)
 
     # The inference model is the training model less its heads: it answers in the training
     # output's terms, or in the env action's when its factory applies the action transform.
-    reference = ctx.inference_terms(ctx.reference_results[ctx.output_name])
-    candidate = ctx.inference_outputs
+    reference = ctx.heads_removed_terms(ctx.reference_results[ctx.output_name])
+    candidate = ctx.heads_removed_outputs
     for label, arr in (
         ("training policy output", reference),
         ("inference model output", candidate),
@@ -96,8 +120,8 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
     # A forward that disagrees with itself cannot be compared with another one: name the
     # randomness instead of blaming a removed step (dropout_off measures it).
     again = {
-        "inference model": ctx.inference_engine.infer(ctx.feeds)[ctx.output_name],
-        "training model": ctx.inference_terms(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
+        "inference model": ctx.heads_removed_engine.infer(ctx.feeds)[ctx.output_name],
+        "training model": ctx.heads_removed_terms(ctx.reference.infer(ctx.feeds)[ctx.output_name]),
     }
     random_sides = []
     for side, first in (("inference model", candidate), ("training model", reference)):
@@ -118,7 +142,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
         )
         diff = float("inf")
     else:
-        diff = diff_stats(reference, candidate)["max_abs"]
+        diff = diff_stats(reference, candidate).max_abs
     m.metric("policy_max_abs_diff", diff, threshold=thresholds["policy_max_abs_diff"], key=True)
     if (
         diff > cause_limit(thresholds, "policy_max_abs_diff")
@@ -132,17 +156,7 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
             "weights: a step (shared norm, activation) was removed with the heads or skipped"
         )
 
-    declared = list(ctx.spec.output_names)
-    exposed = list(ctx.artifact_graph.output_names)
-    extra = [o for o in exposed if o not in declared]
-    absent = [o for o in declared if o not in exposed]
-    if extra:
-        m.fail(
-            "undeclared_outputs",
-            f"artifact exposes undeclared outputs {extra} (a training head left in the export?)")
-    if absent:
-        m.fail("missing_outputs", f"artifact lacks declared outputs {absent}")
-    m.metric("undeclared_outputs", len(extra), threshold=0)
+    m.metric("undeclared_outputs", _artifact_outputs(m, ctx), threshold=0)
     m.metric("differing_parameters", len(differing) + len(foreign), threshold=0)
     return m
 
@@ -157,3 +171,24 @@ CHECK = CheckSpec(
            "nondeterministic", "output_shape", "step_removed", "undeclared_outputs",
            "missing_outputs"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("head_removal", "structure_mismatch",
+                ("foreign_parameters",),
+                ("weights_load",),
+                "the inference model's structure differs, so its keys do not match the "
+                "checkpoint",
+                rank=20),
+    Explanation("head_removal", "undeclared_outputs", ("undeclared_outputs",),
+                ("export_integrity", "logits_agreement"),
+                "a training head was exported with the policy",
+                fix="export only the inference model's declared outputs",
+                rank=170),
+    Explanation("head_removal", "step_removed", ("step_removed",),
+                ("batchnorm_export", "logits_agreement", "rollout_parity"),
+                "the inference model lacks a step of the training forward", only_if=ROLLOUT,
+                rank=190),
+)
+
+POSITION = 30
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
     diff_stats,
@@ -22,6 +23,7 @@ from paritygate.metrics.gaussian import (
     kl_per_row,
     scale_bias,
 )
+from paritygate.metrics.tiers import tier_thresholds
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -79,24 +81,24 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
             f"{list(candidate.shape)}")
         return {}
     diff = diff_stats(reference, candidate)
-    m.metric("max_abs_diff", diff["max_abs"], threshold=thresholds["max_abs_diff"], key=True)
-    m.metric("mean_abs_diff", diff["mean_abs"], bad="none", ratchet=False)
+    m.metric("max_abs_diff", diff.max_abs, threshold=thresholds["max_abs_diff"], key=True)
+    m.metric("mean_abs_diff", diff.mean_abs, bad="none", ratchet=False)
     # A percentile of the same differences: never above max_abs_diff, so its limit bounds it too
     # and gives its golden comparison a noise floor (threshold_fraction of it).
-    m.metric("p99_abs_diff", diff["p99_abs"], threshold=thresholds["max_abs_diff"],
+    m.metric("p99_abs_diff", diff.p99_abs, threshold=thresholds["max_abs_diff"],
              limit_key="max_abs_diff")
-    m.metric("max_rel_diff", diff["max_rel"], bad="none", ratchet=False)
+    m.metric("max_rel_diff", diff.max_rel, bad="none", ratchet=False)
     if continuous:
-        return diff
+        return diff.as_dict()
     dist = distribution_stats(reference, candidate, top_k=top_k)
-    m.metric("kl_max", dist["kl_max"], threshold=thresholds["kl_max"])
-    m.metric("kl_mean", dist["kl_mean"], bad="none", ratchet=False)
-    m.metric("tv_max", dist["tv_max"], threshold=thresholds["tv_max"])
-    m.metric("argmax_disagreement", 1.0 - dist["argmax_agreement"],
+    m.metric("kl_max", dist.kl_max, threshold=thresholds["kl_max"])
+    m.metric("kl_mean", dist.kl_mean, bad="none", ratchet=False)
+    m.metric("tv_max", dist.tv_max, threshold=thresholds["tv_max"])
+    m.metric("argmax_disagreement", 1.0 - dist.argmax_agreement,
              threshold=thresholds.get("argmax_disagreement"))
-    m.metric("topk_overlap_min", dist["topk_overlap"], bad="lower",
+    m.metric("topk_overlap_min", dist.topk_overlap, bad="lower",
              threshold=thresholds.get("topk_overlap_min"))
-    kl_rows = dist.get("kl_per_row", [])
+    kl_rows = dist.kl_per_row
     rows = np.abs(np.asarray(reference, np.float64) - candidate).reshape(len(reference), -1).max(1)
     order = np.argsort(-rows, kind="stable")[:5]
     m.details["worst_probes"] = [
@@ -106,7 +108,7 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
          "candidate_argmax": int(np.argmax(candidate[i]))}
         for i in order
     ]
-    return {**diff, **dist}
+    return {**diff.as_dict(), **dist.as_dict()}
 
 
 def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
@@ -166,11 +168,11 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             hint = _normalised_hint(np.asarray(reference, np.float64),
                                     np.asarray(candidate, np.float64))
         matches = ctx.initializer_match
-        foreign = bool(matches["comparable"]) and matches["matched"] + matches["folded"] == 0
+        foreign = bool(matches.comparable) and matches.matched + matches.folded == 0
         precision = ctx.artifact_precision
-        targets = matches.get("target_network") or {}
+        targets = matches.target_network
         if targets:
-            nets = list(matches.get("target_networks") or [])
+            nets = list(matches.target_networks)
             m.fail("target_network_served",
                    f"artifact outputs differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: the artifact was built from the target network "
@@ -186,7 +188,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
-                   f"(0/{matches['comparable']} of its weight initializers match the "
+                   f"(0/{matches.comparable} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         elif hint:  # the outputs themselves show how they differ
             m.fail(
@@ -392,13 +394,12 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 def _tier_thresholds(
     ctx: LMContext, m: Measurement, thresholds: Thresholds
 ) -> dict[str, float | None]:
-    """An engine in a lower precision than the trainer is judged by its precision tier (see
-    :func:`paritygate.metrics.tiers.logits_thresholds`, through the LM context's
+    """An engine in a lower precision than the trainer is judged by its precision tier
+    (:func:`paritygate.metrics.tiers.tier_thresholds`, the rule the policy artifact's limits
+    use too, with the LM context's
     :meth:`~paritygate.families.causal_lm.context.LMContext.served_limits`); values the config
     sets win."""
-    names = ("max_abs_diff", "kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
-    limits = ctx.served_limits(dict(thresholds), set(thresholds.overrides), names)
-    note = limits.note([n for n in names if n in limits])
+    limits, note = tier_thresholds(ctx.served_limits, thresholds, set(thresholds.overrides))
     if note:
         m.note(f"{note}; argmax and top-k agreement reported, not judged")
     return dict(limits)
@@ -414,3 +415,36 @@ CHECK = CheckSpec(
            "undeclared_precision", *_TRANSFORM_KINDS,
            "log_std_clamp_differs", "target_network_served"),
 )
+
+CAUSES: tuple[causes.Explanation, ...] = (
+    causes.Explanation(
+        "logits_agreement", "action_transform",
+        ("squash_missing", "action_scale_missing", "action_bias_missing",
+         "action_clip_differs", "log_std_clamp_differs"),
+        ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
+         "rollout_parity"),
+        "the serving side turns the policy output (a Gaussian's mean or a deterministic "
+        "actor's) into actions differently from training (policy.distribution)",
+        fix="apply the declared squash (clip bounds), action scale and bias and log_std clamp "
+            "in the served actor, or declare what it serves in policy.distribution",
+        only_if=causes.ROLLOUT, rank=180),
+    causes.Explanation(
+        "logits_agreement", "target_network_served", ("target_network_served",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        causes.TARGET_SERVED, fix=causes.TARGET_SERVED_FIX,
+        only_if=(("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        rank=230),
+    causes.Explanation(
+        "logits_agreement", "artifact_outputs_differ",
+        ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "serving_replay"),
+        "the artifact's outputs differ from torch eval (measured by logits_agreement)",
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
+                 *causes.REPLAY),
+        breaches=("max_abs_diff",), rank=240),
+)
+
+POSITION = 80
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

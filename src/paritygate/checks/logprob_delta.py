@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.engines.generation import is_processing_trivial
 from paritygate.metrics.tiers import PRECISION_TIERS
@@ -286,3 +287,15 @@ CHECK = CheckSpec(
     marks=("fast",),
     kinds=KINDS,
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("logprob_delta", "pinned_tier_mismatch", ("precision_mismatch",),
+                ("logits_agreement", "generation_parity", "batch_invariance"),
+                "the engine computes in another precision than the pinned tier judges",
+                fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
+                    "the pinned precision",
+                rank=280),
+)
+
+POSITION = 130
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.metrics.logprob_semantics import Tolerances, run_suite
 from paritygate.result import Measurement
@@ -147,3 +148,13 @@ CHECK = CheckSpec(
            "temperature_ignored", "temperature_wrong", "low_precision", "pads_counted",
            "padding_leak", "pads_after_eos", "position_ids"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("logprob_impl", "logprob_recompute", None,
+                ("logprob_delta",),
+                "the trainer's log-prob recompute is wrong, so its deltas to the engine are too",
+                rank=270),
+)
+
+POSITION = 120
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -11,14 +11,18 @@ the per-layer rows live in precision.json/CSV, the plot and ``<check>.detail.jso
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from paritygate.check import Rendered
     from paritygate.families.base import Context
     from paritygate.precision.report import DtypeSummary, OnnxReport
+    from paritygate.result import CheckResult
 
 CHECK_ID = "precision_per_layer"
 
@@ -204,7 +208,7 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def _render(result: Any, report_dir: Any) -> Any:
+def _render(result: CheckResult, report_dir: Path) -> Rendered:
     from paritygate.precision.render import render_precision
 
     return render_precision(result, report_dir)
@@ -221,3 +225,6 @@ CHECK = CheckSpec(
            "onnx_divergent_layer", "onnx_nonfinite", "not_checkpoint_weights",
            "reference_nonfinite"),
 )
+
+POSITION = 110
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paritygate.causes import REPLAY, ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.result import Measurement
 
@@ -174,9 +175,14 @@ def _flipped_features(cases: list[_Case], limit: float) -> list[int]:
 
 
 def _diagnose(
-    cases: list[_Case], limit: float, raw_passthrough: bool, at_clip: bool
+    cases: list[_Case], limit: float, raw_passthrough: bool, at_clip: bool,
+    pixels_unscaled: bool = False,
 ) -> tuple[str, str]:
     """Name the likely cause from which inputs differ and where: ``(finding kind, text)``."""
+    if pixels_unscaled:
+        return ("image_scale_missing",
+                "the serving side gives pixels in [0, 255] where training scales them to "
+                "[0, 1]: the /255 image scaling (SB3's normalize_images) is missing")
     if raw_passthrough:
         return ("normalisation_missing",
                 "the serving side returns the raw input: normalisation missing")
@@ -191,6 +197,18 @@ def _diagnose(
     if at_clip:
         return "clip_differs", "another clip range (only saturated values differ)"
     return "stats_differ", "normalisation statistics differ (stale stats or another epsilon)"
+
+
+def _unscaled_pixels(raw: np.ndarray, case: _Case) -> bool:
+    """8-bit pixel probes (integers in [0, 255], stored as integers or floats) whose serving
+    output is 255x the training output: the /255 scaling done on one side only."""
+    values = np.asarray(raw, np.float64)
+    if (not raw.size or not np.all(np.isfinite(values)) or values.min() < 0
+            or values.max() > 255 or not np.array_equal(values, np.round(values))):
+        return False
+    scaled = case.ref * 255.0
+    return bool(np.abs(scaled).max() > 1.0 and np.allclose(case.cand, scaled, rtol=1e-5,
+                                                          atol=1e-3))
 
 
 @dataclass
@@ -220,7 +238,7 @@ def _measure_input(
     discrete_mismatch = 0
     per_feature: np.ndarray | None = None
     compared: list[_Case] = []
-    raw_passthrough = False
+    raw_passthrough = pixels_unscaled = False
     for label, raw in cases.items():
         try:
             ref = _as_array(training(raw.copy())).astype(np.float64)
@@ -257,6 +275,8 @@ def _measure_input(
             case.cand, np.asarray(raw, np.float64).reshape(len(raw), -1), equal_nan=True
         ):
             raw_passthrough = True
+        if label == "probes" and _unscaled_pixels(raw, case):
+            pixels_unscaled = True
         finite_feat = case.diff.max(axis=0)
         j = int(np.argmax(finite_feat))
         if finite_feat[j] > worst_diff:
@@ -265,7 +285,7 @@ def _measure_input(
     n_mismatch = int(sum(c.nonfinite_mismatch.sum() for c in compared))
     if worst_diff > limit or mismatched:
         at_clip = _diffs_at_clip([(c.ref, c.cand) for c in compared], limit)
-        kind, cause = _diagnose(compared, limit, raw_passthrough, at_clip)
+        kind, cause = _diagnose(compared, limit, raw_passthrough, at_clip, pixels_unscaled)
         if worst_diff > limit:
             m.fail(
                 kind,
@@ -337,6 +357,19 @@ CHECK = CheckSpec(
     measures={"policy": measure},
     defaults=DEFAULTS,
     kinds=("training_raised", "serving_raised", "output_shape", "normalisation_missing",
+           "image_scale_missing",
            "fill_differs", "clip_differs", "sign_flipped", "stats_differ", "nonfinite_mismatch",
            "discrete_mismatch"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("preprocessing_parity", "preprocessing_mismatch", None,
+                ("rollout_parity", "serving_replay"),
+                "the serving preprocessing feeds the artifact other model inputs than the "
+                "training preprocessing feeds the trainer",
+                only_if=(*ROLLOUT, *REPLAY),
+                rank=260),
+)
+
+POSITION = 50
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -12,16 +12,19 @@ differs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import permutations
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import ROLLOUT, Explanation, declared_outputs_only
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.base import TensorEngine
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -99,7 +102,7 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return d if np.isfinite(d) else float("inf")
 
 
-def _run(engine: Any, feeds: Feeds) -> dict[str, np.ndarray]:
+def _run(engine: TensorEngine, feeds: Feeds) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in engine.infer(feeds).items()}
 
 
@@ -125,6 +128,110 @@ def _shape_findings(ctx: PolicyContext, m: Measurement, outputs: Mapping[str, np
                 "resized core?")
             bad = True
     return bad
+
+
+@dataclass
+class _Forced:
+    """The artifact teacher-forced: given the training model's incoming state at every step."""
+
+    forced: list[float] = field(default_factory=list)
+    forced_rest: list[float] = field(default_factory=list)
+    """Per step, over the rows that do not start an episode there."""
+    forced_state: dict[str, list[float]] = field(default_factory=dict)
+    swapped: set[tuple[str, str]] = field(default_factory=set)
+    reset_depends: list[int] = field(default_factory=list)
+    reset_differs: list[int] = field(default_factory=list)
+
+
+def _teacher_forced(ctx: PolicyContext, trajectory: list[tuple[Feeds, dict[str, np.ndarray]]],
+                    starts: np.ndarray, limit: float, state_limit: float) -> _Forced:
+    """Run the artifact on the training model's feeds of every step: per-step differences,
+    swapped state outputs, and how it handles episode starts."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    names = [s.output for s in rec.states]
+    rows = starts.shape[1]
+    f = _Forced(forced_state={n: [] for n in names})
+    forced, forced_rest, forced_state = f.forced, f.forced_rest, f.forced_state
+    swapped, reset_depends, reset_differs = f.swapped, f.reset_depends, f.reset_differs
+    for t, (ref_feeds, ref) in enumerate(trajectory):
+        teacher = _run(ctx.candidate, ref_feeds)
+        forced.append(_max_diff(ref[ctx.output_name], teacher[ctx.output_name]))
+        for n in names:
+            forced_state[n].append(_max_diff(ref[n], teacher[n]))
+        if len(names) > 1:
+            for perm in permutations(names):
+                if list(perm) != names and all(
+                        _max_diff(teacher[a], ref[b]) <= state_limit
+                        for a, b in zip(names, perm, strict=True) if a != b):
+                    swapped.update((a, b) for a, b in zip(names, perm, strict=True) if a != b)
+        reset_rows = starts[t] if t else np.zeros(rows, bool)
+        rest = ~starts[t]
+        if rest.any():
+            forced_rest.append(_max_diff(ref[ctx.output_name][rest],
+                                         teacher[ctx.output_name][rest]))
+        if reset_rows.any():  # the step after a reset must not depend on the previous episode
+            at = {k: v[reset_rows] for k, v in ref_feeds.items()}
+            again = dict(at)
+            for name, value in _initial(ctx, int(reset_rows.sum())).items():
+                again[name] = value if rec.episode_start is not None else at[name]
+            fresh = _run(ctx.candidate, again)[ctx.output_name]
+            carried = teacher[ctx.output_name][reset_rows]
+            if _max_diff(fresh, carried) > limit:
+                reset_depends.append(t)
+            elif _max_diff(carried, ref[ctx.output_name][reset_rows]) > limit:
+                reset_differs.append(t)
+    # step 0 is an episode start on every row: its teacher-forced step is the reset step
+    if forced[0] > limit and not swapped and 0 not in reset_differs:
+        reset_differs.insert(0, 0)
+    return f
+
+
+def _fail_cause(m: Measurement, ctx: PolicyContext, f: _Forced, where: str, limit: float,
+                state_limit: float) -> None:
+    """Name why the sequences part, from what the teacher-forced run shows."""
+    rec = ctx.spec.recurrent
+    assert rec is not None
+    swapped, forced_rest, forced_state = f.swapped, f.forced_rest, f.forced_state
+    reset_depends, reset_differs, forced = f.reset_depends, f.reset_differs, f.forced
+    if swapped:
+        pairs = sorted({tuple(sorted(p)) for p in swapped})
+        text = "; ".join(f"{a!r} and {b!r}" for a, b in pairs)
+        m.fail("state_swapped",
+               f"state outputs swapped: the artifact's {text} hold each other's values (fed "
+               f"back into the wrong inputs from step 1 on); {where}", metric="max_abs_diff")
+    elif max(forced_rest, default=0.0) > limit:
+        m.fail("step_outputs_differ",
+               f"the artifact's single step differs from the training model's by up to "
+               f"{max(forced_rest):.3g} given the same observations and incoming state, away "
+               "from episode starts too: not a state-handling fault (stale artifact or another "
+               f"computation; see logits_agreement and export_integrity); {where}",
+               metric="max_abs_diff")
+    elif reset_depends:
+        how = (f"its episode-start input {rec.episode_start!r} does not reset the state"
+               if rec.episode_start else "the state is not reset")
+        m.fail("missing_reset",
+               f"missing reset: at episode starts (steps {reset_depends[:5]}) the artifact's "
+               f"output still depends on the previous episode's state: {how}; {where}",
+               metric="max_abs_diff")
+    elif reset_differs:
+        m.fail("wrong_initial_state",
+               f"wrong initial state: at episode starts (steps {reset_differs[:5]}) the "
+               "artifact's step does not depend on the previous episode but differs from the "
+               f"training model's (another state after a reset than the training model's "
+               f"initial state); {where}", metric="max_abs_diff")
+    elif any(max(v) > state_limit for v in forced_state.values()):
+        worst = max(forced_state, key=lambda n: max(forced_state[n]))
+        step = int(np.argmax(forced_state[worst]))
+        m.fail("state_outputs_differ",
+               f"the artifact's state output {worst!r} differs from the training model's by "
+               f"{forced_state[worst][step]:.3g} at step {step} given the same incoming state; "
+               f"{where}", metric="state_max_abs_diff")
+    else:
+        m.fail("sequence_outputs_differ",
+               f"artifact outputs differ from the training model's over the sequence: "
+               f"{where} (each step alone agrees to {max(forced):.3g}: the error accumulates "
+               "through the state)", metric="max_abs_diff")
 
 
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
@@ -200,85 +307,12 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if max(free) <= limit and max(free_state) <= state_limit:
         return m
 
-    # teacher-forced: the artifact given the training model's incoming state at every step
-    forced: list[float] = []
-    forced_rest: list[float] = []  # rows that do not start an episode at that step
-    forced_state: dict[str, list[float]] = {n: [] for n in names}
-    swapped: set[tuple[str, str]] = set()
-    reset_depends: list[int] = []
-    reset_differs: list[int] = []
-    for t, (ref_feeds, ref) in enumerate(trajectory):
-        teacher = _run(ctx.candidate, ref_feeds)
-        forced.append(_max_diff(ref[ctx.output_name], teacher[ctx.output_name]))
-        for n in names:
-            forced_state[n].append(_max_diff(ref[n], teacher[n]))
-        if len(names) > 1:
-            for perm in permutations(names):
-                if list(perm) != names and all(
-                        _max_diff(teacher[a], ref[b]) <= state_limit
-                        for a, b in zip(names, perm, strict=True) if a != b):
-                    swapped.update((a, b) for a, b in zip(names, perm, strict=True) if a != b)
-        reset_rows = starts[t] if t else np.zeros(rows, bool)
-        rest = ~starts[t]
-        if rest.any():
-            forced_rest.append(_max_diff(ref[ctx.output_name][rest],
-                                         teacher[ctx.output_name][rest]))
-        if reset_rows.any():  # the step after a reset must not depend on the previous episode
-            at = {k: v[reset_rows] for k, v in ref_feeds.items()}
-            again = dict(at)
-            for name, value in _initial(ctx, int(reset_rows.sum())).items():
-                again[name] = value if rec.episode_start is not None else at[name]
-            fresh = _run(ctx.candidate, again)[ctx.output_name]
-            carried = teacher[ctx.output_name][reset_rows]
-            if _max_diff(fresh, carried) > limit:
-                reset_depends.append(t)
-            elif _max_diff(carried, ref[ctx.output_name][reset_rows]) > limit:
-                reset_differs.append(t)
-    # step 0 is an episode start on every row: its teacher-forced step is the reset step
-    if forced[0] > limit and not swapped and 0 not in reset_differs:
-        reset_differs.insert(0, 0)
-    m.details["per_step_teacher_forced_max_abs_diff"] = forced
+    f = _teacher_forced(ctx, trajectory, starts, limit, state_limit)
+    m.details["per_step_teacher_forced_max_abs_diff"] = f.forced
     where = (f"first over tolerance at step {first_over} of {steps} (policy output "
              f"{free[first_over]:.3g}, state {free_state[first_over]:.3g}; last step "
              f"{free[-1]:.3g})")
-    if swapped:
-        pairs = sorted({tuple(sorted(p)) for p in swapped})
-        text = "; ".join(f"{a!r} and {b!r}" for a, b in pairs)
-        m.fail("state_swapped",
-               f"state outputs swapped: the artifact's {text} hold each other's values (fed "
-               f"back into the wrong inputs from step 1 on); {where}", metric="max_abs_diff")
-    elif max(forced_rest, default=0.0) > limit:
-        m.fail("step_outputs_differ",
-               f"the artifact's single step differs from the training model's by up to "
-               f"{max(forced_rest):.3g} given the same observations and incoming state, away "
-               "from episode starts too: not a state-handling fault (stale artifact or another "
-               f"computation; see logits_agreement and export_integrity); {where}",
-               metric="max_abs_diff")
-    elif reset_depends:
-        how = (f"its episode-start input {rec.episode_start!r} does not reset the state"
-               if rec.episode_start else "the state is not reset")
-        m.fail("missing_reset",
-               f"missing reset: at episode starts (steps {reset_depends[:5]}) the artifact's "
-               f"output still depends on the previous episode's state: {how}; {where}",
-               metric="max_abs_diff")
-    elif reset_differs:
-        m.fail("wrong_initial_state",
-               f"wrong initial state: at episode starts (steps {reset_differs[:5]}) the "
-               "artifact's step does not depend on the previous episode but differs from the "
-               f"training model's (another state after a reset than the training model's "
-               f"initial state); {where}", metric="max_abs_diff")
-    elif any(max(v) > state_limit for v in forced_state.values()):
-        worst = max(forced_state, key=lambda n: max(forced_state[n]))
-        step = int(np.argmax(forced_state[worst]))
-        m.fail("state_outputs_differ",
-               f"the artifact's state output {worst!r} differs from the training model's by "
-               f"{forced_state[worst][step]:.3g} at step {step} given the same incoming state; "
-               f"{where}", metric="state_max_abs_diff")
-    else:
-        m.fail("sequence_outputs_differ",
-               f"artifact outputs differ from the training model's over the sequence: "
-               f"{where} (each step alone agrees to {max(forced):.3g}: the error accumulates "
-               "through the state)", metric="max_abs_diff")
+    _fail_cause(m, ctx, f, where, limit, state_limit)
     return m
 
 
@@ -301,3 +335,19 @@ CHECK = CheckSpec(
            "missing_reset",
            "wrong_initial_state", "state_outputs_differ", "sequence_outputs_differ"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("recurrent_parity", "recurrent_state",
+                ("state_missing", "state_shape", "state_swapped", "state_outputs_differ",
+                 "missing_reset", "wrong_initial_state", "sequence_outputs_differ"),
+                ("export_integrity", "rollout_parity"),
+                "the artifact carries the recurrent state differently from the training model "
+                "(named by recurrent_parity)",
+                fix="export the new state in the declared order and per-row layout (batch on "
+                    "axis 0), reset to the initial state on the episode-start input",
+                only_if=(("export_integrity", declared_outputs_only), *ROLLOUT),
+                rank=250),
+)
+
+POSITION = 90
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

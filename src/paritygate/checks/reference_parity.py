@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Rendered, Thresholds
 from paritygate.result import CheckResult, Measurement
 
@@ -330,3 +331,38 @@ CHECK = CheckSpec(
            "kl_sign_flipped", "kl_arguments_swapped", "kl_estimator_wrong"),
     feeds_probes=True,
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("reference_parity", "reference_drift", (), (),
+                "the KL reference changed between two checkpoints of one policy",
+                fix="restore the frozen initial policy as the KL reference, then re-bless",
+                regressed=("reference_digest",),
+                rank=390),
+    Explanation("reference_parity", "reference_is_policy", ("reference_is_policy",), (),
+                "the KL reference is the policy under test",
+                fix="point causal_lm.reference.model_dir at the frozen initial policy",
+                rank=400),
+    Explanation("reference_parity", "reference_provenance",
+                ("reference_not_initial", "reference_precision_undeclared",
+                 "nonfinite_reference"), (),
+                "the KL reference is not the initial policy's tensors",
+                fix="load the KL reference from the initial policy's checkpoint (or declare "
+                    "its dtype: causal_lm.reference.dtype)",
+                rank=410),
+    Explanation("reference_parity", "reference_logprobs",
+                ("reference_logprobs_shape", "reference_mask_ignored", "reference_pads_scored",
+                 "reference_logprobs_differ"), (),
+                "the trainer scores the KL reference differently from the gate's recompute",
+                fix="pass attention_mask and position_ids to the reference forward and zero "
+                    "pad targets",
+                rank=420),
+    Explanation("reference_parity", "kl_estimator",
+                ("kl_estimator_shape", "kl_sign_flipped", "kl_arguments_swapped",
+                 "kl_estimator_wrong"), (),
+                "the trainer's KL estimator does not estimate KL(policy || reference)",
+                fix="per token, with r = logp_ref - logp: k3 = exp(r) - r - 1 (or k1 = -r)",
+                rank=430),
+)
+
+POSITION = 200
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

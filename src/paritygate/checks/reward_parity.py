@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Rendered, Thresholds
 from paritygate.result import CheckResult, Measurement
 
@@ -373,3 +374,34 @@ CHECK = CheckSpec(
            "scores_differ", "padding_variance", "batch_variance", "length_slope",
            "function_output"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("reward_parity", "reward_provenance",
+                ("stale_reward_model", "reward_precision_undeclared"), (),
+                "the scoring reward model is not the trained one's tensors",
+                fix="score with the trained reward model's checkpoint (or declare its dtype: "
+                    "causal_lm.reward.dtype)",
+                rank=340),
+    Explanation("reward_parity", "reward_read_position",
+                ("pad_token_missing", "score_read_at_pad"), (),
+                "the reward model reads its score at a pad, not the last real token",
+                fix="save the reward model with config.pad_token_id = the tokenizer's pad id",
+                rank=350),
+    Explanation("reward_parity", "reward_scoring_layout",
+                ("padding_side_differs", "truncation_differs", "scored_span_differs",
+                 "chat_template_differs", "eos_differs"), (),
+                "serving feeds the reward model other text than training scored",
+                fix="score at serving with training's padding side, max length, truncation "
+                    "side, span, chat template and EOS",
+                rank=360),
+    Explanation("reward_parity", "reward_invariance", ("padding_variance", "batch_variance"), (),
+                "the reward depends on the padding or the batch it is scored in",
+                rank=370),
+    Explanation("reward_parity", "reward_length", ("length_slope",), (),
+                "the reward grows with completion length",
+                fix="read the score at the last real token, not pooled over positions",
+                rank=380),
+)
+
+POSITION = 190
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

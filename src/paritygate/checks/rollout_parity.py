@@ -18,19 +18,17 @@ continuous step agrees while the actions differ by at most ``policy.rollout.acti
 
 from __future__ import annotations
 
-import base64
-import html
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.check import CheckSpec, Rendered, Thresholds, cause_limit
-from paritygate.result import CheckResult, Measurement
+from paritygate.check import CheckSpec, Thresholds, cause_limit
+from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.rollout import Episode
+    from paritygate.families.policy.rollout import Episode, StepDiagnosis
     from paritygate.metrics.tiers import Limits
 
 DEFAULTS: dict[str, float] = {
@@ -45,10 +43,7 @@ DEFAULTS: dict[str, float] = {
     "nonfinite_actions": 0.0,
 }
 
-PLOT = "rollout_parity.png"
-
-
-def _fmt_action(action: Any) -> str:
+def _fmt_action(action: object) -> str:
     arr = np.asarray(action)
     if arr.ndim == 0:
         return str(arr.item())
@@ -96,245 +91,255 @@ def _limit(limits: Limits, name: str) -> str:
     return f"{limits[name]:g}" if limits.tier is None else limits.describe(name)
 
 
+@dataclass(frozen=True)
+class EpisodeRow:
+    """One episode of both paths, as the report's table shows it."""
+
+    episode: int
+    seed: int
+    training_return: float
+    artifact_return: float
+    training_length: int
+    artifact_length: int
+    first_divergent_step: int | None
+    margin: float | None
+    verdict: str
+    observation_max_abs_diff: float
+    training_action: str | None = None
+    """Both paths' actions at the first divergent step (when the actions parted there)."""
+    artifact_action: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The row for report.json's ``details.episodes`` (no action keys when none parted)."""
+        row = asdict(self)
+        if self.training_action is None:
+            del row["training_action"], row["artifact_action"]
+        return row
+
+
+@dataclass(frozen=True)
+class EpisodeCurve:
+    """One episode's per-step action difference and both paths' cumulative returns."""
+
+    episode: int
+    seed: int
+    first_divergent_step: int | None
+    action_diff: list[float]
+    training_return: list[float]
+    artifact_return: list[float]
+
+    def as_dict(self) -> dict[str, object]:
+        """The curve for report.json's ``details.curves``."""
+        return asdict(self)
+
+
+@dataclass
+class _Tally:
+    """What the episodes add up to, filled one episode at a time."""
+
+    unexcused: int = 0
+    excused: int = 0
+    unexplained: int = 0
+    nonfinite: int = 0
+    agreeing: int = 0
+    compared: int = 0
+    obs_drift: float = 0.0
+    action_drift: float = 0.0
+    min_margin: float = float("inf")
+    first_step: int | None = None
+    first_margin: float | None = None
+    rows: list[EpisodeRow] = field(default_factory=list)
+    curves: list[EpisodeCurve] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Judge:
+    """What one episode is judged with: the limits and the path's shape for diagnoses."""
+
+    ctx: PolicyContext
+    limits: Limits
+    observation_limit: float
+    discrete: bool
+
+    @property
+    def tie(self) -> float:
+        return float(self.limits["near_tie_margin"] or 0.0)
+
+    @property
+    def tol(self) -> float:
+        return float(self.limits["action_tolerance"] or 0.0)
+
+
 def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("rollout_parity")
     rollouts = ctx.rollouts
     if rollouts is None:
         return m.skip("no policy.rollout section: no environment to step the policy in")
-    spec = ctx.spec.rollout
-    assert spec is not None
+    assert ctx.spec.rollout is not None
     limits = rollout_limits(ctx, thresholds)
-    tie, tol = float(limits["near_tie_margin"] or 0.0), float(limits["action_tolerance"] or 0.0)
-    rtol = float(limits["return_tolerance"] or 0.0)
     if limits.note() is not None:
         m.note(str(limits.note()))
-    unexcused = excused = unexplained = nonfinite = 0
-    agreeing = compared = 0
-    obs_drift = 0.0
-    action_drift = 0.0
-    min_margin = float("inf")
-    first_step: int | None = None
-    first_margin: float | None = None
-    rows: list[dict[str, Any]] = []
-    curves: list[dict[str, Any]] = []
-    multi = len(ctx.raw_inputs) > 1
-    preprocessed = bool(ctx.input_preprocessors)
-    recurrent = ctx.spec.recurrent is not None
-    for index, (ref, cand) in enumerate(zip(rollouts.training, rollouts.serving, strict=True)):
-        label = f"episode {index} (seed {ref.seed})"
-        for side, ep in (("training path", ref), ("artifact", cand)):
-            if ep.nonfinite_step is not None:
-                nonfinite += 1
-                m.fail("nonfinite_action",
-                       f"{label}: the {side}'s policy output holds NaN/Inf at step "
-                       f"{ep.nonfinite_step}: no action to take")
-        n = min(len(ref.actions), len(cand.actions))
-        diff = _action_diff(ref, cand, n, rollouts.discrete)
-        apart = np.flatnonzero(diff > (0.0 if rollouts.discrete else tol))
-        at = int(apart[0]) if apart.size else None
-        agreed = n if at is None else at
-        if agreed and rollouts.discrete:
-            min_margin = min(min_margin, float(np.min(ref.margins[:agreed])))
-        if agreed and not rollouts.discrete:
-            action_drift = max(action_drift, float(np.max(diff[:agreed])))
-        drift = ref.observation_drift(cand, agreed + 1)
-        obs_drift = max(obs_drift, drift)
-        agreeing += agreed
-        compared += max(ref.length, cand.length)
-        d_return = cand.episode_return - ref.episode_return
-        row: dict[str, Any] = {
-            "episode": index, "seed": ref.seed,
-            "training_return": ref.episode_return, "artifact_return": cand.episode_return,
-            "training_length": ref.length, "artifact_length": cand.length,
-            "first_divergent_step": at, "margin": None, "verdict": "agree",
-            "observation_max_abs_diff": drift,
-        }
-        outcome = f"return {ref.episode_return:.6g} vs {cand.episode_return:.6g}, length " \
-                  f"{ref.length} vs {cand.length}"
-        if at is not None and drift > thresholds["max_observation_abs_diff"]:
-            row["verdict"] = "observations differ"  # the environment parted first
-        elif at is not None:
-            margin = float(ref.margins[at])
-            row.update(margin=None if not np.isfinite(margin) else margin,
-                       training_action=_fmt_action(ref.actions[at]),
-                       artifact_action=_fmt_action(cand.actions[at]))
-            if first_step is None or at < first_step:
-                first_step, first_margin = at, (margin if np.isfinite(margin) else None)
-            if rollouts.discrete and margin < tie:
-                excused += 1
-                row["verdict"] = "excused (near-tie)"
-                m.note(f"{label}: divergence at step {at} excused, near-tie (margin "
-                       f"{margin:.3g} < {_limit(limits, 'near_tie_margin')}); {outcome}")
-            else:
-                unexcused += 1
-                row["verdict"] = "diverged"
-                where = ctx.rollout_step_diagnosis(
-                    ref.observation(at),
-                    ref.incoming_states[at] if ref.incoming_states else None)
-                how = (f"logit margin {margin:.3g} >= near-tie tolerance "
-                       f"{_limit(limits, 'near_tie_margin')}"
-                       if rollouts.discrete else
-                       f"action difference {diff[at]:.3g} > action_tolerance "
-                       f"{_limit(limits, 'action_tolerance')}")
-                m.fail("action_divergence",
-                       f"{label}: actions diverge at step {at}: training path "
-                       f"{_fmt_action(ref.actions[at])} vs artifact "
-                       f"{_fmt_action(cand.actions[at])} ({how}); {outcome}; "
-                       f"{_diagnosis(where, preprocessed, multi, recurrent)}",
-                       metric="unexcused_divergences")
-        elif ref.nonfinite_step is None and cand.nonfinite_step is None and (
-                abs(d_return) > rtol * max(1.0, abs(ref.episode_return))
-                or ref.length != cand.length):
-            unexplained += 1
-            row["verdict"] = "return differs"
-            m.fail("return_differs",
-                   f"{label}: the actions agree at every step but {outcome} (return "
-                   f"differs by {abs(d_return):.3g}, return_tolerance "
-                   f"{_limit(limits, 'return_tolerance')} relative): the "
-                   f"environment is not reproducible under its reset seed",
-                   metric="unexplained_return_diffs")
-        rows.append(row)
-        curves.append({
-            "episode": index, "seed": ref.seed, "first_divergent_step": at,
-            "action_diff": [float(v) for v in diff],
-            "training_return": np.cumsum(ref.rewards).tolist(),
-            "artifact_return": np.cumsum(cand.rewards).tolist(),
-        })
+    judge = _Judge(ctx, limits, thresholds["max_observation_abs_diff"], rollouts.discrete)
+    tally = _Tally()
+    for index, (ref, cand) in enumerate(zip(rollouts.reference, rollouts.candidate, strict=True)):
+        _episode(m, judge, tally, index, ref, cand)
     limit = float(limits["max_observation_abs_diff"] or 0.0)
-    if obs_drift > max(limit, cause_limit(thresholds, "max_observation_abs_diff")):
-        worst = max(rows, key=lambda r: float(r["observation_max_abs_diff"]))
+    if tally.obs_drift > max(limit, cause_limit(thresholds, "max_observation_abs_diff")):
+        worst = max(tally.rows, key=lambda r: float(r.observation_max_abs_diff))
         m.fail("trajectory_differs",
-               f"episode {worst['episode']} (seed {worst['seed']}): observations differ by up "
-               f"to {obs_drift:.3g} while the actions still agree (limit "
+               f"episode {worst.episode} (seed {worst.seed}): observations differ by up "
+               f"to {tally.obs_drift:.3g} while the actions still agree (limit "
                f"{_limit(limits, 'max_observation_abs_diff')}): the "
                "environment is not reproducible under its reset seed, or sub-tolerance action "
                "differences compound", metric="max_observation_abs_diff")
-    m.metric("unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"],
-             key=True)
-    m.metric("excused_divergences", excused, bad="none")
-    m.metric("unexplained_return_diffs", unexplained,
-             threshold=thresholds["unexplained_return_diffs"])
-    m.metric("max_observation_abs_diff", obs_drift, threshold=limit)
-    m.metric("nonfinite_actions", nonfinite, threshold=thresholds["nonfinite_actions"])
-    m.metric("action_agreement", agreeing / compared if compared else 1.0, bad="lower",
-             ratchet=False)
-    m.metric("first_divergent_step", first_step, bad="none", ratchet=False)
-    m.metric("divergence_margin", first_margin, bad="none", ratchet=False)
-    returns = [abs(r["artifact_return"] - r["training_return"]) for r in rows]
-    lengths = [abs(r["artifact_length"] - r["training_length"]) for r in rows]
-    m.metric("max_return_abs_diff", max(returns, default=0.0), bad="none", ratchet=False)
-    m.metric("max_length_diff", max(lengths, default=0), bad="none", ratchet=False)
-    if rollouts.discrete:
-        m.metric("min_action_margin", min_margin if np.isfinite(min_margin) else None,
-                 bad="none", ratchet=False)
-    else:
-        m.metric("max_action_abs_diff", action_drift, bad="none", ratchet=False)
-    m.metric("episodes", len(rows), bad="none", ratchet=False)
-    m.metric("steps", sum(r["training_length"] for r in rows), bad="none", ratchet=False)
-    m.details.update(env=rollouts.env, episodes=rows, curves=curves,
+    _metrics(m, tally, thresholds, limit, rollouts.discrete)
+    m.details.update(env=rollouts.env, episodes=[r.as_dict() for r in tally.rows],
+                     curves=[c.as_dict() for c in tally.curves],
                      actions="discrete (argmax)" if rollouts.discrete else
                      "continuous (clipped to the action space)")
     return m
 
 
-def _diagnosis(where: dict[str, Any], preprocessed: bool, multi: bool, recurrent: bool
+def _episode(m: Measurement, judge: _Judge, tally: _Tally, index: int, ref: Episode,
+             cand: Episode) -> None:
+    """Compare one episode of both paths: fail or excuse its divergence, add it to ``tally``."""
+    label = f"episode {index} (seed {ref.seed})"
+    for side, ep in (("training path", ref), ("artifact", cand)):
+        if ep.nonfinite_step is not None:
+            tally.nonfinite += 1
+            m.fail("nonfinite_action",
+                   f"{label}: the {side}'s policy output holds NaN/Inf at step "
+                   f"{ep.nonfinite_step}: no action to take")
+    n = min(len(ref.actions), len(cand.actions))
+    diff = _action_diff(ref, cand, n, judge.discrete)
+    apart = np.flatnonzero(diff > (0.0 if judge.discrete else judge.tol))
+    at = int(apart[0]) if apart.size else None
+    agreed = n if at is None else at
+    if agreed and judge.discrete:
+        tally.min_margin = min(tally.min_margin, float(np.min(ref.margins[:agreed])))
+    if agreed and not judge.discrete:
+        tally.action_drift = max(tally.action_drift, float(np.max(diff[:agreed])))
+    drift = ref.observation_drift(cand, agreed + 1)
+    tally.obs_drift = max(tally.obs_drift, drift)
+    tally.agreeing += agreed
+    tally.compared += max(ref.length, cand.length)
+    row = EpisodeRow(
+        episode=index, seed=ref.seed, training_return=ref.episode_return,
+        artifact_return=cand.episode_return, training_length=ref.length,
+        artifact_length=cand.length, first_divergent_step=at, margin=None, verdict="agree",
+        observation_max_abs_diff=drift)
+    if at is not None and drift > judge.observation_limit:
+        row = replace(row, verdict="observations differ")  # the environment parted first
+    elif at is not None:
+        row = _divergence(m, judge, tally, row, label, ref, cand, diff)
+    elif ref.nonfinite_step is None and cand.nonfinite_step is None:
+        row = _same_actions(m, judge, tally, row, label)
+    tally.rows.append(row)
+    tally.curves.append(EpisodeCurve(
+        episode=index, seed=ref.seed, first_divergent_step=at,
+        action_diff=[float(v) for v in diff],
+        training_return=np.cumsum(ref.rewards).tolist(),
+        artifact_return=np.cumsum(cand.rewards).tolist()))
+
+
+def _outcome(row: EpisodeRow) -> str:
+    return (f"return {row.training_return:.6g} vs {row.artifact_return:.6g}, length "
+            f"{row.training_length} vs {row.artifact_length}")
+
+
+def _divergence(m: Measurement, judge: _Judge, tally: _Tally, row: EpisodeRow, label: str,
+                ref: Episode, cand: Episode, diff: np.ndarray) -> EpisodeRow:
+    """The actions part at ``row.first_divergent_step``: excused at a near-tie, else failed
+    with where the serving path parts from training."""
+    at = row.first_divergent_step
+    assert at is not None
+    limits, ctx = judge.limits, judge.ctx
+    margin = float(ref.margins[at])
+    row = replace(row, margin=None if not np.isfinite(margin) else margin,
+                  training_action=_fmt_action(ref.actions[at]),
+                  artifact_action=_fmt_action(cand.actions[at]))
+    if tally.first_step is None or at < tally.first_step:
+        tally.first_step, tally.first_margin = at, (margin if np.isfinite(margin) else None)
+    if judge.discrete and margin < judge.tie:
+        tally.excused += 1
+        m.note(f"{label}: divergence at step {at} excused, near-tie (margin "
+               f"{margin:.3g} < {_limit(limits, 'near_tie_margin')}); {_outcome(row)}")
+        return replace(row, verdict="excused (near-tie)")
+    tally.unexcused += 1
+    where = ctx.rollout_step_diagnosis(
+        ref.observation(at), ref.incoming_states[at] if ref.incoming_states else None)
+    how = (f"logit margin {margin:.3g} >= near-tie tolerance "
+           f"{_limit(limits, 'near_tie_margin')}"
+           if judge.discrete else
+           f"action difference {diff[at]:.3g} > action_tolerance "
+           f"{_limit(limits, 'action_tolerance')}")
+    diagnosis = _diagnosis(where, bool(ctx.input_preprocessors), len(ctx.raw_inputs) > 1,
+                           ctx.spec.recurrent is not None)
+    m.fail("action_divergence",
+           f"{label}: actions diverge at step {at}: training path "
+           f"{row.training_action} vs artifact {row.artifact_action} ({how}); "
+           f"{_outcome(row)}; {diagnosis}", metric="unexcused_divergences")
+    return replace(row, verdict="diverged")
+
+
+def _same_actions(m: Measurement, judge: _Judge, tally: _Tally, row: EpisodeRow, label: str
+                  ) -> EpisodeRow:
+    """The actions agree at every step: the returns and lengths must too."""
+    d_return = row.artifact_return - row.training_return
+    rtol = float(judge.limits["return_tolerance"] or 0.0)
+    if not (abs(d_return) > rtol * max(1.0, abs(row.training_return))
+            or row.training_length != row.artifact_length):
+        return row
+    tally.unexplained += 1
+    m.fail("return_differs",
+           f"{label}: the actions agree at every step but {_outcome(row)} (return "
+           f"differs by {abs(d_return):.3g}, return_tolerance "
+           f"{_limit(judge.limits, 'return_tolerance')} relative): the "
+           f"environment is not reproducible under its reset seed",
+           metric="unexplained_return_diffs")
+    return replace(row, verdict="return differs")
+
+
+def _metrics(m: Measurement, tally: _Tally, thresholds: Thresholds, limit: float,
+             discrete: bool) -> None:
+    rows = tally.rows
+    m.metric("unexcused_divergences", tally.unexcused,
+             threshold=thresholds["unexcused_divergences"], key=True)
+    m.metric("excused_divergences", tally.excused, bad="none")
+    m.metric("unexplained_return_diffs", tally.unexplained,
+             threshold=thresholds["unexplained_return_diffs"])
+    m.metric("max_observation_abs_diff", tally.obs_drift, threshold=limit)
+    m.metric("nonfinite_actions", tally.nonfinite, threshold=thresholds["nonfinite_actions"])
+    m.metric("action_agreement", tally.agreeing / tally.compared if tally.compared else 1.0,
+             bad="lower", ratchet=False)
+    m.metric("first_divergent_step", tally.first_step, bad="none", ratchet=False)
+    m.metric("divergence_margin", tally.first_margin, bad="none", ratchet=False)
+    returns = [abs(r.artifact_return - r.training_return) for r in rows]
+    lengths = [abs(r.artifact_length - r.training_length) for r in rows]
+    m.metric("max_return_abs_diff", max(returns, default=0.0), bad="none", ratchet=False)
+    m.metric("max_length_diff", max(lengths, default=0), bad="none", ratchet=False)
+    if discrete:
+        m.metric("min_action_margin",
+                 tally.min_margin if np.isfinite(tally.min_margin) else None,
+                 bad="none", ratchet=False)
+    else:
+        m.metric("max_action_abs_diff", tally.action_drift, bad="none", ratchet=False)
+    m.metric("episodes", len(rows), bad="none", ratchet=False)
+    m.metric("steps", sum(r.training_length for r in rows), bad="none", ratchet=False)
+
+
+def _diagnosis(where: StepDiagnosis, preprocessed: bool, multi: bool, recurrent: bool
                ) -> str:
     """Which half of the serving path parts from training at the divergent observation."""
-    inputs, outputs = where["input_max_abs_diff"], where["output_max_abs_diff"]
+    inputs, outputs = where.input_max_abs_diff, where.output_max_abs_diff
     parts = []
     if preprocessed:
-        key = f" {where['worst_input']!r}" if multi else ""
+        key = f" {where.worst_input!r}" if multi else ""
         parts.append(f"serving preprocessing's model input{key} differs by {inputs:.3g}")
     given = " and the training path's state" if recurrent else ""
     parts.append(f"the artifact's output on the training model input{given} differs by "
                  f"{outputs:.3g}")
     return "at that observation " + " and ".join(parts)
-
-
-# --- report: a per-step plot and a table per episode --------------------------------------------
-
-
-def _table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    header = ["episode", "seed", "return (training / artifact)", "length (training / artifact)",
-              "first divergent step", "margin", "actions there", "verdict"]
-
-    def num(v: Any) -> str:
-        return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
-
-    cells = [[
-        str(r["episode"]), str(r["seed"]),
-        f"{num(r['training_return'])} / {num(r['artifact_return'])}",
-        f"{r['training_length']} / {r['artifact_length']}",
-        num(r["first_divergent_step"]), num(r.get("margin")),
-        (f"{r['training_action']} / {r['artifact_action']}" if "training_action" in r else "-"),
-        str(r["verdict"]),
-    ] for r in rows]
-    return header, cells
-
-
-def _plot(curves: list[dict[str, Any]], path: Path, title: str) -> Path | None:
-    try:
-        from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-    except ImportError:
-        return None
-    from paritygate.files import atomic_savefig
-
-    fig = Figure(figsize=(7.0, 5.0))
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    colours = [f"C{i % 10}" for i in range(len(curves))]
-    for curve, colour in zip(curves, colours, strict=True):
-        label = f"ep {curve['episode']} (seed {curve['seed']})"
-        diff = curve["action_diff"]
-        at = curve.get("first_divergent_step")
-        # compared up to the first divergence; after it the paths see other states (faint)
-        cut = len(diff) if at is None else at + 1
-        top.step(range(cut), diff[:cut], where="post", color=colour, label=label,
-                 linewidth=1.2)
-        if at is not None:
-            top.plot([at], [diff[at]], marker="x", color=colour, markersize=8)
-            top.step(range(at, len(diff)), diff[at:], where="post", color=colour,
-                     linewidth=0.8, alpha=0.25)
-        for key, style, face in (("training_return", "-", colour),
-                                 ("artifact_return", "--", "white")):
-            series = curve[key]
-            bottom.plot(series, color=colour, linewidth=1.2, linestyle=style)
-            if series:  # the episode's end
-                bottom.plot([len(series) - 1], [series[-1]], marker="o", color=colour,
-                            markerfacecolor=face, markersize=5)
-    top.set_ylabel("action difference")
-    top.set_title(f"{title} (x: first divergent step; faint: not compared)")
-    top.legend(fontsize=7, loc="upper right")
-    bottom.set_ylabel("cumulative return")
-    bottom.set_xlabel("step")
-    bottom.plot([], [], color="black", label="training path")
-    bottom.plot([], [], color="black", linestyle="--", label="artifact")
-    bottom.legend(fontsize=7, loc="upper left")
-    fig.subplots_adjust(left=0.11, right=0.97, top=0.93, bottom=0.1, hspace=0.12)
-    return atomic_savefig(fig, path, dpi=90)
-
-
-def render(result: CheckResult, report_dir: Path) -> Rendered:
-    """rollout_parity.png (per-step action difference and cumulative return of both paths)
-    and a table per episode, for report.md and report.html."""
-    rows = result.details.get("episodes")
-    if not rows:
-        return Rendered()
-    header, cells = _table(rows)
-    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                    *("| " + " | ".join(c) + " |" for c in cells)])
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                   for row in cells)
-    title = f"rollout_parity: {result.details.get('env', '')}"
-    png = _plot(result.details.get("curves") or [], Path(report_dir) / PLOT, title)
-    image = ""
-    if png is not None:
-        encoded = base64.b64encode(png.read_bytes()).decode()
-        image = (f'<img alt="per-step action difference and cumulative return" '
-                 f'src="data:image/png;base64,{encoded}"/>')
-    fragment = (f'<section class="rollout"><h3>Rollouts</h3>{image}'
-                f"<table><tr>{head}</tr>{body}</table></section>")
-    return Rendered(markdown=md, html=fragment, files=[str(png)] if png is not None else [])
 
 
 CHECK = CheckSpec(
@@ -343,6 +348,8 @@ CHECK = CheckSpec(
     measures={"policy": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    render=render,
     kinds=("action_divergence", "return_differs", "trajectory_differs", "nonfinite_action"),
 )
+
+POSITION = 180
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

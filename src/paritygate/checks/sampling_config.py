@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
@@ -193,3 +194,26 @@ CHECK = CheckSpec(
     marks=("fast",),
     kinds=("unknown_allow_field", "wrong_format", "field_differs", KIND),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("sampling_config", "serving_file_contradicts_served_dir",
+                ("serving_file_contradicts_served_dir",),
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement"),
+                "a serving file the config declares is not the one the served directory "
+                "ships, so the gate judged a serving setup that does not ship",
+                fix="remove the declared serving path (the served directory's own file is "
+                    "the default), or ship the declared file",
+                rank=300),
+    Explanation("sampling_config", "sampling_protocol", None,
+                ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
+                 "behaviour_parity"),
+                "training and serving sample under different settings",
+                fix="make the serving sampling config's differing fields equal the training "
+                    "ones (the served directory's generation_config.json is the serving "
+                    "default), or accept one with a reason: causal_lm.sampling.allow: "
+                    "[{field, reason}]",
+                rank=330),
+)
+
+POSITION = 70
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -71,7 +71,7 @@ class _Tally:
 def _replay_chunk(ctx: PolicyContext, chunk: Any, served: str, tally: _Tally,
                   base_limit: float) -> None:
     """``chunk``: :class:`paritygate.families.policy.serving_log.Chunk`."""
-    model_inputs = ctx.training_inputs(chunk.obs)
+    model_inputs = ctx.reference_inputs(chunk.obs)
     reference = _reference(ctx, model_inputs, served)
     got = chunk.served.reshape(reference.shape)
     diff = np.abs(got - reference).reshape(len(got), -1)
@@ -162,6 +162,14 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             model_note = (f"; on the inputs serving computed the training model differs by "
                           f"{tally.model_on_served_inputs:.3g}, so the preprocessing explains it"
                           if tally.model_on_served_inputs <= base * 10 else "")
+        pre_agrees = (tally.pre_records == tally.records and tally.pre_max
+                      <= float(thresholds["preprocessed_max_abs_diff"]))
+        if pre_agrees and tally.model_on_served_inputs > base * 10:
+            m.fail("served_model_differs",
+                   f"serving preprocessed every record as training does, yet the training model "
+                   f"on those inputs differs from what serving returned by up to "
+                   f"{tally.model_on_served_inputs:.3g}: serving runs another model than this "
+                   "checkpoint (an older checkpoint or another artifact?)")
         m.fail("served_outputs_differ",
                f"{tally.over} of {tally.records} {what} differ from the training path's replay "
                f"of the same raw observations (up to {tally.max_diff:.3g}; worst: {shown})"
@@ -195,5 +203,8 @@ CHECK = CheckSpec(
     measures={"policy": measure},
     defaults=DEFAULTS,
     kinds=("empty_log", "serving_preprocessing_differs", "served_nonfinite",
-           "served_outputs_differ", "probes_miss_served_inputs"),
+           "served_model_differs", "served_outputs_differ", "probes_miss_served_inputs"),
 )
+
+POSITION = 210
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

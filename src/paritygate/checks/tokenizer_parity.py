@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.checks.sampling_config import ALLOW_FIELD, KIND, record_contradictions
 from paritygate.result import Measurement
@@ -183,3 +184,25 @@ CHECK = CheckSpec(
            "padding_side", "tokenization_differs", KIND),
     feeds_probes=True,  # names the probes cut before tokenizing
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("tokenizer_parity", "serving_file_contradicts_served_dir",
+                ("serving_file_contradicts_served_dir",),
+                ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity"),
+                "a serving file the config declares is not the one the served directory "
+                "ships, so the gate judged a serving setup that does not ship",
+                fix="remove the declared serving path (the served directory's own file is "
+                    "the default), or ship the declared file",
+                rank=290),
+    Explanation("tokenizer_parity", "tokenizer", None,
+                ("sampling_config", "logprob_delta", "vllm_delta", "generation_parity",
+                 "batch_invariance"),
+                "the serving tokenizer encodes prompts differently from training",
+                fix="ship the training tokenizer's files with the served copy (left padding for "
+                    "generation, the same special tokens and chat template), or accept a "
+                    "difference with a reason: causal_lm.tokenizer.allow: [{field, reason}]",
+                rank=310),
+)
+
+POSITION = 60
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -67,3 +67,6 @@ CHECK = CheckSpec(
     kinds=KINDS,
     unasked=unasked,
 )
+
+POSITION = 140
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
+from paritygate.checks._registration.weights_load import CAUSES as CAUSES
+from paritygate.checks._registration.weights_load import POSITION as POSITION
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -117,9 +119,9 @@ def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measu
     for name in nonfinite[:5]:
         n_bad = int((~torch.isfinite(ctx.state[name])).sum())
         m.fail("nonfinite_checkpoint", f"checkpoint tensor {name!r} has {n_bad} NaN/Inf values")
-    _side(m, "training model", ctx.training_load, ctx.training_model, ctx.state)
-    _side(m, "inference model", ctx.inference_load, ctx.inference_model, ctx.state)
-    tl, il = ctx.training_load, ctx.inference_load
+    _side(m, "training model", ctx.reference_load, ctx.reference_model, ctx.state)
+    _side(m, "inference model", ctx.heads_removed_load, ctx.heads_removed_model, ctx.state)
+    tl, il = ctx.reference_load, ctx.heads_removed_load
     m.metric("missing_keys", len(tl.missing) + len(il.missing), key=True, ratchet=False)
     m.metric("unexpected_keys", len(tl.unexpected) + len(il.unexpected), ratchet=False)
     m.metric("shape_mismatches", len(tl.shape_mismatch) + len(il.shape_mismatch), ratchet=False)

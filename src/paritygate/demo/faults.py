@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.module import _IncompatibleKeys
 
 from paritygate.demo.policy import (
     HIDDEN,
@@ -39,7 +40,7 @@ class SkippingLoadInference(InferencePolicy):
     SKIPPED = "policy_head.bias"
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
-                        assign: bool = False) -> Any:
+                        assign: bool = False) -> _IncompatibleKeys:
         kept = {k: v for k, v in state_dict.items() if k != self.SKIPPED}
         return super().load_state_dict(kept, strict=False, assign=assign)
 
@@ -203,7 +204,7 @@ STALE_STATS_SUFFIX = ".previous.json"
 """The stale serving variant reads ``<stats>.previous.json``: last release's, still shipped."""
 
 
-def _serve(raw: np.ndarray, s: Mapping[str, Any], *, epsilon: float | None = None,
+def _serve(raw: np.ndarray, s: Mapping[str, float], *, epsilon: float | None = None,
            clip: float | None = None, fill_zero: bool = False) -> np.ndarray:
     """The demo serving normaliser with one knob changed."""
     eps = np.float32(s["epsilon"] if epsilon is None else epsilon)
@@ -311,6 +312,11 @@ def normalize_serving_log_guarded(raw: np.ndarray, *, stats_path: str | Path) ->
 def scale_image_serving_256(raw: np.ndarray) -> np.ndarray:
     """Serving scales the 8-bit image by 1/256 instead of the trainer's 1/255."""
     return (np.asarray(raw, np.float32) / np.float32(256.0)).astype(np.float32)
+
+
+def scale_image_serving_missing(raw: np.ndarray) -> np.ndarray:
+    """Serving casts the 8-bit image to float but forgets the trainer's 1/255."""
+    return np.asarray(raw, np.float32).copy()
 
 
 def normalize_vector_missing(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:

@@ -35,7 +35,7 @@ class RolloutPolicy(nn.Module):
         if value_head:
             self.value_head = nn.Linear(hidden, 1)
 
-    def forward(self, obs: torch.Tensor) -> Any:
+    def forward(self, obs: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         features = self.trunk(obs)  # (N, hidden)
         logits = self.policy_head(features)  # (N, 2)
         if hasattr(self, "value_head"):

@@ -43,7 +43,7 @@ class MultiInputPolicy(nn.Module):
         x = torch.cat([self.cnn(obs["image"]), obs["vector"], obs["goal"]], dim=1)
         return self.mlp(x)
 
-    def forward(self, obs: dict[str, torch.Tensor]) -> Any:
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
         h = self.features(obs)
         if hasattr(self, "value_head"):
             return {"logits": self.policy_head(h), "value": self.value_head(h)}
@@ -54,7 +54,7 @@ class KeywordInputPolicy(MultiInputPolicy):
     """The same network, its forward taking each key as its own argument."""
 
     def forward(self, image: torch.Tensor, vector: torch.Tensor,  # type: ignore[override]
-                goal: torch.Tensor) -> Any:
+                goal: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
         return super().forward({"image": image, "vector": vector, "goal": goal})
 
 

@@ -12,7 +12,6 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -102,8 +101,8 @@ def batchnorm_pairs(tensors: dict[str, object]) -> list[tuple[str, np.ndarray, n
     return rows
 
 
-def run_module(module: Any, feeds: Mapping[str, np.ndarray], input_names: list[str],
-               call: str, declared: list[str]) -> dict[str, np.ndarray]:
+def run_module(module: Callable[..., object], feeds: Mapping[str, np.ndarray],
+               input_names: list[str], call: str, declared: list[str]) -> dict[str, np.ndarray]:
     """One forward of a loaded TorchScript module or exported program on ``feeds``, its
     tensors named by :func:`name_outputs`; a failure on these rows is what serving would see,
     a ``ValueError`` naming the row count and the error's last line."""

@@ -11,6 +11,10 @@ None}``, as a serving loop lays a batch out for the model. The default pads on t
 tokenizer's side, passes the mask and derives position ids from it (what HF ``generate``
 does); ``causal_lm.engine.collate`` names a serving stack's own. The vLLM runner submits the
 batch as one ``LLM.generate`` call (vLLM lays batches out itself).
+
+A policy artifact (ONNX with a dynamic batch axis, TorchScript, ``.pt2``) is batched by
+:class:`ServingPath`: raw observation rows through the serving preprocessing and one artifact
+call, each row alone and in the layouts of :func:`policy_layouts` (:func:`policy_sweep`).
 """
 
 from __future__ import annotations
@@ -18,18 +22,28 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from paritygate.errors import NonFiniteOutput
 
-Collate = Callable[[list[list[int]], int, str], Mapping[str, Any]]
+if TYPE_CHECKING:
+    import torch
+
+    from paritygate.engines.vllm_engine import VLLMEngine
+
+Batch = Mapping[str, "torch.Tensor | None"]
+"""A collated batch: ``input_ids`` (B, T), ``attention_mask`` and ``position_ids`` (B, T) or
+``None``."""
+
+Collate = Callable[[list[list[int]], int, str], Batch]
 """``collate(rows, pad_token_id, padding_side) -> {"input_ids", "attention_mask",
 "position_ids"}`` (torch tensors; the mask and position ids may be ``None``)."""
 
 
-def collate_padded(rows: list[list[int]], pad_token_id: int, padding_side: str) -> dict[str, Any]:
+def collate_padded(rows: list[list[int]], pad_token_id: int, padding_side: str
+                   ) -> dict[str, torch.Tensor]:
     """Pad on ``padding_side``, pass the mask and position ids counted from it (pads at 0):
     every row sees the same positions and keys whatever its batch-mates."""
     import torch
@@ -59,9 +73,11 @@ class Layout:
     """Every row's real tokens sit at positions 0, 1, ... (counted from the mask)."""
 
 
-def layout(rows: list[list[int]], batch: Mapping[str, Any]) -> Layout:
+def layout(rows: list[list[int]], batch: Batch) -> Layout:
     """Locate each row in ``batch`` (matched by its tokens) and say how it was laid out."""
     ids = batch["input_ids"]
+    if ids is None:
+        raise ValueError("the collated batch has no input_ids")
     width = int(ids.shape[1])
     starts: list[int] = []
     right = False
@@ -84,10 +100,18 @@ def layout(rows: list[list[int]], batch: Mapping[str, Any]) -> Layout:
     return Layout(starts, width, right, batch.get("attention_mask") is not None, from_mask)
 
 
+class _Output(Protocol):
+    """What a causal-LM forward returns (an HF ``ModelOutput``): logits and the cache."""
+
+    @property
+    def logits(self) -> torch.Tensor: ...
+
+
 class BatchRunner(Protocol):
     """One engine's batched scoring and greedy decoding (one call = one batch)."""
 
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Any]:
+    def score(self, prompts: list[list[int]], completions: list[list[int]]
+              ) -> list[np.ndarray]:
         """Raw log-probs (float64 arrays) of each completion's tokens after its prompt."""
         ...
 
@@ -101,7 +125,8 @@ class BatchRunner(Protocol):
 class HFBatchRunner:
     """The real HF model, each batch laid out by ``collate``."""
 
-    def __init__(self, model: Any, collate: Collate, pad_token_id: int, padding_side: str) -> None:
+    def __init__(self, model: torch.nn.Module, collate: Collate, pad_token_id: int,
+                 padding_side: str) -> None:
         self.model = model.eval()
         self.collate = collate
         self.pad_token_id = pad_token_id
@@ -109,11 +134,11 @@ class HFBatchRunner:
         params = inspect.signature(model.forward).parameters
         self._cache_key = "cache" if "cache" in params else "past_key_values"
 
-    def batch(self, rows: list[list[int]]) -> tuple[Mapping[str, Any], Layout]:
+    def batch(self, rows: list[list[int]]) -> tuple[Batch, Layout]:
         batch = self.collate([list(r) for r in rows], self.pad_token_id, self.padding_side)
         return batch, layout(rows, batch)
 
-    def _forward(self, batch: Mapping[str, Any], **extra: Any) -> Any:
+    def _forward(self, batch: Batch, **extra: object) -> _Output:
         import torch
 
         with torch.inference_mode():
@@ -125,7 +150,7 @@ class HFBatchRunner:
             )
 
     @staticmethod
-    def _finite(logits: Any, during: str) -> None:
+    def _finite(logits: torch.Tensor, during: str) -> None:
         import torch
 
         if not bool(torch.isfinite(logits).all()):
@@ -134,13 +159,14 @@ class HFBatchRunner:
                 "(see weights_load)"
             )
 
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Any]:
+    def score(self, prompts: list[list[int]], completions: list[list[int]]
+              ) -> list[np.ndarray]:
         import torch
 
         rows = [p + c for p, c in zip(prompts, completions, strict=True)]
         batch, where = self.batch(rows)
         logits = self._forward(batch, use_cache=False).logits  # (B, T, V)
-        out: list[Any] = []
+        out: list[np.ndarray] = []
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             at = where.starts[i] + len(p) - 1
             step = logits[i, at : at + len(c)].float()  # (len(c), V)
@@ -173,7 +199,7 @@ class HFBatchRunner:
                     done[i] = int(nxt[i]) in eos or len(tokens[i]) >= max_new_tokens
             if all(done):
                 break
-            step: dict[str, Any] = {"input_ids": nxt.unsqueeze(-1)}  # (B, 1)
+            step: dict[str, torch.Tensor | None] = {"input_ids": nxt.unsqueeze(-1)}  # (B, 1)
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 step["attention_mask"] = mask
@@ -186,13 +212,120 @@ class HFBatchRunner:
         return list(zip(tokens, margins, strict=True))
 
 
+# --- policy artifacts ------------------------------------------------------------------------
+
+Feeds = dict[str, np.ndarray]
+
+
+def policy_layouts(count: int) -> dict[str, list[list[int]]]:
+    """Batches of probe indices per layout (the alone run is each index by itself)."""
+    every = list(range(count))
+    order = np.random.default_rng(0).permutation(count).tolist()
+    return {
+        "batched": [every],
+        "pairs": [every[i : i + 2] for i in range(0, count, 2)],
+        "reversed": [every[::-1]],
+        "shuffled": [order],
+    }
+
+
+@dataclass(frozen=True)
+class Gap:
+    """The largest difference of any row from its alone run, and where."""
+
+    value: float
+    layout: str = ""
+    row: int = -1
+
+
+@dataclass(frozen=True)
+class PolicySweep:
+    """Every probe alone and in each layout, compared row by row."""
+
+    outputs: Gap
+    """Served outputs (every output of the artifact)."""
+    inputs: Gap
+    """Model inputs serving computed (0 without serving preprocessing)."""
+    per_layout: dict[str, float]
+    nonfinite: list[str]
+    """``layout[row]`` of rows whose batched output holds NaN/Inf where the alone one does not."""
+    batched_runs: int
+
+
+class RowEngine(Protocol):
+    """A policy artifact's engine: one call on the feeds as given, whatever their batch."""
+
+    def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class ServingPath:
+    """Raw policy observations (rows of ``raw``, per input) through the serving preprocessing
+    and one artifact call; ``state`` holds the other feeds' rows (a recurrent policy's state)."""
+
+    def __init__(self, engine: RowEngine, serving: Mapping[str, Callable[[np.ndarray], object]],
+                 raw: Feeds, state: Feeds) -> None:
+        self.engine = engine
+        self.raw, self.state = raw, state
+        self.serving = dict(serving)
+
+    def inputs(self, rows: list[int]) -> Feeds:
+        out: Feeds = {}
+        for name, values in self.raw.items():
+            fn = self.serving.get(name)
+            x = values[rows]
+            out[name] = x if fn is None else np.asarray(fn(x.copy()), np.float32)
+        return out
+
+    def run(self, rows: list[int]) -> tuple[Feeds, Feeds]:
+        """The model inputs serving computed for ``rows`` and the artifact's outputs."""
+        inputs = self.inputs(rows)
+        feeds = {**inputs, **{name: v[rows] for name, v in self.state.items()}}
+        outs = self.engine.run_batch(feeds)
+        return inputs, {name: np.asarray(v, np.float64) for name, v in outs.items()}
+
+
+def _row_gap(batched: Mapping[str, np.ndarray], alone: Mapping[str, np.ndarray], j: int) -> float:
+    gaps = [float(np.max(np.abs(batched[n][j] - alone[n][0]), initial=0.0)) for n in alone]
+    gap = max(gaps, default=0.0)
+    return gap if np.isfinite(gap) else float("inf")
+
+
+def policy_sweep(path: ServingPath, count: int) -> PolicySweep:
+    """Run each row alone, then in every :func:`policy_layouts` layout, and compare."""
+    alone = [path.run([i]) for i in range(count)]
+    out_gap, in_gap = Gap(0.0), Gap(0.0)
+    per_layout: dict[str, float] = {}
+    nonfinite: list[str] = []
+    runs = 0
+    for name, batches in policy_layouts(count).items():
+        worst = 0.0
+        for batch in batches:
+            inputs, outs = path.run(batch)
+            runs += 1
+            for j, i in enumerate(batch):
+                a_in, a_out = alone[i]
+                gap = _row_gap(outs, a_out, j)
+                if gap == float("inf") and all(np.isfinite(v).all() for v in a_out.values()):
+                    nonfinite.append(f"{name}[{i}]")
+                if gap > out_gap.value:
+                    out_gap = Gap(gap, name, i)
+                pre = _row_gap({n: v.astype(np.float64) for n, v in inputs.items()},
+                               {n: v.astype(np.float64) for n, v in a_in.items()}, j)
+                if pre > in_gap.value:
+                    in_gap = Gap(pre, name, i)
+                worst = max(worst, gap)
+        per_layout[name] = worst
+    return PolicySweep(out_gap, in_gap, per_layout, nonfinite, runs)
+
+
 class VLLMBatchRunner:
     """vLLM's offline ``LLM``: each batch is one ``generate`` call over its prompts."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
 
-    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[Any]:
+    def score(self, prompts: list[list[int]], completions: list[list[int]]
+              ) -> list[np.ndarray]:
         from paritygate.engines.vllm_engine import _import_vllm
 
         vllm = _import_vllm()
@@ -201,7 +334,7 @@ class VLLMBatchRunner:
         outputs = self.engine.llm.generate(
             [{"prompt_token_ids": r} for r in rows], params, use_tqdm=False
         )
-        scored: list[Any] = []
+        scored: list[np.ndarray] = []
         for out, p, c in zip(outputs, prompts, completions, strict=True):
             steps = out.prompt_logprobs  # one entry per prompt token (None for the first)
             values = [float(steps[len(p) + j][t].logprob) for j, t in enumerate(c)]

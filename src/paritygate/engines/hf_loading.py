@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.reading import check_input, read_text
+
+if TYPE_CHECKING:
+    import torch
 
 
 @contextlib.contextmanager
@@ -28,7 +31,7 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -81,7 +84,24 @@ def load_causal_lm(
     except Exception as exc:
         raise InputError(directory, "model", f"cannot load model: {exc}") from None
     model.eval()  # type: ignore[has-type]
+    if device_map is not None:
+        keep_io_on_caller(model)  # type: ignore[has-type]
     return model, info  # type: ignore[has-type]
+
+
+def keep_io_on_caller(model: Any) -> None:
+    """Move a dispatched model's inputs to its device and its outputs back to the caller's.
+
+    accelerate hooks a model spread over several devices this way, but places a model that
+    fits on one device there with no hook at all: the gate's CPU tensors then meet CUDA
+    weights. Hooking the model once here keeps every caller device-agnostic.
+    """
+    if getattr(model, "_hf_hook", None) is not None:
+        return
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    device = next(model.parameters()).device
+    add_hook_to_module(model, AlignDevicesHook(execution_device=device, io_same_device=True))
 
 
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")

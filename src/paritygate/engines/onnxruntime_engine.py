@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.engines.artifact_graph import ArtifactGraph
 from paritygate.errors import InputError, MissingExtra
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def make_session(path: Path, *, threads: int = 1):
@@ -37,14 +40,16 @@ class OnnxRuntimeEngine:
     def __init__(self, path: Path, *, name: str = "onnxruntime") -> None:
         self.path = path
         self.name = name
-        self.session = make_session(path)
+        from paritygate.threads import onnxruntime_threads
+
+        self.session = make_session(path, threads=onnxruntime_threads())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         dim0 = self.session.get_inputs()[0].shape[0] if self.session.get_inputs() else None
         self.fixed_batch = dim0 if isinstance(dim0, int) and dim0 > 0 else None
 
     @cached_property
-    def graph(self) -> Any:
+    def graph(self) -> ArtifactGraph:
         """The artifact's :class:`~paritygate.engines.artifact_graph.ArtifactGraph` (read
         from the ONNX file on first use)."""
         import onnx
@@ -74,7 +79,7 @@ class OnnxRuntimeEngine:
         }
 
 
-def onnx_artifact_graph(model: Any) -> ArtifactGraph:
+def onnx_artifact_graph(model: onnx.ModelProto) -> ArtifactGraph:
     """An ONNX model as an :class:`~paritygate.engines.artifact_graph.ArtifactGraph`."""
     from onnx import numpy_helper
 

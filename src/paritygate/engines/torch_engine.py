@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,8 +29,9 @@ def select_output(output: Any, which: str | int) -> torch.Tensor:
 
 
 def call_forward(
-    module: Any, tensors: Mapping[str, Any], names: Sequence[str], call: str = "positional"
-) -> Any:
+    module: Callable[..., object], tensors: Mapping[str, torch.Tensor], names: Sequence[str],
+    call: str = "positional",
+) -> object:
     """``module`` called on the named inputs as declared: ``positional`` ``module(a, b)``,
     ``keyword`` ``module(a=..., b=...)`` or ``dict`` ``module({"a": ..., "b": ...})``."""
     if call == "dict":
@@ -50,7 +51,7 @@ class ForwardAdapter(torch.nn.Module):
         self.names = list(names)
         self.call = call
 
-    def forward(self, *inputs: torch.Tensor) -> Any:
+    def forward(self, *inputs: torch.Tensor) -> object:
         return call_forward(self.module, dict(zip(self.names, inputs, strict=True)), self.names,
                             self.call)
 

@@ -36,7 +36,7 @@ TRAIN_ARG = {**dict.fromkeys(DROPOUT_OPS, 2), "batch_norm": 5, "native_batch_nor
              "_batch_norm_with_update": None, "_batch_norm_with_update_functional": None}
 
 
-def _op_name(target: Any) -> str:
+def _op_name(target: object) -> str:
     """``aten.dropout.default`` -> ``dropout``."""
     schema = getattr(target, "_schema", None)
     if schema is not None:

@@ -6,9 +6,47 @@ itself adds no rounding noise to what it measures.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class DiffStats:
+    """Absolute and relative differences of two same-shape arrays (NaN throughout when the
+    difference holds NaN/Inf)."""
+
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    max_rel: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The four statistics by name, for reports."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistributionStats:
+    """Distances between two categorical action distributions (see
+    :func:`distribution_stats`)."""
+
+    kl_mean: float
+    kl_max: float
+    tv_mean: float
+    tv_max: float
+    topk_overlap: float
+    argmax_agreement: float
+    worst: list[int] = field(default_factory=list)
+    kl_per_row: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        """The statistics by name, for reports."""
+        return asdict(self)
 
 
 def finite_report(name: str, array: np.ndarray) -> str | None:
@@ -24,27 +62,23 @@ def finite_report(name: str, array: np.ndarray) -> str | None:
     return f"{name} has {' and '.join(parts)} values"
 
 
-def diff_stats(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+def diff_stats(reference: np.ndarray, candidate: np.ndarray) -> DiffStats:
     """Max / mean / p99 absolute and max relative difference of two same-shape arrays."""
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
     if ref.shape != cand.shape:
         raise ValueError(f"shape mismatch: reference {ref.shape} vs candidate {cand.shape}")
     if ref.size == 0:
-        return {"max_abs": 0.0, "mean_abs": 0.0, "p99_abs": 0.0, "max_rel": 0.0}
+        return DiffStats(0.0, 0.0, 0.0, 0.0)
     diff = np.abs(ref - cand)
     if not np.all(np.isfinite(diff)):
         nan = float("nan")
-        return {"max_abs": nan, "mean_abs": nan, "p99_abs": nan, "max_rel": nan}
+        return DiffStats(nan, nan, nan, nan)
     # Relative error floored at 1e-6 of the reference's scale so near-zero entries do not explode.
     floor = max(1e-6 * float(np.max(np.abs(ref))), 1e-12)
     rel = diff / np.maximum(np.abs(ref), floor)
-    return {
-        "max_abs": float(diff.max()),
-        "mean_abs": float(diff.mean()),
-        "p99_abs": float(np.quantile(diff, 0.99)),
-        "max_rel": float(rel.max()),
-    }
+    return DiffStats(max_abs=float(diff.max()), mean_abs=float(diff.mean()),
+                     p99_abs=float(np.quantile(diff, 0.99)), max_rel=float(rel.max()))
 
 
 CALIBRATION_SCALE = 10.0
@@ -83,7 +117,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def distribution_stats(
     reference_logits: np.ndarray, candidate_logits: np.ndarray, top_k: int = 5
-) -> dict[str, Any]:
+) -> DistributionStats:
     """Distances between the categorical action distributions of two (N, A) logit arrays.
 
     KL is KL(reference || candidate): the cost of acting with the candidate when
@@ -97,15 +131,7 @@ def distribution_stats(
     cand = cand.reshape(-1, cand.shape[-1])  # (N, A)
     if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(cand))):
         nan = float("nan")
-        return {
-            "kl_mean": nan,
-            "kl_max": nan,
-            "tv_mean": nan,
-            "tv_max": nan,
-            "topk_overlap": nan,
-            "argmax_agreement": nan,
-            "worst": [],
-        }
+        return DistributionStats(nan, nan, nan, nan, nan, nan)
     logp_ref = log_softmax(ref)
     logp_cand = log_softmax(cand)
     p_ref = np.exp(logp_ref)
@@ -120,19 +146,14 @@ def distribution_stats(
     )
     agree = np.argmax(ref, axis=-1) == np.argmax(cand, axis=-1)
     worst = np.argsort(-kl, kind="stable")[: min(5, len(kl))]
-    return {
-        "kl_mean": float(kl.mean()),
-        "kl_max": float(kl.max()),
-        "tv_mean": float(tv.mean()),
-        "tv_max": float(tv.max()),
-        "topk_overlap": float(overlap.min()),
-        "argmax_agreement": float(agree.mean()),
-        "worst": [int(i) for i in worst],
-        "kl_per_row": kl.tolist(),
-    }
+    return DistributionStats(
+        kl_mean=float(kl.mean()), kl_max=float(kl.max()), tv_mean=float(tv.mean()),
+        tv_max=float(tv.max()), topk_overlap=float(overlap.min()),
+        argmax_agreement=float(agree.mean()), worst=[int(i) for i in worst],
+        kl_per_row=[float(v) for v in kl])
 
 
-def same_tensor(a: Any, b: Any) -> bool:
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``torch.equal`` where NaN equals NaN at the same position (a NaN weight loaded as
     itself is the same tensor; its NaN is reported once, as NaN)."""
     import torch

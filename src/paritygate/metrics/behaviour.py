@@ -1,12 +1,13 @@
 """Two-sample statistics for sampled behaviour (numpy only): rank test, proportions, Holm,
-bootstrap interval of a difference of means, distinct-n diversity."""
+bootstrap interval of a difference of means, distinct-n and self-ROUGE-L diversity, and the
+sample size a test needs to detect a given effect."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -92,6 +93,75 @@ def distinct_n(samples: Sequence[Sequence[int]], n: int = 2) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
+def lcs_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common subsequence of two token sequences (row-wise dynamic
+    programme, vectorised over ``b``: O(len(a) * len(b)) time, O(len(b)) memory)."""
+    if not a or not b:
+        return 0
+    y = np.asarray(b)
+    row = np.zeros(len(b) + 1, dtype=np.int64)
+    for token in a:
+        # new[j] = old[j-1] + 1 on a match, else max(new[j-1], old[j]); the running max over
+        # j of (candidate) resolves new[j-1] in one pass because candidates never decrease.
+        cand = np.maximum(row[1:], np.where(y == token, row[:-1] + 1, 0))
+        row[1:] = np.maximum.accumulate(cand)
+    return int(row[-1])
+
+
+def rouge_l(a: Sequence[int], b: Sequence[int]) -> float:
+    """ROUGE-L F1 of two token sequences: ``2 LCS / (len(a) + len(b))`` (1.0 when both are
+    empty)."""
+    if not a and not b:
+        return 1.0
+    return 2.0 * lcs_length(a, b) / (len(a) + len(b))
+
+
+def self_rouge_l(samples: Sequence[Sequence[int]], pairs: int = 64) -> float:
+    """Mean ROUGE-L F1 over pairs of one prompt's samples (consecutive pairs ``(i, i+1)``,
+    at most ``pairs`` of them: a fixed, seed-free subset that keeps the cost linear in the
+    samples). High means the samples repeat each other: low diversity."""
+    count = min(pairs, len(samples) - 1)
+    if count < 1:
+        return 1.0
+    return float(np.mean([rouge_l(samples[i], samples[i + 1]) for i in range(count)]))
+
+
+STOP_REASONS = ("eos", "stop", "length")
+"""How a sample ends: the EOS token, a stop string (or stop token id), the length limit."""
+
+
+def samples_to_detect(effect: float, *, alpha: float, power: float = 0.9,
+                      base_rate: float | None = None) -> int:
+    """Samples per side a two-sided test at ``alpha`` needs to detect ``effect`` with
+    probability ``power``: for a rate (``base_rate`` given) a difference of ``effect`` in a
+    proportion around ``base_rate``; otherwise a shift of ``effect`` standard deviations in a
+    location (the Mann–Whitney test's asymptotic efficiency 3/π against the t test folded in).
+    Normal approximation; ``alpha`` is the per-test level (Holm's smallest is ``alpha / k``)."""
+    from statistics import NormalDist
+
+    if effect == 0:
+        return 0
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    if base_rate is not None:
+        p1 = min(max(base_rate, 1e-9), 1 - 1e-9)
+        p2 = min(max(base_rate + effect, 1e-9), 1 - 1e-9)
+        return math.ceil(z * z * (p1 * (1 - p1) + p2 * (1 - p2)) / (p2 - p1) ** 2)
+    return math.ceil(2 * z * z / (effect * effect) / (3 / math.pi))
+
+
+class StatRow(TypedDict, total=False):
+    """One statistic's comparison: its test, p-value, effect, side values, rejection."""
+
+    test: str
+    p: float
+    effect: float
+    training: float
+    serving: float
+    rejected: bool
+    low: float
+    high: float
+
+
 @dataclass(frozen=True)
 class SideSample:
     """One side's samples, reduced to what the tests read."""
@@ -108,15 +178,49 @@ class SideSample:
     score_var: float
     """Sum over every token of the varentropy ``Var_p[log p]``."""
     format_hits: list[bool] | None = None
+    stop_reasons: list[str] | None = None
+    """Per sample, one of :data:`STOP_REASONS` (``other`` when none applies)."""
+    rouge_l: list[float] | None = None
+    """Self-ROUGE-L of each prompt's samples."""
+    repeats: int = 0
+    """Sampled tokens already in their sequence (prompt or earlier completion tokens)."""
+    repeat_sum: float | None = None
+    """Sum over every token of ``1[repeat] - P_train(repeat)``: mean 0 under the trainer."""
+    repeat_var: float = 0.0
+    """Sum over every token of ``P(repeat) (1 - P(repeat))``: the variance of that sum."""
+    prompt_scores: dict[tuple[int, ...], tuple[float, float, int]] | None = None
+    """Per prompt (as the trainer sees it): the log-prob score's sum, variance and token count."""
 
 
-def compare(
-    reference: SideSample, candidate: SideSample, alpha: float
-) -> dict[str, dict[str, Any]]:
+def _worst_prompt(reference: SideSample, candidate: SideSample) -> StatRow | None:
+    """The log-prob score compared prompt by prompt: the largest |z| over the prompts both
+    sides sampled, Bonferroni-corrected over them. A difference confined to a few prompts (a
+    chat template that changes only chat prompts) is diluted in the pooled score; not here."""
+    ref, cand = reference.prompt_scores, candidate.prompt_scores
+    if ref is None or cand is None:
+        return None
+    worst: tuple[float, float] = (0.0, 0.0)  # (|z|, shift)
+    common = [k for k in ref if k in cand and ref[k][2] and cand[k][2]]
+    for key in common:
+        (rs, rv, rn), (cs, cv, cn) = ref[key], cand[key]
+        shift = cs / cn - rs / rn
+        spread = rv / rn**2 + cv / cn**2
+        z = abs(shift) / math.sqrt(spread) if spread > 0 else 0.0
+        worst = max(worst, (z, shift))
+    p = min(1.0, len(common) * _two_sided(worst[0])) if common else 1.0
+    return {"test": "centred score z per prompt, Bonferroni", "p": p, "effect": worst[1],
+            "training": float(len(common)), "serving": float(len(common))}
+
+
+def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[str, StatRow]:
     """Each statistic's test, p-value, effect, side values and Holm rejection at ``alpha``."""
-    stats: dict[str, dict[str, Any]] = {}
-    for name, ref, cand in (("length", reference.lengths, candidate.lengths),
-                            ("distinct_2", reference.diversity, candidate.diversity)):
+    stats: dict[str, StatRow] = {}
+    ranked: list[tuple[str, Sequence[float], Sequence[float]]] = [
+              ("length", reference.lengths, candidate.lengths),
+              ("distinct_2", reference.diversity, candidate.diversity)]
+    if reference.rouge_l is not None and candidate.rouge_l is not None:
+        ranked.append(("self_rouge_l", reference.rouge_l, candidate.rouge_l))
+    for name, ref, cand in ranked:
         effect, p = mann_whitney(ref, cand)
         stats[name] = {"test": "Mann-Whitney", "p": p, "effect": effect,
                        "training": float(np.mean(ref)), "serving": float(np.mean(cand))}
@@ -128,7 +232,24 @@ def compare(
         "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
         "training": float(np.mean(reference.logprob_means)),
         "serving": float(np.mean(candidate.logprob_means))}
-    rates = [("truncation_rate", reference.truncated, candidate.truncated)]
+    if reference.repeat_sum is not None and candidate.repeat_sum is not None:
+        # Like the log-prob score: a repeat's probability under the trainer is known exactly,
+        # so a repetition penalty (or its absence) moves this far beyond its noise.
+        shift = candidate.repeat_sum / tokens[1] - reference.repeat_sum / tokens[0]
+        spread = reference.repeat_var / tokens[0] ** 2 + candidate.repeat_var / tokens[1] ** 2
+        stats["repeat_rate"] = {
+            "test": "centred repeat z", "effect": shift,
+            "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
+            "training": reference.repeats / tokens[0], "serving": candidate.repeats / tokens[1]}
+    per_prompt = _worst_prompt(reference, candidate)
+    if per_prompt is not None:
+        stats["logprob_per_prompt"] = per_prompt
+    rates: list[tuple[str, list[bool], list[bool]]] = [
+        ("truncation_rate", reference.truncated, candidate.truncated)]
+    if reference.stop_reasons is not None and candidate.stop_reasons is not None:
+        for reason, name in (("eos", "eos_rate"), ("stop", "stop_string_rate")):
+            rates.append((name, [r == reason for r in reference.stop_reasons],
+                          [r == reason for r in candidate.stop_reasons]))
     if reference.format_hits is not None and candidate.format_hits is not None:
         rates.append(("format_hit_rate", reference.format_hits, candidate.format_hits))
     for name, ref_hits, cand_hits in rates:

@@ -47,7 +47,7 @@ Published observations of train/inference mismatch in LLM RL:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 _U_FP32 = 2.0**-24
@@ -338,3 +338,35 @@ def judged_limits(
         else:
             values[name], sources[name] = default, "default"
     return Limits(values, sources, dict(defaults), key, declared_by)
+
+
+LOGITS_LIMITS = ("kl_max", "tv_max", "argmax_disagreement", "topk_overlap_min")
+"""``logits_agreement``'s distribution limits, each replaced by a precision tier's own."""
+
+GAUSSIAN_LIMITS = ("action_max_abs_diff", "std_max_abs_diff", "gaussian_kl_max",
+                   "logprob_delta_max_abs")
+"""A Gaussian policy's limits, each replaced by a precision tier's own."""
+
+Judge = Callable[[Mapping[str, "float | None"], Collection[str], Collection[str]], Limits]
+"""``(defaults, user_set, names) -> Limits``: :func:`judged_limits` with a family's tier and
+what declares it bound in (the policy artifact's dtype, the LM engine's dtype)."""
+
+
+def tier_thresholds(
+    judge: Judge,
+    thresholds: Mapping[str, float | None],
+    user_set: Collection[str],
+    *,
+    output_keys: Sequence[str] = ("max_abs_diff",),
+    extra: Sequence[str] = (),
+    shown: Sequence[str] | None = None,
+) -> tuple[Limits, str | None]:
+    """The one rule for a check's thresholds at a declared precision: the tier replaces the
+    defaults unless the config set the value (``user_set``). The output limits in
+    ``output_keys`` take the tier's ``max_abs_diff``; :data:`LOGITS_LIMITS` and ``extra``
+    take the tier's own. Returns the limits and the note naming the tier for the limits in
+    ``shown`` (default: every judged one) that the check has (``None`` without a tier)."""
+    judged = [*output_keys, *LOGITS_LIMITS, *extra]
+    limits = judge(dict(thresholds), user_set, judged)
+    names = judged if shown is None else shown
+    return limits, limits.note([n for n in names if n in thresholds])

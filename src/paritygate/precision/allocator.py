@@ -8,8 +8,6 @@ set keeps whatever the largest moment left behind, and by chance of layout more.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class _Glibc:
     """glibc's allocator controls; without glibc (another libc, another OS) calls do nothing."""
@@ -18,7 +16,7 @@ class _Glibc:
         import ctypes
 
         try:
-            self._libc: Any = ctypes.CDLL("libc.so.6")
+            self._libc: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
             self._libc.malloc_trim  # noqa: B018 - glibc only
         except (OSError, AttributeError):
             self._libc = None

@@ -8,15 +8,20 @@ plus one low-precision copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
 
 from paritygate.precision.config import PrecisionSpec
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -147,28 +152,34 @@ def cast_params(
     return restore
 
 
-def map_tree(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to every leaf (anything but a tuple, list or dict) of a nested structure."""
+def map_tree(obj: T, fn: Callable[[object], object]) -> T:
+    """Apply ``fn`` to every leaf (anything but a tuple, list or dict) of a nested structure;
+    the structure keeps its shape (its leaves are ``fn``'s, whatever their type)."""
+    return _map_tree(obj, fn)  # type: ignore[return-value]  # same shape, mapped leaves
+
+
+def _map_tree(obj: object, fn: Callable[[object], object]) -> object:
     if isinstance(obj, dict):
-        mapped = {k: map_tree(v, fn) for k, v in obj.items()}
+        mapped = {k: _map_tree(v, fn) for k, v in obj.items()}
         try:
             return type(obj)(**mapped) if type(obj) is not dict else mapped
         except TypeError:
             return mapped
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tree(v, fn) for v in obj))
+        named: Callable[..., object] = type(obj)
+        return named(*(_map_tree(v, fn) for v in obj))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(map_tree(v, fn) for v in obj)
+        return type(obj)(_map_tree(v, fn) for v in obj)
     return fn(obj)
 
 
 def map_tensors(
-    obj: Any, fn: Callable[[torch.Tensor], Any], every: bool = False
-) -> Any:
+    obj: T, fn: Callable[[torch.Tensor], object], every: bool = False
+) -> T:
     """Apply ``fn`` to every floating tensor of a nested tuple, list or dict (``every``: to
     every tensor, integer ones too)."""
 
-    def leaf(x: Any) -> Any:
+    def leaf(x: object) -> object:
         if isinstance(x, torch.Tensor) and (every or x.is_floating_point()):
             return fn(x)
         return x
@@ -176,7 +187,7 @@ def map_tensors(
     return map_tree(obj, leaf)
 
 
-def floating_tensors(obj: Any) -> list[torch.Tensor]:
+def floating_tensors(obj: object) -> list[torch.Tensor]:
     """Floating tensors of a nested output, in a deterministic order."""
     found: list[torch.Tensor] = []
     if isinstance(obj, torch.Tensor):
@@ -191,7 +202,8 @@ def floating_tensors(obj: Any) -> list[torch.Tensor]:
     return found
 
 
-def first_floating(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def first_floating(args: tuple[object, ...], kwargs: Mapping[str, object]
+                   ) -> torch.Tensor | None:
     """The module's main input: the first floating tensor among args, else among kwargs."""
     for source in (args, kwargs):
         tensors = floating_tensors(source)
@@ -255,7 +267,7 @@ class Hooks:
         self.counter = CallCounter()
         self._open: dict[int, list[str]] = {}
         """module -> keys of its calls started and not yet returned (a stack: recursion)."""
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> Hooks:
         for module, info in self.layers.items():
@@ -266,7 +278,8 @@ class Hooks:
         return self
 
     def _pre_hook(self, info: LayerInfo) -> Callable[..., None]:
-        def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        def pre_hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+                     ) -> None:
             if self.paused:
                 return
             key, _ = self.counter.key(module, info.name)
@@ -277,7 +290,8 @@ class Hooks:
         return pre_hook
 
     def _hook(self, info: LayerInfo) -> Callable[..., None]:
-        def hook(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        def hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object],
+                 output: object) -> None:
             if self.paused:
                 return
             key = self._open[id(module)].pop()
@@ -292,7 +306,9 @@ class Hooks:
         self._open.clear()
 
 
-def _input_caster(dtype: torch.dtype) -> Callable[..., Any]:
+def _input_caster(dtype: torch.dtype) -> Callable[
+        [nn.Module, tuple[object, ...], dict[str, object]],
+        tuple[tuple[object, ...], dict[str, object]]]:
     """Forward pre-hook casting a module's floating inputs to ``dtype`` (integers untouched).
 
     A plain cast, as a graph converted to ``dtype`` computes: a value an fp32
@@ -302,17 +318,19 @@ def _input_caster(dtype: torch.dtype) -> Callable[..., Any]:
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t if t.dtype == dtype else t.to(dtype)
 
-    def pre_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    def pre_hook(module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]
+                 ) -> tuple[tuple[object, ...], dict[str, object]]:
         return map_tensors(args, cast), map_tensors(kwargs, cast)
 
     return pre_hook
 
 
-def _output_caster(dtype: torch.dtype) -> Callable[..., Any]:
+def _output_caster(dtype: torch.dtype) -> Callable[[nn.Module, tuple[object, ...], object],
+                                                   object]:
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t if t.dtype == dtype else t.to(dtype)
 
-    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+    def hook(module: nn.Module, args: tuple[object, ...], output: object) -> object:
         return map_tensors(output, cast)
 
     return hook
@@ -352,7 +370,7 @@ class LowPrecision:
         self.keep += [m for m in lookups(module) if m not in self.keep]
         self.cache = cache
         self._restore: Callable[[], None] | None = None
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
 
     def __enter__(self) -> LowPrecision:
         kept = {id(m) for k in self.keep for m in k.modules()}

@@ -25,13 +25,10 @@ file instead of memory.
 
 from __future__ import annotations
 
-import inspect
 import math
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -48,17 +45,27 @@ from paritygate.precision.hooks import (
     saturating_cast,
     select_layers,
 )
-from paritygate.precision.spill import Kept, Spilled, SpillFile, map_kept
+from paritygate.precision.memo import (
+    KeptTensors,
+    LayerCall,
+    Pairs,
+    input_peak,
+    output_tensor,
+    without_cache,
+)
+from paritygate.precision.spill import SpillFile
 from paritygate.precision.stats import (
     ActivationStats,
     ErrorStats,
-    Pair,
     RelL2,
     compare,
-    sum_squares,
 )
 
-Batch = tuple[tuple[Any, ...], dict[str, Any]]
+if TYPE_CHECKING:
+    from paritygate.precision.onnx_compare import OnnxComparison
+
+Batch = tuple[tuple[object, ...], Mapping[str, object]]
+"""A probe batch: positional and keyword arguments of the model's forward."""
 
 
 @dataclass
@@ -122,155 +129,6 @@ def weights_beyond_range(model: nn.Module, dtypes: list[str]) -> dict[str, dict[
     return out
 
 
-def _same(entry: tuple[Any, ...] | None, t: torch.Tensor) -> bool:
-    """Whether a memo entry ``(weak reference, version, ...)`` still stands for ``t``: the same
-    live tensor, unchanged since (an id alone may be reused by a later tensor)."""
-    return entry is not None and entry[0]() is t and entry[1] == t._version
-
-
-class _Kept:
-    """The fp32 tensors of one batch's reference run, kept for the low-precision runs.
-
-    A tensor is kept once, however many calls see it (a layer's output is the
-    next layer's input), and as it is: no copy, its version counter noted so a
-    later in-place change is detected (:meth:`changed`). With ``copy`` each tensor
-    is cloned instead, and with a spill file written there (streamed models) and
-    read back on use, the last few reads cached so a tensor read for one layer's
-    output is the same object as the next layer's input.
-    """
-
-    def __init__(self, spill: SpillFile | None = None, copy: bool = False) -> None:
-        self._kept: dict[int, tuple[Any, int, Kept]] = {}
-        self._held: list[tuple[torch.Tensor, int]] = []
-        """Every tensor kept as it is, with its version when kept."""
-        self._spill = spill
-        self._copy = copy
-        self._loaded: OrderedDict[int, torch.Tensor] = OrderedDict()
-
-    def keep(self, t: torch.Tensor) -> Kept:
-        entry = self._kept.get(id(t))
-        if _same(entry, t):
-            return entry[2]  # type: ignore[index]
-        kept: Kept = t
-        if self._spill is not None:
-            kept = self._spill.write(t)
-        elif self._copy:
-            kept = t.clone()
-        else:
-            self._held.append((t, t._version))
-        self._kept[id(t)] = (weakref.ref(t), t._version, kept)
-        return kept
-
-    def tree(self, obj: Any) -> Any:
-        """``obj`` (nested args or kwargs) with every tensor kept."""
-        return map_tensors(obj, self.keep, every=True)
-
-    def changed(self) -> bool:
-        """Whether the forward changed a kept tensor in place after it was kept."""
-        return any(t._version != version for t, version in self._held)
-
-    def load(self, kept: Kept) -> torch.Tensor:
-        if not isinstance(kept, Spilled):
-            return kept
-        value = self._loaded.get(id(kept))
-        if value is None:
-            value = self._loaded[id(kept)] = kept.load()
-            if len(self._loaded) > 8:
-                self._loaded.popitem(last=False)
-        else:
-            self._loaded.move_to_end(id(kept))
-        return value
-
-    def load_tree(self, obj: Any) -> Any:
-        return map_kept(obj, self.load)
-
-    def close(self) -> None:
-        """Drop the spill file, if any (the batch is done)."""
-        if self._spill is not None:
-            self._spill.close()
-
-
-@dataclass
-class _Call:
-    """One layer call of the fp32 run: its inputs and floating outputs, kept."""
-
-    args: Any
-    kwargs: Any
-    outputs: list[Kept]
-    inp: Kept | None
-    plain: bool
-    """The root, or a layer without floating inputs (an embedding on token ids): it inherits
-    no error, so its local error is its cumulative error."""
-    in_peak: float = 0.0
-    """Largest |value| of the main input (for a local rerun: beyond a dtype's range it is
-    clamped)."""
-
-
-class _Pairs:
-    """One batch's comparisons, by the identity of the fp32 tensor and of the candidate.
-
-    A layer's input is usually the previous layer's output, an identity layer (dropout in eval)
-    returns its input, and one fp32 output meets a candidate per dtype: each pair is compared
-    once, and each fp32 tensor's sum of squares computed once. Entries hold weak references,
-    so an id reused by a later tensor never matches.
-    """
-
-    def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[Any, int, Any, int, bool, Pair]] = {}
-        self._ref2: dict[int, tuple[Any, int, float]] = {}
-
-    def compare(self, ref: torch.Tensor, candidate: torch.Tensor, full: bool = True) -> Pair:
-        """``ref`` against ``candidate``, computed once per pair."""
-        key = (id(ref), id(candidate))
-        entry = self._pairs.get(key)
-        if (
-            _same(entry, ref)
-            and _same(entry[2:], candidate)  # type: ignore[index]
-            and (entry[4] or not full)  # type: ignore[index]
-        ):
-            return entry[5]  # type: ignore[index]
-        pair = compare(ref, candidate, full, self.ref2(ref))
-        self._pairs[key] = (
-            weakref.ref(ref), ref._version, weakref.ref(candidate), candidate._version, full, pair
-        )  # fmt: skip
-        return pair
-
-    def ref2(self, ref: torch.Tensor) -> float:
-        """Sum of squares of an fp32 tensor, computed once per tensor."""
-        entry = self._ref2.get(id(ref))
-        if _same(entry, ref):
-            return entry[2]  # type: ignore[index]
-        value = sum_squares(ref)
-        self._ref2[id(ref)] = (weakref.ref(ref), ref._version, value)
-        return value
-
-
-def _peak(t: torch.Tensor) -> float:
-    """Largest |value| of a layer's main input (inf when it holds Inf). Its masks are not
-    counted: an additive mask at float32's lowest value is clamped by design."""
-    if not t.numel():
-        return 0.0
-    low, high = torch.aminmax(t.detach())
-    return max(-float(low), float(high))
-
-
-def _no_cache(model: nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Turn a generation cache off: a cached layer rerun for its local error would append twice."""
-    try:
-        accepts = "use_cache" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        accepts = False
-    if accepts and "use_cache" not in kwargs:
-        return {**kwargs, "use_cache": False}
-    return kwargs
-
-
-def _as_tensor(output: Any) -> torch.Tensor:
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"select_output returned {type(output).__name__}, not a tensor")
-    return output.detach()
-
-
 class _Pass:
     """State shared by the hooks of one batch."""
 
@@ -290,31 +148,31 @@ class _Pass:
         self.param_leaves = parameterised_leaves(model)
         self.leaf_calls = 0
         self.depth = 0
-        self.onnx: Any = None
+        self.onnx: OnnxComparison | None = None
         self.modules: dict[str, nn.Module] = {info.name: m for m, info in layers.items()}
-        self.kept = _Kept()
+        self.kept = KeptTensors()
         """The current batch's fp32 tensors."""
-        self.calls: dict[str, _Call] = {}
+        self.calls: dict[str, LayerCall] = {}
         """The current batch's fp32 layer calls, by key."""
-        self.pairs = _Pairs()
+        self.pairs = Pairs()
         """The current batch's comparisons."""
 
     def reference(
         self,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         local: bool,
         first: bool,
         spill: bool,
-    ) -> torch.Tensor | Any:
+    ) -> object:
         """The fp32 run of one batch: activation ranges, ONNX layers, and the calls kept."""
         handles = []
         if first:
             for leaf in self.param_leaves:
                 handles.append(leaf.register_forward_hook(self._count_leaf))
-        self.kept = _Kept(SpillFile() if spill else None)
+        self.kept = KeptTensors(SpillFile() if spill else None)
         self.calls = {}
-        self.pairs = _Pairs()
+        self.pairs = Pairs()
         hooks = self._reference_hooks(local, measure=True)
         try:
             with hooks, torch.no_grad():
@@ -326,7 +184,7 @@ class _Pass:
                 self.depth = self.leaf_calls
         if self.kept.changed():
             # an in-place op changed a kept tensor after its layer returned: keep copies
-            self.kept, self.calls = _Kept(copy=True), {}
+            self.kept, self.calls = KeptTensors(copy=True), {}
             with self._reference_hooks(local, measure=False), torch.no_grad():
                 out = self.model(*args, **kwargs)
         return out
@@ -340,9 +198,9 @@ class _Pass:
 
     def end_batch(self) -> None:
         self.kept.close()
-        self.kept, self.calls, self.pairs = _Kept(), {}, _Pairs()
+        self.kept, self.calls, self.pairs = KeptTensors(), {}, Pairs()
 
-    def _count_leaf(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _count_leaf(self, module: nn.Module, args: tuple[object, ...], output: object) -> None:
         self.leaf_calls += 1
 
     def _record(self, key: str, info: LayerInfo) -> LayerRecord:
@@ -357,19 +215,20 @@ class _Pass:
         return record
 
     def _enter_reference(
-        self, local: bool, key: str, info: LayerInfo, module: nn.Module, args: Any, kwargs: Any
+        self, local: bool, key: str, info: LayerInfo, module: nn.Module,
+        args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
         """Keep a call's inputs before the module runs (it may change them in place)."""
         plain = module is self.model or not floating_tensors((args, kwargs))
         rerun = local and not plain
         inp = first_floating(args, kwargs)
-        self.calls[key] = _Call(
+        self.calls[key] = LayerCall(
             args=self.kept.tree(args) if rerun else None,
             kwargs=self.kept.tree(kwargs) if rerun else None,
             outputs=[],
             inp=None if inp is None else self.kept.keep(inp),
             plain=plain,
-            in_peak=_peak(inp) if rerun and inp is not None else 0.0,
+            in_peak=input_peak(inp) if rerun and inp is not None else 0.0,
         )
 
     def _on_reference(
@@ -378,9 +237,9 @@ class _Pass:
         key: str,
         info: LayerInfo,
         module: nn.Module,
-        args: Any,
-        kwargs: Any,
-        output: Any,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        output: object,
     ) -> None:
         record = self._record(key, info)
         outputs = floating_tensors(output)
@@ -395,8 +254,8 @@ class _Pass:
         self.calls[key].outputs = [self.kept.keep(t) for t in outputs]
 
     def low_precision(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str, local: bool
-    ) -> Any:
+        self, args: tuple[object, ...], kwargs: dict[str, object], dtype: str, local: bool
+    ) -> object:
         """The cumulative run in ``dtype``, each layer compared, and rerun alone, as it returns."""
         tdtype = getattr(torch, dtype)
         cast = saturating_cast(tdtype)
@@ -419,8 +278,8 @@ class _Pass:
         key: str,
         info: LayerInfo,
         module: nn.Module,
-        args: Any,
-        kwargs: Any,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
     ) -> None:
         """The inherited error of a call's input, compared before the module can change it."""
         seen.add(key)
@@ -442,9 +301,9 @@ class _Pass:
         key: str,
         info: LayerInfo,
         module: nn.Module,
-        args: Any,
-        kwargs: Any,
-        output: Any,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        output: object,
     ) -> None:
         call = self.calls.get(key)
         if call is None:
@@ -474,7 +333,7 @@ class _Pass:
         record: LayerRecord,
         dtype: str,
         module: nn.Module,
-        call: _Call,
+        call: LayerCall,
         refs: list[torch.Tensor],
     ) -> None:
         """``module`` alone, under the dtype's cast weights, on its fp32 inputs cast."""
@@ -484,6 +343,7 @@ class _Pass:
         if call.in_peak > torch.finfo(tdtype).max:
             record.clamped[dtype] = True
         cast = saturating_cast(tdtype)
+        assert call.args is not None and call.kwargs is not None  # kept for a local rerun
         try:
             args = map_tensors(self.kept.load_tree(call.args), cast)
             kwargs = map_tensors(self.kept.load_tree(call.kwargs), cast)
@@ -505,10 +365,10 @@ class _Pass:
 
 def measure_model(
     model: nn.Module,
-    batches: list[Batch],
-    select_output: Callable[[Any], Any],
+    batches: Sequence[Batch],
+    select_output: Callable[[object], object],
     spec: PrecisionSpec,
-    onnx: Any = None,
+    onnx: OnnxComparison | None = None,
     spill: bool = False,
 ) -> PrecisionRun:
     """Run the precision pass over ``batches``; ``onnx`` is an optional ONNX comparison.
@@ -522,12 +382,13 @@ def measure_model(
     output = {dtype: ErrorStats() for dtype in state.dtypes}
     ref_nonfinite = 0
     for b, (args, kwargs) in enumerate(batches):
-        kwargs = _no_cache(model, dict(kwargs))
+        kwargs = without_cache(model, dict(kwargs))
         local = spec.local_max_batches is None or b < spec.local_max_batches
         if onnx is not None:
             onnx.run_batch(b)
         try:
-            out32 = _as_tensor(select_output(state.reference(args, kwargs, local, b == 0, spill)))
+            ref = state.reference(args, kwargs, local, b == 0, spill)
+            out32 = output_tensor(select_output(ref))
             ref_nonfinite += int((~torch.isfinite(out32)).sum())
             if onnx is not None:
                 onnx.compare_output(out32)
@@ -537,7 +398,7 @@ def measure_model(
                     continue
                 try:
                     out = state.low_precision(args, kwargs, dtype, local)
-                    candidate = _as_tensor(select_output(out))
+                    candidate = output_tensor(select_output(out))
                     del out
                 except Exception as exc:  # e.g. an op with no kernel for this dtype here
                     state.errors[dtype] = f"{type(exc).__name__}: {exc}"

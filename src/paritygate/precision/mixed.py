@@ -21,7 +21,7 @@ The assumption: the runtime keeps the tensors between nodes in the low dtype.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +29,10 @@ import torch
 from torch import nn
 
 from paritygate.precision.hooks import LowPrecision, map_tensors, saturating_cast
+from paritygate.precision.memo import output_tensor
 from paritygate.precision.stats import ErrorStats
 
-Batch = tuple[tuple[Any, ...], dict[str, Any]]
+Batch = tuple[tuple[object, ...], Mapping[str, object]]
 
 
 @dataclass
@@ -64,7 +65,7 @@ class MixedRunner:
         self,
         model: nn.Module,
         batches: Sequence[Batch],
-        select_output: Callable[[Any], Any],
+        select_output: Callable[[Any], object],
         modules: dict[str, nn.Module],
     ) -> None:
         self.model = model
@@ -86,7 +87,7 @@ class MixedRunner:
         if self._reference is None:
             with torch.no_grad():
                 self._reference = [
-                    self.select_output(self.model(*a, **kw)).detach().float()
+                    output_tensor(self.select_output(self.model(*a, **kw))).float()
                     for a, kw in self.batches
                 ]
         return self._reference
@@ -101,7 +102,7 @@ class MixedRunner:
         with LowPrecision(self.model, tdtype, keep=kept), torch.no_grad():
             for (args, kwargs), ref in zip(self.batches, references, strict=True):
                 out = self.model(*map_tensors(args, to_low), **map_tensors(kwargs, to_low))
-                stats.update(ref, self.select_output(out).detach())
+                stats.update(ref, output_tensor(self.select_output(out)))
         return stats
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,8 +31,12 @@ from paritygate.precision.budgets import output_budget, unit_roundoff
 from paritygate.precision.report import OnnxFirstDivergent, OnnxReport, OnnxRow, OnnxUnmapped
 from paritygate.precision.stats import ErrorStats
 
+if TYPE_CHECKING:
+    import onnx
+    import torch
 
-def node_scopes(node: Any) -> list[str] | None:
+
+def node_scopes(node: onnx.NodeProto) -> list[str] | None:
     """Module path of an exported node, outermost first, without the root and the op."""
     props = {p.key: p.value for p in node.metadata_props}
     raw = props.get("pkg.torch.onnx.name_scopes")
@@ -50,7 +54,7 @@ def node_scopes(node: Any) -> list[str] | None:
     return None
 
 
-def map_module_outputs(graph: Any) -> tuple[dict[str, str], dict[str, str], int]:
+def map_module_outputs(graph: onnx.GraphProto) -> tuple[dict[str, str], dict[str, str], int]:
     """``({layer key: value name}, {layer key: why unmapped}, unscoped node count)``."""
     members: dict[str, list[int]] = {}
     unscoped = 0
@@ -85,7 +89,8 @@ def map_module_outputs(graph: Any) -> tuple[dict[str, str], dict[str, str], int]
     return mapped, unmapped, unscoped
 
 
-def _components(graph: Any, nodes: list[int], consumers: dict[str, set[int]]) -> list[list[int]]:
+def _components(graph: onnx.GraphProto, nodes: list[int], consumers: dict[str, set[int]]
+                ) -> list[list[int]]:
     """Connected pieces of ``nodes`` (linked by values flowing between them), in graph order."""
     parent = {i: i for i in nodes}
 
@@ -106,7 +111,7 @@ def _components(graph: Any, nodes: list[int], consumers: dict[str, set[int]]) ->
     return sorted(groups.values(), key=lambda g: g[0])
 
 
-def _through_casts(graph: Any, name: str) -> str:
+def _through_casts(graph: onnx.GraphProto, name: str) -> str:
     """The value ``name`` is a Cast or Identity of (followed back), else ``name`` itself."""
     producer = {out: node for node in graph.node for out in node.output}
     node = producer.get(name)
@@ -116,7 +121,7 @@ def _through_casts(graph: Any, name: str) -> str:
     return name
 
 
-def artifact_dtype(model: Any) -> str:
+def artifact_dtype(model: onnx.ModelProto) -> str:
     """``float16``/``bfloat16`` when most floating initializers are, else ``float32``."""
     from onnx import TensorProto
 
@@ -135,8 +140,8 @@ def artifact_dtype(model: Any) -> str:
 class OnnxComparison:
     """One artifact compared layer by layer with the torch fp32 pass, batch by batch."""
 
-    def __init__(self, path: Path, feeds: list[dict[str, Any]], output_name: str | None,
-                 output_transform: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, path: Path, feeds: list[dict[str, np.ndarray]], output_name: str | None,
+                 output_transform: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         try:
             import onnx
             import onnxruntime as ort
@@ -202,7 +207,7 @@ class OnnxComparison:
         self.values = dict(zip(names, self.session.run(names, feeds), strict=True))
         self.final = self.plain.run([self.output_name], feeds)[0]
 
-    def compare_layer(self, key: str, outputs: list[Any]) -> None:
+    def compare_layer(self, key: str, outputs: list[torch.Tensor]) -> None:
         """Fold the artifact's tensor of layer ``key`` against the torch fp32 outputs."""
         import torch
 
@@ -220,7 +225,7 @@ class OnnxComparison:
         candidate = torch.from_numpy(np.ascontiguousarray(array))
         self.layers.setdefault(key, ErrorStats()).update(matches[0], candidate)
 
-    def compare_output(self, reference: Any) -> None:
+    def compare_output(self, reference: torch.Tensor) -> None:
         import torch
 
         if self.final is None:

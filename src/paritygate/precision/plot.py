@@ -15,10 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from paritygate.files import atomic_savefig
 from paritygate.precision.report import LayerRow, OnnxRow, PrecisionReport
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 COLOURS = {"float16": "tab:blue", "bfloat16": "tab:orange"}
 ONNX_COLOUR = "black"
@@ -27,7 +30,7 @@ NAMED = 10
 """How many of the worst layers are named on the x axis."""
 
 
-def _number(v: Any) -> float | None:
+def _number(v: float | str | None) -> float | None:
     """A finite float, ``None`` for missing, ``math.inf`` for NaN/Inf (strings in the JSON)."""
     if v is None:
         return None
@@ -38,7 +41,7 @@ def _number(v: Any) -> float | None:
     return value if math.isfinite(value) else math.inf
 
 
-def _ratio(value: Any, budget: Any) -> float:
+def _ratio(value: float | str | None, budget: float | str | None) -> float:
     v, b = _number(value), _number(budget)
     if v is None:
         return 0.0
@@ -47,9 +50,12 @@ def _ratio(value: Any, budget: Any) -> float:
     return v / b if b else 0.0
 
 
-def _series(rows: Sequence[LayerRow | OnnxRow], key: str, floor: float) -> tuple[list, list, list]:
+def _series(rows: Sequence[LayerRow | OnnxRow], key: str, floor: float
+            ) -> tuple[list[int], list[float], list[int]]:
     """(x, y with gaps at non-finite values, x of the non-finite values)."""
-    xs, ys, bad = [], [], []
+    xs: list[int] = []
+    ys: list[float] = []
+    bad: list[int] = []
     for r in rows:
         v = _number(getattr(r, key))
         if v is None:
@@ -87,8 +93,6 @@ def plot_precision(report: PrecisionReport, path: Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
     rows = report.rows
-    onnx = report.onnx
-    kind = {r.layer: r.kind for r in rows}
     floor = 1e-12
     kinds = [k for k in ("leaf", "block") if any(r.kind == k for r in rows)]
     title = _title(report)
@@ -109,85 +113,100 @@ def plot_precision(report: PrecisionReport, path: Path) -> Path:
     )
     axes = list(axes)
     for ax, k in zip(axes, kinds, strict=False):
-        bad_x: list[int] = []
-        for dtype in report.dtypes:
-            if report.summary[dtype].error:
-                continue
-            colour = COLOURS.get(dtype)
-            mine = sorted(
-                (r for r in rows if r.dtype == dtype and r.kind == k),
-                key=lambda r: r.index,
-            )
-            x, y, bad = _series(mine, "local_rel_l2", floor)
-            ax.plot(x, y, "-o", ms=3, lw=1.2, color=colour, label=f"{dtype} local")
-            bad_x += bad
-            x, y, bad = _series(mine, "cum_rel_l2", floor)
-            ax.plot(x, y, ":", lw=1.2, color=colour, label=f"{dtype} cumulative")
-            bad_x += bad
-            ax.step(
-                [r.index for r in mine],
-                [r.budget for r in mine],
-                where="mid",
-                marker="_",
-                ms=10,
+        _error_panel(ax, report, k, floor)
+    _headroom_panel(axes[-1], report, named)
+    axes[0].set_title(title, fontsize=9, loc="left")
+    return atomic_savefig(fig, path)  # a reader polling the report folder never sees a partial PNG
+
+
+def _error_panel(ax: Axes, report: PrecisionReport, k: str, floor: float) -> None:
+    """One panel of layers of kind ``k`` (leaf or block): per dtype the local and cumulative
+    error and the local budget, the ONNX artifact's tensors, non-finite values marked."""
+    rows = report.rows
+    onnx = report.onnx
+    kind = {r.layer: r.kind for r in rows}
+    bad_x: list[int] = []
+    for dtype in report.dtypes:
+        if report.summary[dtype].error:
+            continue
+        colour = COLOURS.get(dtype)
+        mine = sorted(
+            (r for r in rows if r.dtype == dtype and r.kind == k),
+            key=lambda r: r.index,
+        )
+        x, y, bad = _series(mine, "local_rel_l2", floor)
+        ax.plot(x, y, "-o", ms=3, lw=1.2, color=colour, label=f"{dtype} local")
+        bad_x += bad
+        x, y, bad = _series(mine, "cum_rel_l2", floor)
+        ax.plot(x, y, ":", lw=1.2, color=colour, label=f"{dtype} cumulative")
+        bad_x += bad
+        ax.step(
+            [r.index for r in mine],
+            [r.budget for r in mine],
+            where="mid",
+            marker="_",
+            ms=10,
+            color=colour,
+            alpha=0.5,
+            lw=1,
+            ls="--",
+            label=f"{dtype} local budget",
+        )
+        first = report.summary[dtype].first_divergent
+        if first is not None and kind.get(first.layer) == k:
+            ax.axvline(
+                first.index,
                 color=colour,
                 alpha=0.5,
-                lw=1,
-                ls="--",
-                label=f"{dtype} local budget",
+                lw=2,
+                ls="-.",
+                label=f"{dtype} first divergent (title)",
             )
-            first = report.summary[dtype].first_divergent
-            if first is not None and kind.get(first.layer) == k:
-                ax.axvline(
-                    first.index,
-                    color=colour,
-                    alpha=0.5,
-                    lw=2,
-                    ls="-.",
-                    label=f"{dtype} first divergent (title)",
-                )
-        theirs = sorted(
-            (r for r in onnx.rows if kind.get(r.layer) == k) if onnx else [], key=lambda r: r.index
+    theirs = sorted(
+        (r for r in onnx.rows if kind.get(r.layer) == k) if onnx else [], key=lambda r: r.index
+    )
+    if onnx and theirs:
+        x, y, bad = _series(theirs, "onnx_rel_l2", floor)
+        ax.plot(
+            x,
+            y,
+            "-s",
+            ms=3,
+            lw=1.2,
+            color=ONNX_COLOUR,
+            label=f"ONNX artifact ({onnx.dtype}) vs torch fp32",
         )
-        if onnx and theirs:
-            x, y, bad = _series(theirs, "onnx_rel_l2", floor)
-            ax.plot(
-                x,
-                y,
-                "-s",
-                ms=3,
-                lw=1.2,
-                color=ONNX_COLOUR,
-                label=f"ONNX artifact ({onnx.dtype}) vs torch fp32",
-            )
-            bad_x += bad
-            ax.step(
-                x,
-                [r.budget for r in theirs],
-                where="mid",
-                color=ONNX_COLOUR,
-                alpha=0.4,
-                lw=1,
-                ls="--",
-                label="ONNX budget",
-            )
-        _log_axis(ax)
-        if bad_x:
-            top = ax.get_ylim()[1]
-            ax.plot(
-                sorted(set(bad_x)),
-                [top] * len(set(bad_x)),
-                "^",
-                ms=8,
-                clip_on=False,
-                color=NONFINITE_COLOUR,
-                label="NaN/Inf (non-finite)",
-            )
-            ax.set_ylim(top=top)
-        ax.set_ylabel(f"rel L2 vs fp32\n({'leaf modules' if k == 'leaf' else 'blocks'})")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    head = axes[-1]
+        bad_x += bad
+        ax.step(
+            x,
+            [r.budget for r in theirs],
+            where="mid",
+            color=ONNX_COLOUR,
+            alpha=0.4,
+            lw=1,
+            ls="--",
+            label="ONNX budget",
+        )
+    _log_axis(ax)
+    if bad_x:
+        top = ax.get_ylim()[1]
+        ax.plot(
+            sorted(set(bad_x)),
+            [top] * len(set(bad_x)),
+            "^",
+            ms=8,
+            clip_on=False,
+            color=NONFINITE_COLOUR,
+            label="NaN/Inf (non-finite)",
+        )
+        ax.set_ylim(top=top)
+    ax.set_ylabel(f"rel L2 vs fp32\n({'leaf modules' if k == 'leaf' else 'blocks'})")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def _headroom_panel(head: Axes, report: PrecisionReport, named: list[tuple[int, str]]) -> None:
+    """The bottom panel: overflow headroom per dtype, the worst layers named on the x axis."""
     for dtype in report.dtypes:
         if report.summary[dtype].error:
             continue
@@ -205,11 +224,9 @@ def plot_precision(report: PrecisionReport, path: Path) -> Path:
     head.set_xticks([i for i, _ in named])
     head.set_xticklabels([name for _, name in named], rotation=35, ha="right", fontsize=7)
     head.set_xlabel(f"layer (execution order; the {len(named)} highest error / budget named)")
-    axes[0].set_title(title, fontsize=9, loc="left")
-    return atomic_savefig(fig, path)  # a reader polling the report folder never sees a partial PNG
 
 
-def _log_axis(ax: Any) -> None:
+def _log_axis(ax: Axes) -> None:
     """Log y axis labelled ``1e-05`` in plain text (mathtext labels cost a parser per tick)."""
     from matplotlib.ticker import LogFormatter, NullFormatter
 
@@ -240,6 +257,6 @@ def _title(report: PrecisionReport) -> str:
     return "per-layer precision error\n" + "\n".join(parts)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: float | str | None) -> str:
     v = _number(value)
     return "-" if v is None else ("nan/inf" if math.isinf(v) else f"{v:.3g}")

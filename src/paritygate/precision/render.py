@@ -82,7 +82,7 @@ def write_json(report: PrecisionReport, path: Path) -> Path:
     return path
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return "-" if value is None else str(value)

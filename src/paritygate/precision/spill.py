@@ -8,7 +8,7 @@ with depth and probe size. Spilled, a kept tensor is read back only when it is u
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import torch
 
@@ -57,8 +57,9 @@ class SpillFile:
 
 
 Kept = torch.Tensor | Spilled
+T = TypeVar("T")
 
 
-def map_kept(obj: Any, load: Callable[[Kept], torch.Tensor]) -> Any:
+def map_kept(obj: T, load: Callable[[Kept], torch.Tensor]) -> T:
     """``obj`` (nested args or kwargs) with every spilled tensor read back by ``load``."""
     return map_tree(obj, lambda x: load(x) if isinstance(x, Spilled) else x)

@@ -16,21 +16,26 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
 
 NBINS = 1 << 11  # float32 bits 30..20: 8 exponent bits and the top 3 mantissa bits
 SAMPLE = 1 << 16
 
 
-def _torch() -> Any:
+def _torch() -> ModuleType:
     import torch
 
     return torch
 
 
-def _sample(values: Any) -> Any:
+def _sample(values: torch.Tensor) -> torch.Tensor:
     """A deterministic strided sample of a flat tensor, at most ``SAMPLE`` values."""
     step = -(-values.numel() // SAMPLE)
     return values[::step] if step > 1 else values
@@ -40,13 +45,14 @@ def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
 
 
-def sum_squares(t: Any) -> float:
+def sum_squares(t: torch.Tensor) -> float:
     """Sum of squares of a tensor, as a float32 norm squared (the sums every comparison folds)."""
     torch = _torch()
     return float(torch.linalg.vector_norm(t.detach().reshape(-1).to(torch.float32))) ** 2
 
 
-def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | None = None) -> Pair:
+def compare(reference: torch.Tensor, candidate: torch.Tensor, full: bool = True,
+            ref2: float | None = None) -> Pair:
     """Sums of squares of the error, reference and candidate of one pair of same-shape tensors;
     with ``full``, also the largest |error|, its histogram and NaN/Inf counts. ``ref2``: the
     reference's sum of squares when already known (one reference meets several candidates)."""
@@ -70,7 +76,7 @@ def compare(reference: Any, candidate: Any, full: bool = True, ref2: float | Non
     return pair
 
 
-def _compare_masked(ref: Any, cand: Any) -> Pair:
+def _compare_masked(ref: torch.Tensor, cand: torch.Tensor) -> Pair:
     """Slow path: count new NaN/Inf, then compare the finite positions in float64."""
     torch = _torch()
     ref_finite = torch.isfinite(ref)
@@ -91,7 +97,7 @@ def _compare_masked(ref: Any, cand: Any) -> Pair:
     return pair
 
 
-def _bins(abs_err: Any) -> tuple[int, int, Any]:
+def _bins(abs_err: torch.Tensor) -> tuple[int, int, np.ndarray | None]:
     """Histogram of |error|: the count in bin 0, the first other bin reached, and the counts
     from it to the last bin reached (bins: float32 bits 30..20, exponent and 3 mantissa bits)."""
     torch = _torch()
@@ -118,14 +124,14 @@ class ErrorStats:
     """Candidate NaN where the reference is not NaN."""
     inf: int = 0
     """Candidate +-Inf where the reference is finite."""
-    hist: Any = None
+    hist: np.ndarray | None = None
     """Counts of the histogram bins ``hist_lo`` to ``hist_lo + len(hist) - 1``: only the span
     the errors reached is stored (a few hundred bins, not 2048), as a model has many layers."""
     hist_lo: int = 0
     zeros: int = 0
     """Sampled errors in bin 0 (exactly zero, or below float32's normal range)."""
 
-    def update(self, reference: Any, candidate: Any) -> None:
+    def update(self, reference: torch.Tensor, candidate: torch.Tensor) -> None:
         """Fold one pair of same-shape tensors into the running statistics."""
         self.fold(compare(reference, candidate))
 
@@ -225,7 +231,7 @@ class RelL2:
     sum_ref2: float = 0.0
     nonfinite: bool = False
 
-    def update(self, reference: Any, candidate: Any) -> None:
+    def update(self, reference: torch.Tensor, candidate: torch.Tensor) -> None:
         self.fold(compare(reference, candidate, full=False))
 
     def fold(self, pair: Pair) -> None:
@@ -259,7 +265,7 @@ class ActivationStats:
     sampled: int = 0
     underflow: dict[str, int] = field(default_factory=dict)
 
-    def update(self, reference: Any, dtypes: Sequence[str]) -> None:
+    def update(self, reference: torch.Tensor, dtypes: Sequence[str]) -> None:
         """Fold one fp32 output: its largest magnitude, values below each format's normal range."""
         torch = _torch()
         values = reference.detach().reshape(-1).to(torch.float32)

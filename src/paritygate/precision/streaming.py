@@ -289,7 +289,7 @@ class LayerStreamer(ParamSource):
             unit.register_forward_pre_hook(self._enter)
         self.model.register_forward_hook(self._leave)
 
-    def _enter(self, layer: nn.Module, args: Any) -> None:
+    def _enter(self, layer: nn.Module, args: tuple[object, ...]) -> None:
         current = self.layer_of[id(layer)]
         mine = {id(p) for p in self.streamed[current]}  # a tied weight: read once, kept
         for i, params in enumerate(self.streamed):
@@ -299,7 +299,7 @@ class LayerStreamer(ParamSource):
                         release(p)
         self._read([p for p in self.streamed[current] if p.is_meta])
 
-    def _leave(self, model: nn.Module, args: Any, output: Any) -> None:
+    def _leave(self, model: nn.Module, args: tuple[object, ...], output: object) -> None:
         """Drop every loaded unit: the model's forward has returned."""
         for params in self.streamed:
             for p in params:

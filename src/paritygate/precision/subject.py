@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -21,17 +26,19 @@ class PrecisionSubject:
     """
 
     name: str
-    build_model: Callable[[], Any]
-    batches: list[tuple[tuple[Any, ...], dict[str, Any]]]
-    select_output: Callable[[Any], Any]
+    build_model: Callable[[], nn.Module]
+    batches: Sequence[tuple[tuple[object, ...], Mapping[str, object]]]
+    select_output: Callable[[Any], object]
+    """Takes whatever the model's forward returns (an attribute of it, an item)."""
     onnx_path: Path | None = None
-    onnx_feeds: list[dict[str, Any]] | None = None
+    onnx_feeds: list[dict[str, np.ndarray]] | None = None
     onnx_output_name: str | None = None
-    onnx_output_transform: Callable[[Any], Any] | None = None
+    onnx_output_transform: Callable[[np.ndarray], np.ndarray] | None = None
     """Maps the torch model's selected output (a numpy array) to the artifact's terms before
     they are compared (a policy whose artifact serves the env action while the inference
     model returns the pre-squash output); ``None``: compared as they are."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, list[str]] = field(default_factory=dict)
+    """``notes``: lines the family adds to the precision report's notes."""
     streamed: bool = False
     """The model reads its layers from disk as they run (``precision.streaming``): the pass
     keeps its per-layer tensors in a temporary file too, so memory does not grow with depth."""

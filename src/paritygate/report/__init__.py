@@ -9,6 +9,7 @@ leads with the failure that explains the others.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from paritygate.report.json_report import (
 from paritygate.report.junit import junit_xml
 from paritygate.report.model import SCHEMA_VERSION, validate_report
 from paritygate.report.render import report_html, report_markdown
+from paritygate.report.rollout import render_rollout
 from paritygate.report.table import ICON, key_row, summary_table
 from paritygate.result import CheckResult
 
@@ -58,6 +60,12 @@ class WrittenReport:
     root_cause: str | None = None
 
 
+RENDERERS: dict[str, Callable[[CheckResult, Path], Rendered]] = {
+    "rollout_parity": render_rollout,
+}
+"""Report fragments drawn here from a check's records (``details``), by check id."""
+
+
 def write_reports(
     gate: Any,
     results: list[CheckResult],
@@ -75,9 +83,9 @@ def write_reports(
     extras: dict[str, Rendered] = {}
     files: list[str] = []
     for r in results:
-        spec = get_check(r.id)
-        if spec.render is not None and r.status in ("pass", "fail"):
-            extras[r.id] = spec.render(r, directory)
+        render = get_check(r.id).render or RENDERERS.get(r.id)
+        if render is not None and r.status in ("pass", "fail"):
+            extras[r.id] = render(r, directory)
             files += extras[r.id].files
     data = report_json(gate, results, not_run=not_run)
     if os.environ.get(VALIDATE_ENV) == "1":

@@ -6,7 +6,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 
-def _full(value: Any) -> str:
+def _full(value: object) -> str:
     """Full precision: ``repr`` of floats; non-finite markers as nan/inf."""
     if isinstance(value, dict) and "nonfinite" in value:
         return str(value["nonfinite"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
@@ -180,7 +180,7 @@ def validate_report(data: dict[str, Any]) -> None:
     """
     text = json.dumps(data, allow_nan=False)  # raises ValueError on bare NaN/Infinity
 
-    def reject(token: str) -> Any:
+    def reject(token: str) -> NoReturn:
         raise ValueError(f"non-finite constant {token} in report.json")
 
     parsed = json.loads(text, parse_constant=reject)

@@ -1,5 +1,6 @@
 """Plots embedded in report.html (PNG, base64): LM log-prob delta histogram and delta per
-position, drawn from the ``per_token`` details of ``logprob_delta`` / ``vllm_delta``.
+position, drawn from the ``per_token`` details of ``logprob_delta`` / ``vllm_delta``, and
+rollout_parity's per-step action difference and cumulative returns.
 
 matplotlib is optional (the ``plots`` extra): without it the report has no plots.
 """
@@ -8,20 +9,25 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from paritygate.result import CheckResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LM_DELTA_CHECKS = ("logprob_delta", "vllm_delta")
 
 
-def _png(fig: Any) -> str:
+def _png(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)  # fixed margins: no extra measuring draw
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def _figure() -> Any:
+def _figure() -> Figure:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5, 3.2))
@@ -72,3 +78,46 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     ax.legend(fontsize=7)
     out.append({"title": "delta per position", "png": _png(fig)})
     return out
+
+
+def rollout_figure(curves: list[Mapping[str, Any]], path: Path, title: str) -> Path | None:
+    """rollout_parity's figure at ``path``: per-step action difference (top) and both paths'
+    cumulative return (bottom), one colour per episode; ``None`` without matplotlib."""
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    except ImportError:
+        return None
+    from paritygate.files import atomic_savefig
+
+    fig = Figure(figsize=(7.0, 5.0))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    colours = [f"C{i % 10}" for i in range(len(curves))]
+    for curve, colour in zip(curves, colours, strict=True):
+        label = f"ep {curve['episode']} (seed {curve['seed']})"
+        diff = curve["action_diff"]
+        at = curve.get("first_divergent_step")
+        # compared up to the first divergence; after it the paths see other states (faint)
+        cut = len(diff) if at is None else at + 1
+        top.step(range(cut), diff[:cut], where="post", color=colour, label=label,
+                 linewidth=1.2)
+        if at is not None:
+            top.plot([at], [diff[at]], marker="x", color=colour, markersize=8)
+            top.step(range(at, len(diff)), diff[at:], where="post", color=colour,
+                     linewidth=0.8, alpha=0.25)
+        for key, style, face in (("training_return", "-", colour),
+                                 ("artifact_return", "--", "white")):
+            series = curve[key]
+            bottom.plot(series, color=colour, linewidth=1.2, linestyle=style)
+            if series:  # the episode's end
+                bottom.plot([len(series) - 1], [series[-1]], marker="o", color=colour,
+                            markerfacecolor=face, markersize=5)
+    top.set_ylabel("action difference")
+    top.set_title(f"{title} (x: first divergent step; faint: not compared)")
+    top.legend(fontsize=7, loc="upper right")
+    bottom.set_ylabel("cumulative return")
+    bottom.set_xlabel("step")
+    bottom.plot([], [], color="black", label="training path")
+    bottom.plot([], [], color="black", linestyle="--", label="artifact")
+    bottom.legend(fontsize=7, loc="upper left")
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.93, bottom=0.1, hspace=0.12)
+    return atomic_savefig(fig, path, dpi=90)

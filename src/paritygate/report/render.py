@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.check import Rendered
 from paritygate.report.plots import lm_delta_plots
@@ -12,9 +13,12 @@ from paritygate.report.table import ICON, fmt
 from paritygate.result import CheckResult
 from paritygate.rootcause import RootCause, ordered
 
+if TYPE_CHECKING:
+    import jinja2
+
 
 @lru_cache(maxsize=2)
-def _env(autoescape: bool) -> Any:
+def _env(autoescape: bool) -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(
@@ -26,10 +30,27 @@ def _env(autoescape: bool) -> Any:
         keep_trailing_newline=True,
     )
     env.filters["md_cell"] = _md_cell
+    env.filters["h"] = html.escape  # quotes as &quot; / &#x27;, as the fragments always wrote
     return env
 
 
-def _md_cell(text: Any, limit: int = 0) -> str:
+def render_fragment(template: str, **values: object) -> str:
+    """A report fragment from ``templates/<template>``, without autoescaping (the templates
+    escape each cell with the ``h`` filter) and without the template file's final newline."""
+    return _env(False).get_template(template).render(**values).removesuffix("\n")
+
+
+def table_markdown(header: list[str], rows: list[list[str]]) -> str:
+    """``rows`` under ``header`` as a Markdown table (cells as given, no trailing newline)."""
+    return render_fragment("table.md.j2", header=header, rows=rows)
+
+
+def table_html(header: list[str], rows: list[list[str]]) -> str:
+    """``rows`` under ``header`` as an HTML ``<table>`` (cells escaped)."""
+    return render_fragment("table.html.j2", header=header, rows=rows)
+
+
+def _md_cell(text: object, limit: int = 0) -> str:
     """Text safe inside a Markdown table cell (pipes escaped, one line)."""
     out = str(text).replace("|", "\\|").replace("\n", " ")
     if limit and len(out) > limit:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from paritygate.result import CheckResult
 from paritygate.rootcause import RootCause, explain, ordered
 
 ICON = {"pass": "✅", "fail": "❌", "skip": "⏭️", "error": "💥", "nothing_verified": "⚠️"}
 
 
-def fmt(value: Any) -> str:
+def fmt(value: object) -> str:
     """A metric value for people: 4 significant digits; non-finite markers as nan/inf."""
     if value is None:
         return "–"

@@ -157,6 +157,14 @@ class BehaviourSpec(StrictModel):
     """``module:callable(prompt: str, completion: str) -> float``: E[reward] compared."""
     reward_tolerance: float = Field(0.05, gt=0)
     """Largest E[reward] difference accepted (the offline equivalence check's roll-back figure)."""
+    training_dump: str | list[str] | None = None
+    """The training side's samples from rollout dumps (a file, a glob or a list: the shards a
+    distributed sampler wrote) instead of HF ``generate``; records need ``prompt_ids``,
+    ``completion_ids`` and ``finish_reason``."""
+    serving_dump: str | list[str] | None = None
+    """The serving side's samples from rollout dumps (as ``training_dump``)."""
+    batch_size: int = Field(256, ge=1)
+    """Records read and teacher-forced per step: the audit's memory is O(batch_size)."""
 
     @field_validator("format_regex")
     @classmethod

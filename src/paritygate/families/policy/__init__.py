@@ -2,7 +2,15 @@
 
 ``config`` the ``policy:`` section · ``loading`` checkpoint tensors into the models ·
 ``probes`` probe observations and preprocessing · ``context`` everything the checks
-share, loaded and validated once · ``export`` the ONNX artifact and its manifest.
+share, loaded once, composing the helpers below · ``build`` loads and validates it ·
+``export`` the ONNX artifact and its manifest.
+
+Helpers take the spec, the engines and the feeds they use, never the context:
+``sides`` the reference (training model) and heads-removed torch engines · ``artifact`` the
+candidate engine over the artifact · ``validation`` bad input found up front ·
+``recurrent`` state inputs · ``distribution`` a Gaussian policy's two sides ·
+``rollout`` closed-loop episodes · ``initializers`` the artifact's weights against the
+checkpoint · ``precision_subject`` the layer-by-layer precision subject.
 """
 
 from __future__ import annotations
@@ -16,13 +24,13 @@ if TYPE_CHECKING:
 
 
 def build_context(config: GateConfig) -> PolicyContext:
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config)
 
 
 def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     """``paritygate export``: the inference model with the checkpoint, to ONNX + manifest."""
-    from paritygate.families.policy.context import build_policy_context
+    from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config, export_dir=out_dir, force_export=True).manifest_path

@@ -180,7 +180,8 @@ class ServingLogSpec(StrictModel):
     training path (schema: README, "Serving-log replay")."""
 
     path: str
-    """An ``.npz`` or JSON-lines (``.jsonl``) file, relative to the config."""
+    """An ``.npz``, Parquet (``.parquet``) or JSON-lines (``.jsonl``) file, relative to the
+    config."""
     served: Literal["output", "action"] = "output"
     """What each record's ``served`` holds: the artifact's first output (``output``: logits,
     or the action when ``distribution.serving_output: action``) or the env action taken
@@ -329,6 +330,10 @@ class PolicySpec(StrictModel):
     """Closed-loop episodes for ``rollout_parity``; omitted: that check is skipped."""
     serving_log: ServingLogSpec | None = None
     """A log of served requests for ``serving_replay``; omitted: that check is skipped."""
+    batch_invariant: bool = False
+    """The serving stack is claimed batch invariant: ``batch_invariance`` then requires each
+    probe's outputs in any batch to equal its outputs alone bit for bit (otherwise the
+    artifact's precision tier bounds the difference)."""
 
     @model_validator(mode="after")
     def _inputs_consistent(self) -> PolicySpec:

@@ -11,9 +11,12 @@ tensor is one the model loads under another name is an alias, not an unexpected 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from paritygate.checkpoints import find_aliases
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 
 @dataclass
@@ -31,7 +34,7 @@ class LoadReport:
     load_error: str | None = None
 
 
-def _lossless_upcast(tensor: Any, target: Any) -> bool:
+def _lossless_upcast(tensor: Tensor, target: Tensor) -> bool:
     """A float tensor loaded into a wider float (fp16/bf16 file -> fp32 model) keeps its values;
     any other dtype change (float64 -> float32, fp16 -> bf16, int <-> float) does not."""
     return (
@@ -42,7 +45,7 @@ def _lossless_upcast(tensor: Any, target: Any) -> bool:
 
 
 def load_into(
-    model: Any, state: dict[str, Any], *, ignore_prefixes: tuple[str, ...] = ()
+    model: nn.Module, state: dict[str, Tensor], *, ignore_prefixes: tuple[str, ...] = ()
 ) -> LoadReport:
     """Load ``state`` into ``model`` non-strictly and report every discrepancy.
 
@@ -65,7 +68,7 @@ def load_into(
         elif ptr is not None:
             owners.setdefault(ptr, name)
     tied_names = {t.split(" ")[0] for t in report.tied}
-    loadable: dict[str, Any] = {}
+    loadable: dict[str, Tensor] = {}
     for name, tensor in state.items():
         if name not in model_state:
             if not any(name == p or name.startswith(p + ".") for p in ignore_prefixes):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,7 +119,8 @@ def finite_rows(
 
 
 def preprocess(
-    config: GateConfig, spec: PolicySpec, fn: Any, raw: np.ndarray, name: str | None = None
+    config: GateConfig, spec: PolicySpec, fn: Preprocessor, raw: np.ndarray,
+    name: str | None = None
 ) -> np.ndarray:
     """The training preprocessing applied to the probes; a failure names its likely source.
 
@@ -158,7 +159,12 @@ def preprocess(
         ) from None
 
 
-def input_preprocessors(config: GateConfig, spec: PolicySpec) -> dict[str, tuple[Any, Any]]:
+Preprocessor = Callable[[np.ndarray], object]
+"""A preprocessing callable bound to its kwargs: raw observations (N, ...) -> model input."""
+
+
+def input_preprocessors(config: GateConfig, spec: PolicySpec
+                        ) -> dict[str, tuple[Preprocessor, Preprocessor]]:
     """``{input name: (training, serving)}`` for each observation input with preprocessing."""
     out = {}
     for spec_in in spec.observation_inputs:
@@ -177,5 +183,33 @@ def input_preprocessors(config: GateConfig, spec: PolicySpec) -> dict[str, tuple
     return out
 
 
-def _bind(fn: Any, kwargs: dict[str, Any]) -> Any:
+Preprocessors = dict[str, tuple[Preprocessor, Preprocessor]]
+"""``{observation input: (training, serving)}`` preprocessing callables."""
+
+
+def reference_inputs(config: GateConfig, spec: PolicySpec, preprocessors: Preprocessors,
+                     raw: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raw observations (per observation input) through the training preprocessing."""
+    out = {}
+    for name, values in raw.items():
+        fn = preprocessors.get(name)
+        out[name] = values if fn is None else preprocess(config, spec, fn[0], values, name)
+    return out
+
+
+def probes_digest(raw_inputs: Mapping[str, np.ndarray]) -> str:
+    """sha256 of the raw probe arrays (values, shape and dtype; names when several)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for i, (name, value) in enumerate(raw_inputs.items()):
+        raw = np.ascontiguousarray(value)
+        if i or len(raw_inputs) > 1:
+            h.update(name.encode())
+        h.update(f"{raw.dtype}{raw.shape}".encode())
+        h.update(raw.tobytes())
+    return h.hexdigest()
+
+
+def _bind(fn: Callable[..., object], kwargs: dict[str, object]) -> Preprocessor:
     return lambda raw: fn(raw, **kwargs)

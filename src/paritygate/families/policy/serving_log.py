@@ -4,12 +4,15 @@ Schema (README, "Serving-log replay"). A record holds ``obs`` (the raw observati
 of the probes' per-row shape, or an object keyed by observation input), ``served`` (what the
 serving path returned: its first output, or the action taken), and optionally ``preprocessed``
 (the model inputs serving computed, shaped like ``obs``) and ``timestamp`` (a number or a
-string). JSON lines: one object per line. ``.npz``: arrays ``obs`` (or ``obs.<input>``),
-``served``, ``preprocessed`` (or ``preprocessed.<input>``), ``timestamp``, each with one row per
-record; they are read from the archive a chunk of rows at a time, never whole.
+string). JSON lines: one object per line. Parquet: the columns ``obs`` (or ``obs.<input>``),
+``served``, ``preprocessed`` (or ``preprocessed.<input>``) and ``timestamp``, an array field a
+(nested) list column; read a record batch of ``chunk`` rows at a time. ``.npz``: arrays
+``obs`` (or ``obs.<input>``), ``served``, ``preprocessed`` (or ``preprocessed.<input>``),
+``timestamp``, each with one row per record, read from the archive a chunk of rows at a
+time, never whole.
 
-A record that does not fit is bad input naming the file, the line (JSON lines) or the array
-(``.npz``) and the field.
+A record that does not fit is bad input naming the file, the line (JSON lines), the row
+(Parquet, 0-based) or the array (``.npz``) and the field.
 """
 
 from __future__ import annotations
@@ -64,8 +67,11 @@ def read_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Ite
         yield from _npz_chunks(path, layout, chunk, max_records)
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
         yield from _jsonl_chunks(path, layout, chunk, max_records)
+    elif path.suffix in (".parquet", ".pq"):
+        yield from _parquet_chunks(path, layout, chunk, max_records)
     else:
-        raise InputError(path, None, "a serving log is an .npz or a JSON-lines (.jsonl) file")
+        raise InputError(path, None, "a serving log is an .npz, a Parquet (.parquet) or a "
+                         "JSON-lines (.jsonl) file")
 
 
 # --- JSON lines -----------------------------------------------------------------------------
@@ -260,3 +266,113 @@ def _npz_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Ite
                         obs={name: block[f"obs:{name}"].astype(np.float32)
                              for name in layout.inputs},
                         served=served, preprocessed=pre, timestamps=stamps)
+
+
+# --- Parquet --------------------------------------------------------------------------------
+
+
+def _parquet_column(column: object, shape: tuple[int, ...], first: int, field: str, path: Path,
+                    *, integer: bool = False) -> np.ndarray:
+    """One Parquet column of a record batch as an (n, *shape) float64 array: a number column
+    for a per-row shape of ``(1,)`` or ``()``, else a list column nested once per axis."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = column
+    assert isinstance(col, pa.Array)
+    rows = len(col)
+
+    def bad(index: int, cause: str) -> InputError:
+        return InputError(path, f"row {first + index}.{field}", cause)
+
+    def is_list(t: object) -> bool:
+        return bool(pa.types.is_list(t) or pa.types.is_large_list(t)
+                    or pa.types.is_fixed_size_list(t))
+
+    if col.null_count:
+        raise bad(int(np.argmax(col.is_null().to_numpy(zero_copy_only=False))), "null")
+    # a number column holds a one-value record; otherwise one list level per axis
+    dims = [] if shape in ((), (1,)) and not is_list(col.type) else list(shape)
+    per_record = 1
+    for size in dims:
+        if not is_list(col.type):
+            raise bad(0, f"a list column of shape {list(shape)} per record, got {col.type}")
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        wrong = np.nonzero(lengths != size)[0]
+        if wrong.size:
+            at = int(wrong[0]) // per_record
+            raise bad(at, f"shape: a list of {int(lengths[wrong[0]])}, expected {size} "
+                      f"(per record {list(shape)})")
+        flat = col.flatten()
+        if flat.null_count:
+            at = int(np.argmax(flat.is_null().to_numpy(zero_copy_only=False)))
+            raise bad(at // (per_record * size), "null inside the array")
+        col, per_record = flat, per_record * size
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+            or pa.types.is_boolean(col.type)):
+        raise bad(0, f"not numbers ({col.type})")
+    arr = col.to_numpy(zero_copy_only=False).astype(np.float64).reshape(rows, *shape)
+    if integer:
+        wrong_rows = ~(np.isfinite(arr) & (arr == np.round(arr))).reshape(rows, -1).all(1)
+        if wrong_rows.any():
+            raise bad(int(np.argmax(wrong_rows)), "a discrete action must be an integer")
+    return arr
+
+
+def _parquet_stamps(column: object) -> list[Any]:
+    import pyarrow as pa
+
+    assert isinstance(column, pa.Array)
+    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        return [None if v is None else v.isoformat() for v in column.to_pylist()]
+    return list(column.to_pylist())
+
+
+def _parquet_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Iterator[Chunk]:
+    """Record batches of at most ``chunk`` rows, only the columns the replay reads."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        from paritygate.errors import MissingExtra
+
+        raise MissingExtra("pyarrow", "lm") from None
+    try:
+        source = pq.ParquetFile(path)
+    except Exception as exc:
+        raise InputError(path, None, f"not a Parquet file: {type(exc).__name__}: {exc}") from None
+    names = set(source.schema_arrow.names)
+    single = len(layout.inputs) == 1
+
+    def key(field: str, name: str) -> str:
+        keyed = f"{field}.{name}"
+        return field if single and (field in names or keyed not in names) else keyed
+
+    want = {f"obs:{n}": key("obs", n) for n in layout.inputs}
+    want["served"] = "served"
+    for column in list(want.values()):
+        if column not in names:
+            raise InputError(path, column, f"missing column (the log has {sorted(names)})")
+    want.update({f"pre:{n}": key("preprocessed", n) for n in layout.inputs
+                 if key("preprocessed", n) in names})
+    if "timestamp" in names:
+        want["timestamp"] = "timestamp"
+    total = source.metadata.num_rows
+    if total > max_records:
+        raise InputError(path, "policy.serving_log.max_records",
+                         f"{total} records, more than {max_records}: raise the bound or "
+                         "replay a sample")
+    first = 0
+    for batch in source.iter_batches(batch_size=chunk, columns=sorted(set(want.values()))):
+        col = {label: batch.column(name) for label, name in want.items()}
+        obs = {n: _parquet_column(col[f"obs:{n}"], layout.inputs[n], first, want[f"obs:{n}"],
+                                  path).astype(np.float32) for n in layout.inputs}
+        served = _parquet_column(col["served"], layout.served, first, "served", path,
+                                 integer=layout.served_integer)
+        pre = {n: _parquet_column(col[f"pre:{n}"], layout.inputs[n], first, want[f"pre:{n}"],
+                                  path).astype(np.float32)
+               for n in layout.inputs if f"pre:{n}" in col} or None
+        stamps = (_parquet_stamps(col["timestamp"]) if "timestamp" in col
+                  else [None] * batch.num_rows)
+        yield Chunk(first=first, lines=None, obs=obs, served=served, preprocessed=pre,
+                    timestamps=stamps)
+        first += batch.num_rows

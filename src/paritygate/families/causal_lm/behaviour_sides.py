@@ -1,0 +1,218 @@
+"""``behaviour_parity``'s two sides: where the samples come from (HF ``generate``, vLLM with
+``n`` samples per request, or rollout dumps read in streaming batches) and how one side's
+samples are reduced, batch by batch, to the :class:`~paritygate.metrics.behaviour.SideSample`
+the tests read. Only per-sample scalars are kept: memory is O(batch) in the records."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from paritygate.engines.dump_stream import Draw
+from paritygate.errors import InputError
+from paritygate.metrics.behaviour import SideSample, distinct_n, self_rouge_l
+
+if TYPE_CHECKING:
+    from paritygate.engines.generation import Generation, SamplingSpec
+    from paritygate.families.causal_lm.context import LMContext
+
+_SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
+Reward = Callable[[str, str], float]
+SCORE_BATCH = 32
+"""Samples per teacher-forced forward: larger batches amortise the forward's overhead."""
+LOGITS_BUDGET = 512 * 2**20
+"""Bytes of float32 logits one forward's chunk may hold (fewer samples per forward for a
+large vocabulary or long completions)."""
+
+
+class Decoder(Protocol):
+    """What the reducer needs of a tokenizer (structural: any HF tokenizer)."""
+
+    eos_token_id: int | None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+
+@dataclass
+class SideReducer:
+    """One side's samples reduced as they stream in: per sample its length, stop reason, format
+    hit, reward and the trainer's scores; per prompt distinct-2 and self-ROUGE-L once the
+    prompt has ``samples`` completions."""
+
+    ctx: LMContext
+    tokenizer: Decoder
+    samples: int
+    pattern: re.Pattern[str] | None = None
+    reward: Reward | None = None
+    reward_key: str = "causal_lm.behaviour.reward_fn"
+    lengths: list[int] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    means: list[float] = field(default_factory=list)
+    hits: list[bool] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    diversity: list[float] = field(default_factory=list)
+    rouge: list[float] = field(default_factory=list)
+    score: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    """log-prob score sum and variance, repeat score sum and variance."""
+    repeats: int = 0
+    prompts: dict[tuple[int, ...], tuple[float, float, int]] = field(default_factory=dict)
+    _open: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)
+
+    def add(self, draws: list[Draw]) -> None:
+        """Reduce one batch: the trainer's logits in chunks small enough that a chunk's
+        ``(tokens, vocab)`` rows stay within :data:`LOGITS_BUDGET` bytes, scored and dropped."""
+        from paritygate.engines.generation import Generation
+        from paritygate.families.causal_lm.recompute import teacher_forced_rows
+
+        pad = self.ctx.training_tokenizer.pad_token_id
+        model = self.ctx.reference_model()
+        vocab = int(getattr(model.config, "vocab_size", 0) or 1)
+        longest = 1 + max(len(d.completion_ids) for d in draws)
+        step = max(1, min(SCORE_BATCH, LOGITS_BUDGET // (4 * vocab * longest)))
+        for start in range(0, len(draws), step):
+            chunk = draws[start : start + step]
+            gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in chunk],
+                             [d.completion_ids for d in chunk], [[] for _ in chunk], None,
+                             "raw", "behaviour")
+            rows = teacher_forced_rows(model, gen, 0 if pad is None else pad, batch_size=step)
+            for draw, row in zip(chunk, rows, strict=True):
+                self._score(draw, row)
+            del rows
+        for draw in draws:
+            self.lengths.append(len(draw.completion_ids))
+            self.reasons.append(draw.reason)
+            text = self.tokenizer.decode(draw.completion_ids, skip_special_tokens=True)
+            if self.pattern is not None:
+                self.hits.append(bool(self.pattern.search(text)))
+            if self.reward is not None:
+                self._reward(draw, text)
+            group = self._open.setdefault(draw.prompt_ids, [])
+            group.append(draw.completion_ids)
+            if len(group) >= self.samples:
+                self._close(draw.prompt_ids)
+
+    def _reward(self, draw: Draw, text: str) -> None:
+        assert self.reward is not None
+        prompt = self.tokenizer.decode(list(draw.prompt_ids), skip_special_tokens=True)
+        try:
+            value = float(self.reward(prompt, text))
+        except Exception as exc:  # user code: bad input naming the key and the sample
+            raise InputError(self.ctx.config.path, self.reward_key,
+                             f"raised {type(exc).__name__}: {exc} on sample "
+                             f"{len(self.lengths)} (completion {text[:60]!r})") from None
+        if not np.isfinite(value):
+            raise InputError(self.ctx.config.path, self.reward_key,
+                             f"returned {value} on sample {len(self.lengths)}")
+        self.rewards.append(value)
+
+    def _score(self, draw: Draw, logits: np.ndarray) -> None:
+        """Trainer log-prob and repeat scores of one sample: each exactly mean 0 with a known
+        variance when the sample is drawn from the trainer's own distribution."""
+        out = draw.completion_ids
+        if not out:
+            self.means.append(0.0)
+            return
+        z = np.asarray(logits[: len(out)], dtype=np.float64)  # (N, V)
+        logp = z - z.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        probs = np.exp(logp)
+        chosen = logp[np.arange(len(out)), out]
+        entropy = -(probs * logp).sum(-1)
+        second = np.clip((probs * logp * logp).sum(-1) - entropy**2, 0, None)
+        self.means.append(float(chosen.mean()))
+        total, var = float((chosen + entropy).sum()), float(second.sum())
+        self.score[0] += total
+        self.score[1] += var
+        key = draw.scored_prompt or draw.prompt_ids
+        was = self.prompts.get(key, (0.0, 0.0, 0))
+        self.prompts[key] = (was[0] + total, was[1] + var, was[2] + len(out))
+        steps = np.arange(len(out))
+        prompt = {t for t in (draw.scored_prompt or draw.prompt_ids) if t < z.shape[1]}
+        first: dict[int, int] = {}
+        for j, token in enumerate(out):
+            first.setdefault(token, j)
+        fresh = [t for t in first if t not in prompt]  # completion tokens not in the prompt
+        born = np.array([first[t] for t in fresh], dtype=np.int64)
+        later = born[None, :] < steps[:, None]  # (N, U): token t already sampled before step j
+        q = probs[:, sorted(prompt)].sum(-1) + (probs[:, fresh] * later).sum(-1)
+        hits = np.array([t in prompt or first[t] < j for j, t in enumerate(out)])
+        self.repeats += int(hits.sum())
+        self.score[2] += float((hits - q).sum())
+        self.score[3] += float((q * (1 - q)).sum())
+
+    def _close(self, prompt: tuple[int, ...]) -> None:
+        group = self._open.pop(prompt)
+        if len(group) >= 2:
+            self.diversity.append(distinct_n(group))
+            self.rouge.append(self_rouge_l(group))
+
+    def finish(self) -> SideSample:
+        """The side's reduced sample (prompts with fewer than ``samples`` draws included)."""
+        for prompt in list(self._open):
+            self._close(prompt)
+        return SideSample(
+            lengths=self.lengths, truncated=[r == "length" for r in self.reasons],
+            diversity=self.diversity, logprob_means=self.means, score_sum=self.score[0],
+            score_var=self.score[1], format_hits=self.hits if self.pattern else None,
+            stop_reasons=self.reasons, rouge_l=self.rouge, repeats=self.repeats,
+            repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
+
+
+def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
+    """The side's sampling config with a seed independent of the other side's."""
+    from paritygate.engines.generation import SamplingSpec
+
+    sampling = (ctx.training_sampling if side == "training" else ctx.serving_sampling).spec()
+    seed = (sampling.seed if sampling.seed is not None else ctx.config.seed) + (
+        _SERVING_SEED_OFFSET if side == "serving" else 0)
+    return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
+
+
+def stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Decoder) -> list[str]:
+    """How each generated row ended: ``eos``, ``stop`` (a stop string), ``length``, ``other``."""
+    eos = set(sampling.eos_token_ids) or ({tok.eos_token_id} if tok.eos_token_id is not None
+                                          else set())
+    reasons = []
+    for out in gen.output_ids:
+        if out and out[-1] in eos:
+            reasons.append("eos")
+        elif sampling.stop and any(s in tok.decode(out) for s in sampling.stop):
+            reasons.append("stop")
+        else:
+            reasons.append("length" if len(out) >= sampling.max_new_tokens else "other")
+    return reasons
+
+
+def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: str,
+              scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
+    """The side's samples from an engine: every prompt ``samples`` times in one batch (vLLM:
+    one request per prompt with ``n`` samples); ``scored[i]`` is the prompt the trainer scores
+    prompt ``i``'s samples after (the training side's rendering of the probe)."""
+    from paritygate.engines.hf_generate import HFGenerateEngine
+
+    spec = ctx.spec.behaviour
+    assert spec is not None
+    sampling = side_sampling(ctx, side)
+    tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
+    if engine_name == "vllm":
+        from paritygate.engines.vllm_engine import VLLMEngine
+        from paritygate.engines.vllm_sampling import sample_n
+
+        engine = ctx.engine("vllm")
+        assert isinstance(engine, VLLMEngine)
+        gen, reasons = sample_n(engine, prompts, sampling, spec.samples)
+    else:
+        hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
+            ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
+            top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
+        gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
+        reasons = stop_reasons(gen, sampling, tok)
+    after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
+    draws = [Draw(tuple(p), list(o), r, after[tuple(p)] if after[tuple(p)] != tuple(p) else None)
+             for p, o, r in zip(gen.prompt_ids, gen.output_ids, reasons, strict=True)]
+    for start in range(0, len(draws), spec.batch_size):
+        yield draws[start : start + spec.batch_size]

@@ -1,0 +1,47 @@
+"""rollout_parity's report fragments: a table per episode and the per-step figure."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from pathlib import Path
+
+from paritygate.check import Rendered
+from paritygate.report.plots import rollout_figure
+from paritygate.report.render import render_fragment, table_html, table_markdown
+from paritygate.result import CheckResult
+
+PLOT = "rollout_parity.png"
+HEADER = ["episode", "seed", "return (training / artifact)", "length (training / artifact)",
+          "first divergent step", "margin", "actions there", "verdict"]
+
+
+def _num(v: object) -> str:
+    return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
+
+def episode_cells(rows: list[Mapping[str, object]]) -> list[list[str]]:
+    """One table row per episode of ``details.episodes`` (see ``rollout_parity.EpisodeRow``)."""
+    return [[
+        str(r["episode"]), str(r["seed"]),
+        f"{_num(r['training_return'])} / {_num(r['artifact_return'])}",
+        f"{r['training_length']} / {r['artifact_length']}",
+        _num(r["first_divergent_step"]), _num(r.get("margin")),
+        (f"{r['training_action']} / {r['artifact_action']}" if "training_action" in r else "-"),
+        str(r["verdict"]),
+    ] for r in rows]
+
+
+def render_rollout(result: CheckResult, report_dir: Path) -> Rendered:
+    """rollout_parity.png (per-step action difference and cumulative return of both paths)
+    and a table per episode, for report.md and report.html."""
+    rows = result.details.get("episodes")
+    if not rows:
+        return Rendered()
+    cells = episode_cells(rows)
+    title = f"rollout_parity: {result.details.get('env', '')}"
+    png = rollout_figure(result.details.get("curves") or [], Path(report_dir) / PLOT, title)
+    encoded = base64.b64encode(png.read_bytes()).decode() if png is not None else ""
+    fragment = render_fragment("rollout.html.j2", png=encoded, table=table_html(HEADER, cells))
+    return Rendered(markdown=table_markdown(HEADER, cells), html=fragment,
+                    files=[str(png)] if png is not None else [])

@@ -1,0 +1,63 @@
+"""behaviour_parity's vLLM side with vLLM-shaped fakes: one request per prompt carrying
+``n`` samples, the stop reason read from vLLM's ``finish_reason`` / ``stop_reason`` (vLLM
+leaves a stop string out of the text, so it cannot be found in the tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from paritygate.engines import vllm_sampling
+from paritygate.engines.dump_stream import finish_from_vllm
+from paritygate.engines.generation import SamplingSpec
+from paritygate.engines.vllm_engine import VLLMEngine
+from paritygate.engines.vllm_sampling import sample_n
+
+
+@dataclass
+class _Completion:
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Request:
+    outputs: list[_Completion]
+
+
+@dataclass
+class _FakeLLM:
+    calls: list[tuple[list[Any], list[dict[str, Any]]]] = field(default_factory=list)
+
+    def generate(self, requests: list[Any], params: list[dict[str, Any]], **_: Any) -> list[Any]:
+        self.calls.append((requests, params))
+        ends = [("length", None), ("stop", "\n"), ("stop", None)]
+        return [_Request([_Completion([7, i, k], *ends[k % 3]) for k in range(p["n"])])
+                for i, p in enumerate(params)]
+
+
+def test_one_request_per_prompt_with_n_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_sampling, "_import_vllm",
+                        lambda: SimpleNamespace(SamplingParams=lambda **kw: kw))
+    engine = VLLMEngine("/m")
+    fake = _FakeLLM()
+    engine._llm = fake
+    gen, reasons = sample_n(engine, [[1, 2], [3]], SamplingSpec(temperature=0.8, seed=5), 4)
+    requests, params = fake.calls[0]
+    assert len(fake.calls) == 1 and len(requests) == 2
+    assert [p["n"] for p in params] == [4, 4] and params[0]["temperature"] == 0.8
+    assert [p["seed"] for p in params] == [5, 6] and params[0]["logprobs"] is None
+    assert gen.prompt_ids == [[1, 2]] * 4 + [[3]] * 4
+    assert gen.output_ids[:2] == [[7, 0, 0], [7, 0, 1]]
+    assert reasons[:4] == ["length", "stop", "eos", "length"]
+
+
+def test_finish_reason_mapping() -> None:
+    assert finish_from_vllm("length", None) == "length"
+    assert finish_from_vllm("stop", "###") == "stop"
+    assert finish_from_vllm("stop", 2) == "eos"
+    assert finish_from_vllm("stop", None) == "eos"

@@ -1,0 +1,86 @@
+"""Records that cross module boundaries: the metrics' statistics, rollout_parity's episode
+rows, and the report's table templates, which must write what the fragments always wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+
+import numpy as np
+import pytest
+
+from paritygate.metrics import DiffStats, DistributionStats, diff_stats, distribution_stats
+from paritygate.report.render import table_html, table_markdown
+
+
+def test_diff_stats_is_a_frozen_record() -> None:
+    ref = np.array([[1.0, 2.0], [3.0, 4.0]])
+    stats = diff_stats(ref, ref + np.array([[0.0, 0.5], [0.0, 0.0]]))
+    assert isinstance(stats, DiffStats)
+    assert stats.max_abs == 0.5 and stats.max_rel == 0.25
+    assert stats.as_dict() == {"max_abs": 0.5, "mean_abs": 0.125, "p99_abs": stats.p99_abs,
+                               "max_rel": 0.25}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.max_abs = 0.0  # type: ignore[misc]
+    empty = diff_stats(np.zeros((0, 2)), np.zeros((0, 2)))
+    assert empty == DiffStats(0.0, 0.0, 0.0, 0.0)
+    nonfinite = diff_stats(ref, ref * np.nan)
+    assert all(math.isnan(v) for v in nonfinite.as_dict().values())
+
+
+def test_distribution_stats_is_a_frozen_record() -> None:
+    ref = np.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]])
+    cand = np.array([[0.0, 2.0, -1.0], [0.0, 3.0, 0.0]])
+    stats = distribution_stats(ref, cand, top_k=1)
+    assert isinstance(stats, DistributionStats)
+    assert stats.argmax_agreement == 0.5 and stats.topk_overlap == 0.0
+    assert stats.worst[0] == 0 and stats.kl_per_row[1] == 0.0 < stats.kl_max
+    assert set(stats.as_dict()) == {"kl_mean", "kl_max", "tv_mean", "tv_max", "topk_overlap",
+                                    "argmax_agreement", "worst", "kl_per_row"}
+    bad = cand.copy()
+    bad[0, 0] = np.inf
+    nonfinite = distribution_stats(ref, bad)
+    assert math.isnan(nonfinite.kl_max) and nonfinite.worst == []
+
+
+def test_episode_row_dict_has_action_keys_only_where_the_actions_parted() -> None:
+    from paritygate.checks.rollout_parity import EpisodeRow
+
+    row = EpisodeRow(episode=0, seed=7, training_return=10.0, artifact_return=10.0,
+                     training_length=10, artifact_length=10, first_divergent_step=None,
+                     margin=None, verdict="agree", observation_max_abs_diff=0.0)
+    assert list(row.as_dict()) == [
+        "episode", "seed", "training_return", "artifact_return", "training_length",
+        "artifact_length", "first_divergent_step", "margin", "verdict",
+        "observation_max_abs_diff"]
+    parted = dataclasses.replace(row, first_divergent_step=3, margin=0.5, verdict="diverged",
+                                 training_action="0", artifact_action="1")
+    assert parted.as_dict()["training_action"] == "0"
+    assert list(parted.as_dict())[-2:] == ["training_action", "artifact_action"]
+
+
+def test_episode_table_renders_from_report_json_rows() -> None:
+    from paritygate.checks.rollout_parity import EpisodeRow
+    from paritygate.report.rollout import HEADER, episode_cells
+
+    row = EpisodeRow(episode=1, seed=3, training_return=9.5, artifact_return=7.25,
+                     training_length=10, artifact_length=8, first_divergent_step=4,
+                     margin=1.5, verdict="diverged", observation_max_abs_diff=0.0,
+                     training_action="1", artifact_action="0")
+    cells = episode_cells([row.as_dict()])
+    assert cells == [["1", "3", "9.5 / 7.25", "10 / 8", "4", "1.5", "1 / 0", "diverged"]]
+    assert table_markdown(HEADER, cells).splitlines()[-1] == (
+        "| 1 | 3 | 9.5 / 7.25 | 10 / 8 | 4 | 1.5 | 1 / 0 | diverged |")
+
+
+@pytest.mark.parametrize("cells", [[], [["1", "a|b"], ["<2>", "'x' & \"y\""]]])
+def test_table_templates_write_what_the_fragments_wrote(cells: list[list[str]]) -> None:
+    header = ["n", "what <it> is"]
+    md = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                    *("| " + " | ".join(row) + " |" for row in cells)])
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in cells)
+    assert table_markdown(header, cells) == md
+    assert table_html(header, cells) == f"<table><tr>{head}</tr>{body}</table>"
