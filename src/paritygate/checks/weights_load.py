@@ -250,10 +250,8 @@ def _engine_values(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> 
     served = state if ctx.serves_training_files() else ctx.serving_state()
     engine_values: list[str] = value_mismatches(engine_model, served)
     if engine_values:
-        m.fail(
-            "engine_values_altered",
-            f"inference model: {len(engine_values)} tensors differ from the served "
-            f"directory's file after loading: {engine_values[:5]}")
+        m.fail("engine_values_altered", f"inference model: {len(engine_values)} tensors differ "
+               f"from the served directory's file after loading: {engine_values[:5]}")
     return engine_values
 
 def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
