@@ -45,10 +45,10 @@ def test_clean_twin_passes(demo_lm: Path, tmp_path: Path) -> None:
                           "stop_string_rate",
                           "format_hit_rate", "reward"}
     assert result.details["stop_reasons"]["serving"].get("stop", 0) > 0
-    from paritygate.checks.behaviour_parity import CHECK
 
-    assert CHECK.render is not None
-    section = CHECK.render(result, tmp_path)
+    from paritygate.report import RENDERERS
+
+    section = RENDERERS["behaviour_parity"](result, tmp_path)
     for name in stats:
         assert f"| {name} |" in section.markdown
     assert "samples per side to detect" in section.markdown

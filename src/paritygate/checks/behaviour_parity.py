@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.check import CheckSpec, Rendered, Thresholds
-from paritygate.result import CheckResult, Measurement
+from paritygate.check import CheckSpec, Thresholds
+from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.engines.dump_stream import Draw
@@ -55,13 +54,12 @@ def _kept(ctx: LMContext) -> set[int]:
     return {i for i, (train, serve) in enumerate(pairs) if train and serve}
 
 
-def _source(ctx: LMContext, side: str, kept: set[int]) -> tuple[Iterator[list[Draw]], str]:
+def _source(ctx: LMContext, spec: BehaviourSpec, side: str, kept: set[int]
+            ) -> tuple[Iterator[list[Draw]], str]:
     """The side's batches of draws and a description of where they come from."""
     from paritygate.engines.dump_stream import expand, stream_draws
-    from paritygate.families.causal_lm.behaviour_sides import generated
+    from paritygate.families.causal_lm import behaviour_samples
 
-    spec = ctx.spec.behaviour
-    assert spec is not None
     dump = spec.training_dump if side == "training" else spec.serving_dump
     if dump is not None:
         key = f"causal_lm.behaviour.{side}_dump"
@@ -71,21 +69,21 @@ def _source(ctx: LMContext, side: str, kept: set[int]) -> tuple[Iterator[list[Dr
     engine = "vllm" if side == "serving" and "vllm" in ctx.spec.engines else "hf"
     prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]
     scored = [p for i, p in enumerate(ctx.prompts("training")) if i in kept]
-    return generated(ctx, side, prompts, engine, scored), f"{engine} generate"
+    return behaviour_samples(ctx, side, prompts, engine, scored), f"{engine} generate"
 
 
 def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
             kept: set[int]) -> tuple[dict[str, SideReducer], dict[str, str]]:
     from paritygate.errors import InputError
-    from paritygate.families.causal_lm.behaviour_sides import SideReducer
+    from paritygate.families.causal_lm import behaviour_reducer
 
     pattern = re.compile(spec.format_regex) if spec.format_regex else None
     reducers: dict[str, SideReducer] = {}
     origins: dict[str, str] = {}
     for side in SIDES:
         tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
-        reducer = SideReducer(ctx, tok, spec.samples, pattern, reward)
-        batches, origins[side] = _source(ctx, side, kept)
+        reducer = behaviour_reducer(ctx, tok, spec.samples, pattern, reward)
+        batches, origins[side] = _source(ctx, spec, side, kept)
         for batch in batches:
             reducer.add(batch)
         if len(reducer.lengths) < spec.samples:
@@ -150,12 +148,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
                    f"tests, {spec.samples} samples per prompt per side) {configs}")
     tests = len(stats)
     if reward is not None:
-        failed += _reward(ctx, m, stats, reducers, configs)
+        failed += _reward(spec, ctx.config.seed, m, stats, reducers, configs)
     m.metric("rejected_tests", failed, threshold=thresholds["rejected_tests"], key=True)
     m.details.update(
         statistics=stats, samples_per_prompt=spec.samples, alpha=spec.alpha, sources=origins,
         samples={s: len(r.lengths) for s, r in reducers.items()},
-        stop_reasons={s: {k: r.reasons.count(k) for k in sorted(set(r.reasons))}
+        stop_reasons={s: {k: r.finishes.count(k) for k in sorted(set(r.finishes))}
                       for s, r in reducers.items()},
         length_histogram={s: {str(k): int(v) for k, v in zip(*np.unique(
             r.lengths, return_counts=True), strict=True)} for s, r in reducers.items()},
@@ -172,16 +170,14 @@ def _configs(ctx: LMContext, origins: dict[str, str]) -> str:
             f"{serve.repetition_penalty})")
 
 
-def _reward(ctx: LMContext, m: Measurement, stats: dict[str, StatRow],
+def _reward(spec: BehaviourSpec, seed: int, m: Measurement, stats: dict[str, StatRow],
             reducers: dict[str, SideReducer], configs: str) -> int:
     """E[reward] by a bootstrap interval of the difference against the tolerance."""
     from paritygate.metrics.behaviour import bootstrap_diff
 
-    spec = ctx.spec.behaviour
-    assert spec is not None
     rewards = {s: reducers[s].rewards for s in SIDES}
     diff, low, high = bootstrap_diff(rewards["training"], rewards["serving"],
-                                     seed=ctx.config.seed)
+                                     seed=seed)
     tol = spec.reward_tolerance
     row: StatRow = {"test": "bootstrap 95%", "effect": diff, "low": low, "high": high,
                     "training": float(np.mean(rewards["training"])),
@@ -198,12 +194,6 @@ def _reward(ctx: LMContext, m: Measurement, stats: dict[str, StatRow],
     return 1
 
 
-def _render(result: CheckResult, report_dir: Path) -> Rendered:
-    from paritygate.report.behaviour import render_behaviour
-
-    return render_behaviour(result, report_dir)
-
-
 CHECK = CheckSpec(
     id="behaviour_parity",
     summary="sampled with each side's config, the trainer's sampler and the engine behave alike",
@@ -211,7 +201,6 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     marks=("slow",),
     kinds=KINDS,
-    render=_render,
 )
 
 POSITION = 170

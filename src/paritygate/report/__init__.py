@@ -17,6 +17,7 @@ from typing import Any
 from paritygate.check import Rendered
 from paritygate.checks import get_check
 from paritygate.files import atomic_write_many, dump_json
+from paritygate.report.behaviour import render_behaviour
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
     nothing_verified_reason,
@@ -62,6 +63,7 @@ class WrittenReport:
 
 RENDERERS: dict[str, Callable[[CheckResult, Path], Rendered]] = {
     "rollout_parity": render_rollout,
+    "behaviour_parity": render_behaviour,
 }
 """Report fragments drawn here from a check's records (``details``), by check id."""
 

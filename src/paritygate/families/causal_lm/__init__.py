@@ -10,11 +10,15 @@ copy (training-only heads removed) and its manifest.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
+    from paritygate.engines.dump_stream import Draw
+    from paritygate.families.causal_lm.behaviour_sides import Decoder, Reward, SideReducer
     from paritygate.families.causal_lm.context import LMContext
 
 
@@ -28,3 +32,19 @@ def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     from paritygate.families.causal_lm.export import export_serving_copy
 
     return export_serving_copy(config, out_dir)
+
+
+def behaviour_samples(ctx: LMContext, side: str, prompts: list[list[int]], engine: str,
+                      scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
+    """One side's sampled completions in batches (behaviour_parity's engine source)."""
+    from paritygate.families.causal_lm.behaviour_sides import generated
+
+    return generated(ctx, side, prompts, engine, scored)
+
+
+def behaviour_reducer(ctx: LMContext, tokenizer: Decoder, samples: int,
+                      pattern: re.Pattern[str] | None, reward: Reward | None) -> SideReducer:
+    """A side's streaming reduction of its samples (lengths, finishes, scores, rewards)."""
+    from paritygate.families.causal_lm.behaviour_sides import SideReducer
+
+    return SideReducer(ctx, tokenizer, samples, pattern, reward)

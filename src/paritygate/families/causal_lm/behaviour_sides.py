@@ -50,7 +50,8 @@ class SideReducer:
     reward: Reward | None = None
     reward_key: str = "causal_lm.behaviour.reward_fn"
     lengths: list[int] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
+    finishes: list[str] = field(default_factory=list)
+    """Each sample's finish reason (eos, stop, length, other), as engines report it."""
     means: list[float] = field(default_factory=list)
     hits: list[bool] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
@@ -84,7 +85,7 @@ class SideReducer:
             del rows
         for draw in draws:
             self.lengths.append(len(draw.completion_ids))
-            self.reasons.append(draw.reason)
+            self.finishes.append(draw.reason)
             text = self.tokenizer.decode(draw.completion_ids, skip_special_tokens=True)
             if self.pattern is not None:
                 self.hits.append(bool(self.pattern.search(text)))
@@ -155,10 +156,10 @@ class SideReducer:
         for prompt in list(self._open):
             self._close(prompt)
         return SideSample(
-            lengths=self.lengths, truncated=[r == "length" for r in self.reasons],
+            lengths=self.lengths, truncated=[r == "length" for r in self.finishes],
             diversity=self.diversity, logprob_means=self.means, score_sum=self.score[0],
             score_var=self.score[1], format_hits=self.hits if self.pattern else None,
-            stop_reasons=self.reasons, rouge_l=self.rouge, repeats=self.repeats,
+            stop_reasons=self.finishes, rouge_l=self.rouge, repeats=self.repeats,
             repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
 
 
