@@ -77,14 +77,14 @@ VLLM_MARKERS = {
 }
 TRAINER_MARKERS = {"padding_side", "truncation_side", "dtype"}
 
-_NEUTRAL: dict[str, Any] = {
+_NEUTRAL: dict[str, object] = {
     "min_p": 0.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "stop_token_ids": [],
     "ignore_eos": False,
 }
-HF_DEFAULTS: dict[str, Any] = {
+HF_DEFAULTS: dict[str, object] = {
     **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
@@ -96,7 +96,7 @@ HF_DEFAULTS: dict[str, Any] = {
     "do_sample": False,
     "use_cache": True,
 }
-VLLM_DEFAULTS: dict[str, Any] = {
+VLLM_DEFAULTS: dict[str, object] = {
     **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
@@ -108,7 +108,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "do_sample": True,
     "use_cache": True,
 }
-TRAINER_DEFAULTS: dict[str, Any] = {**VLLM_DEFAULTS, "use_cache": None}
+TRAINER_DEFAULTS: dict[str, object] = {**VLLM_DEFAULTS, "use_cache": None}
 
 
 @dataclass
