@@ -355,7 +355,6 @@ class LMContext:
         if self.dump is not None:
             return self.dump
         from paritygate.families.causal_lm.inputs import read_lm_dump
-
         return read_lm_dump(self.config, self.spec, self.model_dir)
 
     def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
