@@ -138,13 +138,13 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
                         list(training.stop), list(training.eos_token_ids))
     teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
     unexcused = excused = agreeing = compared = 0
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for probe, prompt, cand, forced in zip(
         probes, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True
     ):
         ref, margins = greedy_training_path(model, rules, prompt, forced, cand)
         at = next((i for i, (r, c) in enumerate(zip(ref, cand, strict=False)) if r != c), None)
-        row: dict[str, Any] = {
+        row: dict[str, object] = {
             "probe": probe.id,
             "training_len": len(ref),
             "engine_len": len(cand),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics import (
+    LogitsComparison,
     diff_stats,
     distribution_stats,
     finite_report,
@@ -68,18 +69,16 @@ DEFAULTS = {
 
 def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
                    thresholds: Mapping[str, float | None], *, top_k: int = 5,
-                   continuous: bool = False) -> dict[str, Any]:
+                   continuous: bool = False) -> LogitsComparison | None:
     """Fill ``m`` with diff and distribution metrics of two (N, A) arrays; return the stats."""
     for label, arr in (("reference output", reference), ("candidate output", candidate)):
         bad = finite_report(label, arr)
         if bad:
             m.fail("nonfinite_output", bad)
     if reference.shape != candidate.shape:
-        m.fail(
-            "output_shape",
-            f"output shapes differ: reference {list(reference.shape)} vs candidate "
-            f"{list(candidate.shape)}")
-        return {}
+        m.fail("output_shape", f"output shapes differ: reference {list(reference.shape)} vs "
+               f"candidate {list(candidate.shape)}")
+        return None
     diff = diff_stats(reference, candidate)
     m.metric("max_abs_diff", diff.max_abs, threshold=thresholds["max_abs_diff"], key=True)
     m.metric("mean_abs_diff", diff.mean_abs, bad="none", ratchet=False)
@@ -89,7 +88,7 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
              limit_key="max_abs_diff")
     m.metric("max_rel_diff", diff.max_rel, bad="none", ratchet=False)
     if continuous:
-        return diff.as_dict()
+        return LogitsComparison(diff)
     dist = distribution_stats(reference, candidate, top_k=top_k)
     m.metric("kl_max", dist.kl_max, threshold=thresholds["kl_max"])
     m.metric("kl_mean", dist.kl_mean, bad="none", ratchet=False)
@@ -108,7 +107,7 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
          "candidate_argmax": int(np.argmax(candidate[i]))}
         for i in order
     ]
-    return {**diff.as_dict(), **dist.as_dict()}
+    return LogitsComparison(diff, dist)
 
 
 def _normalised_hint(reference: np.ndarray, candidate: np.ndarray) -> str:
@@ -151,11 +150,11 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(scaled_note({"max_abs_diff": limit}, factor))
     stats = compare_logits(m, reference, candidate, judged, continuous=continuous)
     transform = None
-    if dist is not None and stats:
+    if dist is not None and stats is not None:
         transform = (measure_gaussian(m, ctx, dist, candidate, limits) if dist.gaussian
                      else measure_action(m, ctx, dist, ctx.reference_results[ctx.output_name],
                                          candidate, limits))
-    if stats and stats.get("max_abs", 0) > limit and transform is None:
+    if stats is not None and stats.diff.max_abs > limit and transform is None:
         ratio = np.asarray(candidate, np.float64) / np.where(reference == 0, np.nan, reference)
         scale = float(np.nanmedian(ratio)) if np.isfinite(ratio).any() else float("nan")
         hint = ""
@@ -175,26 +174,26 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
             nets = list(matches.target_networks)
             m.fail("target_network_served",
                    f"artifact outputs differ from the training model's by up to "
-                   f"{stats['max_abs']:.3g}: the artifact was built from the target network "
+                   f"{stats.diff.max_abs:.3g}: the artifact was built from the target network "
                    f"{', '.join(nets)} ({len(targets)} of its weight initializers are that "
                    f"network's tensors, e.g. {next(iter(targets.values()))!r}), not the policy",
                    metric="max_abs_diff")
         elif precision.undeclared and precision.stored != "float32":
             m.fail("undeclared_precision",
                    f"artifact logits differ from the training model's by up to "
-                   f"{stats['max_abs']:.3g}: the artifact stores {precision.stored} weights "
+                   f"{stats.diff.max_abs:.3g}: the artifact stores {precision.stored} weights "
                    f"that policy.artifact_dtype ({precision.declared}) does not declare, so "
                    "they are judged by the float32 limit", metric="max_abs_diff")
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
-                   f"{stats['max_abs']:.3g}: stale artifact, not built from this checkpoint "
+                   f"{stats.diff.max_abs:.3g}: stale artifact, not built from this checkpoint "
                    f"(0/{matches.comparable} of its weight initializers match the "
                    "checkpoint's tensors)", metric="max_abs_diff")
         elif hint:  # the outputs themselves show how they differ
             m.fail(
                 "artifact_outputs_differ",
                 f"artifact logits differ from the training model's by up to "
-                f"{stats['max_abs']:.3g}{hint}", metric="max_abs_diff")
+                f"{stats.diff.max_abs:.3g}{hint}", metric="max_abs_diff")
         else:  # only the size of the gap: a plain breach, the usual causes for people
             m.hint("max_abs_diff", "artifact logits differ from the training model's; possible "
                    "causes: stale artifact, low-precision layer or changed output scaling")
@@ -377,7 +376,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     candidate = np.concatenate(cands)  # (N, V)
     limits = _tier_thresholds(ctx, m, thresholds)
     stats = compare_logits(m, reference, candidate, limits)
-    if stats:  # the size of the gap names no cause: the usual ones, for people
+    if stats is not None:  # the size of the gap names no cause: the usual ones, for people
         m.hint("max_abs_diff",
                f"cached engine logits differ from the trainer's forward (engine "
                f"{ctx.engine_model_dir.name} in {ctx.spec.engine.dtype}, trainer in "

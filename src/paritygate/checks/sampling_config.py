@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.sampling import SamplingFile
 
 KIND = "serving_file_contradicts_served_dir"
 """A declared serving file differs from the served directory's own
@@ -37,12 +39,12 @@ DEFAULTS: dict[str, float] = {"fields_differing": 0.0}
 @dataclass(frozen=True)
 class FieldDiff:
     field: str
-    training: Any
-    serving: Any
+    training: object
+    serving: object
     allowed_reason: str | None
 
 
-def effective_stops(side: Any) -> tuple[list[str], list[int]]:
+def effective_stops(side: SamplingFile) -> tuple[list[str], list[int]]:
     """Stop strings and stop token ids without the side's EOS ids, which stop generation
     anyway (unless ``ignore_eos``): a stop string equal to the EOS token is the same stop."""
     stop, ids = list(side.values.get("stop") or []), list(side.values.get("stop_token_ids") or [])
@@ -57,7 +59,7 @@ def effective_stops(side: Any) -> tuple[list[str], list[int]]:
 
 
 def diff_sampling(
-    training: Any, serving: Any, allow: dict[str, str]
+    training: SamplingFile, serving: SamplingFile, allow: dict[str, str]
 ) -> list[FieldDiff]:
     """Fields whose values differ; ``use_cache`` only when both sides state it; stop strings
     and stop token ids compared without EOS (see :func:`effective_stops`); EOS ids not when
@@ -80,7 +82,7 @@ def diff_sampling(
     return diffs
 
 
-def declared_dtype_reason(spec: Any, key: str, dtype: str) -> str:
+def declared_dtype_reason(spec: CausalLMSpec, key: str, dtype: str) -> str:
     """Why a serving dtype that the config states is not a sampling difference: it is a
     deliberate precision change, and its precision tier judges the numbers."""
     from paritygate.metrics.tiers import tier_for

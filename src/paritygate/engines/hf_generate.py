@@ -9,11 +9,15 @@ scores ``generate`` returns: ``output_logits`` (raw model distribution) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
 from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
 from paritygate.errors import NonFiniteOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class HFGenerateEngine:
@@ -69,7 +73,7 @@ class HFGenerateEngine:
             **kwargs,
         )
 
-    def _pad(self, prompts: list[list[int]]) -> tuple[Any, Any]:
+    def _pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         width = max(len(p) for p in prompts)
@@ -140,7 +144,7 @@ class HFGenerateEngine:
         out_ids: list[list[int]] = []
         out_lp: list[list[float]] = []
         out_top: list[list[dict[int, float]]] = []
-        out_logits: list[Any] = []
+        out_logits: list[np.ndarray] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             ids, mask = self._pad(chunk)
@@ -190,7 +194,9 @@ class HFGenerateEngine:
             logits=out_logits if keep_logits else None,
         )
 
-    def cached_logits(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[Any]:
+    def cached_logits(
+        self, prompts: list[list[int]], outputs: list[list[int]]
+    ) -> list[np.ndarray | None]:
         """Next-token logits at the last prompt position and each generated one, through the
         KV cache as serving computes them: one batched prefill of the left-padded prompts,
         then one token per row and step (position ids from the attention mask, so the
@@ -206,7 +212,7 @@ class HFGenerateEngine:
         # transformers 5 names the cache ``cache``; 4.x ``past_key_values``.
         params = inspect.signature(model.forward).parameters
         key = "cache" if "cache" in params else "past_key_values"
-        rows: list[Any] = []
+        rows: list[np.ndarray | None] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start : start + self.batch_size]
             outs = outputs[start : start + self.batch_size]

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
@@ -92,7 +93,7 @@ DUMP_RECORD_SCHEMA: dict[str, Any] = {
 :func:`validate_record` enforces it and the checks JSON Schema cannot state."""
 
 
-def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool,
+def _int_list(path: Path, where: str, name: str, value: object, *, non_empty: bool,
               vocab_size: int | None) -> list[int]:
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
@@ -104,7 +105,7 @@ def _int_list(path: Path, where: str, name: str, value: Any, *, non_empty: bool,
     return [int(v) for v in value]
 
 
-def _in_vocab(path: Path, key: str, ids: Any, vocab_size: int | None) -> None:
+def _in_vocab(path: Path, key: str, ids: Sequence[int], vocab_size: int | None) -> None:
     if vocab_size is None or not ids:
         return
     worst = max(ids)
@@ -114,7 +115,7 @@ def _in_vocab(path: Path, key: str, ids: Any, vocab_size: int | None) -> None:
                                     f"vocabulary of {vocab_size} ids (config.json vocab_size)")
 
 
-def _logprob_list(path: Path, key: str, values: Any, count: int) -> list[float]:
+def _logprob_list(path: Path, key: str, values: object, count: int) -> list[float]:
     """Finite numbers ``<= 0`` (:data:`LOGPROB_SLACK` allowed), one per completion token."""
     if not isinstance(values, (list, tuple)) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
@@ -132,7 +133,7 @@ def _logprob_list(path: Path, key: str, values: Any, count: int) -> list[float]:
     return out
 
 
-def _top_list(path: Path, key: str, top: Any, count: int,
+def _top_list(path: Path, key: str, top: object, count: int,
               vocab_size: int | None) -> list[dict[int, float]]:
     """One ``{token id: log-prob}`` per completion token: ids in the vocabulary, values
     ``<= 0`` and not NaN (``-inf`` is a token the processed distribution excludes)."""
@@ -164,7 +165,7 @@ SAMPLING_RANGES: dict[str, tuple[float, float]] = {
 """The closed range of each numeric sampling param a dump record may hold (finite values)."""
 
 
-def _check_sampling(path: Path, where: str, params: dict[str, Any]) -> None:
+def _check_sampling(path: Path, where: str, params: Mapping[str, object]) -> None:
     for name, (low, high) in SAMPLING_RANGES.items():
         value = params.get(name)
         if value is None:
@@ -178,9 +179,21 @@ def _check_sampling(path: Path, where: str, params: dict[str, Any]) -> None:
                              f"{value} is out of range (finite, at least {low}, {shown})")
 
 
+class DumpRecord(TypedDict):
+    """One validated dump record (:func:`validate_record`)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]] | None
+    sampling: SamplingSpec
+    logprobs_mode: str
+    engine: str
+
+
 def validate_record(
-    path: Path, where: str, rec: Any, vocab_size: int | None = None
-) -> dict[str, Any]:
+    path: Path, where: str, rec: object, vocab_size: int | None = None
+) -> DumpRecord:
     """One validated, normalised record; ``where`` is ``line N`` or ``row N``; token ids
     are checked against ``vocab_size`` when it is known."""
     if not isinstance(rec, dict):
@@ -196,9 +209,10 @@ def validate_record(
     completion = _int_list(path, where, "completion_ids", rec["completion_ids"],
                            non_empty=False, vocab_size=vocab_size)
     lps = _logprob_list(path, f"{where}: logprobs", rec["logprobs"], len(completion))
-    top = rec.get("top_logprobs")
-    if top is not None:
-        top = _top_list(path, f"{where}: top_logprobs", top, len(completion), vocab_size)
+    raw_top = rec.get("top_logprobs")
+    top = None
+    if raw_top is not None:
+        top = _top_list(path, f"{where}: top_logprobs", raw_top, len(completion), vocab_size)
     sampling = rec.get("sampling") or {}
     if not isinstance(sampling, dict):
         raise InputError(path, f"{where}: sampling", "must be an object")
@@ -217,7 +231,7 @@ def validate_record(
     }
 
 
-def sampling_spec(params: dict[str, Any]) -> SamplingSpec:
+def sampling_spec(params: Mapping[str, object]) -> SamplingSpec:
     """A dump record's sampling params as a :class:`SamplingSpec` (vLLM or HF names)."""
     known = {
         "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens",
@@ -267,7 +281,7 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
     return rows
 
 
-def read_dump(path: Path, *, vocab_size: int | None = None) -> list[dict[str, Any]]:
+def read_dump(path: Path, *, vocab_size: int | None = None) -> list[DumpRecord]:
     """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``
     when given). A FIFO, a device, a sparse file or one over
     :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
@@ -285,17 +299,18 @@ def read_dump(path: Path, *, vocab_size: int | None = None) -> list[dict[str, An
     return records
 
 
-def as_generation(records: list[dict[str, Any]], engine: str = "dump") -> Generation:
+def as_generation(records: Sequence[DumpRecord], engine: str = "dump") -> Generation:
     """Records as a :class:`Generation` (all must share one logprobs mode)."""
     modes = {r["logprobs_mode"] for r in records}
     if len(modes) > 1:
         raise ValueError(f"records mix log-prob modes {sorted(modes)}")
     tops = [r["top_logprobs"] for r in records]
+    known = [t for t in tops if t is not None]
     return Generation(
         prompt_ids=[r["prompt_ids"] for r in records],
         output_ids=[r["completion_ids"] for r in records],
         logprobs=[r["logprobs"] for r in records],
-        top_logprobs=tops if all(t is not None for t in tops) else None,
+        top_logprobs=known if len(known) == len(tops) else None,
         logprobs_mode=modes.pop(),
         engine=records[0]["engine"] if engine == "dump" else engine,
     )

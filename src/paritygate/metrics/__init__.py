@@ -49,6 +49,19 @@ class DistributionStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class LogitsComparison:
+    """What ``logits_agreement.compare_logits`` measured: the element-wise differences and,
+    for categorical outputs, the distances between the two distributions."""
+
+    diff: DiffStats
+    dist: DistributionStats | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The statistics by name (the diff's, then the distribution's), for reports."""
+        return {**self.diff.as_dict(), **(self.dist.as_dict() if self.dist else {})}
+
+
 def finite_report(name: str, array: np.ndarray) -> str | None:
     """A cause line when ``array`` holds NaN or Inf, else ``None``."""
     arr = np.asarray(array)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from paritygate.metrics.logprob_correction import rollout_correction
 from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
@@ -24,16 +25,8 @@ from paritygate.metrics.tiers import PRECISION_TIERS, tier_for
 __all__ = ["PRECISION_TIERS", "DeltaStats", "delta_stats", "tier_for"]
 
 _METRIC_NAMES = (
-    "delta_mean",
-    "delta_std",
-    "delta_max_abs",
-    "delta_p99_abs",
-    "prob_diff_mean",
-    "prob_diff_max",
-    "k3_kl",
-    "ratio_outside_frac",
-    "n_tokens",
-    "nonfinite_tokens",
+    "delta_mean", "delta_std", "delta_max_abs", "delta_p99_abs", "prob_diff_mean",
+    "prob_diff_max", "k3_kl", "ratio_outside_frac", "n_tokens", "nonfinite_tokens",
 )
 
 OUTLIER_FACTOR = 10.0
@@ -61,6 +54,21 @@ def _noise_tier(std: float) -> str | None:
     return min(fits)[1] if fits else None
 
 
+class _WorstTokenBase(TypedDict):
+    seq: int
+    pos: int
+    delta: float
+    logp_train: float
+    logp_infer: float
+    outlier: bool
+    nonfinite: bool
+
+
+class WorstToken(_WorstTokenBase, total=False):
+    """One of the worst tokens of :func:`delta_stats` (``text`` only with a decoder)."""
+    text: str
+
+
 @dataclass
 class DeltaStats:
     """Summary of one comparison; metrics are NaN when no finite token was compared."""
@@ -78,10 +86,10 @@ class DeltaStats:
     eps: float
     diagnosis: str
     labels: list[str]
-    worst: list[dict[str, Any]]
-    per_sequence: list[dict[str, Any]]
-    per_bucket: list[dict[str, Any]]
-    per_token: list[dict[str, Any]] = field(repr=False)
+    worst: list[WorstToken]
+    per_sequence: list[dict[str, float]]
+    per_bucket: list[dict[str, float]]
+    per_token: list[dict[str, float]] = field(repr=False)
     tier: dict[str, float] = field(default_factory=dict)
     correction: dict[str, float] = field(default_factory=dict)
     """Rollout-correction metrics (:func:`rollout_correction`)."""
@@ -90,25 +98,24 @@ class DeltaStats:
         """The flat metric names the checks report."""
         return {name: float(getattr(self, name)) for name in _METRIC_NAMES}
 
-    def to_details(self) -> dict[str, Any]:
+    def to_details(self) -> dict[str, object]:
         """Everything, JSON-serialisable (NaN written as ``None``)."""
-        return _jsonable(
-            {
-                "metrics": self.as_metrics(),
-                "eps": self.eps,
-                "diagnosis": self.diagnosis,
-                "labels": list(self.labels),
-                "tier": dict(self.tier),
-                "worst": self.worst,
-                "per_sequence": self.per_sequence,
-                "per_bucket": self.per_bucket,
-                "per_token": self.per_token,
-                "correction": self.correction,
-            }
-        )
+        details: dict[str, object] = {
+            "metrics": self.as_metrics(),
+            "eps": self.eps,
+            "diagnosis": self.diagnosis,
+            "labels": list(self.labels),
+            "tier": dict(self.tier),
+            "worst": self.worst,
+            "per_sequence": self.per_sequence,
+            "per_bucket": self.per_bucket,
+            "per_token": self.per_token,
+            "correction": self.correction,
+        }
+        return {key: _jsonable(value) for key, value in details.items()}
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -118,12 +125,11 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
-        v = float(value)
-        return v if math.isfinite(v) else None
+        return float(value) if math.isfinite(value) else None
     return value
 
 
-def _as_2d(name: str, array: Any, dtype: Any) -> np.ndarray:
+def _as_2d(name: str, array: object, dtype: DTypeLike) -> np.ndarray:
     arr = np.asarray(array, dtype=dtype)
     if arr.ndim != 2:
         raise ValueError(f"{name} must be (B, L), got shape {arr.shape}")
@@ -243,8 +249,8 @@ def _diagnose(
 
 def _per_sequence(
     delta_full: np.ndarray, valid: np.ndarray, nonfinite_rows: np.ndarray
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+) -> list[dict[str, float]]:
+    rows: list[dict[str, float]] = []
     for i in range(delta_full.shape[0]):
         d = delta_full[i][valid[i]]
         rows.append(
@@ -259,12 +265,12 @@ def _per_sequence(
     return rows
 
 
-def _per_bucket(delta: np.ndarray, pos: np.ndarray, buckets: int) -> list[dict[str, Any]]:
+def _per_bucket(delta: np.ndarray, pos: np.ndarray, buckets: int) -> list[dict[str, float]]:
     """Quantile buckets of position (equal token counts where positions allow)."""
     if delta.size == 0 or buckets < 1:
         return []
     edges = np.unique(np.quantile(pos, np.linspace(0.0, 1.0, buckets + 1), method="nearest"))
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, float]] = []
     lo = int(pos.min()) - 1
     for hi in edges.astype(int):
         sel = (pos > lo) & (pos <= hi)
@@ -296,10 +302,10 @@ def _worst_tokens(
     *,
     token_text: Callable[[int, int], str] | None,
     worst_k: int,
-) -> list[dict[str, Any]]:
+) -> list[WorstToken]:
     """Non-finite tokens first (up to ``worst_k``), then the ``worst_k`` largest |delta|."""
     k = max(0, worst_k)
-    rows: list[dict[str, Any]] = []
+    rows: list[WorstToken] = []
     for s, p in nonfinite_at[:k]:
         s, p = int(s), int(p)
         rows.append(

@@ -12,6 +12,7 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, Union
 
@@ -20,7 +21,7 @@ from paritygate.precision.stats import json_number
 R = TypeVar("R", bound="Record")
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> object:
     if isinstance(value, Record):
         return value.to_json()
     if isinstance(value, list):
@@ -59,8 +60,8 @@ class Record:
 
     OMIT_EMPTY: ClassVar[tuple[str, ...]] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if f.name in self.OMIT_EMPTY and (value is None or value == {}):
@@ -69,7 +70,7 @@ class Record:
         return out
 
     @classmethod
-    def from_json(cls: type[R], data: dict[str, Any]) -> R:
+    def from_json(cls: type[R], data: Mapping[str, object]) -> R:
         hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
         names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
         return cls(**{n: _load(hints[n], data[n]) for n in names if n in data})
@@ -139,7 +140,7 @@ class MixedFix(Record):
     """The largest share of the measured leaf layers one kept layer holds."""
     large: bool
     runs: int
-    tried: list[dict[str, Any]]
+    tried: list[dict[str, object]]
     """Every verification run: ``keep_fp32`` and ``output_rel_l2``/``nonfinite`` or ``error``."""
 
 

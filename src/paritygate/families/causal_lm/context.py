@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from paritygate.config import GateConfig
+    from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
@@ -78,7 +79,7 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
-    dump: list[dict[str, Any]] | None = None
+    dump: list[DumpRecord] | None = None
     """``engines: [dump]``: the dump's records, validated when the context was built."""
     kl_reference: ReferenceSetup | None = None
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
@@ -345,16 +346,15 @@ class LMContext:
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
         return render_probe(tok, probe, self.spec.max_prompt_tokens)
 
-    def dump_records(self) -> list[dict[str, Any]]:
+    def dump_records(self) -> list[DumpRecord]:
         """The validated records of ``engine.dump`` (``engines: [dump]``)."""
         return self._dump_records
 
     @cached_property
-    def _dump_records(self) -> list[dict[str, Any]]:
+    def _dump_records(self) -> list[DumpRecord]:
         if self.dump is not None:
             return self.dump
         from paritygate.families.causal_lm.inputs import read_lm_dump
-
         return read_lm_dump(self.config, self.spec, self.model_dir)
 
     def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:

@@ -7,7 +7,7 @@ raises :class:`~paritygate.errors.InputError` naming the file and key of a bad i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe
@@ -17,6 +17,7 @@ from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
+    from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.tokenizer import Tokenizer
@@ -66,7 +67,7 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
     return spec.model_copy(update=update), adapter, key
 
 
-def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[dict[str, Any]]:
+def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[DumpRecord]:
     """The validated records of ``causal_lm.engine.dump``, token ids checked against the
     training model's ``vocab_size``; a bad record is bad input naming the line and field."""
     from paritygate.engines.hf_loading import config_vocab_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,14 @@ VLLM_MARKERS = {
 }
 TRAINER_MARKERS = {"padding_side", "truncation_side", "dtype"}
 
-_NEUTRAL: dict[str, Any] = {
+_NEUTRAL: dict[str, object] = {
     "min_p": 0.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "stop_token_ids": [],
     "ignore_eos": False,
 }
-HF_DEFAULTS: dict[str, Any] = {
+HF_DEFAULTS: dict[str, object] = {
     **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
@@ -95,7 +96,7 @@ HF_DEFAULTS: dict[str, Any] = {
     "do_sample": False,
     "use_cache": True,
 }
-VLLM_DEFAULTS: dict[str, Any] = {
+VLLM_DEFAULTS: dict[str, object] = {
     **_NEUTRAL,
     "temperature": 1.0,
     "top_p": 1.0,
@@ -107,7 +108,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "do_sample": True,
     "use_cache": True,
 }
-TRAINER_DEFAULTS: dict[str, Any] = {**VLLM_DEFAULTS, "use_cache": None}
+TRAINER_DEFAULTS: dict[str, object] = {**VLLM_DEFAULTS, "use_cache": None}
 
 
 @dataclass
@@ -121,7 +122,7 @@ class SamplingFile:
     seed: int | None = 0
     detection: str = ""
     """How the format was chosen (configured, or which fields of the content decided it)."""
-    not_compared: dict[str, Any] = field(default_factory=dict)
+    not_compared: dict[str, object] = field(default_factory=dict)
     """Known fields present in the file that are not compared (value per field)."""
     eos_text: str | None = None
     """The side's EOS token as text: a stop string equal to it is the EOS stop."""
@@ -180,7 +181,7 @@ _RANGES = {
 """Valid ranges of the numeric sampling fields (outside them no engine samples)."""
 
 
-def _normalise(key: str, value: Any, path: Path) -> Any:
+def _normalise(key: str, value: Any, path: Path) -> object:
     try:
         if key in ("min_p", "presence_penalty", "frequency_penalty") and value is None:
             return 0.0
@@ -227,7 +228,7 @@ def _normalise(key: str, value: Any, path: Path) -> Any:
     return value
 
 
-def detect_format(data: dict[str, Any], *, trainer: bool, suffix: str) -> tuple[str, str]:
+def detect_format(data: Mapping[str, object], *, trainer: bool, suffix: str) -> tuple[str, str]:
     """``(format, how it was detected)`` from the file's fields.
 
     A file with HF-only fields (``transformers_version``, ``do_sample``, ``max_new_tokens``...)
@@ -272,7 +273,7 @@ def load_sampling_file(
     path: Path,
     *,
     trainer: bool,
-    side_defaults: dict[str, Any],
+    side_defaults: Mapping[str, object],
     fmt: str = "auto",
     eos_text: str | None = None,
     eos_id: int | None = None,
@@ -317,7 +318,7 @@ def load_sampling_file(
         **defaults, **side_defaults, "eos_token_id": [] if eos_id is None else [eos_id]
     }
     explicit: set[str] = set()
-    not_compared: dict[str, Any] = {}
+    not_compared: dict[str, object] = {}
     seed: int | None = 0
     for raw_key, raw_value in data.items():
         key = ALIASES.get(raw_key, raw_key)
@@ -354,10 +355,10 @@ def load_sampling_file(
 
 def _load_trl(
     path: Path,
-    data: dict[str, Any],
+    data: Mapping[str, object],
     detection: str,
     strict: bool,
-    side_defaults: dict[str, Any],
+    side_defaults: Mapping[str, object],
     eos_text: str | None,
     eos_id: int | None,
     sources: dict[str, str],

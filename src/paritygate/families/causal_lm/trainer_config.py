@@ -13,8 +13,8 @@ not mapped is listed in ``sampling_config``'s report with its group; with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from paritygate.errors import InputError
 
@@ -28,7 +28,7 @@ TRL_FIELDS: dict[str, str] = {
 }
 """TRL config field -> the gate's sampling field."""
 
-TRL_DEFAULTS: dict[str, Any] = {
+TRL_DEFAULTS: dict[str, float] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": 0,
@@ -70,7 +70,7 @@ TRL_MARKERS = frozenset({
 ENGINE_EXTRAS = frozenset({"use_vllm"})
 
 
-def is_trl_config(data: dict[str, Any]) -> bool:
+def is_trl_config(data: Mapping[str, object]) -> bool:
     """Whether a training-side sampling file is a TRL config (see :data:`TRL_MARKERS`)."""
     return bool(TRL_MARKERS & set(data))
 
@@ -95,8 +95,8 @@ def _known_trl_fields() -> set[str] | None:
 
 
 def map_trl_config(
-    data: dict[str, Any], path: Path, *, strict: bool = False
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, str], list[str]]:
+    data: Mapping[str, object], path: Path, *, strict: bool = False
+) -> tuple[dict[str, object], dict[str, object], dict[str, str], list[str]]:
     """``(mapped, listed, reasons, notes)`` for one TRL config.
 
     ``mapped`` holds gate field -> raw value (TRL's defaults for mapped fields the file
@@ -107,8 +107,8 @@ def map_trl_config(
     ``generation_kwargs`` that is not a mapping, and, when ``strict``, the unmappable fields.
     """
     known = _known_trl_fields()
-    mapped: dict[str, Any] = {}
-    listed: dict[str, Any] = {}
+    mapped: dict[str, object] = {}
+    listed: dict[str, object] = {}
     reasons: dict[str, str] = {}
     notes: list[str] = []
     unmappable: list[str] = []
