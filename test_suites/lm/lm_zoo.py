@@ -447,6 +447,20 @@ def trainer_json(cfg: dict[str, Any], model: Path, out: Path) -> None:
     cfg["causal_lm"]["sampling"]["training"] = str(dst)
 
 
+def bf16_trainer(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The trainer's recompute in bfloat16 (as most RL trainers run): its padding and batch
+    layouts move a correct function's log-probs by bf16 rounding, never a mask bug."""
+    cfg["causal_lm"]["training"]["dtype"] = "bfloat16"
+
+
+def _bf16_trainer_with(patch: Patch) -> Patch:
+    def both(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        bf16_trainer(cfg, model, out)
+        patch(cfg, model, out)
+
+    return both
+
+
 def _logprob_fn(name: str) -> Patch:
     def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
         cfg["causal_lm"]["training"]["logprob_fn"] = f"lm_zoo_logprobs:{name}"
@@ -626,6 +640,20 @@ FAULTS += (
         {"logprob_impl": "pads after EOS scored"},
     ),
     Fault(
+        "mask_not_passed",
+        _logprob_fn("mask_not_passed"),
+        {"logprob_impl": "the attention mask is not applied"},
+        # the recompute attends to the left pads of batched rows
+        ("logprob_delta",),
+    ),
+    Fault(
+        "mask_not_passed_bf16_trainer",
+        _bf16_trainer_with(_logprob_fn("mask_not_passed")),
+        {"logprob_impl": "the attention mask is not applied"},
+        # the recompute attends to the left pads of batched rows
+        ("logprob_delta",),
+    ),
+    Fault(
         "off_by_one_next",
         _logprob_fn("off_by_one_next"),
         {"logprob_impl": "off-by-one shift: logits[:, 1:] scored against input_ids[:, 1:]"},
@@ -675,6 +703,7 @@ CLEAN_VARIANTS: tuple[Fault, ...] = (
     Fault("served_sampling_allowed", served_sampling_allowed, {}),
     Fault("trainer_json", trainer_json, {}),
     Fault("eos_as_stop", eos_as_stop, {}),
+    Fault("bf16_trainer", bf16_trainer, {}),
     Fault("trl_logits_adapter", _logprob_fn("trl_style_logits"), {}),
     # Rotary positions: a function without position ids is off by rounding only.
     Fault("no_position_ids_rotary", _logprob_fn("no_position_ids"), {}),
@@ -704,6 +733,7 @@ CLEAN_CHECKS: dict[str, tuple[str, ...]] = {
     "served_sampling_allowed": ("sampling_config",),
     "trainer_json": ("sampling_config", "logprob_delta", "generation_parity"),
     "eos_as_stop": ("sampling_config", "generation_parity"),
+    "bf16_trainer": ("logprob_impl",),
     "trl_logits_adapter": ("logprob_impl", "logprob_delta"),
     "no_position_ids_rotary": ("logprob_impl", "logprob_delta"),
     "trl_grpo": ("logprob_impl", "logprob_delta"),

@@ -95,3 +95,17 @@ def trl_style_logits(
     picked = scores.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     logp = picked - torch.logsumexp(scores, dim=-1)
     return logp * (attention_mask[:, 1:] * attention_mask[:, :-1])
+
+
+def mask_not_passed(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any
+) -> torch.Tensor:
+    """Positions from the mask and pads zeroed in the output, but the forward gets no mask:
+    real tokens attend to the left pads, so their log-probs move with the padding."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        logits = model(input_ids=input_ids, position_ids=position_ids).logits.float()
+    t = kw.get("temperature", 1.0) if kw.get("mode") == "processed" else 1.0
+    logp = torch.log_softmax(logits[:, :-1] / t, dim=-1)  # (B, T-1, V)
+    out = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    return out * attention_mask[:, 1:]
