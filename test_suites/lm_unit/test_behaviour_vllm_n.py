@@ -50,7 +50,7 @@ def test_one_request_per_prompt_with_n_samples(monkeypatch: pytest.MonkeyPatch) 
     requests, params = fake.calls[0]
     assert len(fake.calls) == 1 and len(requests) == 2
     assert [p["n"] for p in params] == [4, 4] and params[0]["temperature"] == 0.8
-    assert [p["seed"] for p in params] == [5, 6] and params[0]["logprobs"] is None
+    assert [p["seed"] for p in params] == [None, None] and params[0]["logprobs"] is None
     assert gen.prompt_ids == [[1, 2]] * 4 + [[3]] * 4
     assert gen.output_ids[:2] == [[7, 0, 0], [7, 0, 1]]
     assert reasons[:4] == ["length", "stop", "eos", "length"]

@@ -13,10 +13,14 @@ def sample_n(engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingSpe
     """``n`` samples of each prompt, one request per prompt: a :class:`Generation` of
     ``len(prompts) * n`` rows (a prompt's samples adjacent, no log-probs) and how each ended
     (``eos``, ``stop``, ``length``, from vLLM's ``finish_reason`` and ``stop_reason``: vLLM
-    leaves a stop string out of the text, so the tokens cannot tell)."""
+    leaves a stop string out of the text, so the tokens cannot tell).
+
+    The samples draw from the engine's generator, seeded once (``vllm.LLM(seed=)``), not
+    from a seed per request: vLLM's CPU build cannot rewind a request's own generator when
+    it forks ``n`` samples ("CPU Generator does not use offset")."""
     vllm = _import_vllm()
     params = [vllm.SamplingParams(**{**sampling_params_kwargs(sampling, 0, i), "n": n,
-                                     "logprobs": None})
+                                     "logprobs": None, "seed": None})
               for i in range(len(prompts))]
     requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
     lora = engine.lora_request()
