@@ -14,10 +14,10 @@ OWN_SUBJECTS: dict[str, frozenset[str]] = {
     # precision_per_layer: a precision section; serving_replay: recorded serving traffic.
     "policy": frozenset({"recurrent_parity", "rollout_parity", "precision_per_layer",
                          "serving_replay"}),
-    # batch_invariance, behaviour_parity, reward_parity, reference_parity: their own zoos;
+    # behaviour_parity, reward_parity, reference_parity: their own zoos;
     # precision_per_layer: a precision section.
-    "causal_lm": frozenset({"precision_per_layer", "batch_invariance", "behaviour_parity",
-                            "reward_parity", "reference_parity"}),
+    "causal_lm": frozenset({"precision_per_layer", "behaviour_parity", "reward_parity",
+                            "reference_parity"}),
 }
 
 

@@ -338,7 +338,9 @@ FAULTS: tuple[Fault, ...] = (
           zb.artifact_fault(zb.bn_training_export),
           ("BatchNormalization exported in training mode",),
           {"dropout_off": "the same export left Dropout nodes in training mode",
-           "logits_agreement": "batch statistics and dropout change the artifact's logits"}),
+           "logits_agreement": "batch statistics and dropout change the artifact's logits",
+           "batch_invariance": "BatchNorm in training mode makes a row's output depend on "
+                               "its batch-mates"}),
     Fault("bn_stats_reset", "batchnorm_export",
           "artifact exported after reset_running_stats() (legacy exporter keeps BN nodes)",
           zb.artifact_fault(zb.bn_reset_export), ("match no BatchNorm running statistics",),
@@ -396,7 +398,14 @@ FAULTS: tuple[Fault, ...] = (
           zb.artifact_fault(lambda c, s, a: zb.edit_onnx(c, a, zb.random_mask)),
           ("RandomUniformLike", "artifact is not deterministic"),
           {"batchnorm_export": "random masks make rows depend on the call",
-           "logits_agreement": "the mask changes the artifact's logits"}),
+           "logits_agreement": "the mask changes the artifact's logits",
+           "batch_invariance": "a fresh random mask per call moves every row"}),
+    # batch_invariance (its own zoo, batch_zoo.py, holds the artifact formats and noise cases)
+    Fault("serving_batch_stats", "batch_invariance",
+          "serving preprocessing re-centres each batch on its own mean",
+          zb.model_variant(preprocessing={"serving": "batch_zoo:normalize_batch_stats"}),
+          ("normalises with the batch's own statistics",),
+          {"preprocessing_parity": "batch-centred inputs differ from the training inputs"}),
     # preprocessing_parity
     Fault("stale_norm_stats", "preprocessing_parity", "serving loads last release's stats",
           zb.stale_stats, ("differs by", "stale stats")),

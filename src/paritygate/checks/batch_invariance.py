@@ -320,7 +320,13 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         return m.skip(f"the artifact does not run a batch of one ({type(exc).__name__}: "
                       f"{first}): its batch axis is fixed at export")
-    result = policy_sweep(path, count)
+    try:
+        result = policy_sweep(path, count)
+    except Exception as exc:  # a recurrent artifact whose state feeds do not batch
+        if ctx.spec.recurrent is None:
+            raise
+        return m.skip(f"the recurrent artifact's state does not batch ({type(exc).__name__}: "
+                      f"{str(exc)[:160]}): see recurrent_parity")
     declared = bool(ctx.spec.batch_invariant)
     if declared:
         tier, limit = "bitwise (policy.batch_invariant)", 0.0
@@ -340,6 +346,11 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
 def record(m: Measurement, result: PolicySweep, ctx: PolicyContext, *, limit: float, tier: str,
            declared: bool, input_limit: float) -> None:
     """The metrics and the finding (or noise note) of a :class:`PolicySweep`."""
+    if not np.isfinite(result.inputs.value):
+        m.skip(f"serving preprocessing gives non-finite model inputs ({result.inputs.layout}, "
+               f"probe row {result.inputs.row}): that is preprocessing_parity's finding, not a "
+               "batch effect; batches are not compared")
+        return
     gap = result.outputs
     bitwise = gap.value == 0.0
     m.metric("output_max_abs_diff", gap.value, threshold=limit, key=True)
