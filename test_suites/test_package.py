@@ -130,7 +130,7 @@ def test_pytest_pyargs_runs_the_shipped_gate_suite_outside_the_repo(
             "no:cacheprovider", "--report-dir", str(tmp_path / "report")]
     proc = run([*base, "--gate-config", str(config), "-m", "fast"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "8 passed" in proc.stdout and (tmp_path / "report" / "report.json").is_file()
+    assert "9 passed" in proc.stdout and (tmp_path / "report" / "report.json").is_file()
 
     # A failing check: its cause is printed once, FAILED stays in the short summary.
     data = yaml.safe_load(config.read_text(encoding="utf-8"))
@@ -318,3 +318,15 @@ def test_check_flag_runs_only_the_selected_checks(
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stderr.count("\n") == 1, proc.stderr
         assert f"{key}: tokenizer_parity is not a check this policy gate runs" in proc.stderr
+
+
+def test_every_package_under_src_ships() -> None:
+    """setuptools lists the packages by name: a new subpackage left out of the list installs
+    from a checkout (editable) but not from the wheel."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+                 ["tool"]["setuptools"]["packages"])
+    src = root / "src"
+    found = {".".join(p.parent.relative_to(src).parts) for p in src.rglob("__init__.py")}
+    assert found - listed == set()
