@@ -129,6 +129,11 @@ TARGET_SERVED_FIX = ("export the online network (the policy the checkpoint acts 
 logits_agreement."""
 
 
+REEXPORT_FIX = ("re-export from the gated checkpoint in eval mode up to the declared policy "
+                "output (same input order, no added softmax or scale; a low-precision "
+                "artifact declared as policy.artifact_dtype)")
+"""The fix of an artifact whose outputs differ from torch eval."""
+
 ROLLOUT = (("rollout_parity", actions_differ),)
 """The artifact-side and preprocessing roots explain a rollout's actions only."""
 

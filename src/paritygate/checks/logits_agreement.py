@@ -439,6 +439,7 @@ CAUSES: tuple[causes.Explanation, ...] = (
         ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
          "serving_replay"),
         "the artifact's outputs differ from torch eval (measured by logits_agreement)",
+        fix=causes.REEXPORT_FIX,
         only_if=(("export_integrity", causes.same_output_gap),
                  ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
                  *causes.REPLAY),

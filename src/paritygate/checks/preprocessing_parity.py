@@ -367,6 +367,8 @@ CAUSES: tuple[Explanation, ...] = (
                 ("rollout_parity", "serving_replay"),
                 "the serving preprocessing feeds the artifact other model inputs than the "
                 "training preprocessing feeds the trainer",
+                fix="serve the training preprocessing: the same statistics file, formula, "
+                    "epsilon, clip range and feature order (the message names the features)",
                 only_if=(*ROLLOUT, *REPLAY),
                 rank=260),
 )
