@@ -13,11 +13,24 @@ from dataclasses import dataclass
 from paritygate.result import CheckResult
 
 __all__ = [
-    "ACTING", "DOWNSTREAM_LM", "DOWNSTREAM_POLICY", "REPLAY", "ROLLOUT", "TARGET_SERVED",
-    "TARGET_SERVED_FIX", "Explanation", "actions_differ", "artifact_tier_only",
-    "bn_stats_explain_provenance", "declared_outputs_only", "failed_only",
-    "no_layer_over_budget", "not_loaded_explains_provenance", "provenance_only",
+    "ACTING",
+    "DOWNSTREAM_LM",
+    "DOWNSTREAM_POLICY",
+    "REPLAY",
+    "ROLLOUT",
+    "TARGET_SERVED",
+    "TARGET_SERVED_FIX",
+    "Explanation",
+    "actions_differ",
+    "artifact_tier_only",
+    "bn_stats_explain_provenance",
+    "declared_outputs_only",
+    "failed_only",
+    "no_layer_over_budget",
+    "not_loaded_explains_provenance",
+    "provenance_only",
     "same_output_gap",
+    "shape_only",
 ]
 
 
@@ -68,6 +81,12 @@ def failed_only(consequence: CheckResult, allowed: Callable[[str], bool]) -> boo
 def provenance_only(consequence: CheckResult) -> bool:
     """export_integrity failed only because the artifact's outputs differ from torch's."""
     return failed_only(consequence, lambda n: n == "provenance_max_abs_diff")
+
+
+def shape_only(root: CheckResult, c: CheckResult) -> bool:
+    """The consequence failed only because the artifact's output has another shape."""
+    kinds = set(c.finding_kinds())
+    return bool(kinds) and kinds <= {"output_shape"}
 
 
 def declared_outputs_only(root: CheckResult, c: CheckResult) -> bool:

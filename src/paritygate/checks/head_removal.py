@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.causes import ROLLOUT, Explanation
+from paritygate.causes import ROLLOUT, Explanation, shape_only
 from paritygate.check import CheckSpec, cause_limit
 from paritygate.metrics import diff_stats, finite_report, same_tensor
 from paritygate.result import Measurement
@@ -180,10 +180,11 @@ CAUSES: tuple[Explanation, ...] = (
                 "checkpoint",
                 rank=20),
     Explanation("head_removal", "undeclared_outputs", ("undeclared_outputs",),
-                ("export_integrity", "logits_agreement"),
+                ("export_integrity", "logits_agreement", "batchnorm_export",
+                 "precision_per_layer", "rollout_parity"),
                 "a training head was exported with the policy",
                 fix="export only the inference model's declared outputs",
-                rank=170),
+                only_if=(("batchnorm_export", shape_only), *ROLLOUT), rank=170),
     Explanation("head_removal", "step_removed", ("step_removed",),
                 ("batchnorm_export", "logits_agreement", "rollout_parity"),
                 "the inference model lacks a step of the training forward", only_if=ROLLOUT,
