@@ -346,3 +346,21 @@ def test_device_map_model_takes_the_callers_tensors(tmp_path: Path) -> None:
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert logits.device == ids.device
     assert torch.isfinite(logits).all()
+
+
+def test_hf_stop_strings_a_tokenizer_cannot_match_are_bad_input(tmp_path: Path) -> None:
+    """HF's stop-string matcher cannot be built for a word-level vocabulary: one line naming
+    the key, not a ValueError from the middle of generate."""
+    from transformers import AutoTokenizer
+
+    from paritygate.engines.generation import SamplingSpec
+    from paritygate.engines.hf_generate import HFGenerateEngine
+    from paritygate.engines.hf_loading import load_causal_lm
+    from paritygate.errors import InputError
+
+    directory = _tiny_model_dir(tmp_path)
+    model, _ = load_causal_lm(directory)
+    engine = HFGenerateEngine.for_tokenizer(model, AutoTokenizer.from_pretrained(directory))
+    with pytest.raises(InputError, match="cannot match the stop strings"):
+        engine.generate([[1, 5, 6]], SamplingSpec(do_sample=False, max_new_tokens=2,
+                                                  stop=("w7",)))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
 from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
-from paritygate.errors import NonFiniteOutput
+from paritygate.errors import InputError, NonFiniteOutput
 
 if TYPE_CHECKING:
     import numpy as np
@@ -105,6 +105,22 @@ class HFGenerateEngine:
                     return j + 1
         return len(tokens)
 
+    def _check_stop_strings(self, stop: list[str]) -> None:
+        """HF's stop-string matcher works on the tokenizer's pieces and cannot be built for
+        some vocabularies (a word-level one lacks the pieces it probes): say so by the key,
+        never as a traceback from the middle of generate."""
+        from transformers.generation.stopping_criteria import StopStringCriteria
+
+        try:
+            StopStringCriteria(self.tokenizer, stop)
+        except ValueError as exc:
+            raise InputError(
+                None, "sampling stop",
+                f"HF generate cannot match the stop strings {stop} with this tokenizer "
+                f"(transformers' stop-string matcher: {exc}); gate them with the vLLM engine "
+                "or a rollout dump, or serve with a subword tokenizer",
+            ) from None
+
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSpec, *, keep_logits: bool = False
     ) -> Generation:
@@ -140,6 +156,8 @@ class HFGenerateEngine:
             output_scores=True,
             output_logits=True,
         )
+        if sampling.stop:
+            self._check_stop_strings(list(sampling.stop))
         self.model.eval()
         out_ids: list[list[int]] = []
         out_lp: list[list[float]] = []
