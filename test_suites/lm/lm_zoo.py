@@ -531,8 +531,9 @@ FAULTS: tuple[Fault, ...] = (
         right_padding,
         {"tokenizer_parity": "pads on the right"},
         # padding_side is also a sampling-protocol field (training left, serving right);
-        # right-padded batches make the engine continue from pad tokens.
-        ("sampling_config", "logprob_delta", "generation_parity"),
+        # right-padded batches make the engine continue from pad tokens (batch_invariance names
+        # the layout).
+        ("sampling_config", "logprob_delta", "generation_parity", "batch_invariance"),
     ),
     Fault(
         "temperature_differs",
@@ -572,8 +573,9 @@ FAULTS: tuple[Fault, ...] = (
         {"logprob_delta": "precision mismatch: trainer float32 vs engine bfloat16"},
         # The declared engine dtype is a precision change, not a sampling difference; the
         # pinned fp32/fp32 tier holds bf16 logits to logits_agreement's fp32 bound, and bf16
-        # flips one greedy token of the demo (probe 'empty', margin 0.036) for generation_parity.
-        ("logits_agreement", "generation_parity"),
+        # flips one greedy token of the demo (probe 'empty', margin 0.036) for generation_parity;
+        # bf16's batch-shaped reductions (0.0078 nats) exceed the pinned tier in batch_invariance.
+        ("logits_agreement", "generation_parity", "batch_invariance"),
     ),
     Fault(
         "value_head_undeclared",
@@ -602,8 +604,9 @@ FAULTS += (
             "generation_parity": "non-finite logits from the served model (engine hf) during "
             "greedy decoding",
         },
-        # Every logit is NaN: the logits comparison is non-finite on both sides.
-        ("logits_agreement",),
+        # Every logit is NaN: the logits comparison is non-finite on both sides, and
+        # batch_invariance's batched decode meets the same NaN logits.
+        ("logits_agreement", "batch_invariance"),
     ),
     Fault(
         "stale_serving",
