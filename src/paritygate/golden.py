@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import cast
 
 from paritygate.files import FileLock, LockHeld, atomic_write_many, atomic_write_text, dump_json
-from paritygate.result import CheckResult, Measurement
 from paritygate.regression import NoiseEntry, blessed_noise, stored_noise
+from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import GoldenRecord, GoldenValue, Margin, judge
 
 
@@ -242,5 +242,5 @@ def regression_check(
         # baseline (or its thresholds) is never offered for blessing.
         if expected is None and [r.kind for r in result.reasons] == ["no_golden"]:
             result.message += f" Bless with: {bless_command}"
-            result.fix = f"bless with: {bless_command}"
+            result.bless_hint = f"bless with: {bless_command}"
     return result

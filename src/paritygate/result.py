@@ -246,6 +246,9 @@ class CheckResult:
     """Id of the check whose failure explains this one (set by :mod:`paritygate.rootcause`)."""
     failed_metrics: list[str] = field(default_factory=list)
     """Metrics that breached a threshold, regressed against golden or are non-finite."""
+    bless_hint: str | None = None
+    """How to get the golden baseline the check lacks (``None`` when it has one): kept apart
+    from ``fix``, which is the fault's and never depends on whether a baseline exists."""
 
     def finding_kinds(self) -> list[str]:
         """The kinds of the check's findings, in verdict order."""
@@ -260,6 +263,7 @@ class CheckResult:
             "fix": self.fix,
             "consequence_of": self.consequence_of,
             "failed_metrics": list(self.failed_metrics),
+            "bless_hint": self.bless_hint,
             "metrics": self.metrics,
             "golden": self.golden,
             "thresholds": self.thresholds,
@@ -286,4 +290,5 @@ class CheckResult:
             fix=data.get("fix"),
             consequence_of=data.get("consequence_of"),
             failed_metrics=data.get("failed_metrics", []),
+            bless_hint=data.get("bless_hint"),
         )

@@ -17,7 +17,7 @@ baseline blessed on another probe set than the run's. Each failing rule is a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypedDict
 
 from paritygate.regression import Margin as Margin
@@ -37,6 +37,13 @@ GoldenValue = float | int | bool | None
 """A blessed metric value (golden files hold numbers, booleans or null)."""
 
 
+BLESS_HINT = "bless a baseline once every check passes"
+"""A check without a baseline says how to get one, apart from its fix (the fault's)."""
+
+DEFAULT_MARGIN = Margin()
+"""The config's defaults (``golden.rel_margin`` 0.25, ``golden.threshold_fraction`` 0.05)."""
+
+
 class GoldenRecord(TypedDict, total=False):
     """A blessed baseline as read from the golden folder (:meth:`GoldenStore.load`)."""
 
@@ -53,7 +60,7 @@ def judge(
     measurement: Measurement,
     golden: GoldenRecord | None,
     *,
-    margin: Margin = Margin(),
+    margin: Margin = DEFAULT_MARGIN,
     use_golden: bool = True,
     blessing: bool = False,
     probes_sha256: str | None = None,
@@ -138,6 +145,8 @@ def judge(
         details,
         reasons=reasons,
     )
+    if no_golden:
+        result.bless_hint = BLESS_HINT
     if status == "fail":
         result.cause = sentences[0] if sentences else None
         result.fix = fix
@@ -367,9 +376,8 @@ def _sentences(
         out += [sentence(f.message) for f in findings]
     if tightened:
         fix = _loosen(measurement.check_id, tightened)
-    if no_golden:
+    if no_golden:  # bookkeeping, not the fault: the bless hint is its own field
         out.append("no golden baseline.")
-        fix = fix or "bless a baseline once every check passes"
     return out, fix
 
 

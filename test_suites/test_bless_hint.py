@@ -1,0 +1,49 @@
+"""A missing baseline is bookkeeping, not the fault: the root cause's fix stays the fault's and
+the bless hint is its own field (per check and for the run) and its own report line."""
+
+from __future__ import annotations
+
+from paritygate.result import Measurement
+from paritygate.rootcause import bless_hint, explain
+from paritygate.verdict import BLESS_HINT, judge
+
+
+def _sampling(differs: bool) -> Measurement:
+    m = Measurement("sampling_config")
+    m.metric("fields_differ", int(differs), bad="higher", threshold=0, key=True)
+    if differs:
+        m.fail("field_differs", "temperature: training 1.0, serving 0.7", metric="fields_differ")
+    return m
+
+
+def test_a_protocol_roots_fix_does_not_depend_on_a_baseline() -> None:
+    blessed = {"metrics": {"fields_differ": 0}, "provenance": {}}
+    without, with_golden = judge(_sampling(True), None), judge(_sampling(True), blessed)
+    assert without.bless_hint == BLESS_HINT and with_golden.bless_hint is None
+    roots = [explain([r])[1] for r in (without, with_golden)]
+    assert roots[0] is not None and roots[1] is not None
+    assert roots[0].kind == roots[1].kind == "sampling_protocol"
+    assert roots[0].finding == roots[1].finding == "field_differs"
+    assert roots[0].fix == roots[1].fix
+    assert roots[0].fix is not None and "bless" not in roots[0].fix
+    assert without.fix is None or "bless" not in without.fix
+
+
+def test_the_run_says_which_checks_lack_a_baseline_and_how_to_bless() -> None:
+    clean = judge(_sampling(False), None)
+    clean.bless_hint = "bless with: paritygate run gate.yaml --update-golden"
+    assert bless_hint([clean]) == ("1 check(s) have no golden baseline (sampling_config): "
+                                   "bless with: paritygate run gate.yaml --update-golden")
+    faulty = judge(_sampling(True), None)
+    other = judge(Measurement("logits_agreement", skipped=None), None)
+    hint = bless_hint([faulty, other])
+    # something else fails: no command is offered, only the generic next step
+    assert hint == f"2 check(s) have no golden baseline (sampling_config, logits_agreement): " \
+                   f"{BLESS_HINT}"
+    _, root = explain([faulty])
+    assert root is not None and root.kind == "sampling_protocol"
+    blessed = judge(_sampling(False), {"metrics": {"fields_differ": 0}})
+    assert bless_hint([blessed]) is None
+    _, only_missing = explain([clean])
+    assert only_missing is not None and only_missing.kind == "no_golden"
+    assert only_missing.fix == clean.bless_hint  # a missing baseline is all there is to fix
