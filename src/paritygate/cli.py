@@ -85,22 +85,26 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
                          "or the first with --bless-first)")
     config = load_config(args.config)
     record = config.trainer_checkpoint
-    if record is None or record.output_dir is None:
+    from paritygate.trainer_output import checkpoint_series, saved_zips
+
+    # read before any gate runs: gaps, unreadable trainer_state.json, no saves are exit 2
+    if record is not None and record.output_dir is not None:
+        series = checkpoint_series(record.output_dir)
+    elif config.policy is not None:
+        series = saved_zips(config.resolve(config.policy.checkpoint), config.path)
+    else:
         raise InputError(config.path, "--all", "the config's model directory is not a trainer "
                          "output_dir (no checkpoint-N folders)")
-    from paritygate.trainer_output import checkpoint_series
-
     base = args.report_dir or config.default_report_dir()
     worst = EXIT_PASS
     rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
-    series = checkpoint_series(record.output_dir)  # gaps, unreadable trainer_state.json: exit 2
     if args.bless_first:
         _refuse_existing_baseline(args)
     for index, (step, folder) in enumerate(series):
         cmd = [sys.executable, "-m", "paritygate", "run", str(args.config), "--checkpoint",
-               str(folder), "--report-dir", str(base / folder.name)]
+               str(folder), "--report-dir", str(base / folder.stem)]
         if args.bless_first and index == 0:
-            cmd.append("--bless-first")
+            cmd += ["--bless-first", "--step", str(step)]
         if args.markexpr:
             cmd += ["-m", args.markexpr]
         for cid in args.check_ids or []:
@@ -114,7 +118,7 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
         word = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INPUT: "bad input",
                 EXIT_NOTHING_VERIFIED: "nothing verified"}.get(code, f"exit {code}")
         print(f"paritygate: {folder.name} (step {step}): {word}; reports in "
-              f"{base / folder.name}", flush=True)
+              f"{base / folder.stem}", flush=True)
         if rank.get(code, 3) > rank.get(worst, 3):
             worst = code
     return worst

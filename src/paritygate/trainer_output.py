@@ -33,6 +33,7 @@ __all__ = [
     "pick_checkpoint",
     "pin_output_dir",
     "resolve_checkpoint",
+    "saved_zips",
 ]
 
 CHECKPOINT_ENV = "PARITYGATE_CHECKPOINT"
@@ -48,6 +49,8 @@ TRAINER_FILES = (
     "rng_state.pth",
 )
 """Files a ``Trainer`` writes beside the model; only ``trainer_state.json`` is read (JSON)."""
+SB3_SAVE = re.compile(r"^(?P<prefix>.+)_(?P<step>\d+)_steps\.zip$")
+"""A Stable-Baselines3 ``CheckpointCallback`` save: ``<name_prefix>_<num_timesteps>_steps.zip``."""
 _RNG_STATE = re.compile(r"^rng_state_\d+\.pth$")
 
 
@@ -134,6 +137,27 @@ def checkpoint_series(output_dir: Path) -> list[tuple[int, Path]]:
                              f"trainer_state.json; saved: {_listing(tuple(steps))}): gate the "
                              "checkpoints present one at a time with --checkpoint N")
     return found
+
+
+def saved_zips(checkpoint: Path, where: Path) -> list[tuple[int, Path]]:
+    """``(step, zip)`` of a Stable-Baselines3 run's saves for ``run --all``, by step: every
+    ``<prefix>_<N>_steps.zip`` in ``checkpoint`` (a folder), or beside it with its prefix (one
+    save of the run). None found is bad input naming ``where`` (the config)."""
+    named = SB3_SAVE.match(checkpoint.name)
+    folder, prefix = (checkpoint, None) if checkpoint.is_dir() else (
+        checkpoint.parent, named.group("prefix") if named else None)
+    found = []
+    with contextlib.suppress(OSError):
+        if folder is not checkpoint and named is None:
+            raise OSError  # neither a folder of saves nor one save of a run
+        for entry in os.scandir(folder):
+            match = SB3_SAVE.match(entry.name)
+            if match and entry.is_file() and prefix in (None, match.group("prefix")):
+                found.append((int(match.group("step")), Path(entry.path)))
+    if not found:
+        raise InputError(where, "--all", f"{checkpoint}: neither a trainer output_dir nor a "
+                         "folder of CheckpointCallback saves (<prefix>_<N>_steps.zip)")
+    return sorted(found)
 
 
 def is_output_dir(path: Path) -> bool:

@@ -161,17 +161,24 @@ def write_sb3_config(
 
 
 def _env_observations(model: Any, count: int) -> Any:
-    """``count`` observations of the model's environment under seeded random actions."""
+    """``count`` observations of a fresh copy of the model's environment under seeded random
+    actions (the training environment itself is left untouched)."""
+    import gymnasium as gym
     import numpy as np
 
-    env = model.get_env()
-    if env is None:
-        raise ValueError("the model has no environment: pass probes=(N, obs_dim) observations")
-    env.seed(0)
+    vec = model.get_env()
+    spec = getattr((getattr(vec, "envs", None) or [None])[0], "spec", None)
+    if spec is None:
+        raise ValueError("the model's environment has no gymnasium spec to copy: pass "
+                         "probes=(N, obs_dim) observations")
+    env = gym.make(spec)
     env.action_space.seed(0)
     rows: list[Any] = []
-    obs = env.reset()
+    obs, _ = env.reset(seed=0)
     while len(rows) < count:
-        rows.extend(np.asarray(obs, dtype=np.float32))
-        obs, *_ = env.step(np.array([env.action_space.sample() for _ in range(env.num_envs)]))
-    return np.stack(rows[:count])
+        rows.append(np.asarray(obs, dtype=np.float32))
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            obs, _ = env.reset()
+    env.close()
+    return np.stack(rows)
