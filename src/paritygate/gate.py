@@ -211,8 +211,9 @@ class Gate:
         if not raw or not self.update_golden:
             return {}
         step = json.loads(raw).get("step")
-        return {"blessed_first": {"step": step,
-                                  "checkpoint": Path(self.context.checkpoint_path).name}}
+        record = self.config.trainer_checkpoint  # a checkpoint-N folder, else the file
+        gated = record.path if record is not None else Path(self.context.checkpoint_path)
+        return {"blessed_first": {"step": step, "checkpoint": gated.name}}
 
     def numerics(self) -> dict[str, Any]:
         """The context's settings that move numbers by design (empty for families without)."""

@@ -171,7 +171,7 @@ def _env_observations(model: Any, count: int) -> Any:
     if spec is None:
         raise ValueError("the model's environment has no gymnasium spec to copy: pass "
                          "probes=(N, obs_dim) observations")
-    env = gym.make(spec)
+    env = gym.make(spec.id)  # the registered env, without the training wrappers
     env.action_space.seed(0)
     rows: list[Any] = []
     obs, _ = env.reset(seed=0)
