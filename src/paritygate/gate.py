@@ -200,7 +200,7 @@ class Gate:
             "environment": environment(),
         }
 
-    def _blessed_first(self) -> dict[str, Any]:
+    def _blessed_first(self) -> dict[str, object]:
         """``{"blessed_first": {"step", "checkpoint"}}`` when ``run --bless-first`` (or a
         callback's ``bless_first``) blessed the first checkpoint of a run."""
         import json

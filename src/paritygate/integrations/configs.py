@@ -11,9 +11,9 @@ the config's path; every path in it is absolute, so the config runs from any fol
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 __all__ = ["LM_CHECKS", "POLICY_CHECKS", "write_sb3_config", "write_trl_config"]
 
@@ -29,7 +29,17 @@ TRL_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
 ``sampling_config``); the rest of the arguments are training options."""
 
 
-def _dump(path: Path, data: dict[str, Any]) -> Path:
+class SB3Model(Protocol):
+    """What the config is written from: an SB3 algorithm object (``PPO``, ``A2C``, ``DQN``)."""
+
+    observation_space: object
+    action_space: object
+    policy: object
+
+    def get_env(self) -> object: ...
+
+
+def _dump(path: Path, data: Mapping[str, object]) -> Path:
     import yaml
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,7 +47,7 @@ def _dump(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def _prompts(prompts: Sequence[str] | None, trainer: Any) -> list[str]:
+def _prompts(prompts: Sequence[str] | None, trainer: object) -> list[str]:
     """The probe prompts: given, else the first string prompts of the trainer's dataset."""
     if prompts is None and trainer is not None:
         dataset = getattr(trainer, "train_dataset", None)
@@ -52,10 +62,10 @@ def _prompts(prompts: Sequence[str] | None, trainer: Any) -> list[str]:
 
 
 def write_trl_config(
-    args: Any,
+    args: object,
     *,
     prompts: Sequence[str] | None = None,
-    trainer: Any = None,
+    trainer: object = None,
     folder: str | Path | None = None,
     name: str | None = None,
     checks: Sequence[str] = LM_CHECKS,
@@ -69,14 +79,14 @@ def write_trl_config(
     side samples with ``args``' sampling fields (written as a TRL config, ``trainer_sampling.yaml``)
     in ``args``' precision; ``prompts`` (default: the trainer's dataset's first 8 string
     prompts) are the probes."""
-    output_dir = Path(args.output_dir).resolve()
+    output_dir = Path(str(getattr(args, "output_dir", ""))).resolve()
     out = Path(folder).resolve() if folder is not None else output_dir / "paritygate"
     probes = out / "probes.jsonl"
     out.mkdir(parents=True, exist_ok=True)
     probes.write_text("".join(json.dumps({"id": f"p{i}", "text": text}) + "\n"
                               for i, text in enumerate(_prompts(prompts, trainer))),
                       encoding="utf-8")
-    spec: dict[str, Any] = {"model_dir": str(output_dir), "probes": str(probes),
+    spec: dict[str, object] = {"model_dir": str(output_dir), "probes": str(probes),
                             "max_prompt_tokens": max_prompt_tokens, "generation_samples": 1}
     sampling = {k: getattr(args, k) for k in TRL_SAMPLING if getattr(args, k, None) is not None}
     selected = list(checks)
@@ -95,7 +105,7 @@ def write_trl_config(
     })
 
 
-def _sb3_policy(model: Any) -> dict[str, Any]:
+def _sb3_policy(model: SB3Model) -> dict[str, object]:
     """Factories, their arguments and the training-only heads of an SB3 model's policy."""
     import gymnasium as gym
 
@@ -103,7 +113,7 @@ def _sb3_policy(model: Any) -> dict[str, Any]:
     if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
         raise ValueError(f"{type(model).__name__}: only flat Box observations are written here "
                          f"(got {obs}); save a checkpoint and run paritygate init on it")
-    kwargs: dict[str, Any] = {"obs_dim": int(obs.shape[0])}
+    kwargs: dict[str, object] = {"obs_dim": int(obs.shape[0])}
     arch = getattr(model.policy, "net_arch", None)
     if isinstance(arch, (list, dict)):
         kwargs["net_arch"] = arch
@@ -126,13 +136,13 @@ def _sb3_policy(model: Any) -> dict[str, Any]:
 
 
 def write_sb3_config(
-    model: Any,
+    model: SB3Model,
     save_path: str | Path,
     *,
     folder: str | Path | None = None,
     name: str | None = None,
     checks: Sequence[str] = POLICY_CHECKS,
-    probes: Any = None,
+    probes: object = None,
     artifact: str | Path | None = None,
     n_probes: int = 64,
 ) -> Path:
@@ -160,7 +170,7 @@ def write_sb3_config(
     })
 
 
-def _env_observations(model: Any, count: int) -> Any:
+def _env_observations(model: SB3Model, count: int) -> object:
     """``count`` observations of a fresh copy of the model's environment under seeded random
     actions (the training environment itself is left untouched)."""
     import gymnasium as gym
@@ -173,7 +183,7 @@ def _env_observations(model: Any, count: int) -> Any:
                          "probes=(N, obs_dim) observations")
     env = gym.make(spec.id)  # the registered env, without the training wrappers
     env.action_space.seed(0)
-    rows: list[Any] = []
+    rows: list[np.ndarray] = []
     obs, _ = env.reset(seed=0)
     while len(rows) < count:
         rows.append(np.asarray(obs, dtype=np.float32))

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
 from paritygate.integrations.common import GateOutcome, TrackerFiles, gate_checkpoint
+from paritygate.integrations.configs import SB3Model
 
 __all__ = ["ParityGateCallback"]
 
@@ -63,26 +63,30 @@ class ParityGateCallback(BaseCallback):  # type: ignore[misc]
     @classmethod
     def for_model(
         cls,
-        model: Any,
+        model: SB3Model,
         save_path: str | Path,
         *,
         folder: str | Path | None = None,
         name: str | None = None,
         checks: Sequence[str] | None = None,
-        probes: Any = None,
+        probes: object = None,
         artifact: str | Path | None = None,
-        **kwargs: Any,
+        stop_on_fail: bool = False,
+        timeout_s: float | None = None,
+        verbose: int = 1,
+        bless_first: bool = False,
     ) -> ParityGateCallback:
         """Write the gate config from ``model`` (its algorithm, spaces, network and environment;
         see :func:`paritygate.integrations.configs.write_sb3_config`) and return a callback
-        gating the zips saved into ``save_path`` with it; ``kwargs`` go to the callback
-        (``bless_first``, ``stop_on_fail``...)."""
+        gating the zips saved into ``save_path`` with it (the other arguments are the
+        callback's)."""
         from paritygate.integrations.configs import POLICY_CHECKS, write_sb3_config
 
         config = write_sb3_config(model, save_path, folder=folder, name=name,
                                   checks=checks or POLICY_CHECKS, probes=probes,
                                   artifact=artifact)
-        return cls(config, save_path=save_path, **kwargs)
+        return cls(config, save_path=save_path, stop_on_fail=stop_on_fail, timeout_s=timeout_s,
+                   verbose=verbose, bless_first=bless_first)
 
     def _new_checkpoints(self) -> list[Path]:
         best_dir = getattr(self.parent, "best_model_save_path", None)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
@@ -44,6 +44,15 @@ from paritygate.integrations.common import GateOutcome, TrackerFiles, gate_check
 __all__ = ["ParityGateCallback"]
 
 logger = hf_logging.get_logger("paritygate")
+
+
+class _Trainer(Protocol):
+    """What :meth:`ParityGateCallback.from_trainer` reads: the arguments and the dataset."""
+
+    args: object
+    train_dataset: object
+
+    def add_callback(self, callback: object) -> None: ...
 
 
 class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
@@ -85,23 +94,26 @@ class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
     @classmethod
     def from_trainer(
         cls,
-        trainer: Any,
+        trainer: _Trainer,
         *,
         prompts: Sequence[str] | None = None,
         folder: str | Path | None = None,
         name: str | None = None,
         checks: Sequence[str] | None = None,
-        **kwargs: Any,
+        stop_on_fail: bool = False,
+        timeout_s: float | None = None,
+        bless_first: bool = False,
     ) -> ParityGateCallback:
         """Write the gate config from ``trainer`` (its arguments and dataset; see
         :func:`paritygate.integrations.configs.write_trl_config`: ``<output_dir>/paritygate/
-        gate.yaml`` by default) and attach a callback gating with it; ``kwargs`` go to the
-        callback (``bless_first``, ``stop_on_fail``...)."""
+        gate.yaml`` by default) and attach a callback gating with it (the other arguments are
+        the callback's)."""
         from paritygate.integrations.configs import LM_CHECKS, write_trl_config
 
         config = write_trl_config(trainer.args, prompts=prompts, trainer=trainer, folder=folder,
                                   name=name, checks=checks or LM_CHECKS)
-        return cls.attach(trainer, config, **kwargs)
+        return cls.attach(trainer, config, stop_on_fail=stop_on_fail, timeout_s=timeout_s,
+                          bless_first=bless_first)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if not state.is_world_process_zero:
