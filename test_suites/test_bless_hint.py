@@ -47,3 +47,26 @@ def test_the_run_says_which_checks_lack_a_baseline_and_how_to_bless() -> None:
     _, only_missing = explain([clean])
     assert only_missing is not None and only_missing.kind == "no_golden"
     assert only_missing.fix == clean.bless_hint  # a missing baseline is all there is to fix
+
+
+def test_report_md_and_html_print_the_hint_as_a_line_of_its_own() -> None:
+    from paritygate.report.render import report_html, report_markdown
+
+    faulty = judge(_sampling(True), None)
+    results, root = explain([faulty])
+    assert root is not None
+    data = {
+        "name": "g", "status": "fail", "counts": {"pass": 0, "fail": 1, "error": 0, "skip": 0,
+                                                   "total": 1},
+        "checkpoint": {"path": "c", "sha256": "0" * 64}, "git_commit": None,
+        "artifact_url": None, "root_cause": root.to_json(), "bless_hint": bless_hint(results),
+        "checks": [r.to_json() for r in results], "environment": {}, "family": "causal_lm",
+        "config": "gate.yaml", "generated_at": "2026-01-01T00:00:00Z",
+    }
+    md = report_markdown(data, {})
+    assert f"\nNext step: 1 check(s) have no golden baseline (sampling_config): {BLESS_HINT}\n" \
+        in md
+    fix_line = next(ln for ln in md.splitlines() if ln.startswith("Likely fix:"))
+    assert "bless" not in fix_line
+    html = report_html(data, {})
+    assert "<b>Next step:</b> 1 check(s) have no golden baseline" in html
