@@ -39,6 +39,13 @@ class SB3Model(Protocol):
     def get_env(self) -> object: ...
 
 
+MIXED_PRECISION = ("mixed-precision training (bf16/fp16 in the trainer's arguments): the trainer "
+                   "computes in that dtype over the weights it saves, and each checkpoint is "
+                   "served as saved; logprob_delta measures the gap under that precision's tier")
+"""Why a mixed-precision trainer's dtype may differ from the saved checkpoint's (the allow
+entry :func:`write_trl_config` writes, shown in the report)."""
+
+
 def _dump(path: Path, data: Mapping[str, object]) -> Path:
     import yaml
 
@@ -90,15 +97,19 @@ def write_trl_config(
                             "max_prompt_tokens": max_prompt_tokens, "generation_samples": 1}
     sampling = {k: getattr(args, k) for k in TRL_SAMPLING if getattr(args, k, None) is not None}
     selected = list(checks)
+    files: dict[str, object] = {}
     if sampling:
-        spec["sampling"] = {"training": str(_dump(out / "trainer_sampling.yaml", sampling)),
-                            "training_format": "trl"}
+        files = {"training": str(_dump(out / "trainer_sampling.yaml", sampling)),
+                 "training_format": "trl"}
+        spec["sampling"] = files
     else:  # a plain Trainer samples nothing: no protocol to compare
         selected = [c for c in selected if c != "sampling_config"]
     dtype = "bfloat16" if getattr(args, "bf16", False) else (
         "float16" if getattr(args, "fp16", False) else None)
-    if dtype is not None:
+    if dtype is not None:  # mixed precision: the trainer computes in it (logprob_delta's tier)
         spec["training"] = {"dtype": dtype}
+        if sampling:  # ... over the weights it saves, which the checkpoint is served as
+            files["allow"] = [{"field": "dtype", "reason": MIXED_PRECISION}]
     return _dump(out / "gate.yaml", {
         "name": name or output_dir.name, "family": "causal_lm", "causal_lm": spec,
         "checks": selected, "golden": {"dir": str(out / "golden")},
