@@ -3,6 +3,8 @@ the bless hint is its own field (per check and for the run) and its own report l
 
 from __future__ import annotations
 
+import pytest
+
 from paritygate.result import Measurement
 from paritygate.rootcause import bless_hint, explain
 from paritygate.verdict import BLESS_HINT, judge
@@ -70,3 +72,27 @@ def test_report_md_and_html_print_the_hint_as_a_line_of_its_own() -> None:
     assert "bless" not in fix_line
     html = report_html(data, {})
     assert "<b>Next step:</b> 1 check(s) have no golden baseline" in html
+
+
+@pytest.mark.parametrize(("finding", "kind"), [("reference_is_policy", "reference_is_policy"),
+                                               ("reference_not_initial", "reference_provenance")])
+def test_a_reference_finding_keeps_its_kind_once_a_baseline_exists(finding: str,
+                                                                   kind: str) -> None:
+    """With a baseline the reference's digest regresses too (reference_drift's edge); the
+    finding on this run still names the fault, as it does without a baseline."""
+    def measured() -> Measurement:
+        m = Measurement("reference_parity")
+        m.metric("reference_digest", 7, bad="change")
+        m.fail(finding, "the KL reference is not the frozen initial policy")
+        return m
+
+    blessed = {"metrics": {"reference_digest": 3}, "provenance": {}}
+    with_golden, without = judge(measured(), blessed), judge(measured(), None)
+    assert "reference_digest" in with_golden.failed_metrics
+    roots = [explain([r])[1] for r in (with_golden, without)]
+    assert [(r.kind, r.finding, r.fix) for r in roots if r] == [
+        (kind, finding, roots[1].fix if roots[1] else None)] * 2
+    drift = Measurement("reference_parity")
+    drift.metric("reference_digest", 7, bad="change")
+    _, root = explain([judge(drift, blessed)])  # moved between checkpoints, nothing else wrong
+    assert root is not None and root.kind == "reference_drift"
