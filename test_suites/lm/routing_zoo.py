@@ -142,7 +142,7 @@ def write_routing_dump(model_dir: Path, path: Path, *, router_noise: float = 0.0
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from paritygate.families.causal_lm.routing import moe_layout, positions, routed_forward
+    from paritygate.engines.hf_routing import moe_layout, positions, routed_forward
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -159,7 +159,8 @@ def write_routing_dump(model_dir: Path, path: Path, *, router_noise: float = 0.0
         out = model.generate(torch.tensor([ids]), do_sample=True, max_new_tokens=8,
                              output_scores=True, return_dict_in_generate=True, top_k=0)
         completion = out.sequences[0, len(ids):].tolist()
-        logps = [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(out.scores, completion)]
+        logps = [float(torch.log_softmax(s[0], -1)[t])
+                 for s, t in zip(out.scores, completion, strict=True)]
         records.append({"prompt_ids": ids, "completion_ids": completion, "logprobs": logps,
                         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
                                      "max_tokens": 8}, "logprobs_mode": "processed"})

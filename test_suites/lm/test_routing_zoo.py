@@ -64,7 +64,7 @@ def test_perturbed_router_is_the_root_of_the_logprob_failures(moe_model: Path,
                for c in ("weights_load", "logits_agreement", "logprob_delta",
                          "routing_agreement")]
     assert results[2].status == "fail", results[2].message
-    marked, root = explain(results)
+    _, root = explain(results)
     assert root is not None
     assert (root.check, root.kind) == ("routing_agreement", "router_weights_differ")
     assert {"logprob_delta", "weights_load"} <= set(root.explains)
@@ -138,5 +138,5 @@ def test_dense_model_skips_or_is_bad_input_when_routing_is_asked(tmp_path: Path)
     cfg["causal_lm"].pop("routing")
     result = _gate(cfg, tmp_path).evaluate("routing_agreement", golden=False)
     assert result.status == "skip" and "dense model" in result.message
-    with pytest.raises(InputError, match="causal_lm.routing"):
+    with pytest.raises(InputError, match=r"causal_lm\.routing"):
         _gate(base_config(tok_dir), tmp_path).evaluate("routing_agreement", golden=False)

@@ -3,7 +3,7 @@ trainer's recompute picks.
 
 On the same tokens (the probe prompts, teacher-forced; with ``causal_lm.routing.samples`` also
 the HF engine's sampled completions), forward hooks on every router
-(:mod:`paritygate.families.causal_lm.routing`) capture the router logits, the top-k expert ids
+(:mod:`paritygate.engines.hf_routing`) capture the router logits, the top-k expert ids
 and the routing weights on both sides; per MoE layer the check measures the share of tokens
 whose top-k set differs, the routing-weight difference where the sets agree, each side's expert
 load, and the training side's router margin (k-th vs (k+1)-th logit, relative to the token's
@@ -17,7 +17,7 @@ records) is audited against the trainer's recompute over the dump's own tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paritygate.causes import DOWNSTREAM_LM, Explanation
 from paritygate.check import CheckSpec, Thresholds
@@ -25,12 +25,12 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
-    import numpy as np
-    from torch import nn
+    from torch import Tensor, nn
 
+    from paritygate.engines.hf_routing import MoeLayout, RouterCapture
     from paritygate.families.causal_lm.context import LMContext
-    from paritygate.families.causal_lm.routing import MoeLayout, RouterCapture
     from paritygate.metrics.routing import LayerRouting
 
 KINDS = ("router_weights_differ", "top_k_differs", "topk_norm_differs", "experts_permuted",
@@ -70,8 +70,8 @@ def _limits(tier_key: str, thresholds: Thresholds) -> dict[str, float]:
 
 
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
+    from paritygate.engines.hf_routing import moe_layout
     from paritygate.errors import InputError
-    from paritygate.families.causal_lm.routing import moe_layout
     from paritygate.metrics.routing import tie_tolerance
     from paritygate.metrics.tiers import resolve_tier
 
@@ -128,7 +128,7 @@ def _sequences(ctx: LMContext) -> list[list[int]]:
 def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
                 limits: dict[str, float]) -> None:
     """The HF serving copy against the training model, on the same teacher-forced tokens."""
-    from paritygate.families.causal_lm.routing import moe_layout, routed_forward
+    from paritygate.engines.hf_routing import moe_layout, routed_forward
 
     training = ctx.reference_model()
     serving: nn.Module = ctx.engine("hf").model  # type: ignore[attr-defined]
@@ -142,8 +142,8 @@ def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     t_cap, t_mask = routed_forward(training, layout, seqs, pad)
     s_cap, s_mask = (t_cap, t_mask) if serving is training else \
         routed_forward(serving, served_layout or layout, seqs, pad)
-    if structural.get("order"):
-        _relabel(s_cap, structural["order"])
+    if structural:
+        _relabel(s_cap, structural)
     layers = _compare(t_cap, t_mask, s_cap, s_mask, layout, tie)
     _record(m, layers, limits, prefix="")
     _shared(m, ctx, layout, t_cap, t_mask, s_cap, s_mask)
@@ -161,11 +161,12 @@ def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
 
 
 def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.Module,
-               layout: MoeLayout, served: MoeLayout | None) -> dict[str, Any]:
-    """Findings from the two models' routing tensors and configs, before any token runs."""
-    from paritygate.families.causal_lm.routing_weights import expert_permutations, router_diffs
+               layout: MoeLayout, served: MoeLayout | None) -> dict[str, tuple[int, ...]]:
+    """Findings from the two models' routing tensors and configs, before any token runs;
+    returns the expert order of each consistently relabelled layer (by block name)."""
+    from paritygate.metrics.routing_weights import expert_permutations, router_diffs
 
-    out: dict[str, Any] = {}
+    out: dict[str, tuple[int, ...]] = {}
     if served is None:
         m.fail("top_k_differs", "the served model has no MoE layer: it routes no token to an "
                                 "expert")
@@ -193,8 +194,7 @@ def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.
                                    + follows + (f"; {len(perms)} layers" if len(perms) > 1 else ""))
         m.details["permutations"] = [{"block": p.block, "order": list(p.order),
                                       "router_follows": p.router_follows} for p in perms]
-        if first.router_follows:
-            out["order"] = {p.block: p.order for p in perms if p.router_follows}
+        out = {p.block: p.order for p in perms if p.router_follows}
     diffs = [d for d in router_diffs(training, serving, layout)
              if not any(d.router.startswith(p.block + ".") and p.router_follows for p in perms)]
     if diffs:
@@ -221,7 +221,7 @@ def _relabel(capture: RouterCapture, orders: dict[str, tuple[int, ...]]) -> None
         capture.logits[name] = [lg[:, inverse] for lg in capture.logits[name]]
 
 
-def _compare(t_cap: RouterCapture, t_mask: Any, s_cap: RouterCapture, s_mask: Any,
+def _compare(t_cap: RouterCapture, t_mask: Tensor, s_cap: RouterCapture, s_mask: Tensor,
              layout: MoeLayout, tie: float) -> list[LayerRouting]:
     from paritygate.metrics.routing import compare_layer
 
@@ -273,13 +273,13 @@ def _judge_norm(m: Measurement, layers: Sequence[LayerRouting], layout: MoeLayou
 
 
 def _shared(m: Measurement, ctx: LMContext, layout: MoeLayout, t_cap: RouterCapture,
-            t_mask: Any, s_cap: RouterCapture, s_mask: Any) -> None:
-    from paritygate.families.causal_lm.routing_weights import missing_shared
+            t_mask: Tensor, s_cap: RouterCapture, s_mask: Tensor) -> None:
+    from paritygate.metrics.routing_weights import missing_shared
 
     if not layout.shared:
         return
 
-    def norms(cap: RouterCapture, mask: Any) -> dict[str, float]:
+    def norms(cap: RouterCapture, mask: Tensor) -> dict[str, float]:
         import torch
 
         return {k: float(torch.cat(v)[mask].mean()) for k, v in cap.shared_norm.items()}
@@ -293,7 +293,7 @@ def _shared(m: Measurement, ctx: LMContext, layout: MoeLayout, t_cap: RouterCapt
                                         "shared expert's contribution")
 
 
-def _file_keys(model_dir: Any) -> set[str]:
+def _file_keys(model_dir: Path) -> set[str]:
     from safetensors import safe_open
 
     from paritygate.engines.hf_loading import safetensors_files
@@ -308,7 +308,7 @@ def _file_keys(model_dir: Any) -> set[str]:
 def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
                   limits: dict[str, float]) -> bool:
     """A dump's recorded ``routed_experts`` against the trainer's recompute on its tokens."""
-    from paritygate.families.causal_lm.routing_dump import dump_layers
+    from paritygate.metrics.routed_dump import dump_layers
 
     layers = dump_layers(m, ctx.dump_records(), ctx.reference_model(), layout, tie,
                          pad_id=ctx.training_tokenizer.pad_token_id or 0,
@@ -337,7 +337,7 @@ CHECK = CheckSpec(
     kinds=KINDS,
 )
 
-_STRUCTURAL = DOWNSTREAM_LM + ("weights_load",)
+_STRUCTURAL = (*DOWNSTREAM_LM, "weights_load")
 
 CAUSES: tuple[Explanation, ...] = (
     Explanation("routing_agreement", "router_weights_differ", ("router_weights_differ",),

@@ -59,3 +59,4 @@ def validate_routed_experts(
                                                   f"{shape[0]} layers x top-{shape[1]}")
         out.append(rows)
     return out
+

@@ -296,8 +296,8 @@ def read_dump(
     path: Path, *, vocab_size: int | None = None, num_experts: int | None = None
 ) -> list[DumpRecord]:
     """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``,
-    routed expert ids below ``num_experts``, when given). A FIFO, a device, a sparse file or one over
-    :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
+    routed expert ids below ``num_experts``, when given). A FIFO, a device, a sparse file or
+    one over :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
     check_input(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
                 bound="MAX_DUMP_BYTES")
     records = []

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
@@ -45,7 +44,7 @@ def tie_tolerance(tier_key: str) -> float:
     return max(ROUTER_TIE_REL.get(p, ROUTER_TIE_REL["fp32"]) for p in parts)
 
 
-def _array(value: Any, dtype: Any) -> np.ndarray:
+def _array(value: object, dtype: type) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor, on any device, in any dtype
         value = value.detach().float().cpu().numpy() if dtype is np.float64 else \
             value.detach().cpu().numpy()
@@ -97,7 +96,7 @@ class RoutingMismatch:
 
 
 def routing_mismatch(
-    train_experts: Any, infer_experts: Any, mask: Any = None
+    train_experts: object, infer_experts: object, mask: object = None
 ) -> RoutingMismatch:
     """Compare the expert ids each side routed every token to.
 
@@ -168,7 +167,7 @@ class LayerRouting:
     nonfinite: int
     """Tokens whose router logits hold NaN/Inf on either side."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -190,7 +189,7 @@ def _relative_margin(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 def compare_layer(
-    layer: str, training: Mapping[str, Any], serving: Mapping[str, Any], tie_rel: float,
+    layer: str, training: Mapping[str, object], serving: Mapping[str, object], tie_rel: float,
 ) -> LayerRouting:
     """Compare one layer's routing: each side a mapping with ``logits`` ``(N, E)`` (``None``
     allowed on the serving side: routed ids only), ``experts`` ``(N, K)`` int and ``weights``
@@ -206,10 +205,8 @@ def compare_layer(
     k = t_ids.shape[-1]
     margin = _relative_margin(np.where(np.isfinite(t_logits), t_logits, 0.0), k)
     near = margin < tie_rel
-    if s_ids.shape[-1] == k:
-        flipped = ~_same_set(t_ids, s_ids)
-    else:  # another top-k: every token is routed differently
-        flipped = np.ones(n, dtype=bool)
+    # another top-k: every token is routed differently
+    flipped = ~_same_set(t_ids, s_ids) if s_ids.shape[-1] == k else np.ones(n, dtype=bool)
     w_diff = np.zeros(0)
     t_w, s_w = training.get("weights"), serving.get("weights")
     sum_t = sum_s = float("nan")

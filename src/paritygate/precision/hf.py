@@ -15,12 +15,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.generation import left_pad
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.subject import PrecisionSubject
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -107,7 +110,8 @@ def _listing(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f", +{more} more" if more > 0 else "")
 
 
-def as_saved(model: Any, tensors: dict[str, Any], stored: Iterable[str]) -> dict[str, Any]:
+def as_saved(model: object, tensors: dict[str, Tensor], stored: Iterable[str]
+             ) -> dict[str, Tensor]:
     """``tensors`` under the names and layout the checkpoint stores them in: transformers >= 5
     fuses per-expert MoE tensors on load (``experts.<i>.gate_proj.weight`` into
     ``experts.gate_up_proj``) and splits them again on save; its own reverse conversion
@@ -121,7 +125,7 @@ def as_saved(model: Any, tensors: dict[str, Any], stored: Iterable[str]) -> dict
     except ImportError:  # transformers < 5: no load-time conversion to undo
         return tensors
     try:
-        reverted = revert_weight_conversion(model, dict(tensors))
+        reverted = revert_weight_conversion(model, dict(tensors))  # type: ignore[arg-type]
     except Exception:  # a conversion transformers cannot reverse here: compare as loaded
         return tensors
     if not isinstance(reverted, dict):

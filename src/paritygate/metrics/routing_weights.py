@@ -11,18 +11,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
     from torch import Tensor, nn
 
-    from paritygate.families.causal_lm.routing import MoeLayout
+    from paritygate.engines.hf_routing import MoeLayout
 
 _ROUNDING = {"torch.float32": 1e-6, "torch.float16": 2.0**-10, "torch.bfloat16": 2.0**-7}
 """Relative difference ||served - cast(training)|| / ||training|| a clean copy stays under: a
 few units of the served dtype's rounding (unit roundoff 2^-24, 2^-11, 2^-8), per tensor."""
 
 
-def _rel(served: Tensor, training: Tensor) -> float:
-    """Relative difference of ``served`` from ``training`` cast to the served dtype."""
-    ref = training.detach().to(served.dtype).float()
+def _rel(served: Tensor, training: Tensor, dtype: torch.dtype | None = None) -> float:
+    """Relative difference of ``served`` from ``training`` cast to ``dtype`` (default: the
+    served dtype)."""
+    ref = training.detach().to(served.dtype if dtype is None else dtype).float()
     diff = (served.detach().float() - ref).norm()
     scale = ref.norm()
     return float(diff / scale) if float(scale) > 0 else float(diff)
@@ -42,18 +44,31 @@ class RouterDiff:
     bound: float
 
 
+def _weight(model: nn.Module, name: str) -> Tensor:
+    import torch
+
+    weight = model.get_submodule(name).weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
 def router_diffs(training: nn.Module, serving: nn.Module, layout: MoeLayout) -> list[RouterDiff]:
     """Routers whose served weight differs from the training one beyond the served dtype's
-    rounding (shape changes count as differing)."""
+    rounding (shape changes count as differing). A served weight that is the training one
+    rounded to bf16 or fp16 and loaded wider (an undeclared lower-precision copy) is a
+    precision change, ``weights_load``'s finding, not a router difference."""
+    import torch
+
     out = []
     for name in layout.routers:
-        t = training.get_submodule(name).weight
-        s = serving.get_submodule(name).weight
+        t, s = _weight(training, name), _weight(serving, name)
         if t.shape != s.shape:
             out.append(RouterDiff(name, float("inf"), 0.0))
             continue
         rel, bound = _rel(s, t), rounding_bound(s)
-        if rel > bound:
+        rounded = any(_rel(s, t, low) <= _ROUNDING["torch.float32"]
+                      for low in (torch.bfloat16, torch.float16))
+        if rel > bound and not rounded:
             out.append(RouterDiff(name, rel, bound))
     return out
 
@@ -109,9 +124,10 @@ def expert_permutations(
             continue
         if not all(float(dist[e, order[e]]) * 2 < float(dist[e, e]) for e in moved):
             continue
-        rt = training.get_submodule(f"{block}.gate").weight.detach().float()
-        rs = serving.get_submodule(f"{block}.gate").weight.detach().float()
-        follows = bool(torch.allclose(rs, rt[order], rtol=1e-2, atol=1e-6 + 1e-2 * rt.abs().max()))
+        rt = _weight(training, f"{block}.gate").detach().float()
+        rs = _weight(serving, f"{block}.gate").detach().float()
+        scale = float(rt.abs().max())
+        follows = bool(torch.allclose(rs, rt[order], rtol=1e-2, atol=1e-6 + 1e-2 * scale))
         out.append(Permutation(block, tuple(int(i) for i in order), follows))
     return out
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     import numpy as np
     from torch import Tensor, nn
@@ -58,7 +58,7 @@ def moe_layout(model: nn.Module) -> MoeLayout | None:
     top_k = (getattr(config, "num_experts_per_tok", None)
              or getattr(model.get_submodule(blocks[0]).gate, "top_k", 0))
     norm = getattr(config, "norm_topk_prob", None)
-    return MoeLayout(tuple(blocks), int(experts), int(top_k),
+    return MoeLayout(tuple(blocks), int(experts or 0), int(top_k or 0),
                      None if norm is None else bool(norm), tuple(shared))
 
 
@@ -108,12 +108,13 @@ def capture_routing(model: nn.Module, layout: MoeLayout) -> Iterator[RouterCaptu
     capture = RouterCapture(layout)
     handles = []
 
-    def on_router(name: str) -> Any:
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+    def on_router(name: str) -> Callable[[object, object, object], None]:
+        def hook(_module: object, _inputs: object, output: object) -> None:
             if isinstance(output, tuple) and len(output) >= 3:
                 logits, weights, experts = output[0], output[1], output[2]
             else:
                 logits = output[0] if isinstance(output, tuple) else output
+                assert isinstance(logits, torch.Tensor)
                 weights, experts = _routed(layout, logits)
             logits = logits.reshape(-1, logits.shape[-1])
             capture.logits.setdefault(name, []).append(logits.detach().float().cpu())
@@ -123,9 +124,10 @@ def capture_routing(model: nn.Module, layout: MoeLayout) -> Iterator[RouterCaptu
                 weights.reshape(logits.shape[0], -1).detach().float().cpu())
         return hook
 
-    def on_shared(name: str) -> Any:
-        def hook(_module: Any, _inputs: Any, output: Any) -> None:
+    def on_shared(name: str) -> Callable[[object, object, object], None]:
+        def hook(_module: object, _inputs: object, output: object) -> None:
             out = output[0] if isinstance(output, tuple) else output
+            assert isinstance(out, torch.Tensor)
             norm = out.detach().float().reshape(-1, out.shape[-1]).norm(dim=-1).cpu()
             capture.shared_norm.setdefault(name, []).append(norm)
         return hook
@@ -151,15 +153,14 @@ def routed_forward(
     import torch
 
     from paritygate.engines.generation import left_pad
-    from paritygate.families.causal_lm.logprobs import position_ids_from_mask
 
     masks = []
     with capture_routing(model, layout) as capture, torch.inference_mode():
         for start in range(0, len(sequences), batch_size):
             chunk = [list(s) for s in sequences[start : start + batch_size]]
             ids, mask = left_pad(chunk, pad_id)  # (B, T)
-            model(input_ids=ids, attention_mask=mask, use_cache=False,
-                  position_ids=position_ids_from_mask(mask))
+            positions_ = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # left padding shifts nothing
+            model(input_ids=ids, attention_mask=mask, use_cache=False, position_ids=positions_)
             masks.append(mask.reshape(-1).bool())
     return capture, torch.cat(masks)
 

@@ -1,5 +1,5 @@
-"""A rollout dump's recorded routing (``routed_experts``) against the trainer's recompute over
-the dump's own tokens (see :mod:`paritygate.engines.dump_routing` for the field)."""
+"""A rollout dump's recorded routing (``routed_experts``, :mod:`paritygate.engines.dump_routing`) against the
+trainer's recompute over the dump's own tokens."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
     from torch import nn
 
+    from paritygate.engines.hf_routing import MoeLayout
     from paritygate.engines.rollout_dump import DumpRecord
-    from paritygate.families.causal_lm.routing import MoeLayout
     from paritygate.metrics.routing import LayerRouting
     from paritygate.result import Measurement
 
@@ -29,7 +29,7 @@ def dump_layers(
     input; another top-k is compared as such (every token differs)."""
     import numpy as np
 
-    from paritygate.families.causal_lm.routing import positions, routed_forward
+    from paritygate.engines.hf_routing import positions, routed_forward
     from paritygate.metrics.routing import compare_layer
 
     carried = [i for i, r in enumerate(records) if r["routed_experts"] is not None]
