@@ -337,7 +337,8 @@ CHECK = CheckSpec(
     kinds=KINDS,
 )
 
-_STRUCTURAL = (*DOWNSTREAM_LM, "weights_load")
+_DOWNSTREAM = tuple(c for c in DOWNSTREAM_LM if c != "routing_agreement")
+_STRUCTURAL = (*_DOWNSTREAM, "weights_load")
 
 CAUSES: tuple[Explanation, ...] = (
     Explanation("routing_agreement", "router_weights_differ", ("router_weights_differ",),
@@ -354,13 +355,13 @@ CAUSES: tuple[Explanation, ...] = (
                     "shared_expert_gate) with the served copy", rank=37),
     Explanation("routing_agreement", "routing_rule_differs", ("top_k_differs",
                                                               "topk_norm_differs"),
-                DOWNSTREAM_LM, "the engine applies another routing rule (top-k or the "
+                _DOWNSTREAM, "the engine applies another routing rule (top-k or the "
                                "normalisation of the top-k weights)",
                 fix="serve with the trainer's num_experts_per_tok and norm_topk_prob (the "
                     "served config.json)", rank=38),
     Explanation("routing_agreement", "routing_diverges", ("routing_diverges",
                                                           "dump_routing_differs"),
-                DOWNSTREAM_LM, "the engine routes tokens to other experts than the trainer",
+                _DOWNSTREAM, "the engine routes tokens to other experts than the trainer",
                 fix="replay the engine's routing in the trainer (routing replay, R3) or align "
                     "the two routing implementations", rank=285),
 )
