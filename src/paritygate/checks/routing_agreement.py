@@ -139,15 +139,17 @@ def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
         m.note("the HF engine serves the training model itself (same files and dtype): "
                "its routing is the trainer's by construction")
     structural = _structure(m, ctx, training, serving, layout, served_layout)
+    if served_layout is None or served_layout.routers != layout.routers:
+        return  # nothing to compare layer by layer: _structure named it
     t_cap, t_mask = routed_forward(training, layout, seqs, pad)
     s_cap, s_mask = (t_cap, t_mask) if serving is training else \
-        routed_forward(serving, served_layout or layout, seqs, pad)
+        routed_forward(serving, served_layout, seqs, pad)
     if structural:
         _relabel(s_cap, structural)
     layers = _compare(t_cap, t_mask, s_cap, s_mask, layout, tie)
     _record(m, layers, limits, prefix="")
     _shared(m, ctx, layout, t_cap, t_mask, s_cap, s_mask)
-    _judge_norm(m, layers, layout, served_layout, limits)
+    _judge_norm(m, layers, limits)
     found = {f.kind for f in m.findings}
     if not found and (m.metrics["flip_beyond_tie_frac"].breaches()
                       or m.metrics["flip_frac"].breaches()):
@@ -167,9 +169,10 @@ def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.
     from paritygate.metrics.routing_weights import expert_permutations, router_diffs
 
     out: dict[str, tuple[int, ...]] = {}
-    if served is None:
-        m.fail("top_k_differs", "the served model has no MoE layer: it routes no token to an "
-                                "expert")
+    if served is None or served.routers != layout.routers:
+        where = ("no MoE layer" if served is None else
+                 f"MoE layers at {list(served.blocks)}, the trainer's at {list(layout.blocks)}")
+        m.fail("top_k_differs", f"the served model has {where}: it routes tokens otherwise")
         return out
     if served.top_k != layout.top_k:
         m.fail("top_k_differs", f"the engine routes each token to {served.top_k} experts, the "
@@ -255,8 +258,7 @@ def _record(m: Measurement, layers: Sequence[LayerRouting], limits: dict[str, fl
     m.details[f"{prefix}layers"] = [r.as_dict() for r in layers]
 
 
-def _judge_norm(m: Measurement, layers: Sequence[LayerRouting], layout: MoeLayout,
-                served: MoeLayout | None, limits: dict[str, float]) -> None:
+def _judge_norm(m: Measurement, layers: Sequence[LayerRouting], limits: dict[str, float]) -> None:
     """Routing weights of agreeing tokens that sum differently: another normalisation of the
     top-k weights (``norm_topk_prob``, softmax after top-k), when the configs did not say."""
     if any(f.kind == "topk_norm_differs" for f in m.findings):

@@ -1,5 +1,6 @@
-"""A rollout dump's recorded routing (``routed_experts``, :mod:`paritygate.engines.dump_routing`) against the
-trainer's recompute over the dump's own tokens."""
+"""A rollout dump's recorded routing (``routed_experts``, see
+:mod:`paritygate.engines.dump_routing`) against the trainer's recompute over the dump's own
+tokens."""
 
 from __future__ import annotations
 
