@@ -125,7 +125,7 @@ def main() -> None:
         wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
         print(f"routing_agreement on the bench subject: {result['status']}, "
-              f"flip_frac {result['metrics']['flip_frac']['value']:.4f}")
+              f"flip_frac {result['metrics']['flip_frac']:.4f}")
         print(f"minimal (2 loads + 2 forwards): wall {wall['minimal']:.2f}s "
               f"cpu {cpu['minimal']:.2f}s")
         print(f"paritygate --check routing_agreement: wall {wall['check']:.2f}s "
