@@ -15,9 +15,9 @@ OWN_SUBJECTS: dict[str, frozenset[str]] = {
     "policy": frozenset({"recurrent_parity", "rollout_parity", "precision_per_layer",
                          "serving_replay"}),
     # behaviour_parity, reward_parity, reference_parity: their own zoos;
-    # precision_per_layer: a precision section.
+    # precision_per_layer: a precision section; routing_agreement: MoE models (its own zoo).
     "causal_lm": frozenset({"precision_per_layer", "behaviour_parity", "reward_parity",
-                            "reference_parity"}),
+                            "reference_parity", "routing_agreement"}),
 }
 
 

@@ -12,7 +12,9 @@ the heavy pieces load when a gate actually runs. The Python API::
     print(written.status)                     # "pass" or "fail"
 
 In a training loop, ``paritygate.mismatch(logp_train, logp_infer, mask)`` measures the
-trainer/engine log-prob mismatch of a batch (see :mod:`paritygate.metrics.mismatch`).
+trainer/engine log-prob mismatch of a batch (see :mod:`paritygate.metrics.mismatch`), and
+``paritygate.routing_mismatch(train_experts, infer_experts, mask)`` how often a mixture-of-experts
+engine routed a token to other experts than the trainer (see :mod:`paritygate.metrics.routing`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ __all__ = [
     "InputError",
     "Measurement",
     "Mismatch",
+    "RoutingMismatch",
     "WrittenReport",
     "export",
     "load_config",
     "mismatch",
+    "routing_mismatch",
     "summary_table",
     "write_config",
     "write_reports",
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
     from paritygate.gate import Gate
     from paritygate.init import write_config
     from paritygate.metrics.mismatch import Mismatch, mismatch
+    from paritygate.metrics.routing import RoutingMismatch, routing_mismatch
     from paritygate.report import WrittenReport, summary_table, write_reports
     from paritygate.result import CheckResult, Measurement
 
@@ -62,6 +67,8 @@ _LAZY = {
     "write_config": "paritygate.init",
     "mismatch": "paritygate.metrics.mismatch",
     "Mismatch": "paritygate.metrics.mismatch",
+    "routing_mismatch": "paritygate.metrics.routing",
+    "RoutingMismatch": "paritygate.metrics.routing",
     "WrittenReport": "paritygate.report",
     "summary_table": "paritygate.report",
     "write_reports": "paritygate.report",

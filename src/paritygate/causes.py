@@ -170,5 +170,5 @@ REPLAY = (("serving_replay", replayed_outputs_differ),)
 DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
                       "precision_per_layer", "recurrent_parity", "rollout_parity")
 DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
-                  "precision_per_layer", "batch_invariance")
+                  "precision_per_layer", "batch_invariance", "routing_agreement")
 

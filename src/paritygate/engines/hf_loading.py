@@ -147,9 +147,9 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
             ) from None
 
 
-def config_vocab_size(directory: Path) -> int | None:
-    """``vocab_size`` of a model directory's ``config.json`` (top level or ``text_config``),
-    ``None`` when it does not say: the number of token ids the model can embed."""
+def _config_int(directory: Path, names: tuple[str, ...]) -> int | None:
+    """The first positive int of ``names`` in a model directory's ``config.json`` (top level
+    or ``text_config``), ``None`` when it says none."""
     import json
 
     try:
@@ -160,10 +160,23 @@ def config_vocab_size(directory: Path) -> int | None:
         return None
     for node in (data, data.get("text_config")):
         if isinstance(node, dict):
-            size = node.get("vocab_size")
-            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-                return size
+            for name in names:
+                size = node.get(name)
+                if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                    return size
     return None
+
+
+def config_vocab_size(directory: Path) -> int | None:
+    """``vocab_size`` of a model directory's ``config.json`` (top level or ``text_config``),
+    ``None`` when it does not say: the number of token ids the model can embed."""
+    return _config_int(directory, ("vocab_size",))
+
+
+def config_num_experts(directory: Path) -> int | None:
+    """The routed experts per MoE layer a model directory's ``config.json`` declares
+    (``num_experts``, Mixtral's ``num_local_experts``); ``None`` for a dense model."""
+    return _config_int(directory, ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
 TOKENIZER_FILES = (

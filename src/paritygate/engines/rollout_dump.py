@@ -17,6 +17,8 @@ sequence, same column names; needs pyarrow). Fields:
   ``<= 0`` and not NaN (``-Infinity``: a token the processed distribution excludes).
 - ``logprobs_mode`` (``raw`` | ``processed``, optional, default ``processed``).
 - ``engine`` (string, optional): who wrote the dump (``vllm``, ``sglang``, ``hf``...).
+- ``routed_experts`` (optional, a mixture-of-experts policy): per token position, per MoE
+  layer, the ``top_k`` expert ids the engine routed it to (:mod:`.dump_routing`).
 
 The JSON Schema of a record is published as ``schemas/rollout_dump.schema.json``
 (:data:`DUMP_RECORD_SCHEMA`). A bad dump raises :class:`~paritygate.errors.InputError`
@@ -32,12 +34,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
+from paritygate.engines.dump_routing import ROUTED_EXPERTS_SCHEMA, validate_routed_experts
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
 from paritygate.reading import MAX_DUMP_BYTES, check_input, read_text
 
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
-          "logprobs_mode", "engine")
+          "logprobs_mode", "engine", "routed_experts")
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 
 
@@ -87,6 +90,7 @@ DUMP_RECORD_SCHEMA: dict[str, Any] = {
         },
         "logprobs_mode": {"enum": ["raw", "processed", None]},
         "engine": {"type": ["string", "null"]},
+        "routed_experts": ROUTED_EXPERTS_SCHEMA,
     },
 }
 """The published JSON Schema of one record (``schemas/rollout_dump.schema.json``);
@@ -189,13 +193,16 @@ class DumpRecord(TypedDict):
     sampling: SamplingSpec
     logprobs_mode: str
     engine: str
+    routed_experts: list[list[list[int]]] | None
 
 
 def validate_record(
-    path: Path, where: str, rec: object, vocab_size: int | None = None
+    path: Path, where: str, rec: object, vocab_size: int | None = None,
+    num_experts: int | None = None,
 ) -> DumpRecord:
     """One validated, normalised record; ``where`` is ``line N`` or ``row N``; token ids
-    are checked against ``vocab_size`` when it is known."""
+    are checked against ``vocab_size`` and routed expert ids against ``num_experts`` when
+    they are known."""
     if not isinstance(rec, dict):
         raise InputError(path, where, "a record must be an object")
     for key in rec:
@@ -224,10 +231,14 @@ def validate_record(
     mode = rec.get("logprobs_mode") or "processed"
     if mode not in ("raw", "processed"):
         raise InputError(path, f"{where}: logprobs_mode", "must be 'raw' or 'processed'")
+    routed = rec.get("routed_experts")
+    if routed is not None:
+        routed = validate_routed_experts(path, where, routed, len(prompt) + len(completion),
+                                         num_experts)
     return {
         "prompt_ids": prompt, "completion_ids": completion, "logprobs": lps,
         "top_logprobs": top, "sampling": spec, "logprobs_mode": mode,
-        "engine": str(rec.get("engine") or "dump"),
+        "engine": str(rec.get("engine") or "dump"), "routed_experts": routed,
     }
 
 
@@ -281,10 +292,12 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
     return rows
 
 
-def read_dump(path: Path, *, vocab_size: int | None = None) -> list[DumpRecord]:
-    """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``
-    when given). A FIFO, a device, a sparse file or one over
-    :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
+def read_dump(
+    path: Path, *, vocab_size: int | None = None, num_experts: int | None = None
+) -> list[DumpRecord]:
+    """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``,
+    routed expert ids below ``num_experts``, when given). A FIFO, a device, a sparse file or
+    one over :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
     check_input(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
                 bound="MAX_DUMP_BYTES")
     records = []
@@ -293,7 +306,7 @@ def read_dump(path: Path, *, vocab_size: int | None = None) -> list[DumpRecord]:
             row = {k: v for k, v in row.items() if v is not None}
             if isinstance(row.get("sampling"), dict):
                 row["sampling"] = {k: v for k, v in row["sampling"].items() if v is not None}
-        records.append(validate_record(path, where, row, vocab_size))
+        records.append(validate_record(path, where, row, vocab_size, num_experts))
     if not records:
         raise InputError(path, None, "rollout dump holds no record")
     return records

@@ -15,12 +15,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.checkpoints import has_nonfinite
 from paritygate.engines.generation import left_pad
 from paritygate.errors import InputError, MissingExtra
 from paritygate.precision.subject import PrecisionSubject
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass
@@ -107,6 +110,30 @@ def _listing(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f", +{more} more" if more > 0 else "")
 
 
+def as_saved(model: object, tensors: dict[str, Tensor], stored: Iterable[str]
+             ) -> dict[str, Tensor]:
+    """``tensors`` under the names and layout the checkpoint stores them in: transformers >= 5
+    fuses per-expert MoE tensors on load (``experts.<i>.gate_proj.weight`` into
+    ``experts.gate_up_proj``) and splits them again on save; its own reverse conversion
+    (``revert_weight_conversion``) gives the saved layout. Unchanged when the model has no
+    conversion, or when the checkpoint already holds the fused names."""
+    stored = set(stored)
+    if all(name in stored for name in tensors):
+        return tensors
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers < 5: no load-time conversion to undo
+        return tensors
+    try:
+        reverted = revert_weight_conversion(model, dict(tensors))  # type: ignore[arg-type]
+    except Exception:  # a conversion transformers cannot reverse here: compare as loaded
+        return tensors
+    if not isinstance(reverted, dict):
+        return tensors
+    fused_hits = sum(name in stored for name in tensors)
+    return reverted if sum(name in stored for name in reverted) > fused_hits else tensors
+
+
 def checkpoint_coverage(
     model: Any, files: Iterable[Path], loading_info: dict[str, Any] | None = None
 ) -> Coverage:
@@ -133,6 +160,7 @@ def checkpoint_coverage(
     for name, buf in model.named_buffers(remove_duplicate=False):
         if name in persistent or any(c in where for c in candidates(name)):
             tensors[name] = buf
+    tensors = as_saved(model, tensors, where)
     coverage = Coverage(checkpoint_tensors=len(where))
     used: set[str] = set()
     owner: dict[tuple[int, int, tuple[int, ...]], str] = {}

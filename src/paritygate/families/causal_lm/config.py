@@ -253,6 +253,22 @@ class RewardSpec(StrictModel):
         return self
 
 
+class RoutingSpec(StrictModel):
+    """``routing_agreement``: the experts a mixture-of-experts policy's engine routes each token
+    to, against the trainer's. The block's presence says the model is an MoE: a model without
+    MoE layers is then bad input, not a skip."""
+
+    samples: bool = False
+    """Also teacher-force the HF engine's sampled completions (``generation_samples`` per
+    probe; one generation more unless ``logprob_delta`` already sampled them)."""
+    dump_experts: bool = False
+    """Every record of ``engine.dump`` must carry ``routed_experts``: the experts the engine
+    routed each token to, audited against the trainer's recompute."""
+    tie_margin: float | None = Field(None, gt=0, lt=1)
+    """Relative router margin under which a flipped expert set is a near tie (default: the
+    precision tier's, :data:`paritygate.metrics.routing.ROUTER_TIE_REL`)."""
+
+
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -295,6 +311,9 @@ class CausalLMSpec(StrictModel):
     """The reward model and/or function (``reward_parity``; skipped when absent)."""
     behaviour: BehaviourSpec | None = None
     """``behaviour_parity``'s settings; the check is skipped without them."""
+    routing: RoutingSpec | None = None
+    """``routing_agreement``'s settings (an MoE policy); without the block a dense model skips
+    the check."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""

@@ -70,14 +70,15 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
 def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[DumpRecord]:
     """The validated records of ``causal_lm.engine.dump``, token ids checked against the
     training model's ``vocab_size``; a bad record is bad input naming the line and field."""
-    from paritygate.engines.hf_loading import config_vocab_size
+    from paritygate.engines.hf_loading import config_num_experts, config_vocab_size
     from paritygate.engines.rollout_dump import read_dump
 
     if not spec.engine.dump:
         raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
     with keyed("causal_lm.engine.dump"):
         return read_dump(config.resolve(spec.engine.dump),
-                         vocab_size=config_vocab_size(model_dir))
+                         vocab_size=config_vocab_size(model_dir),
+                         num_experts=config_num_experts(model_dir))
 
 
 def served_dir_contradictions(
