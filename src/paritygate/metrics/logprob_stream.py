@@ -10,7 +10,8 @@ dump of ``T`` compared tokens (40 bytes a token: 2 MB per 5 x 10^6 tokens), size
 token count the dump's validation pass counted. Tokens that leave the top set are folded into
 the moments of "the rest", so the statistics without outliers need no second pass.
 Per-position buckets come from per-position sums; per-sequence rows and per-token rows keep the
-first :data:`DETAIL_ROWS` (the report's lists, not its metrics).
+first :data:`DETAIL_ROWS` (the report's lists, not its metrics); the per-token rows are the ones
+``logprob_delta`` reports: every masked token with its raw delta (NaN where non-finite).
 """
 
 from __future__ import annotations
