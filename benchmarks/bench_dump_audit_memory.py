@@ -25,8 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-WORDS = ("the cat dog sat ran on a mat in house red blue old new big small tree river "
-         "went to market bread tea book quiet garden flower wind cold warm sun rain").split()
+WORDS = (
+    "the", "cat", "dog", "sat", "ran", "on", "a", "mat", "in", "house", "red", "blue", "old",
+    "new", "big", "small", "tree", "river", "went", "to", "market", "bread", "tea", "book",
+    "quiet", "garden", "flower", "wind", "cold", "warm", "sun", "rain",
+)
 SAMPLED, GREEDY, NEW_TOKENS = 96, 32, 24
 
 
@@ -35,8 +38,13 @@ def build_lm(out: Path, seed: int = 0) -> None:
     import random
 
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -46,8 +54,6 @@ def build_lm(out: Path, seed: int = 0) -> None:
     tok.train_from_iterator(lines, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<pad>", "<unk>", "<eos>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    from tokenizers import decoders
-
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
                                    eos_token="<eos>")

@@ -65,15 +65,17 @@ def summarise_dump(path: Path, *, vocab_size: int | None = None) -> DumpSummary:
 
 
 def dump_batches(summary: DumpSummary, *, greedy: bool,
-                 batch: int = DUMP_BATCH) -> Iterator[Generation]:
+                 batch: int | None = None) -> Iterator[Generation]:
     """The dump's greedy (or sampled) records as :class:`Generation` batches of at most
-    ``batch`` records, in file order, read again from the file (memory: one batch)."""
+    ``batch`` records (default :data:`DUMP_BATCH`), in file order, read again from the file
+    (memory: one batch)."""
+    size = batch or DUMP_BATCH
     pending: list[DumpRecord] = []
     for _, record in iter_records(summary.path, vocab_size=summary.vocab_size):
         if is_greedy(record["sampling"]) != greedy:
             continue
         pending.append(record)
-        if len(pending) >= batch:
+        if len(pending) >= size:
             yield as_generation(pending)
             pending = []
     if pending:
