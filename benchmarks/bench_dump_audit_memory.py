@@ -7,7 +7,7 @@ and alternately, the gate (`paritygate run CONFIG --check logprob_delta --check
 generation_parity`) and the floor: a plain script that loads the checkpoint, streams the same
 file and does the same recompute (a teacher-forced forward per batch of 8, the delta of every
 sampled token, the greedy argmax along every greedy record). Each process's peak RSS comes from
-its own rusage (``os.wait4``); the ratio gate / floor is printed (target <= 1.2 at 10^5).
+its own rusage (``os.wait4``), with its CPU seconds; the ratio gate / floor is printed (target <= 1.2 at 10^5).
 
     python benchmarks/bench_dump_audit_memory.py [--sizes 1000 10000 100000] [--repeats 1]
     python benchmarks/bench_dump_audit_memory.py --floor CONFIG_DIR   # the floor alone
@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 WORDS = (
@@ -190,9 +189,9 @@ def floor(config: Path) -> None:
 
 
 def _measure(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(peak RSS MiB, wall s, exit code) of one whole process."""
+    """(peak RSS MiB, CPU s, exit code) of one whole process (CPU: user + system, which a
+    loaded machine disturbs less than wall time)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -200,7 +199,7 @@ def _measure(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0, 1):
         sys.stderr.write(err[-2000:])
-    return usage.ru_maxrss / 1024, time.perf_counter() - start, proc.returncode
+    return usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, proc.returncode
 
 
 def main() -> None:
@@ -232,18 +231,18 @@ def main() -> None:
                 "generation_parity", "--report-dir", str(work / f"report-{n}")]
         plain = [sys.executable, __file__, "--floor", str(config)]
         peaks: dict[str, list[float]] = {"gate": [], "floor": []}
-        walls: dict[str, list[float]] = {"gate": [], "floor": []}
+        cpu: dict[str, list[float]] = {"gate": [], "floor": []}
         for _ in range(args.repeats):
             for name, cmd in (("gate", gate), ("floor", plain)):
-                rss, wall, code = _measure(cmd, work)
+                rss, seconds, code = _measure(cmd, work)
                 peaks[name].append(rss)
-                walls[name].append(wall)
+                cpu[name].append(seconds)
                 if name == "gate" and code not in (0, 1):
                     raise SystemExit(f"gate exited {code}")
         g, f = statistics.median(peaks["gate"]), statistics.median(peaks["floor"])
         print(f"{n:>7} records ({dump.stat().st_size / 2**20:.0f} MiB): gate {g:7.0f} MiB "
-              f"({statistics.median(walls['gate']):.0f} s), floor {f:7.0f} MiB "
-              f"({statistics.median(walls['floor']):.0f} s), ratio {g / f:.2f}x")
+              f"({statistics.median(cpu['gate']):.0f} s CPU), floor {f:7.0f} MiB "
+              f"({statistics.median(cpu['floor']):.0f} s CPU), ratio {g / f:.2f}x")
     print(f"load: {os.getloadavg()}")
 
 
