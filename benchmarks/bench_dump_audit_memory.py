@@ -7,7 +7,8 @@ and alternately, the gate (`paritygate run CONFIG --check logprob_delta --check
 generation_parity`) and the floor: a plain script that loads the checkpoint, streams the same
 file and does the same recompute (a teacher-forced forward per batch of 8, the delta of every
 sampled token, the greedy argmax along every greedy record). Each process's peak RSS comes from
-its own rusage (``os.wait4``), with its CPU seconds; the ratio gate / floor is printed (target <= 1.2 at 10^5).
+its own rusage (``os.wait4``), with its CPU seconds; the ratio gate / floor is printed
+(target <= 1.2 at 10^5).
 
     python benchmarks/bench_dump_audit_memory.py [--sizes 1000 10000 100000] [--repeats 1]
     python benchmarks/bench_dump_audit_memory.py --floor CONFIG_DIR   # the floor alone
