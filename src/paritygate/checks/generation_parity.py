@@ -27,6 +27,7 @@ from paritygate.metrics.logprob_stream import DETAIL_ROWS
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.generation import Generation, SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
 
 # Greedy decoding is deterministic: any divergence that is not a near-tie is a bug.
@@ -167,8 +168,8 @@ class _Setup:
     rules: GreedyRules
     tol: float
     shown: str
-    training: Any
-    serving: Any
+    training: SamplingSpec
+    serving: SamplingSpec
 
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
@@ -215,20 +216,17 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
 def _compare_dump(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally) -> None:
     """A dump's greedy records batch by batch: each batch's teacher-forced logits are
     dropped once its rows are compared (never memoised on the context)."""
-    from paritygate.families.causal_lm.recompute import teacher_forced_rows
-
-    pad = ctx.training_tokenizer.pad_token_id
     vocab = max(1, ctx.dump_summary().vocab_size or 1)
     for batch in ctx.dump_batches(greedy=True):
         for start, stop in batch.spans(TEACHER_LOGITS // vocab):
             part = batch.rows(start, stop)
-            teacher = teacher_forced_rows(ctx.reference_model(), part, 0 if pad is None else pad)
+            teacher = ctx.teacher_forced_once(part)
             names = [f"rollout {tally.sequences + i}" for i in range(stop - start)]
             _compare(m, ctx, setup, tally, names, part, teacher)
 
 
 def _compare(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally, names: list[str],
-             engine_out: Any, teacher: list[Any]) -> None:
+             engine_out: Generation, teacher: list[np.ndarray]) -> None:
     """Each sequence's training path against the engine's tokens: first divergence, excused
     at a near-tie, else a failure of its kind."""
     model, tok, training, serving = (ctx.reference_model(), ctx.serving_tokenizer,

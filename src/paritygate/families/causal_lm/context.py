@@ -250,6 +250,14 @@ class LMContext:
         done.append((generation, rows))
         return rows
 
+    def teacher_forced_once(self, generation: Generation) -> list[np.ndarray]:
+        """:meth:`teacher_forced` without keeping the rows: a dump's audit forces one bounded
+        batch at a time and drops it."""
+        from paritygate.families.causal_lm.recompute import teacher_forced_rows
+
+        pad = self.training_tokenizer.pad_token_id
+        return teacher_forced_rows(self.reference_model(), generation, 0 if pad is None else pad)
+
     @cached_property
     def _teacher_forced(self) -> list[tuple[Generation, list[np.ndarray]]]:
         """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
