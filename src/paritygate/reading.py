@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -195,6 +196,31 @@ def read_text(
     except OSError as exc:
         raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
 
+
+
+def iter_lines(
+    path: str | Path, key: str | None, *, what: str = "input file",
+    max_bytes: int | None = None, bound: str | None = None,
+) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, one at a time (:func:`check_input`
+    first): a JSONL file streams in the memory of one line. A decode error is InputError
+    naming the line."""
+    path = check_input(path, key, what=what, max_bytes=max_bytes, bound=bound)
+    try:
+        with path.open(encoding="utf-8") as lines:
+            n = 0
+            while True:
+                try:
+                    line = lines.readline()
+                except UnicodeDecodeError as exc:
+                    raise InputError(path, key, f"{what}: line {n + 1} is not UTF-8 text "
+                                                f"(byte {exc.start})") from None
+                if not line:
+                    return
+                n += 1
+                yield n, line
+    except OSError as exc:
+        raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
 
 
 def read_json_object(path: str | Path, key: str | None, *, what: str) -> dict[str, Any]:

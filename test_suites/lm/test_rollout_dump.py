@@ -87,3 +87,40 @@ def test_perturbed_dump_fails_named(hf_dump: tuple[Path, dict]) -> None:
     assert result.status == "fail"
     assert "log-probs disagree beyond the fp32/fp32 tier" in result.message
     assert "engine higher" in result.message or "noise" in result.message
+
+
+def test_batched_audit_equals_one_batch(hf_dump: tuple[Path, dict],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit streams the dump in batches: batches of 3 records give the verdict, the
+    diagnosis and the metrics of one batch holding the whole dump."""
+    import paritygate.engines.dump_audit as dump_audit
+
+    path, data = hf_dump
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for rec in records[::3]:  # some noise, so the statistics are not all zero
+        rec["logprobs"] = [min(0.0, v - 0.01 * (i % 3)) for i, v in enumerate(rec["logprobs"])]
+    noisy = write_dump(path.parent / "noisy.jsonl", records)
+    whole = {c: _audit(data, noisy, c) for c in ("logprob_delta", "generation_parity")}
+    monkeypatch.setattr(dump_audit, "DUMP_BATCH", 3)
+    small = {c: _audit(data, noisy, c) for c in ("logprob_delta", "generation_parity")}
+    for check_id, expected in whole.items():
+        obtained = small[check_id]
+        assert obtained.status == expected.status, check_id
+        assert obtained.details.get("delta", {}).get("diagnosis") == (
+            expected.details.get("delta", {}).get("diagnosis"))
+        assert set(obtained.metrics) == set(expected.metrics)
+        for name, value in expected.metrics.items():
+            assert obtained.metrics[name] == (
+                None if value is None else pytest.approx(value, rel=1e-9, abs=1e-12)), name
+
+
+def test_dump_mixing_logprob_modes_names_the_record(tmp_path: Path) -> None:
+    from paritygate.engines.dump_audit import summarise_dump
+
+    path = _jsonl(tmp_path, GOOD, {**GOOD, "logprobs_mode": "raw"})
+    with pytest.raises(InputError) as err:
+        summarise_dump(path)
+    assert err.value.key == "line 2: logprobs_mode"
+    summary = summarise_dump(_jsonl(tmp_path, GOOD, {**GOOD, "sampling": {"temperature": 0}}))
+    assert (summary.sampled.records, summary.sampled.tokens) == (1, 2)
+    assert (summary.greedy.records, summary.greedy.tokens) == (1, 2)

@@ -17,14 +17,17 @@ The engine is the first of ``engines`` other than vLLM; with ``engines: [vllm]``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec
+from paritygate.metrics.logprob_stream import DETAIL_ROWS
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.engines.generation import Generation, SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
 
 # Greedy decoding is deterministic: any divergence that is not a near-tie is a bug.
@@ -109,23 +112,74 @@ def greedy_engine(ctx: LMContext) -> tuple[str | None, str | None]:
     return "vllm", None
 
 
+@dataclass
+class _Tally:
+    """Counts and rows over every compared sequence; a dump's rows and messages are capped
+    (:data:`~paritygate.metrics.logprob_stream.DETAIL_ROWS` rows, :data:`DUMP_MESSAGES`
+    messages per kind), its counts never."""
+
+    cap: bool = False
+    unexcused: int = 0
+    excused: int = 0
+    agreeing: int = 0
+    compared: int = 0
+    sequences: int = 0
+    rows: list[dict[str, object]] = field(default_factory=list)
+    said: dict[str, int] = field(default_factory=dict)
+
+    def row(self, row: dict[str, object]) -> None:
+        self.sequences += 1
+        if not self.cap or len(self.rows) < DETAIL_ROWS:
+            self.rows.append(row)
+
+    def say(self, m: Measurement, kind: str, message: str) -> None:
+        """``m.fail(kind, message)`` (``excused``: ``m.note``), the first ones of a dump."""
+        seen = self.said.get(kind, 0)
+        self.said[kind] = seen + 1
+        if self.cap and seen >= DUMP_MESSAGES:
+            return
+        if kind == "excused":
+            m.note(message)
+        else:
+            m.fail(kind, message)
+
+    def close(self, m: Measurement) -> None:
+        for kind, seen in self.said.items():
+            if self.cap and seen > DUMP_MESSAGES:
+                more = f"{seen - DUMP_MESSAGES} more rollouts of the dump alike"
+                if kind == "excused":
+                    m.note(more)
+                else:
+                    m.fail(kind, more)
+        if self.cap and self.sequences > len(self.rows):
+            m.note(f"details list the first {len(self.rows)} of the dump's {self.sequences} "
+                   "greedy rollouts; the metrics count them all")
+
+
+DUMP_MESSAGES = 20
+"""Divergence messages (per kind) a dump's audit writes before counting the rest in one."""
+
+TEACHER_LOGITS = 2**24
+"""Teacher-forced logits (tokens x vocabulary) held at a time for a dump: 64 MiB of float32."""
+
+
+@dataclass(frozen=True)
+class _Setup:
+    rules: GreedyRules
+    tol: float
+    shown: str
+    training: SamplingSpec
+    serving: SamplingSpec
+
+
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("generation_parity")
     engine_name, reason = greedy_engine(ctx)
     if engine_name is None:
         return m.skip(reason or "no engine configured")
-    training = ctx.training_sampling.spec()
-    serving = ctx.serving_sampling.spec()
-    engine_out = ctx.greedy(engine_name)
-    if engine_out is None:
+    if engine_name == "dump" and ctx.dump_summary().greedy.records == 0:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
-    probes: list[Any] = list(ctx.probes)  # or stand-ins naming the dump's rollouts
-    if engine_name == "dump" or len(probes) != len(engine_out.prompt_ids):
-        from types import SimpleNamespace
-
-        probes = [SimpleNamespace(id=f"rollout {i}") for i in range(len(engine_out.prompt_ids))]
-    model = ctx.reference_model()
-    tok = ctx.serving_tokenizer
+    training = ctx.training_sampling.spec()
     limits = ctx.served_limits(
         {"near_tie_margin": ctx.spec.near_tie_margin},
         ctx.spec.model_fields_set & {"near_tie_margin"},
@@ -134,68 +188,100 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     shown = f"{tol:g}" if limits.tier is None else limits.describe("near_tie_margin")
     if limits.note() is not None:
         m.note(str(limits.note()))
-    rules = GreedyRules(tok, training.max_new_tokens, training.min_new_tokens,
+    rules = GreedyRules(ctx.serving_tokenizer, training.max_new_tokens, training.min_new_tokens,
                         list(training.stop), list(training.eos_token_ids))
-    teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
-    unexcused = excused = agreeing = compared = 0
-    rows: list[dict[str, object]] = []
-    for probe, prompt, cand, forced in zip(
-        probes, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True
+    setup = _Setup(rules, tol, shown, training, ctx.serving_sampling.spec())
+    tally = _Tally(cap=engine_name == "dump")
+    if engine_name == "dump":
+        _compare_dump(m, ctx, setup, tally)
+    else:
+        engine_out = ctx.greedy(engine_name)
+        probes: list[str] = [p.id for p in ctx.probes]
+        if len(probes) != len(engine_out.prompt_ids):  # stand-ins naming the rollouts
+            probes = [f"rollout {i}" for i in range(len(engine_out.prompt_ids))]
+        teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
+        _compare(m, ctx, setup, tally, probes, engine_out, teacher)
+    tally.close(m)
+    m.metric(
+        "unexcused_divergences", tally.unexcused,
+        threshold=thresholds["unexcused_divergences"], key=True,
+    )
+    m.metric("excused_divergences", tally.excused, bad="none")
+    m.metric("token_agreement", tally.agreeing / tally.compared if tally.compared else 1.0,
+             bad="lower")
+    m.details["probes"] = tally.rows
+    return m
+
+
+def _compare_dump(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally) -> None:
+    """A dump's greedy records batch by batch: each batch's teacher-forced logits are
+    dropped once its rows are compared (never memoised on the context)."""
+    vocab = max(1, ctx.dump_summary().vocab_size or 1)
+    for batch in ctx.dump_batches(greedy=True):
+        for start, stop in batch.spans(TEACHER_LOGITS // vocab):
+            part = batch.rows(start, stop)
+            teacher = ctx.teacher_forced_once(part)
+            names = [f"rollout {tally.sequences + i}" for i in range(stop - start)]
+            _compare(m, ctx, setup, tally, names, part, teacher)
+
+
+def _compare(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally, names: list[str],
+             engine_out: Generation, teacher: list[np.ndarray]) -> None:
+    """Each sequence's training path against the engine's tokens: first divergence, excused
+    at a near-tie, else a failure of its kind."""
+    model, tok, training, serving = (ctx.reference_model(), ctx.serving_tokenizer,
+                                     setup.training, setup.serving)
+    for name, prompt, cand, forced in zip(
+        names, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True
     ):
-        ref, margins = greedy_training_path(model, rules, prompt, forced, cand)
+        ref, margins = greedy_training_path(model, setup.rules, prompt, forced, cand)
         at = next((i for i, (r, c) in enumerate(zip(ref, cand, strict=False)) if r != c), None)
         row: dict[str, object] = {
-            "probe": probe.id,
+            "probe": name,
             "training_len": len(ref),
             "engine_len": len(cand),
             "first_divergence": at,
         }
-        compared += max(len(ref), len(cand))
+        tally.compared += max(len(ref), len(cand))
         if at is None and len(ref) == len(cand):
-            agreeing += len(ref)
-            rows.append(row)
+            tally.agreeing += len(ref)
+            tally.row(row)
             continue
         if at is None:
             at = min(len(ref), len(cand))
-            agreeing += at
+            tally.agreeing += at
             row["first_divergence"] = at
-            unexcused += 1
-            m.fail(
-                "length_drift",
-                f"probe {probe.id!r}: length drift: engine stopped after {len(cand)} tokens, "
+            tally.unexcused += 1
+            tally.say(
+                m, "length_drift",
+                f"probe {name!r}: length drift: engine stopped after {len(cand)} tokens, "
                 f"training path after {len(ref)} (max_new_tokens training "
                 f"{training.max_new_tokens} vs serving {serving.max_new_tokens}, stop "
                 f"{training.stop} vs {serving.stop})"
             )
         else:
-            agreeing += at
+            tally.agreeing += at
             row.update(
                 margin=margins[at],
                 training_token=tok.decode([ref[at]]),
                 engine_token=tok.decode([cand[at]]),
             )
-            if margins[at] < tol:
-                excused += 1
-                m.note(
-                    f"probe {probe.id!r}: divergence at token {at} excused, near-tie "
-                    f"(margin {margins[at]:.3g} < {shown})"
+            if margins[at] < setup.tol:
+                tally.excused += 1
+                tally.say(
+                    m, "excused",
+                    f"probe {name!r}: divergence at token {at} excused, near-tie "
+                    f"(margin {margins[at]:.3g} < {setup.shown})"
                 )
             else:
-                unexcused += 1
-                m.fail(
-                    "greedy_divergence",
-                    f"probe {probe.id!r}: greedy decoding diverges at token {at}: training "
+                tally.unexcused += 1
+                tally.say(
+                    m, "greedy_divergence",
+                    f"probe {name!r}: greedy decoding diverges at token {at}: training "
                     f"{tok.decode([ref[at]])!r} vs engine {tok.decode([cand[at]])!r} "
-                    f"(logit margin {margins[at]:.3g} >= near-tie tolerance {shown})"
+                    f"(logit margin {margins[at]:.3g} >= near-tie tolerance {setup.shown})"
                 )
-        rows.append(row)
-    m.metric(
-        "unexcused_divergences", unexcused, threshold=thresholds["unexcused_divergences"], key=True
-    )
-    m.metric("excused_divergences", excused, bad="none")
-    m.metric("token_agreement", agreeing / compared if compared else 1.0, bad="lower")
-    m.details["probes"] = rows
-    return m
+        tally.row(row)
 
 
 CHECK = CheckSpec(

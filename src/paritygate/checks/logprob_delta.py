@@ -9,13 +9,17 @@ Thresholds come from the precision tier of (training dtype, engine dtype), see
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
-from paritygate.engines.generation import is_processing_trivial
+from paritygate.engines.generation import Generation, is_processing_trivial
+from paritygate.errors import InputError
+from paritygate.metrics.logprob import DeltaStats
+from paritygate.metrics.logprob_stream import DETAIL_ROWS
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
@@ -24,7 +28,6 @@ if TYPE_CHECKING:
 
     from paritygate.engines.generation import SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
-    from paritygate.metrics.logprob import DeltaStats
     from paritygate.metrics.tiers import Limits
 
 
@@ -99,36 +102,28 @@ def effective_tier(
 def measure_delta(
     ctx: LMContext, check_id: str, thresholds: Thresholds, engine_name: str
 ) -> Measurement:
-    """Sample with the engine, recompute on the training side, and judge the delta by tier."""
-    from paritygate.metrics.logprob import delta_stats
-
+    """Sample with the engine (or read a dump's records), recompute on the training side, and
+    judge the delta by tier."""
     m = Measurement(check_id)
     engine_dtype = ctx.spec.engine.dtype
     tier_key, tier, limits = effective_tier(ctx, thresholds, engine_dtype)
     if limits.note() is not None:
         m.note(str(limits.note()))
-    generation, serving = ctx.sampled(engine_name)
     training = ctx.training_sampling.spec()
-    logp_train, logp_infer, mask = ctx.recompute(generation)
-    tok = ctx.serving_tokenizer
-
-    def token_text(seq: int, pos: int) -> str:
-        return str(tok.decode([generation.output_ids[seq][pos]]))
-
-    stats = delta_stats(
-        logp_train, logp_infer, mask, eps=ctx.spec.ratio_eps, token_text=token_text, tier=tier
-    )
+    delta = (_dump_delta(ctx, tier) if engine_name == "dump"
+             else _engine_delta(ctx, engine_name, tier))
+    stats, serving = delta.stats, delta.serving
     _record_metrics(m, stats, tier)
     # Named causes: configurations that make the two sides score different distributions.
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
-    engine_mode = generation.logprobs_mode
+    engine_mode = delta.mode
     _named_causes(m, ctx, training, serving, (train_mode, engine_mode), tier_key)
     if ctx.engine_model_dir != ctx.model_dir:
         m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
     if any(metric.breaches() for metric in m.metrics.values()) and (
         "misalignment" not in stats.labels
     ):
-        _temperature_fit(m, ctx, generation, logp_infer, mask, training)
+        _temperature_fit(m, ctx, delta.fit, training)
     breached = next((n for n, metric in m.metrics.items() if metric.breaches()), None)
     if breached is not None:  # a plain breach: its diagnosis and worst tokens, for people
         worst = ", ".join(
@@ -146,16 +141,103 @@ def measure_delta(
     details = stats.to_details()
     details.pop("per_token", None)
     m.details["delta"] = details
-    m.details["per_token"] = [
-        {"seq": s, "pos": p, "delta": float(logp_train[s, p] - logp_infer[s, p])}
-        for s, p in zip(*np.nonzero(mask), strict=True)
-    ][:512]
+    m.details["per_token"] = delta.per_token
+    if delta.note:
+        m.note(delta.note)
     m.details["engine"] = {
-        "name": generation.engine,
+        "name": delta.engine,
         "logprobs_mode": engine_mode,
         "dtype": engine_dtype,
     }
     return m
+
+
+@dataclass(frozen=True)
+class FitSample:
+    """The sequences the temperature fit reads (the trainer's logits over each): every one
+    of an engine's generation; a dump's first records, up to :data:`FIT_LOGITS`."""
+
+    generation: Generation
+    logp_infer: np.ndarray
+    """The engine's log-probs, (B, L), row ``i`` for ``generation``'s row ``i``."""
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    """What ``measure_delta`` judges: the statistics and where they came from."""
+
+    stats: DeltaStats
+    serving: SamplingSpec
+    mode: str
+    engine: str
+    per_token: list[dict[str, float]]
+    fit: FitSample
+    note: str = ""
+
+
+def _engine_delta(ctx: LMContext, engine_name: str, tier: Mapping[str, float]) -> EngineDelta:
+    """An engine's sampled generation (small: the probes) recomputed and compared at once."""
+    from paritygate.metrics.logprob import delta_stats
+
+    generation, serving = ctx.sampled(engine_name)
+    logp_train, logp_infer, mask = ctx.recompute(generation)
+    tok = ctx.serving_tokenizer
+
+    def token_text(seq: int, pos: int) -> str:
+        return str(tok.decode([generation.output_ids[seq][pos]]))
+
+    stats = delta_stats(
+        logp_train, logp_infer, mask, eps=ctx.spec.ratio_eps, token_text=token_text, tier=tier
+    )
+    per_token = [
+        {"seq": s, "pos": p, "delta": float(logp_train[s, p] - logp_infer[s, p])}
+        for s, p in zip(*np.nonzero(mask), strict=True)
+    ][:DETAIL_ROWS]
+    return EngineDelta(stats, serving, generation.logprobs_mode, generation.engine, per_token,
+                       FitSample(generation, logp_infer))
+
+
+FIT_LOGITS = 2**24
+"""Logits (tokens x vocabulary) a dump's temperature fit reads at most: 64 MiB of float32."""
+
+
+def _dump_delta(ctx: LMContext, tier: Mapping[str, float]) -> EngineDelta:
+    """A dump's sampled records recomputed and compared batch by batch
+    (:class:`~paritygate.metrics.logprob_stream.DeltaAccumulator`): memory is one batch and
+    the top 1% of deltas, whatever the dump's size. The temperature fit, run only on a breach,
+    reads the first records up to :data:`FIT_LOGITS` logits."""
+    from paritygate.metrics.logprob_stream import DeltaAccumulator
+
+    part = ctx.dump_summary().sampled
+    if part.records == 0 or part.sampling is None:
+        raise InputError(ctx.config.resolve(ctx.spec.engine.dump or ""), None,
+                         "the dump holds no sampled record (all are greedy)")
+    acc = DeltaAccumulator(part.tokens, eps=ctx.spec.ratio_eps, tier=tier)
+    vocab = max(1, ctx.dump_summary().vocab_size or 1)
+    fit: FitSample | None = None
+    engine = "dump"
+    for generation in ctx.dump_batches(greedy=False):
+        logp_train, logp_infer, mask = ctx.recompute(generation)
+        acc.add(logp_train, logp_infer, mask, generation.output_ids)
+        if fit is None:
+            engine = generation.engine
+            fit = _fit_sample(generation, logp_infer, FIT_LOGITS // vocab)
+    assert fit is not None  # the part holds records
+    tok = ctx.serving_tokenizer
+    stats = acc.result(token_text=lambda token: str(tok.decode([token])))
+    note = ""
+    if part.records > DETAIL_ROWS:
+        note = (f"the report lists the first {DETAIL_ROWS} of the dump's {part.records} sampled "
+                "records per sequence and the first tokens; every statistic covers them all")
+    return EngineDelta(stats, part.sampling, part.mode or "processed", engine, acc.per_token,
+                       fit, note)
+
+
+def _fit_sample(generation: Generation, logp_infer: np.ndarray, tokens: int) -> FitSample:
+    """The first rows of ``generation`` whose tokens (and one step after each) add up to at
+    most ``tokens`` (at least one row)."""
+    stop = generation.spans(tokens)[0][1]
+    return FitSample(generation.rows(0, stop), logp_infer[:stop])
 
 
 def _record_metrics(m: Measurement, stats: DeltaStats, tier: Mapping[str, float]) -> None:
@@ -231,9 +313,7 @@ def _named_causes(
             )
 
 
-def _temperature_fit(
-    m: Measurement, ctx: LMContext, generation: Any, logp_infer: Any, mask: Any, training: Any
-) -> None:
+def _temperature_fit(m: Measurement, ctx: LMContext, fit: FitSample, training: Any) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
     engine's log-probs (the shared teacher-forced forward, only on a breach)."""
     from paritygate.metrics.logprob_correction import (
@@ -246,6 +326,7 @@ def _temperature_fit(
         return
     if training.top_k or training.top_p < 1.0:
         return  # a filtered distribution is not a rescaled softmax
+    generation, logp_infer = fit.generation, fit.logp_infer
     rows, toks, infer = [], [], []
     teacher = ctx.teacher_forced(generation)  # one batched forward over every sequence
     for i, output in enumerate(generation.output_ids):

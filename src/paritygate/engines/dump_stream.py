@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import MAX_DUMP_BYTES, check_input
+from paritygate.reading import MAX_DUMP_BYTES, check_input, iter_lines
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -115,14 +115,14 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
         except (OSError, ValueError) as exc:
             raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
         return
-    with path.open(encoding="utf-8") as lines:
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                yield f"line {n}", json.loads(line)
-            except ValueError as exc:
-                raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
+    for n, line in iter_lines(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
+                              bound="MAX_DUMP_BYTES"):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {n}", json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
 
 
 def stream_draws(paths: Sequence[Path], *, batch: int,

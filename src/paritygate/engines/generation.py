@@ -108,6 +108,31 @@ class Generation:
     """Per row, the raw next-token logits ``(len(output_ids[i]), V)`` the engine computed for
     each generated token, when it was asked to keep them (HF engine, ``keep_logits``)."""
 
+    def rows(self, start: int, stop: int) -> Generation:
+        """Rows ``start`` to ``stop`` (exclusive) as a generation of their own."""
+        cut = slice(start, stop)
+        return Generation(
+            prompt_ids=self.prompt_ids[cut], output_ids=self.output_ids[cut],
+            logprobs=self.logprobs[cut],
+            top_logprobs=None if self.top_logprobs is None else self.top_logprobs[cut],
+            logprobs_mode=self.logprobs_mode, engine=self.engine,
+            logits=None if self.logits is None else self.logits[cut])
+
+    def spans(self, tokens: int) -> list[tuple[int, int]]:
+        """Consecutive row ranges whose ``len(output) + 1`` add up to at most ``tokens``
+        each (a row longer than that alone): teacher-forced logits of one range fit a budget."""
+        out: list[tuple[int, int]] = []
+        start, total = 0, 0
+        for i, output in enumerate(self.output_ids):
+            size = len(output) + 1
+            if i > start and total + size > tokens:
+                out.append((start, i))
+                start, total = i, 0
+            total += size
+        if start < len(self.output_ids):
+            out.append((start, len(self.output_ids)))
+        return out
+
 
 def is_processing_trivial(sampling: SamplingSpec) -> bool:
     """True when processed and raw log-probs coincide (T=1, no top-k/top-p)."""

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
 from paritygate.engines.dump_routing import ROUTED_EXPERTS_SCHEMA, validate_routed_experts
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import MAX_DUMP_BYTES, check_input, read_text
+from paritygate.reading import MAX_DUMP_BYTES, check_input, iter_lines
 
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
           "logprobs_mode", "engine", "routed_experts")
@@ -260,53 +260,75 @@ def sampling_spec(params: Mapping[str, object]) -> SamplingSpec:
     return SamplingSpec.from_dict({k: v for k, v in params.items() if k in known})
 
 
-def _rows(path: Path) -> list[tuple[str, Any]]:
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingExtra("pyarrow", "lm") from None
+    try:
+        reader = pq.ParquetFile(path)
+        meta = reader.metadata  # footer only: sizes as the file declares
+        declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except Exception as exc:  # pyarrow raises many types for a bad file
+        raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
+    if declared > MAX_DUMP_BYTES:
+        raise InputError(path, None, f"Parquet dump declares {declared} bytes uncompressed, "
+                                     f"more than the {MAX_DUMP_BYTES} bound (MAX_DUMP_BYTES); "
+                                     "refused before decompressing it")
+    row = 0
+    try:
+        for batch in reader.iter_batches(batch_size=ROWS_PER_READ):
+            for rec in batch.to_pylist():
+                row += 1
+                yield f"row {row}", rec
+    except InputError:
+        raise
+    except Exception as exc:  # pyarrow raises many types for a bad file
+        raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
+
+
+def _rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """The dump's records one at a time (``where``, decoded row): memory is one row (one
+    Parquet batch of :data:`ROWS_PER_READ`), never the file."""
     if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise MissingExtra("pyarrow", "lm") from None
-        try:
-            meta = pq.ParquetFile(path).metadata  # footer only: sizes as the file declares
-            declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        except Exception as exc:  # pyarrow raises many types for a bad file
-            raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
-        if declared > MAX_DUMP_BYTES:
-            raise InputError(path, None, f"Parquet dump declares {declared} bytes uncompressed, "
-                                         f"more than the {MAX_DUMP_BYTES} bound (MAX_DUMP_BYTES); "
-                                         "refused before decompressing it")
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:  # pyarrow raises many types for a bad file
-            raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
-        return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
-    rows = []
-    lines = read_text(path, None, what="rollout dump").splitlines()
-    for n, line in enumerate(lines, 1):
+        yield from _parquet_rows(path)
+        return
+    for n, line in iter_lines(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
+                              bound="MAX_DUMP_BYTES"):
         if not line.strip():
             continue
         try:
-            rows.append((f"line {n}", json.loads(line)))
-        except ValueError as exc:
+            yield f"line {n}", json.loads(line)
+        except (ValueError, RecursionError) as exc:
             raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
-    return rows
 
 
-def read_dump(
-    path: Path, *, vocab_size: int | None = None, num_experts: int | None = None
-) -> list[DumpRecord]:
-    """Every validated record of a JSONL or Parquet dump (token ids below ``vocab_size``,
-    routed expert ids below ``num_experts``, when given). A FIFO, a device, a sparse file or
-    one over :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
+ROWS_PER_READ = 1024
+"""Parquet rows decoded at a time while a dump streams."""
+
+
+def iter_records(path: Path, *, vocab_size: int | None = None,
+                 num_experts: int | None = None) -> Iterator[tuple[str, DumpRecord]]:
+    """The validated records of a JSONL or Parquet dump, one at a time, in file order, each
+    with where it is (``line N`` or ``row N``; token ids below ``vocab_size``, routed expert ids
+    below ``num_experts``, when given). A FIFO, a device, a sparse file or one over
+    :data:`~paritygate.reading.MAX_DUMP_BYTES` is refused before a byte is read."""
     check_input(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
                 bound="MAX_DUMP_BYTES")
-    records = []
     for where, row in _rows(path):
         if isinstance(row, dict):
             row = {k: v for k, v in row.items() if v is not None}
             if isinstance(row.get("sampling"), dict):
                 row["sampling"] = {k: v for k, v in row["sampling"].items() if v is not None}
-        records.append(validate_record(path, where, row, vocab_size, num_experts))
+        yield where, validate_record(path, where, row, vocab_size, num_experts)
+
+
+def read_dump(path: Path, *, vocab_size: int | None = None,
+              num_experts: int | None = None) -> list[DumpRecord]:
+    """Every validated record of a JSONL or Parquet dump (:func:`iter_records`), in memory:
+    a dump's log-prob and greedy audits stream instead (:mod:`paritygate.engines.dump_audit`)."""
+    records = [record for _, record in iter_records(path, vocab_size=vocab_size,
+                                                    num_experts=num_experts)]
     if not records:
         raise InputError(path, None, "rollout dump holds no record")
     return records

@@ -25,13 +25,14 @@ from paritygate.families.causal_lm.tokenizer import Tokenizer, encode_probe
 from paritygate.provenance import sha256_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Mapping
+    from collections.abc import Callable, Collection, Iterator, Mapping
     from types import ModuleType
 
     import numpy as np
     from torch import Tensor, nn
 
     from paritygate.config import GateConfig
+    from paritygate.engines.dump_audit import DumpSummary
     from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
     from paritygate.result import Measurement
 
 
-_ENGINES = ("hf", "vllm", "dump")
-"""Engines whose generations the context memoises."""
+_ENGINES = ("hf", "vllm")
+"""Engines whose generations the context memoises (a dump streams:
+:meth:`LMContext.dump_batches`)."""
 
 
 @dataclass
@@ -79,8 +81,9 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
-    dump: list[DumpRecord] | None = None
-    """``engines: [dump]``: the dump's records, validated when the context was built."""
+    dump: DumpSummary | None = None
+    """``engines: [dump]``: the dump, validated and counted when the context was built (its
+    records are read again in batches by :meth:`dump_batches`)."""
     kl_reference: ReferenceSetup | None = None
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
     reward: RewardSetup | None = None
@@ -248,6 +251,14 @@ class LMContext:
         done.append((generation, rows))
         return rows
 
+    def teacher_forced_once(self, generation: Generation) -> list[np.ndarray]:
+        """:meth:`teacher_forced` without keeping the rows: a dump's audit forces one bounded
+        batch at a time and drops it."""
+        from paritygate.families.causal_lm.recompute import teacher_forced_rows
+
+        pad = self.training_tokenizer.pad_token_id
+        return teacher_forced_rows(self.reference_model(), generation, 0 if pad is None else pad)
+
     @cached_property
     def _teacher_forced(self) -> list[tuple[Generation, list[np.ndarray]]]:
         """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
@@ -346,28 +357,32 @@ class LMContext:
         tok = self.serving_tokenizer if side == "serving" else self.training_tokenizer
         return render_probe(tok, probe, self.spec.max_prompt_tokens)
 
+    def dump_summary(self) -> DumpSummary:
+        """The validated dump of ``engine.dump`` (``engines: [dump]``): its parts' counts."""
+        if self.dump is None:
+            from paritygate.families.causal_lm.inputs import read_lm_dump
+
+            self.dump = read_lm_dump(self.config, self.spec, self.model_dir)
+        return self.dump
+
     def dump_records(self) -> list[DumpRecord]:
-        """The validated records of ``engine.dump`` (``engines: [dump]``)."""
-        return self._dump_records
+        """Every record of ``engine.dump`` in memory (``routing_agreement``'s one pass)."""
+        from paritygate.engines.hf_loading import config_num_experts
+        from paritygate.engines.rollout_dump import read_dump
+        dump = self.dump_summary()
+        return read_dump(dump.path, vocab_size=dump.vocab_size,
+                         num_experts=config_num_experts(self.model_dir))
 
-    @cached_property
-    def _dump_records(self) -> list[DumpRecord]:
-        if self.dump is not None:
-            return self.dump
-        from paritygate.families.causal_lm.inputs import read_lm_dump
-        return read_lm_dump(self.config, self.spec, self.model_dir)
+    def dump_batches(self, greedy: bool) -> Iterator[Generation]:
+        """The dump's greedy (or sampled) records as generations of a bounded batch, in file
+        order: a dump's audit holds one batch at a time, whatever the dump's size."""
+        from paritygate.engines.dump_audit import dump_batches
 
-    def _dump_generation(self, greedy: bool) -> tuple[Generation | None, SamplingSpec | None]:
-        from paritygate.engines.rollout_dump import as_generation, is_greedy
-
-        records = [r for r in self.dump_records() if is_greedy(r["sampling"]) == greedy]
-        if not records:
-            return None, None
-        return as_generation(records), records[0]["sampling"]
+        return dump_batches(self.dump_summary(), greedy=greedy)
 
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
-        """Sampled continuations (``generation_samples`` per probe) under the serving config;
-        for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
+        """Sampled continuations (``generation_samples`` per probe) under the serving config
+        (a dump's records stream instead: :meth:`dump_batches`)."""
         if engine in _ENGINES:
             found: tuple[Generation, SamplingSpec] = getattr(self, f"_sampled_{engine}")
             return found
@@ -381,16 +396,6 @@ class LMContext:
     def _sampled_vllm(self) -> tuple[Generation, SamplingSpec]:
         return self._sample("vllm")
 
-    @cached_property
-    def _sampled_dump(self) -> tuple[Generation, SamplingSpec]:
-        generation, sampling = self._dump_generation(greedy=False)
-        if generation is None or sampling is None:
-            raise InputError(
-                self.config.resolve(self.spec.engine.dump or ""), None,
-                "the dump holds no sampled record (all are greedy)",
-            )
-        return generation, sampling
-
     def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
         sampling = self.serving_sampling.spec()
         if sampling.seed is None:
@@ -398,11 +403,11 @@ class LMContext:
         prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
         return self.engine(engine).generate(prompts, sampling), sampling
 
-    def greedy(self, engine: str = "hf") -> Generation | None:
+    def greedy(self, engine: str = "hf") -> Generation:
         """Greedy continuations of every probe under the serving config's length and stops
-        (``dump``: the dump's greedy records, ``None`` when it has none)."""
+        (a dump's records stream instead: :meth:`dump_batches`)."""
         if engine in _ENGINES:
-            found: Generation | None = getattr(self, f"_greedy_{engine}")
+            found: Generation = getattr(self, f"_greedy_{engine}")
             return found
         return self._greedy(engine)
 
@@ -413,10 +418,6 @@ class LMContext:
     @cached_property
     def _greedy_vllm(self) -> Generation:
         return self._greedy("vllm")
-
-    @cached_property
-    def _greedy_dump(self) -> Generation | None:
-        return self._dump_generation(greedy=True)[0]
 
     def _greedy(self, engine: str) -> Generation:
         sampling = self.serving_sampling.spec().greedy()

@@ -17,7 +17,7 @@ from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-    from paritygate.engines.rollout_dump import DumpRecord
+    from paritygate.engines.dump_audit import DumpSummary
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.tokenizer import Tokenizer
@@ -67,18 +67,19 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
     return spec.model_copy(update=update), adapter, key
 
 
-def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> list[DumpRecord]:
-    """The validated records of ``causal_lm.engine.dump``, token ids checked against the
-    training model's ``vocab_size``; a bad record is bad input naming the line and field."""
+def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> DumpSummary:
+    """``causal_lm.engine.dump`` validated in one streaming pass and counted, token ids checked
+    against the training model's ``vocab_size`` and routed expert ids against its experts; a bad
+    record is bad input naming the line and field."""
+    from paritygate.engines.dump_audit import summarise_dump
     from paritygate.engines.hf_loading import config_num_experts, config_vocab_size
-    from paritygate.engines.rollout_dump import read_dump
 
     if not spec.engine.dump:
         raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
     with keyed("causal_lm.engine.dump"):
-        return read_dump(config.resolve(spec.engine.dump),
-                         vocab_size=config_vocab_size(model_dir),
-                         num_experts=config_num_experts(model_dir))
+        return summarise_dump(config.resolve(spec.engine.dump),
+                              vocab_size=config_vocab_size(model_dir),
+                              num_experts=config_num_experts(model_dir))
 
 
 def served_dir_contradictions(
