@@ -197,20 +197,6 @@ def read_text(
 
 
 
-def read_json_object(path: str | Path, key: str | None, *, what: str) -> dict[str, Any]:
-    """A JSON file that must hold an object (a ``config.json``, a ``trainer_state.json``),
-    read through :func:`read_text`; unparsable or not an object: InputError naming ``what``."""
-    import json
-
-    text = read_text(path, key, what=what)
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputError(Path(path), key, f"unreadable {what}: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(Path(path), key, f"{what} must be a JSON object")
-    return data
-
 MAX_ZIP_RATIO = 100
 """A zip member (an SB3 checkpoint's ``policy.pth``) that declares more than this many times
 its compressed size, and more than :data:`SPARSE_MIN_BYTES`, is a zip bomb: tensors of

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paritygate.errors import InputError
-from paritygate.reading import read_json_object
+from paritygate.reading_text import read_json_object
 
 __all__ = [
     "CHECKPOINT_ENV",

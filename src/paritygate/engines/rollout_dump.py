@@ -34,7 +34,8 @@ from typing import Any, TypedDict
 
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import MAX_DUMP_BYTES, check_input, read_text
+from paritygate.reading import MAX_DUMP_BYTES, check_input
+from paritygate.reading_text import iter_json_lines
 
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
           "logprobs_mode", "engine")
@@ -269,16 +270,7 @@ def _rows(path: Path) -> list[tuple[str, Any]]:
         except Exception as exc:  # pyarrow raises many types for a bad file
             raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
         return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
-    rows = []
-    lines = read_text(path, None, what="rollout dump").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append((f"line {n}", json.loads(line)))
-        except ValueError as exc:
-            raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
-    return rows
+    return [(f"line {n}", row) for n, row in iter_json_lines(path, None, what="rollout dump")]
 
 
 def read_dump(path: Path, *, vocab_size: int | None = None) -> list[DumpRecord]:

@@ -8,19 +8,17 @@ trainer's YAML (HF or vLLM names, absent fields take the neutral defaults).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.sampling_fields import NOT_COMPARED
-from paritygate.reading import read_text
+from paritygate.reading import MAX_CONFIG_BYTES, read_text
+from paritygate.reading_text import parse_json, parse_yaml
 
 COMPARED_FIELDS: tuple[str, ...] = (
     "temperature",
@@ -289,11 +287,10 @@ def load_sampling_file(
     unmappable fields an error). An unknown field is an :class:`InputError` naming it, in
     every format.
     """
-    text = read_text(path, None, what="sampling config")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise InputError(path, None, f"unparseable sampling config: {exc}") from None
+    text = read_text(path, None, what="sampling config", max_bytes=MAX_CONFIG_BYTES,
+                     bound="MAX_CONFIG_BYTES")
+    data = (parse_json(text, path, None, what="sampling config") if path.suffix == ".json"
+            else parse_yaml(text, path))
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")
