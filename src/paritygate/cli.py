@@ -10,7 +10,6 @@ an interrupted run writes no report and leaves golden unchanged.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -71,6 +70,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             os.environ[CHECKPOINT_ENV] = previous
 
 
+MAX_ALL_CHECKPOINTS = 200
+"""``run --all`` gates at most this many ``checkpoint-N`` folders, one gate process each: a
+trainer saving every 500 steps for 100k steps writes 200, and at tens of seconds a gate more
+would hold CI for hours."""
+
+
 def _cmd_run_all(args: argparse.Namespace) -> int:
     """``run --all``: one ``paritygate run --checkpoint PATH`` process per checkpoint-N."""
     import subprocess
@@ -87,10 +92,15 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
                          "output_dir (no checkpoint-N folders)")
     from paritygate.trainer_output import find_checkpoints
 
+    checkpoints = find_checkpoints(record.output_dir)
+    if len(checkpoints) > MAX_ALL_CHECKPOINTS:
+        raise InputError(record.output_dir, "--all", f"{len(checkpoints)} checkpoint-N folders, "
+                         f"more than {MAX_ALL_CHECKPOINTS} (MAX_ALL_CHECKPOINTS; one gate "
+                         "process each): gate chosen ones with --checkpoint PATH")
     base = args.report_dir or config.default_report_dir()
     worst = EXIT_PASS
     rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
-    for step, folder in find_checkpoints(record.output_dir):
+    for step, folder in checkpoints:
         cmd = [sys.executable, "-m", "paritygate", "run", str(args.config), "--checkpoint",
                str(folder), "--report-dir", str(base / folder.name)]
         if args.markexpr:
@@ -232,7 +242,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out = args.out or Path("export") / config.name
     with stage(f"paritygate export: {config.name} into {out}"):
         manifest = export(config, out)
-    artifact = json.loads(manifest.read_text(encoding="utf-8"))["artifact"]
+    from paritygate.reading_text import read_json
+
+    artifact = read_json(manifest, None, what="manifest")["artifact"]
     print(f"paritygate: wrote {manifest.parent / artifact} and {manifest}")
     return EXIT_PASS
 

@@ -197,6 +197,16 @@ def read_text(
 
 
 
+def read_head(path: str | Path, key: str | None, *, what: str, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file (:func:`check_input` first)."""
+    path = check_input(path, key, what=what)
+    try:
+        with path.open("rb") as handle:
+            return handle.read(size)
+    except OSError as exc:
+        raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
+
+
 MAX_ZIP_RATIO = 100
 """A zip member (an SB3 checkpoint's ``policy.pth``) that declares more than this many times
 its compressed size, and more than :data:`SPARSE_MIN_BYTES`, is a zip bomb: tensors of

@@ -108,6 +108,15 @@ def read_json_object(path: str | Path, key: str | None, *, what: str,
     return data
 
 
+def json_or_none(path: str | Path) -> Any:
+    """The JSON in ``path`` read through :func:`read_json`, or ``None`` when it is missing or
+    unreadable: for optional files whose absence the caller handles (a dtype hint)."""
+    try:
+        return read_json(path, None, what="JSON file")
+    except InputError:
+        return None
+
+
 def iter_json_lines(
     path: str | Path, key: str | None, *, what: str, max_records: int | None = None,
     records_bound: str | None = None, max_bytes: int | None = None, bound: str | None = None,

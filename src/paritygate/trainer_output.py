@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paritygate.errors import InputError
-from paritygate.reading_text import read_json_object
+from paritygate.reading import check_input, read_head
+from paritygate.reading_text import MAX_JSON_BYTES, read_json_object
 
 __all__ = [
     "CHECKPOINT_ENV",
@@ -35,6 +36,9 @@ __all__ = [
 
 CHECKPOINT_ENV = "PARITYGATE_CHECKPOINT"
 """``paritygate run --checkpoint`` travels to the pytest session (and its xdist workers) here."""
+
+MAX_DIR_ENTRIES = 100_000
+"""At most this many entries of a trainer ``output_dir`` are looked at for ``checkpoint-N``."""
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_FILES = (
@@ -91,7 +95,7 @@ def find_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     except OSError:
         return []
     found = []
-    for entry in entries:
+    for entry in entries[:MAX_DIR_ENTRIES]:
         match = CHECKPOINT_DIR.match(entry.name)
         if match and entry.is_dir():
             found.append((int(match.group(1)), Path(entry.path)))
@@ -117,11 +121,28 @@ def _trainer_files(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+_HEAD_FIELD = re.compile(rb'"(global_step|epoch)"\s*:\s*(-?[0-9][0-9.eE+-]*)')
+
+
 def _read_state(folder: Path) -> dict[str, object] | None:
+    """``trainer_state.json`` parsed; one over :data:`~paritygate.reading_text.MAX_JSON_BYTES`
+    (a long ``log_history``) gives only the ``global_step`` and ``epoch`` its head states
+    (``Trainer`` writes keys sorted, both before ``log_history``), never parsed whole."""
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None
-    return read_json_object(path, None, what="trainer state")
+    check_input(path, None, what="trainer state")
+    if path.stat().st_size <= MAX_JSON_BYTES:
+        return read_json_object(path, None, what="trainer state")
+    head = read_head(path, None, what="trainer state", size=2**16)
+    found = {m.group(1).decode(): m.group(2).decode() for m in _HEAD_FIELD.finditer(head)}
+    state: dict[str, object] = {}
+    with contextlib.suppress(ValueError):
+        if "global_step" in found:
+            state["global_step"] = int(found["global_step"])
+        if "epoch" in found:
+            state["epoch"] = float(found["epoch"])
+    return state
 
 
 def _describe(

@@ -40,6 +40,11 @@ COMPARED_FIELDS: tuple[str, ...] = (
     "use_cache",
     "dtype",
 )
+MAX_STOP_STRINGS = 1024
+"""A sampling config lists at most 1,024 stop strings: real ones list a handful, and each is
+matched against every generated token's text."""
+MAX_STOP_CHARS = 1024
+"""A stop string is at most 1,024 characters (longer is no stop marker but a document)."""
 ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop_strings": "stop"}
 IGNORED = {
     "bos_token_id",
@@ -209,7 +214,11 @@ def _normalise(key: str, value: Any, path: Path) -> object:
         if key == "stop":
             if value is None:
                 return []
-            return [value] if isinstance(value, str) else sorted(str(s) for s in value)
+            stops = [value] if isinstance(value, str) else [str(s) for s in value]
+            if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+                raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of at most "
+                                 f"{MAX_STOP_CHARS} characters (MAX_STOP_STRINGS, MAX_STOP_CHARS)")
+            return sorted(stops)
         if key in ("do_sample", "use_cache", "ignore_eos"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
