@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import itertools
 import re
 
 BOUNDS: tuple[tuple[str, str, str], ...] = (
@@ -42,7 +43,8 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
     ("paritygate.families.policy.config", "MAX_EPISODES",
      "`rollout.episodes` and the length of `rollout.seeds`"),
     ("paritygate.families.policy.config", "MAX_EPISODE_STEPS", "`rollout.max_steps`"),
-    ("paritygate.cli", "MAX_ALL_CHECKPOINTS", "`checkpoint-N` folders `paritygate run --all` gates"),
+    ("paritygate.cli", "MAX_ALL_CHECKPOINTS",
+     "`checkpoint-N` folders `paritygate run --all` gates"),
 )
 
 
@@ -52,7 +54,7 @@ def constant_docs(module: str) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
     docs: dict[str, str] = {}
     body = tree.body
-    for node, after in zip(body, body[1:], strict=False):
+    for node, after in itertools.pairwise(body):
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
