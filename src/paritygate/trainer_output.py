@@ -124,17 +124,17 @@ def _trainer_files(folder: Path) -> tuple[str, ...]:
 _HEAD_FIELD = re.compile(rb'"(global_step|epoch)"\s*:\s*(-?[0-9][0-9.eE+-]*)')
 
 
-def _read_state(folder: Path) -> dict[str, object] | None:
+def _read_state(folder: Path, key: str | None) -> dict[str, object] | None:
     """``trainer_state.json`` parsed; one over :data:`~paritygate.reading_text.MAX_JSON_BYTES`
     (a long ``log_history``) gives only the ``global_step`` and ``epoch`` its head states
     (``Trainer`` writes keys sorted, both before ``log_history``), never parsed whole."""
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None
-    check_input(path, None, what="trainer state")
+    check_input(path, key, what="trainer state")
     if path.stat().st_size <= MAX_JSON_BYTES:
-        return read_json_object(path, None, what="trainer state")
-    head = read_head(path, None, what="trainer state", size=2**16)
+        return read_json_object(path, key, what="trainer state")
+    head = read_head(path, key, what="trainer state", size=2**16)
     found = {m.group(1).decode(): m.group(2).decode() for m in _HEAD_FIELD.finditer(head)}
     state: dict[str, object] = {}
     with contextlib.suppress(ValueError):
@@ -146,9 +146,10 @@ def _read_state(folder: Path) -> dict[str, object] | None:
 
 
 def _describe(
-    folder: Path, output_dir: Path | None, steps: tuple[int, ...], chosen_by: str
+    folder: Path, output_dir: Path | None, steps: tuple[int, ...], chosen_by: str,
+    key: str | None = None,
 ) -> TrainerCheckpoint:
-    state = _read_state(folder)
+    state = _read_state(folder, key)
     match = CHECKPOINT_DIR.match(folder.name)
     step: int | None = int(match.group(1)) if match else None
     source = "folder name" if match else "none"
@@ -187,13 +188,13 @@ def resolve_checkpoint(
                 raise InputError(where or source, key,
                                  f"{named}no final model (config.json) in the output_dir; "
                                  f"its checkpoints: {_listing(steps)}")
-            return _describe(source, source, steps, "final")
+            return _describe(source, source, steps, "final", key)
         if not found:
             raise InputError(where or source, key,
                              f"{named}trainer output_dir without checkpoint-N folders "
                              "(nothing saved yet, or save_strategy: 'no')")
         if selector in (None, "latest"):
-            return _describe(found[-1][1], source, steps, "the latest")
+            return _describe(found[-1][1], source, steps, "the latest", key)
         if not isinstance(selector, int):
             raise InputError(where or source, key,
                              f"expected a step number, 'latest' or 'final' (got {selector!r})")
@@ -202,7 +203,7 @@ def resolve_checkpoint(
             raise InputError(where or source, key,
                              f"{named}no checkpoint-{selector}; its checkpoints: "
                              f"{_listing(steps)}")
-        return _describe(chosen, source, steps, f"checkpoint: {selector}")
+        return _describe(chosen, source, steps, f"checkpoint: {selector}", key)
     if selector not in (None, "latest"):
         raise InputError(where or source, key,
                          f"{source} is not a trainer output_dir (no checkpoint-N folders), so "
@@ -211,7 +212,7 @@ def resolve_checkpoint(
                             or CHECKPOINT_DIR.match(source.name)):
         parent = source.parent
         siblings = tuple(n for n, _ in find_checkpoints(parent))
-        return _describe(source, None, siblings, "configured")
+        return _describe(source, None, siblings, "configured", key)
     return None
 
 
