@@ -144,6 +144,10 @@ class EngineSpec(StrictModel):
     (``batch_invariance``); default: pad on the tokenizer's side, positions from the mask."""
 
 
+MAX_GENERATION_SAMPLES = 256
+"""``generation_samples`` is at most 256 continuations per probe: the log-prob delta is judged
+per token, and a probe's 256 continuations are thousands of tokens; more only cost time."""
+
 MAX_BEHAVIOUR_SAMPLES = 4096
 """``behaviour.samples`` is at most 4,096 per prompt per side: at that many the tests detect a
 length shift of 0.1 standard deviations and a rate change of 0.03 at 90% power (Holm-corrected
@@ -294,8 +298,9 @@ class CausalLMSpec(StrictModel):
     near_tie_margin: float = Field(1e-3, ge=0)
     """generation_parity excuses a divergence only where the top-2 logit margin is below this;
     unset, a copy served at a declared lower precision takes its tier's margin."""
-    generation_samples: int = Field(2, ge=1)
-    """Sampled continuations per probe for ``logprob_delta``."""
+    generation_samples: int = Field(2, ge=1, le=MAX_GENERATION_SAMPLES)
+    """Sampled continuations per probe for ``logprob_delta`` (at most
+    :data:`MAX_GENERATION_SAMPLES`)."""
     reference: ReferenceSpec | None = None
     """The KL reference model (``reference_parity``; skipped when absent)."""
     reward: RewardSpec | None = None

@@ -54,6 +54,12 @@ def _parse(obj: Any, where: str, path: Path) -> Probe:
     return Probe(pid, messages=tuple(dict(m) for m in messages))
 
 
+MAX_PROBES = 10_000
+"""A probes file holds at most 10,000 probes: each is encoded by both tokenizers, generated,
+teacher-forced and scored by several checks, and 10^4 probes already give per-token statistics
+over ~10^6 tokens; a larger set belongs in a rollout dump."""
+
+
 def load_probes(path: Path) -> list[Probe]:
     """Read and validate a probes file; raises :class:`InputError` naming the line."""
     lines = read_text(path, "causal_lm.probes", what="probes file", max_bytes=MAX_JSON_BYTES,
@@ -69,6 +75,8 @@ def load_probes(path: Path) -> list[Probe]:
             raise InputError(path, f"line {n}.id", f"duplicate probe id {probe.id!r}")
         seen.add(probe.id)
         probes.append(probe)
+        if len(probes) > MAX_PROBES:
+            raise InputError(path, None, f"more than {MAX_PROBES} probes (MAX_PROBES)")
     if not probes:
         raise InputError(path, None, "no probes")
     return probes
