@@ -85,7 +85,7 @@ def parse_json(data: str | bytes, path: Path, key: str | None, *, what: str) -> 
     except UnicodeDecodeError as exc:
         raise InputError(path, key, f"{what} is not UTF-8 text (byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
-        raise InputError(path, key, f"unreadable {what}: {exc}") from None
+        raise InputError(path, key, f"{what} is not JSON: {exc}") from None
 
 
 def read_json(path: str | Path, key: str | None, *, what: str,
