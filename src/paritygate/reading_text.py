@@ -50,15 +50,16 @@ def nesting_depth(data: bytes, limit: int = MAX_NESTING_DEPTH) -> int:
     recursion and in C-speed passes: ``limit + 1`` as soon as it is known to exceed ``limit``."""
     brackets = _STRING.sub(b"", data).translate(None, _BRACKETS)
     if len(brackets) <= limit:
-        return len(brackets) and _walk(brackets, limit)
-    for _ in range(limit):  # each pass removes the innermost pairs: one level of depth
+        return _walk(brackets, limit)
+    passes = 0  # each pass removes the innermost pairs: one level of depth
+    while brackets and passes <= limit:
         reduced = _PAIR.sub(b"", brackets)
-        if len(reduced) == len(brackets) or not reduced:
-            break
-        brackets = reduced
-    else:
+        if len(reduced) == len(brackets):
+            break  # unbalanced: what is left is walked
+        brackets, passes = reduced, passes + 1
+    if passes > limit:
         return limit + 1
-    return _walk(brackets, limit)
+    return passes + _walk(brackets, limit - passes) if brackets else passes
 
 
 def _walk(brackets: bytes, limit: int) -> int:
