@@ -100,6 +100,20 @@ def read_json(path: str | Path, key: str | None, *, what: str,
     return parse_json(data, path, key, what=what)
 
 
+def check_json_file(path: str | Path, key: str | None, *, what: str) -> Path:
+    """A JSON file another library parses (a ``tokenizer.json``): admitted, within
+    :data:`MAX_JSON_BYTES`, nesting within :data:`MAX_NESTING_DEPTH`; not parsed here."""
+    path = check_input(path, key, what=what, max_bytes=MAX_JSON_BYTES, bound="MAX_JSON_BYTES")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
+    if nesting_depth(data) > MAX_NESTING_DEPTH:
+        raise InputError(path, key, f"{what} nests deeper than {MAX_NESTING_DEPTH} levels "
+                                    "(MAX_NESTING_DEPTH); refused before parsing")
+    return path
+
+
 def read_json_object(path: str | Path, key: str | None, *, what: str,
                      max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
     """A JSON file that must hold an object (a ``config.json``, a ``trainer_state.json``)."""

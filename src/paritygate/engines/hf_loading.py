@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.reading import check_input
-from paritygate.reading_text import json_or_none, read_json
+from paritygate.reading_text import check_json_file, json_or_none, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -182,6 +182,9 @@ def require_tokenizer_files(directory: Path, key: str | None) -> None:
             "save the tokenizer with the model (tokenizer.save_pretrained) or name its "
             "directory",
         )
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (directory / name).is_file():  # parsed by transformers: its nesting bounded first
+            check_json_file(directory / name, key, what=name)
 
 
 def safetensors_files(directory: Path) -> list[Path]:
