@@ -38,6 +38,8 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
      "a chat template file (`causal_lm.tokenizer.*_chat_template`)"),
     ("paritygate.families.causal_lm.reward", "MAX_COMPLETIONS",
      "records of `causal_lm.reward.completions`"),
+    ("paritygate.families.causal_lm.sampling", "MAX_NEW_TOKENS",
+     "`max_new_tokens`, `min_new_tokens` of a sampling config"),
     ("paritygate.families.causal_lm.sampling", "MAX_STOP_STRINGS",
      "stop strings in a sampling config"),
     ("paritygate.families.causal_lm.sampling", "MAX_STOP_CHARS", "one stop string"),

@@ -40,6 +40,10 @@ COMPARED_FIELDS: tuple[str, ...] = (
     "use_cache",
     "dtype",
 )
+MAX_NEW_TOKENS = 2**17
+"""``max_new_tokens`` / ``min_new_tokens`` at most 131,072: the longest context windows served
+today; a larger value is no length limit, and a generation that never meets EOS would run
+for hours."""
 MAX_STOP_STRINGS = 1024
 """A sampling config lists at most 1,024 stop strings: real ones list a handful, and each is
 matched against every generated token's text."""
@@ -210,6 +214,8 @@ def _normalise(key: str, value: Any, path: Path) -> object:
             least = 1 if key == "max_new_tokens" else 0
             if key != "top_k" and n < least:
                 raise ValueError(f"must be >= {least}")
+            if key != "top_k" and n > MAX_NEW_TOKENS:
+                raise ValueError(f"must be <= {MAX_NEW_TOKENS} (MAX_NEW_TOKENS)")
             return 0 if key == "top_k" and n < 0 else n
         if key == "stop":
             if value is None:
