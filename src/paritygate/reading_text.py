@@ -20,6 +20,9 @@ from typing import Any
 from paritygate.errors import InputError
 from paritygate.reading import check_input
 
+JSON = Any
+"""A parsed JSON document (its shape is the caller's to check)."""
+
 MAX_NESTING_DEPTH = 200
 """Arrays and objects (YAML sequences and mappings) nest at most 200 levels: the deepest file
 the gate reads (a ``tokenizer.json``, a TRL config's ``generation_kwargs``) nests under 10, and
@@ -74,7 +77,7 @@ def _walk(brackets: bytes, limit: int) -> int:
     return deepest
 
 
-def parse_json(data: str | bytes, path: Path, key: str | None, *, what: str) -> Any:
+def parse_json(data: str | bytes, path: Path, key: str | None, *, what: str) -> JSON:
     """``data`` parsed as one JSON document after its depth is bounded; any failure is
     :class:`InputError` naming ``path`` and ``key``."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
@@ -90,7 +93,7 @@ def parse_json(data: str | bytes, path: Path, key: str | None, *, what: str) -> 
 
 
 def read_json(path: str | Path, key: str | None, *, what: str,
-              max_bytes: int = MAX_JSON_BYTES, bound: str = "MAX_JSON_BYTES") -> Any:
+              max_bytes: int = MAX_JSON_BYTES, bound: str = "MAX_JSON_BYTES") -> JSON:
     """A JSON file read whole (at most ``max_bytes``) and parsed by :func:`parse_json`."""
     path = check_input(path, key, what=what, max_bytes=max_bytes, bound=bound)
     try:
@@ -115,7 +118,7 @@ def check_json_file(path: str | Path, key: str | None, *, what: str) -> Path:
 
 
 def read_json_object(path: str | Path, key: str | None, *, what: str,
-                     max_bytes: int = MAX_JSON_BYTES) -> dict[str, Any]:
+                     max_bytes: int = MAX_JSON_BYTES) -> dict[str, JSON]:
     """A JSON file that must hold an object (a ``config.json``, a ``trainer_state.json``)."""
     data = read_json(path, key, what=what, max_bytes=max_bytes)
     if not isinstance(data, dict):
@@ -123,7 +126,7 @@ def read_json_object(path: str | Path, key: str | None, *, what: str,
     return data
 
 
-def json_or_none(path: str | Path) -> Any:
+def json_or_none(path: str | Path) -> object:
     """The JSON in ``path`` read through :func:`read_json`, or ``None`` when it is missing or
     unreadable: for optional files whose absence the caller handles (a dtype hint)."""
     try:
@@ -136,7 +139,7 @@ def iter_json_lines(
     path: str | Path, key: str | None, *, what: str, max_records: int | None = None,
     records_bound: str | None = None, max_bytes: int | None = None, bound: str | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
-) -> Iterator[tuple[int, Any]]:
+) -> Iterator[tuple[int, object]]:
     """``(line number, value)`` of each non-blank line of a JSON-lines file, one line held at
     a time. A line over ``max_line_bytes`` (refused before it is held), not UTF-8, nested too
     deep or not JSON, and a record past ``max_records``, is :class:`InputError` naming the
@@ -166,14 +169,14 @@ def iter_json_lines(
 
 
 def read_json_lines(path: str | Path, key: str | None, *, what: str,
-                    max_records: int, records_bound: str) -> list[tuple[int, Any]]:
+                    max_records: int, records_bound: str) -> list[tuple[int, object]]:
     """Every ``(line number, value)`` of a JSON-lines file (:func:`iter_json_lines`), at most
     ``max_records`` of them."""
     return list(iter_json_lines(path, key, what=what, max_records=max_records,
                                 records_bound=records_bound))
 
 
-def parse_yaml(text: str, path: Path, key: str | None = None) -> Any:
+def parse_yaml(text: str, path: Path, key: str | None = None) -> object:
     """The YAML document of ``text`` (libyaml where installed, which bounds block and flow
     nesting itself): composed into nodes, depth and alias expansion bounded
     (:data:`MAX_NESTING_DEPTH`, :data:`MAX_YAML_ALIAS_VALUES`), then constructed. A YAML
@@ -200,7 +203,7 @@ def parse_yaml(text: str, path: Path, key: str | None = None) -> Any:
 
 
 def read_yaml(path: str | Path, key: str | None, *, what: str, max_bytes: int,
-              bound: str) -> Any:
+              bound: str) -> object:
     """A YAML file (UTF-8, at most ``max_bytes``) parsed by :func:`parse_yaml`."""
     from paritygate.reading import read_text
 
@@ -212,7 +215,7 @@ def _join(key: str | None, where: str | None) -> str | None:
     return f"{key}: {where}" if key and where else key or where
 
 
-def _refuse_alias_bombs(root: Any, path: Path, key: str | None) -> None:
+def _refuse_alias_bombs(root: object, path: Path, key: str | None) -> None:
     """Refuse a document nesting deeper than :data:`MAX_NESTING_DEPTH` or whose aliases add
     more than :data:`MAX_YAML_ALIAS_VALUES` values. Each node's expanded size is memoised (the
     count stays linear in the file); what aliases add is the expanded size less the distinct
@@ -240,10 +243,10 @@ def _refuse_alias_bombs(root: Any, path: Path, key: str | None) -> None:
                 "aliases; MAX_YAML_ALIAS_VALUES); write the values out")
         return total
 
-    if root is not None:
+    if isinstance(root, yaml.Node):
         size(root, 0)
 
 
-def _line(node: Any) -> str | None:
+def _line(node: object) -> str | None:
     mark = getattr(node, "start_mark", None)
     return f"line {mark.line + 1}" if mark is not None else None

@@ -98,6 +98,8 @@ def head_size(model_dir: str | Path) -> int | None:
     from paritygate.reading_text import json_or_none
 
     config = json_or_none(Path(model_dir) / "config.json")
+    if not isinstance(config, dict):
+        return None
     config = config.get("text_config") or config
     if isinstance(config.get("head_dim"), int):
         return int(config["head_dim"])

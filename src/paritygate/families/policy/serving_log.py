@@ -28,6 +28,9 @@ import numpy as np
 from paritygate.errors import InputError
 from paritygate.reading_text import iter_json_lines
 
+Row = tuple[int, dict[str, Any]]
+"""A JSON-lines record and its line number."""
+
 
 @dataclass
 class Chunk:
@@ -105,7 +108,7 @@ def _observations(value: Any, layout: Layout, field: str, where: str, path: Path
     return {n: _array(value[n], layout.inputs[n], f"{where}.{field}.{n}", path) for n in names}
 
 
-def _jsonl_records(path: Path, max_records: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_records(path: Path, max_records: int) -> Iterator[Row]:
     """``(line, record)`` of each record, its fields checked; past ``max_records``: bad input."""
     for count, (number, record) in enumerate(iter_json_lines(path, None, what="serving log"), 1):
         where = f"line {number}"
@@ -133,7 +136,7 @@ def scan_serving_log(path: Path, max_records: int) -> None:
 
 
 def _jsonl_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Iterator[Chunk]:
-    rows: list[tuple[int, dict[str, Any]]] = []
+    rows: list[Row] = []
     count = 0
     for row in _jsonl_records(path, max_records):
         count += 1
@@ -145,7 +148,7 @@ def _jsonl_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> I
         yield _stack(rows, count - len(rows), layout, path)
 
 
-def _column(rows: Sequence[tuple[int, dict[str, Any]]], field: str, name: str | None,
+def _column(rows: Sequence[Row], field: str, name: str | None,
             shape: tuple[int, ...], path: Path, *, integer: bool = False) -> np.ndarray:
     """One field of every record as an (n, *shape) array, converted in one step; when that
     fails, record by record, so the first bad record is named."""
@@ -166,12 +169,12 @@ def _column(rows: Sequence[tuple[int, dict[str, Any]]], field: str, name: str | 
     raise AssertionError("unreachable: a record failed to convert")  # pragma: no cover
 
 
-def _stack(rows: Sequence[tuple[int, dict[str, Any]]], first: int, layout: Layout, path: Path
+def _stack(rows: Sequence[Row], first: int, layout: Layout, path: Path
            ) -> Chunk:
     names = list(layout.inputs)
     single = len(names) == 1
 
-    def inputs(field: str, subset: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
+    def inputs(field: str, subset: Sequence[Row]) -> dict[str, np.ndarray]:
         if not single or any(isinstance(r[field], Mapping) for _, r in subset):
             for number, r in subset:  # an object keyed by input: each key checked
                 _observations(r[field], layout, field, f"line {number}", path)
