@@ -31,6 +31,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
     ("paritygate.reading", "SPARSE_MAX_HOLE_FRACTION", "holes in a file"),
     ("paritygate.families.causal_lm.config", "MAX_BEHAVIOUR_SAMPLES",
      "`causal_lm.behaviour.samples`"),
+    ("paritygate.families.causal_lm.config", "MAX_TOP_LOGPROBS", "`causal_lm.engine.top_logprobs`"),
     ("paritygate.families.causal_lm.config", "MAX_GENERATION_SAMPLES",
      "`causal_lm.generation_samples`"),
     ("paritygate.families.causal_lm.probes", "MAX_PROBES", "probes of `causal_lm.probes`"),

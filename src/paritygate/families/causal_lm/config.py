@@ -123,6 +123,11 @@ class TrainingSide(StrictModel):
     (``pip install accelerate``), for models larger than one device."""
 
 
+MAX_TOP_LOGPROBS = 20
+"""``engine.top_logprobs`` is at most 20, vLLM's default ``max_logprobs`` and the OpenAI API's
+limit; each is held per generated token."""
+
+
 class EngineSpec(StrictModel):
     """The inference engine's settings (for every engine in ``engines``)."""
 
@@ -130,7 +135,8 @@ class EngineSpec(StrictModel):
     """The directory the engine loads (same as ``serving.model_dir``); defaults to ``model_dir``."""
     dtype: Dtype = "float32"
     logprobs_mode: Literal["raw", "processed"] = "processed"
-    top_logprobs: int = Field(5, ge=0)
+    top_logprobs: int = Field(5, ge=0, le=MAX_TOP_LOGPROBS)
+    """Top log-probs per token each engine reports (at most :data:`MAX_TOP_LOGPROBS`)."""
     batch_size: int = Field(8, ge=1)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM only."""
