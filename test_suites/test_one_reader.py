@@ -11,6 +11,7 @@ and its TorchScript / ``torch.export`` kin, ``zipfile.ZipFile``, safetensors ``s
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paritygate"
@@ -131,6 +132,7 @@ def _reads(call: ast.Call) -> str | None:
     return None
 
 
+@cache
 def direct_reads() -> dict[tuple[str, str], list[int]]:
     """``{(module, call): [lines]}`` of every direct read outside the reader."""
     found: dict[tuple[str, str], list[int]] = {}
