@@ -30,6 +30,7 @@ from lm_zoo import clean_config
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fuzz_contract import Case, contract_breach, run_here
 
+ARGS = {"run-all-202-checkpoints": ("--all",)}
 PEAK_MB = 2048
 HANG_GUARD_S = 300
 DEEP = 200_000
@@ -125,6 +126,13 @@ def lm_cases(model: Path) -> dict[str, Edit]:
             return "serve.jsonl", "causal_lm.behaviour.serving_dump"
         return build
 
+    def run_all(cfg: dict[str, Any], f: Path) -> tuple[str, str | None]:
+        for n in range(1, 202):  # one over MAX_ALL_CHECKPOINTS
+            (f / "out" / f"checkpoint-{n}").mkdir(parents=True)
+        _linked_model(model, f / "out" / "checkpoint-999")
+        cfg["causal_lm"]["model_dir"] = str(f / "out")
+        return "out", "--all"
+
     def samples(cfg: dict[str, Any], f: Path) -> tuple[str, str | None]:
         cfg["causal_lm"]["behaviour"] = {"samples": 10**12}
         return "gate.yaml", "causal_lm.behaviour.samples"
@@ -152,6 +160,7 @@ def lm_cases(model: Path) -> dict[str, Edit]:
         "trl-yaml-alias-bomb": trl("x-anchors:\n" + _alias_bomb()
                                    + "generation_kwargs: {bomb: *l8}\n"),
         "behaviour-samples-10^12": samples,
+        "run-all-202-checkpoints": run_all,
         "behaviour-dump-token-10^9": behaviour_dump(oov.encode() + b"\n"),
         "behaviour-dump-binary-line": behaviour_dump(bytes(range(128, 256)) + b"\n"),
         "behaviour-dump-deep-line": behaviour_dump(_deep_json().encode() + b"\n"),
@@ -226,7 +235,7 @@ def build_cases(demo_lm: Path, demo_policy: Path, root: Path) -> list[Case]:
             file, key = edit(cfg, folder)
             config = folder / "gate.yaml"
             config.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-            cases.append(Case(cid, config, file, key))
+            cases.append(Case(cid, config, file, key, ARGS.get(cid, ())))
     return cases
 
 
