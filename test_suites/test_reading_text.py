@@ -101,3 +101,15 @@ def test_a_huge_trainer_state_gives_its_head(tmp_path: Path) -> None:
         assert trainer_output._read_state(folder, None) == {"global_step": 700, "epoch": 1.5}
     finally:
         trainer_output.MAX_JSON_BYTES = original
+
+
+@pytest.mark.parametrize("weight_map", [[1, 2], {"a": 3}, {"a": "../x.safetensors"}])
+def test_a_shard_index_of_another_shape_is_bad_input(tmp_path: Path, weight_map: object) -> None:
+    """A ``model.safetensors.index.json`` whose ``weight_map`` is no {tensor: shard file}
+    mapping is refused naming it (a list once ended in an AttributeError traceback)."""
+    from paritygate.engines.hf_loading import safetensors_files
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(InputError, match="must map tensor names") as err:
+        safetensors_files(tmp_path)
+    assert err.value.key == "weight_map"

@@ -196,6 +196,10 @@ def safetensors_files(directory: Path) -> list[Path]:
             weight_map = read_json(index, None, what="index")["weight_map"]
         except (KeyError, TypeError) as exc:
             raise InputError(index, "weight_map", f"unreadable index: {exc}") from None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(name, str) and "/" not in name for name in weight_map.values()):
+            raise InputError(index, "weight_map", "must map tensor names to shard file names "
+                                                  "in this directory")
         return [directory / name for name in sorted(set(weight_map.values()))]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
