@@ -69,6 +69,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("plugin.py", "json.loads"): "pytest user properties the gate set",
     ("integrations/common.py", "read_text"): "the report.json the gate just wrote",
     ("integrations/common.py", "json.loads"): "the report.json the gate just wrote",
+    ("gate.py", "json.loads"): "the --bless-first step the CLI put in the environment",
     ("report/model.py", "json.loads"): "report.json text already read by the caller",
     ("files.py", "read_text"): "a lock file the gate wrote (its holder's pid)",
     ("demo/__init__.py", "read_text"): "the package's own demo configs",

@@ -51,7 +51,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
     ("paritygate.families.policy.config", "MAX_EPISODES",
      "`rollout.episodes` and the length of `rollout.seeds`"),
     ("paritygate.families.policy.config", "MAX_EPISODE_STEPS", "`rollout.max_steps`"),
-    ("paritygate.cli", "MAX_ALL_CHECKPOINTS",
+    ("paritygate.trainer_output", "MAX_ALL_CHECKPOINTS",
      "`checkpoint-N` folders `paritygate run --all` gates"),
 )
 
