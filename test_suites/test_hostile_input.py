@@ -156,7 +156,7 @@ def test_run_length_bounds_name_the_key(
 
 
 def test_bounds_are_documented_in_the_readme() -> None:
-    readme = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
     for name, value in (("MAX_RECURRENT_STEPS", MAX_RECURRENT_STEPS),
                         ("MAX_EPISODES", MAX_EPISODES),
                         ("MAX_EPISODE_STEPS", MAX_EPISODE_STEPS)):

@@ -85,7 +85,7 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
                          "or the first with --bless-first)")
     config = load_config(args.config)
     record = config.trainer_checkpoint
-    from paritygate.trainer_output import checkpoint_series, saved_zips
+    from paritygate.trainer_output import MAX_ALL_CHECKPOINTS, checkpoint_series, saved_zips
 
     # read before any gate runs: gaps, unreadable trainer_state.json, no saves are exit 2
     if record is not None and record.output_dir is not None:
@@ -95,6 +95,11 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
     else:
         raise InputError(config.path, "--all", "the config's model directory is not a trainer "
                          "output_dir (no checkpoint-N folders)")
+    if len(series) > MAX_ALL_CHECKPOINTS:
+        where = record.output_dir if record is not None and record.output_dir else config.path
+        raise InputError(where, "--all", f"{len(series)} saved checkpoints, more than "
+                         f"{MAX_ALL_CHECKPOINTS} (MAX_ALL_CHECKPOINTS; one gate process each): "
+                         "gate chosen ones with --checkpoint PATH")
     base = args.report_dir or config.default_report_dir()
     worst = EXIT_PASS
     rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
@@ -272,7 +277,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out = args.out or Path("export") / config.name
     with stage(f"paritygate export: {config.name} into {out}"):
         manifest = export(config, out)
-    artifact = json.loads(manifest.read_text(encoding="utf-8"))["artifact"]
+    from paritygate.reading_text import read_json
+
+    artifact = read_json(manifest, None, what="manifest")["artifact"]
     print(f"paritygate: wrote {manifest.parent / artifact} and {manifest}")
     return EXIT_PASS
 

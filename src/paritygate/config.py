@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import (
     Field,
     PrivateAttr,
@@ -288,88 +287,17 @@ def _validate_thresholds(config: GateConfig, path: Path) -> None:
 
 def load_config(path: str | Path) -> GateConfig:
     """Read and validate a gate config file."""
-    from paritygate.reading import MAX_CONFIG_BYTES, check_input
+    from paritygate.reading import MAX_CONFIG_BYTES, read_text
+    from paritygate.reading_text import parse_yaml
 
     p = Path(path)
     if p.is_dir():
         raise InputError(p, None, "config is a directory, expected a YAML file")
-    check_input(p, None, what="config file", max_bytes=MAX_CONFIG_BYTES,
-                bound="MAX_CONFIG_BYTES")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(p, None, "config file not found") from None
-    except IsADirectoryError:
-        raise InputError(p, None, "config is a directory, expected a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            p, f"byte {exc.start}", "config is not UTF-8 text (a YAML file is UTF-8)"
-        ) from None
-    except OSError as exc:
-        raise InputError(p, None, f"cannot read config: {exc.strerror}") from None
-    try:
-        data = _parse_yaml(text, p)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else None
-        raise InputError(p, where, f"invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    text = read_text(p, None, what="config file", max_bytes=MAX_CONFIG_BYTES,
+                     bound="MAX_CONFIG_BYTES")
+    data = parse_yaml(text, p)
     _refuse_todos(data, p)
     return config_from_dict(data, p)
-
-
-MAX_YAML_ALIAS_VALUES = 100_000
-"""Aliases add at most this many values to a config: a few hundred bytes of nested aliases
-(an alias bomb) would otherwise expand to billions before any key is looked at. Values
-written out are not counted here (the file's size, :data:`~paritygate.reading.MAX_CONFIG_BYTES`,
-bounds them), so a long list written out meets its own key's bound instead."""
-
-
-def _parse_yaml(text: str, path: Path) -> object:
-    """The YAML document of ``text``, parsed once (libyaml where installed): composed into
-    nodes, the alias expansion bounded (:func:`_refuse_alias_bombs`), then constructed."""
-    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_cls(text)
-    try:
-        root = loader.get_single_node()
-        _refuse_alias_bombs(root, path)
-        return None if root is None else loader.construct_document(root)
-    finally:
-        loader.dispose()
-
-
-def _refuse_alias_bombs(root: yaml.Node | None, path: Path) -> None:
-    """Refuse a document whose aliases add more than :data:`MAX_YAML_ALIAS_VALUES` values.
-
-    Each node's expanded size is memoised (so the count stays linear in the file); what
-    aliases add is the expanded size less the distinct nodes, which is zero in a file
-    without aliases. Checked at every node against the distinct nodes seen so far (never
-    more than the document's), so a bomb is refused at the anchor that blows up."""
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node, depth: int) -> int:
-        if id(node) in sizes:
-            return sizes[id(node)]
-        if depth > 200:
-            raise InputError(path, _line(node), "YAML nests deeper than 200 levels")
-        total = 1
-        if isinstance(node, yaml.MappingNode):
-            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            total += sum(size(v, depth + 1) for v in node.value)
-        sizes[id(node)] = total
-        if total - len(sizes) > MAX_YAML_ALIAS_VALUES:
-            raise InputError(
-                path, _line(node), f"YAML aliases expand to more than {MAX_YAML_ALIAS_VALUES} "
-                "values beyond those written (nested anchors and aliases); write the values out")
-        return total
-
-    if root is not None:
-        size(root, 0)
-
-
-def _line(node: yaml.Node) -> str | None:
-    mark = getattr(node, "start_mark", None)
-    return f"line {mark.line + 1}" if mark is not None else None
 
 
 def _refuse_todos(data: object, path: Path) -> None:

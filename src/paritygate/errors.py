@@ -26,7 +26,7 @@ class InputError(Exception):
 
     def __init__(self, file: str | Path | None, key: str | None, cause: str) -> None:
         self.file = str(file) if file is not None else None
-        self.key = key
+        self.key = shorten(key, MAX_CAUSE_CHARS // 4) if key is not None else None
         text = str(cause)
         flat = " ".join(text[: 4 * MAX_CAUSE_CHARS].split())  # never split a huge text whole
         if len(text) > 4 * MAX_CAUSE_CHARS:

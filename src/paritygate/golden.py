@@ -32,19 +32,20 @@ def _read_record(path: Path) -> GoldenRecord:
     else is bad input naming the file and key (a string value would silently switch the
     metric's regression check off)."""
     from paritygate.errors import InputError
-    from paritygate.reading import check_input
+    from paritygate.reading import check_input, read_text
+    from paritygate.reading_text import MAX_NESTING_DEPTH, nesting_depth
 
     check_input(path, None, what="golden file")
+    text = read_text(path, "metrics", what="golden file")
+    if nesting_depth(text.encode()) > MAX_NESTING_DEPTH:
+        raise InputError(path, "metrics", f"golden file nests deeper than {MAX_NESTING_DEPTH} "
+                                          "levels (MAX_NESTING_DEPTH)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(
             path, f"line {exc.lineno}", f"golden file is not valid JSON: {exc.msg}"
         ) from None
-    except UnicodeDecodeError:
-        raise InputError(path, "metrics", "golden file is not UTF-8 JSON") from None
-    except OSError as exc:
-        raise InputError(path, "metrics", f"golden file unreadable: {exc.strerror}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise InputError(path, "metrics", "golden file has no 'metrics' mapping")
     for name, value in data["metrics"].items():

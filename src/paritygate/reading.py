@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import stat
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -198,44 +197,15 @@ def read_text(
 
 
 
-def iter_lines(
-    path: str | Path, key: str | None, *, what: str = "input file",
-    max_bytes: int | None = None, bound: str | None = None,
-) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 text file, one at a time (:func:`check_input`
-    first): a JSONL file streams in the memory of one line. A decode error is InputError
-    naming the line."""
-    path = check_input(path, key, what=what, max_bytes=max_bytes, bound=bound)
+def read_head(path: str | Path, key: str | None, *, what: str, size: int) -> bytes:
+    """The first ``size`` bytes of a regular file (:func:`check_input` first)."""
+    path = check_input(path, key, what=what)
     try:
-        with path.open(encoding="utf-8") as lines:
-            n = 0
-            while True:
-                try:
-                    line = lines.readline()
-                except UnicodeDecodeError as exc:
-                    raise InputError(path, key, f"{what}: line {n + 1} is not UTF-8 text "
-                                                f"(byte {exc.start})") from None
-                if not line:
-                    return
-                n += 1
-                yield n, line
+        with path.open("rb") as handle:
+            return handle.read(size)
     except OSError as exc:
         raise InputError(path, key, f"cannot read {what}: {exc.strerror or exc}") from None
 
-
-def read_json_object(path: str | Path, key: str | None, *, what: str) -> dict[str, Any]:
-    """A JSON file that must hold an object (a ``config.json``, a ``trainer_state.json``),
-    read through :func:`read_text`; unparsable or not an object: InputError naming ``what``."""
-    import json
-
-    text = read_text(path, key, what=what)
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise InputError(Path(path), key, f"unreadable {what}: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(Path(path), key, f"{what} must be a JSON object")
-    return data
 
 MAX_ZIP_RATIO = 100
 """A zip member (an SB3 checkpoint's ``policy.pth``) that declares more than this many times

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paritygate.errors import InputError
-from paritygate.reading import read_json_object
+from paritygate.reading import check_input, read_head
+from paritygate.reading_text import MAX_JSON_BYTES, read_json_object
 
 __all__ = [
     "BLESS_FIRST_ENV",
@@ -38,6 +39,14 @@ __all__ = [
 
 CHECKPOINT_ENV = "PARITYGATE_CHECKPOINT"
 """``paritygate run --checkpoint`` travels to the pytest session (and its xdist workers) here."""
+
+MAX_ALL_CHECKPOINTS = 200
+"""``run --all`` gates at most this many saved checkpoints, one gate process each: a trainer
+saving every 500 steps for 100k steps writes 200, and at tens of seconds a gate more would
+hold CI for hours."""
+
+MAX_DIR_ENTRIES = 100_000
+"""At most this many entries of a trainer ``output_dir`` are looked at for ``checkpoint-N``."""
 
 BLESS_FIRST_ENV = "PARITYGATE_BLESS_FIRST"
 """``paritygate run --bless-first``'s step and checkpoint (JSON) travel to the pytest session here,
@@ -100,7 +109,7 @@ def find_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     except OSError:
         return []
     found = []
-    for entry in entries:
+    for entry in entries[:MAX_DIR_ENTRIES]:
         match = CHECKPOINT_DIR.match(entry.name)
         if match and entry.is_dir():
             found.append((int(match.group(1)), Path(entry.path)))
@@ -113,9 +122,13 @@ def checkpoint_series(output_dir: Path) -> list[tuple[int, Path]]:
     folder's N, and the series must have no gap the trainer's ``save_steps`` (recorded in that
     file) says was saved and is gone. Bad input names the file (or the folder) and the key."""
     found = find_checkpoints(output_dir)
+    if len(found) > MAX_ALL_CHECKPOINTS:
+        raise InputError(output_dir, "--all", f"{len(found)} checkpoint-N folders, more than "
+                         f"{MAX_ALL_CHECKPOINTS} (MAX_ALL_CHECKPOINTS; one gate process each): "
+                         "gate chosen ones with --checkpoint PATH")
     save_steps: int | None = None
     for step, folder in found:
-        state = _read_state(folder)  # unreadable: InputError naming trainer_state.json
+        state = _read_state(folder, None)  # unreadable: InputError naming trainer_state.json
         if state is None:
             continue
         path = folder / "trainer_state.json"
@@ -179,17 +192,35 @@ def _trainer_files(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _read_state(folder: Path) -> dict[str, object] | None:
+_HEAD_FIELD = re.compile(rb'"(global_step|epoch)"\s*:\s*(-?[0-9][0-9.eE+-]*)')
+
+
+def _read_state(folder: Path, key: str | None) -> dict[str, object] | None:
+    """``trainer_state.json`` parsed; one over :data:`~paritygate.reading_text.MAX_JSON_BYTES`
+    (a long ``log_history``) gives only the ``global_step`` and ``epoch`` its head states
+    (``Trainer`` writes keys sorted, both before ``log_history``), never parsed whole."""
     path = folder / "trainer_state.json"
     if not path.is_file():
         return None
-    return read_json_object(path, None, what="trainer state")
+    check_input(path, key, what="trainer state")
+    if path.stat().st_size <= MAX_JSON_BYTES:
+        return read_json_object(path, key, what="trainer state")
+    head = read_head(path, key, what="trainer state", size=2**16)
+    found = {m.group(1).decode(): m.group(2).decode() for m in _HEAD_FIELD.finditer(head)}
+    state: dict[str, object] = {}
+    with contextlib.suppress(ValueError):
+        if "global_step" in found:
+            state["global_step"] = int(found["global_step"])
+        if "epoch" in found:
+            state["epoch"] = float(found["epoch"])
+    return state
 
 
 def _describe(
-    folder: Path, output_dir: Path | None, steps: tuple[int, ...], chosen_by: str
+    folder: Path, output_dir: Path | None, steps: tuple[int, ...], chosen_by: str,
+    key: str | None = None,
 ) -> TrainerCheckpoint:
-    state = _read_state(folder)
+    state = _read_state(folder, key)
     match = CHECKPOINT_DIR.match(folder.name)
     step: int | None = int(match.group(1)) if match else None
     source = "folder name" if match else "none"
@@ -228,13 +259,13 @@ def resolve_checkpoint(
                 raise InputError(where or source, key,
                                  f"{named}no final model (config.json) in the output_dir; "
                                  f"its checkpoints: {_listing(steps)}")
-            return _describe(source, source, steps, "final")
+            return _describe(source, source, steps, "final", key)
         if not found:
             raise InputError(where or source, key,
                              f"{named}trainer output_dir without checkpoint-N folders "
                              "(nothing saved yet, or save_strategy: 'no')")
         if selector in (None, "latest"):
-            return _describe(found[-1][1], source, steps, "the latest")
+            return _describe(found[-1][1], source, steps, "the latest", key)
         if not isinstance(selector, int):
             raise InputError(where or source, key,
                              f"expected a step number, 'latest' or 'final' (got {selector!r})")
@@ -243,7 +274,7 @@ def resolve_checkpoint(
             raise InputError(where or source, key,
                              f"{named}no checkpoint-{selector}; its checkpoints: "
                              f"{_listing(steps)}")
-        return _describe(chosen, source, steps, f"checkpoint: {selector}")
+        return _describe(chosen, source, steps, f"checkpoint: {selector}", key)
     if selector not in (None, "latest"):
         raise InputError(where or source, key,
                          f"{source} is not a trainer output_dir (no checkpoint-N folders), so "
@@ -252,7 +283,7 @@ def resolve_checkpoint(
                             or CHECKPOINT_DIR.match(source.name)):
         parent = source.parent
         siblings = tuple(n for n, _ in find_checkpoints(parent))
-        return _describe(source, None, siblings, "configured")
+        return _describe(source, None, siblings, "configured", key)
     return None
 
 

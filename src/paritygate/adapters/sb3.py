@@ -360,7 +360,9 @@ def save_vecnormalize_stats(vec_normalize: VecNormalize, path: str | Path,
 
 
 def _stats(stats_path: str | Path) -> VecNormalizeStats:
-    data: VecNormalizeStats = json.loads(Path(stats_path).read_text(encoding="utf-8"))
+    from paritygate.reading_text import read_json
+
+    data: VecNormalizeStats = read_json(stats_path, None, what="normalisation stats")
     return data
 
 

@@ -64,7 +64,10 @@ def _source(ctx: LMContext, spec: BehaviourSpec, side: str, kept: set[int]
     if dump is not None:
         key = f"causal_lm.behaviour.{side}_dump"
         paths = expand(dump, ctx.config.path.parent, key)
-        return (stream_draws(paths, batch=spec.batch_size),
+        from paritygate.engines.hf_loading import config_vocab_size
+
+        vocab = config_vocab_size(ctx.model_dir)
+        return (stream_draws(paths, batch=spec.batch_size, vocab_size=vocab),
                 f"{len(paths)} dump file(s) ({paths[0].name}...)")
     engine = "vllm" if side == "serving" and "vllm" in ctx.spec.engines else "hf"
     prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]

@@ -12,13 +12,13 @@ A record without a field the statistics need is bad input naming file, line and 
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import MAX_DUMP_BYTES, check_input, iter_lines
+from paritygate.reading import MAX_DUMP_BYTES, check_input
+from paritygate.reading_text import iter_json_lines
 
 FINISH_REASONS = ("eos", "stop", "length")
 
@@ -115,14 +115,8 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
         except (OSError, ValueError) as exc:
             raise InputError(path, None, f"unreadable Parquet dump: {exc}") from None
         return
-    for n, line in iter_lines(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
-                              bound="MAX_DUMP_BYTES"):
-        if not line.strip():
-            continue
-        try:
-            yield f"line {n}", json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
+    for n, rec in iter_json_lines(path, None, what="rollout dump"):
+        yield f"line {n}", rec
 
 
 def stream_draws(paths: Sequence[Path], *, batch: int,

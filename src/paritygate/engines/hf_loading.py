@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
-from paritygate.reading import check_input, read_text
+from paritygate.reading import check_input
+from paritygate.reading_text import check_json_file, json_or_none, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -111,14 +112,10 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
     """Refuse a model directory HF would fail on, or could only load by running its code:
     ``config.json`` unreadable, not a mapping or of an unknown ``model_type`` (custom code
     through ``auto_map`` needs ``trust_remote_code``), safetensors headers unreadable."""
-    import json
 
     check_input(directory, None, what="model directory", expect="dir")
     path = directory / "config.json"
-    try:
-        data = json.loads(read_text(path, None, what="config.json"))
-    except ValueError as exc:
-        raise InputError(path, None, f"unreadable config.json: {exc}") from None
+    data = read_json(path, None, what="config.json")
     if not isinstance(data, dict):
         raise InputError(path, None, "config.json is not a JSON object")
     model_type = data.get("model_type")
@@ -150,12 +147,8 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
 def _config_int(directory: Path, names: tuple[str, ...]) -> int | None:
     """The first positive int of ``names`` in a model directory's ``config.json`` (top level
     or ``text_config``), ``None`` when it says none."""
-    import json
 
-    try:
-        data = json.loads(read_text(directory / "config.json", None, what="config.json"))
-    except ValueError:
-        return None
+    data = json_or_none(directory / "config.json")
     if not isinstance(data, dict):
         return None
     for node in (data, data.get("text_config")):
@@ -202,18 +195,24 @@ def require_tokenizer_files(directory: Path, key: str | None) -> None:
             "save the tokenizer with the model (tokenizer.save_pretrained) or name its "
             "directory",
         )
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (directory / name).is_file():  # parsed by transformers: its nesting bounded first
+            check_json_file(directory / name, key, what=name)
 
 
 def safetensors_files(directory: Path) -> list[Path]:
     """The checkpoint's safetensors files (one file or the shards of an index)."""
-    import json
 
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(read_text(index, None, what="index"))["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
+            weight_map = read_json(index, None, what="index")["weight_map"]
+        except (KeyError, TypeError) as exc:
             raise InputError(index, "weight_map", f"unreadable index: {exc}") from None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(name, str) and "/" not in name for name in weight_map.values()):
+            raise InputError(index, "weight_map", "must map tensor names to shard file names "
+                                                  "in this directory")
         return [directory / name for name in sorted(set(weight_map.values()))]
     files = sorted(directory.glob("*.safetensors"))
     if not files:

@@ -37,7 +37,8 @@ from typing import Any, TypedDict
 from paritygate.engines.dump_routing import ROUTED_EXPERTS_SCHEMA, validate_routed_experts
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, MissingExtra
-from paritygate.reading import MAX_DUMP_BYTES, check_input, iter_lines
+from paritygate.reading import MAX_DUMP_BYTES, check_input
+from paritygate.reading_text import iter_json_lines
 
 FIELDS = ("prompt_ids", "completion_ids", "logprobs", "sampling", "top_logprobs",
           "logprobs_mode", "engine", "routed_experts")
@@ -293,14 +294,9 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
     if path.suffix == ".parquet":
         yield from _parquet_rows(path)
         return
-    for n, line in iter_lines(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
-                              bound="MAX_DUMP_BYTES"):
-        if not line.strip():
-            continue
-        try:
-            yield f"line {n}", json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise InputError(path, f"line {n}", f"not JSON: {exc}") from None
+    for n, row in iter_json_lines(path, None, what="rollout dump", max_bytes=MAX_DUMP_BYTES,
+                                  bound="MAX_DUMP_BYTES"):
+        yield f"line {n}", row
 
 
 ROWS_PER_READ = 1024

@@ -10,6 +10,7 @@ only with ``allow_pickle: true``, as for pickled checkpoints.
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,16 @@ class TorchExportEngine:
         self.input_names = list(input_names)
         self.call = call
         self.declared = list(output_names)
+        import logging
+
+        from paritygate.checkpoints import memory_bytes
+        from paritygate.reading import check_zip_members
+
+        if not zipfile.is_zipfile(path):
+            raise InputError(path, "policy.artifact", "not a torch.export program: a .pt2 is a "
+                             "zip archive and this file is none (truncated or another format)")
+        check_zip_members(path, "policy.artifact", what="member", max_bytes=memory_bytes())
+        logging.disable(logging.CRITICAL)  # torch logs its own traceback before raising
         try:
             self.program = torch.export.load(str(path))
             self.module = self.program.module()
@@ -126,6 +137,8 @@ class TorchExportEngine:
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
             raise InputError(path, "policy.artifact", f"torch.export.load cannot load the "
                              f"program: {type(exc).__name__}: {first}") from None
+        finally:
+            logging.disable(logging.NOTSET)
         self.graph = lint(self.program, self.input_names, self.declared)
         self.output_names = self.graph.output_names
         baked = self.graph.baked_batch.get(self.input_names[0]) if self.input_names else None

@@ -113,6 +113,10 @@ class TorchScriptEngine:
         self.input_names = list(input_names)
         self.call = call
         self.fixed_batch: int | None = None
+        from paritygate.checkpoints import memory_bytes
+        from paritygate.reading import check_zip_members
+
+        check_zip_members(path, "policy.artifact", what="member", max_bytes=memory_bytes())
         try:
             self.module = torch.jit.load(str(path), map_location="cpu")
         except Exception as exc:

@@ -50,7 +50,6 @@ import functools
 import gc
 import importlib
 import importlib.util
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -96,9 +95,10 @@ def _import_vllm() -> Any:
 def head_size(model_dir: str | Path) -> int | None:
     """The attention head size of the HF model in ``model_dir`` (``head_dim``, else
     ``hidden_size / num_attention_heads``), or ``None`` when its config does not say."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from paritygate.reading_text import json_or_none
+
+    config = json_or_none(Path(model_dir) / "config.json")
+    if not isinstance(config, dict):
         return None
     config = config.get("text_config") or config
     if isinstance(config.get("head_dim"), int):

@@ -84,9 +84,10 @@ def splice(text: str, name: str, body: str) -> str:
 def generated_blocks() -> dict[str, str]:
     """Each generated block's name and its current text."""
     from paritygate.report.configdoc import reference_pages
+    from paritygate.report.limitsdoc import limits_table
 
     return {CHECKLIST: checklist_table(), "root-cause-actions": root_cause_actions(),
-            **reference_pages()}
+            "limits": limits_table(), **reference_pages()}
 
 
 def spliced_files(root: Path) -> dict[Path, str]:

@@ -9,13 +9,13 @@ names how a served copy differs on the adapter's target modules (:func:`adapter_
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
 from paritygate.reading import check_input
+from paritygate.reading_text import read_json
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -75,11 +75,7 @@ def read_adapter(directory: Path, key: str | None) -> AdapterInfo:
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise InputError(directory, key, f"not a PEFT adapter directory (no {CONFIG_FILE})")
-    check_input(config_path, key, what="adapter config")
-    try:
-        data = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(config_path, key, f"unreadable adapter config: {exc}") from None
+    data = read_json(config_path, key, what="adapter config")
     if not isinstance(data, dict) or not isinstance(data.get("peft_type"), str):
         raise InputError(config_path, key, "adapter config has no peft_type")
     weights = directory / WEIGHTS_FILE

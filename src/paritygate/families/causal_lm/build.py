@@ -20,6 +20,7 @@ from paritygate.families.causal_lm.inputs import (
     encode_checked,
     read_lm_dump,
     resolve_adapter,
+    scan_behaviour_dumps,
     served_dir_contradictions,
 )
 from paritygate.families.causal_lm.probes import Probe, load_probes
@@ -65,6 +66,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     # A dump is validated first: its size and records need only config.json's vocab_size,
     # so a bad dump is refused in a second, before tokenizers and models load.
     dump = read_lm_dump(config, spec, reference_dir) if "dump" in spec.engines else None
+    scan_behaviour_dumps(config, spec, reference_dir)
     dirs = _model_dirs(config, spec, reference_dir, adapter, adapter_key, served_from)
     toks = {side: _tokenizer(config, spec, side, dirs.reference) for side in SIDES}
     with keyed("causal_lm.probes"):

@@ -123,6 +123,11 @@ class TrainingSide(StrictModel):
     (``pip install accelerate``), for models larger than one device."""
 
 
+MAX_TOP_LOGPROBS = 20
+"""``engine.top_logprobs`` is at most 20, vLLM's default ``max_logprobs`` and the OpenAI API's
+limit; each is held per generated token."""
+
+
 class EngineSpec(StrictModel):
     """The inference engine's settings (for every engine in ``engines``)."""
 
@@ -130,7 +135,8 @@ class EngineSpec(StrictModel):
     """The directory the engine loads (same as ``serving.model_dir``); defaults to ``model_dir``."""
     dtype: Dtype = "float32"
     logprobs_mode: Literal["raw", "processed"] = "processed"
-    top_logprobs: int = Field(5, ge=0)
+    top_logprobs: int = Field(5, ge=0, le=MAX_TOP_LOGPROBS)
+    """Top log-probs per token each engine reports (at most :data:`MAX_TOP_LOGPROBS`)."""
     batch_size: int = Field(8, ge=1)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM only."""
@@ -144,11 +150,22 @@ class EngineSpec(StrictModel):
     (``batch_invariance``); default: pad on the tokenizer's side, positions from the mask."""
 
 
+MAX_GENERATION_SAMPLES = 256
+"""``generation_samples`` is at most 256 continuations per probe: the log-prob delta is judged
+per token, and a probe's 256 continuations are thousands of tokens; more only cost time."""
+
+MAX_BEHAVIOUR_SAMPLES = 4096
+"""``behaviour.samples`` is at most 4,096 per prompt per side: at that many the tests detect a
+length shift of 0.1 standard deviations and a rate change of 0.03 at 90% power (Holm-corrected
+at alpha 0.01); more samples only cost generation time."""
+
+
 class BehaviourSpec(StrictModel):
     """``behaviour_parity``: both sides sampled with their own config on the probes."""
 
-    samples: int = Field(64, ge=8)
-    """Samples per prompt per side; below 8 per prompt the rank tests lack power."""
+    samples: int = Field(64, ge=8, le=MAX_BEHAVIOUR_SAMPLES)
+    """Samples per prompt per side; below 8 per prompt the rank tests lack power; at most
+    :data:`MAX_BEHAVIOUR_SAMPLES`."""
     alpha: float = Field(0.01, gt=0, lt=1)
     """Family-wise false-alarm rate of the tests (Holm's correction)."""
     format_regex: str | None = None
@@ -303,8 +320,9 @@ class CausalLMSpec(StrictModel):
     near_tie_margin: float = Field(1e-3, ge=0)
     """generation_parity excuses a divergence only where the top-2 logit margin is below this;
     unset, a copy served at a declared lower precision takes its tier's margin."""
-    generation_samples: int = Field(2, ge=1)
-    """Sampled continuations per probe for ``logprob_delta``."""
+    generation_samples: int = Field(2, ge=1, le=MAX_GENERATION_SAMPLES)
+    """Sampled continuations per probe for ``logprob_delta`` (at most
+    :data:`MAX_GENERATION_SAMPLES`)."""
     reference: ReferenceSpec | None = None
     """The KL reference model (``reference_parity``; skipped when absent)."""
     reward: RewardSpec | None = None

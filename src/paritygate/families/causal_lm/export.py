@@ -18,6 +18,7 @@ from paritygate.errors import InputError
 from paritygate.families.causal_lm.weights import is_training_only
 from paritygate.files import atomic_write_bytes, atomic_write_text
 from paritygate.reading import check_input
+from paritygate.reading_text import read_json
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
@@ -51,7 +52,7 @@ def write_serving_copy(source: Path, target: Path, heads: list[str]) -> list[str
             shutil.copyfile(path, target / path.name)
     index = source / "model.safetensors.index.json"
     if index.is_file():
-        data = json.loads(index.read_text(encoding="utf-8"))
+        data = read_json(index, None, what="index")
         data["weight_map"] = dict(sorted(weight_map.items()))
         atomic_write_text(target / index.name, json.dumps(data, indent=2) + "\n")
     return removed

@@ -82,6 +82,27 @@ def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> Dum
                               num_experts=config_num_experts(model_dir))
 
 
+def scan_behaviour_dumps(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> None:
+    """Every record of ``behaviour.training_dump`` / ``serving_dump`` read once and checked
+    (schema, token ids below the model's ``vocab_size``), one batch held at a time, before
+    any tokenizer or model loads: a bad last line is refused in seconds."""
+    from paritygate.engines.dump_stream import expand, stream_draws
+    from paritygate.engines.hf_loading import config_vocab_size
+
+    block = spec.behaviour
+    if block is None:
+        return
+    vocab = config_vocab_size(model_dir)
+    for side, dump in (("training", block.training_dump), ("serving", block.serving_dump)):
+        if dump is None:
+            continue
+        key = f"causal_lm.behaviour.{side}_dump"
+        with keyed(key):
+            for _ in stream_draws(expand(dump, config.path.parent, key),
+                                  batch=block.batch_size, vocab_size=vocab):
+                pass
+
+
 def served_dir_contradictions(
     config: GateConfig, spec: CausalLMSpec, sources: dict[str, str], served_dir: Path,
     serving_sampling: SamplingFile, serving_tok: Tokenizer, probes: list[Probe],

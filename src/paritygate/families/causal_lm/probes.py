@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from paritygate.errors import InputError
 from paritygate.reading import read_text
+from paritygate.reading_text import MAX_JSON_BYTES, parse_json
 
 
 @dataclass(frozen=True)
@@ -54,23 +54,29 @@ def _parse(obj: Any, where: str, path: Path) -> Probe:
     return Probe(pid, messages=tuple(dict(m) for m in messages))
 
 
+MAX_PROBES = 10_000
+"""A probes file holds at most 10,000 probes: each is encoded by both tokenizers, generated,
+teacher-forced and scored by several checks, and 10^4 probes already give per-token statistics
+over ~10^6 tokens; a larger set belongs in a rollout dump."""
+
+
 def load_probes(path: Path) -> list[Probe]:
     """Read and validate a probes file; raises :class:`InputError` naming the line."""
-    lines = read_text(path, "causal_lm.probes", what="probes file").splitlines()
+    lines = read_text(path, "causal_lm.probes", what="probes file", max_bytes=MAX_JSON_BYTES,
+                      bound="MAX_JSON_BYTES").splitlines()
     probes: list[Probe] = []
     seen: set[str] = set()
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"line {n}", f"invalid JSON: {exc.msg}") from None
+        obj = parse_json(line, path, f"line {n}", what="line")
         probe = _parse(obj, f"line {n}", path)
         if probe.id in seen:
             raise InputError(path, f"line {n}.id", f"duplicate probe id {probe.id!r}")
         seen.add(probe.id)
         probes.append(probe)
+        if len(probes) > MAX_PROBES:
+            raise InputError(path, None, f"more than {MAX_PROBES} probes (MAX_PROBES)")
     if not probes:
         raise InputError(path, None, "no probes")
     return probes

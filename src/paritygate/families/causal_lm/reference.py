@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError, keyed
+from paritygate.reading_text import read_json
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -174,10 +174,7 @@ class ReferenceSetup:
 
 def _architecture(directory: Path, key: str) -> dict[str, Any]:
     path = directory / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(path, key, f"unreadable config.json: {exc}") from None
+    data = read_json(path, key, what="config.json")
     if not isinstance(data, dict):
         raise InputError(path, key, "config.json is not a mapping")
     return {f: data.get(f) for f in ARCHITECTURE_FIELDS}

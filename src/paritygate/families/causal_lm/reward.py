@@ -12,7 +12,6 @@ and encodes (prompt, completion) samples the way one side scores them;
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.reward_scoring import Scores, load_reward_model, score
-from paritygate.reading import read_json_object
+from paritygate.reading_text import iter_json_lines, read_json_object
 
 if TYPE_CHECKING:
     from torch import nn
@@ -259,10 +258,19 @@ def _from_dump(path: Path, policy_tok: Tokenizer) -> list[Sample]:
     from paritygate.engines.rollout_dump import read_dump
 
     with keyed(f"{KEY}.completions"):
-        records = read_dump(path)
+        records = read_dump(path, vocab_size=len(policy_tok))
+    if len(records) > MAX_COMPLETIONS:
+        raise InputError(path, f"{KEY}.completions", f"more than {MAX_COMPLETIONS} records to "
+                         "score (MAX_COMPLETIONS)")
     return [Sample(str(i), policy_tok.decode(r["prompt_ids"], skip_special_tokens=True),
                    policy_tok.decode(r["completion_ids"], skip_special_tokens=True))
             for i, r in enumerate(records)]
+
+
+MAX_COMPLETIONS = 4096
+"""``causal_lm.reward.completions`` holds at most this many (prompt, completion) pairs: each
+is scored under every layout variant, and at 4,096 the mean score's standard error is 1.6% of
+the scores' spread, finer than any difference reward_parity judges; more only costs time."""
 
 
 def _read_completions(config: GateConfig, value: str, policy_tok: Tokenizer) -> list[Sample]:
@@ -270,21 +278,11 @@ def _read_completions(config: GateConfig, value: str, policy_tok: Tokenizer) -> 
     key = f"{KEY}.completions"
     if path.suffix == ".parquet":
         return _from_dump(path, policy_tok)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise InputError(path, key, f"cannot read: {exc}") from None
-    first = next((ln for ln in lines if ln.strip()), "")
-    if '"prompt_ids"' in first:
-        return _from_dump(path, policy_tok)
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise InputError(path, f"{key}: line {n}", f"not JSON: {exc}") from None
+    out: list[Sample] = []
+    for n, row in iter_json_lines(path, key, what="completions file",
+                                  max_records=MAX_COMPLETIONS, records_bound="MAX_COMPLETIONS"):
+        if not out and isinstance(row, dict) and "prompt_ids" in row:
+            return _from_dump(path, policy_tok)
         if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)
                 and isinstance(row.get("completion"), str)):
             raise InputError(path, f"{key}: line {n}",

@@ -8,19 +8,17 @@ trainer's YAML (HF or vLLM names, absent fields take the neutral defaults).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.sampling_fields import NOT_COMPARED
-from paritygate.reading import read_text
+from paritygate.reading import MAX_CONFIG_BYTES, read_text
+from paritygate.reading_text import parse_json, parse_yaml
 
 COMPARED_FIELDS: tuple[str, ...] = (
     "temperature",
@@ -42,6 +40,15 @@ COMPARED_FIELDS: tuple[str, ...] = (
     "use_cache",
     "dtype",
 )
+MAX_NEW_TOKENS = 2**17
+"""``max_new_tokens`` / ``min_new_tokens`` at most 131,072: the longest context windows served
+today; a larger value is no length limit, and a generation that never meets EOS would run
+for hours."""
+MAX_STOP_STRINGS = 1024
+"""A sampling config lists at most 1,024 stop strings: real ones list a handful, and each is
+matched against every generated token's text."""
+MAX_STOP_CHARS = 1024
+"""A stop string is at most 1,024 characters (longer is no stop marker but a document)."""
 ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop_strings": "stop"}
 IGNORED = {
     "bos_token_id",
@@ -207,11 +214,17 @@ def _normalise(key: str, value: Any, path: Path) -> object:
             least = 1 if key == "max_new_tokens" else 0
             if key != "top_k" and n < least:
                 raise ValueError(f"must be >= {least}")
+            if key != "top_k" and n > MAX_NEW_TOKENS:
+                raise ValueError(f"must be <= {MAX_NEW_TOKENS} (MAX_NEW_TOKENS)")
             return 0 if key == "top_k" and n < 0 else n
         if key == "stop":
             if value is None:
                 return []
-            return [value] if isinstance(value, str) else sorted(str(s) for s in value)
+            stops = [value] if isinstance(value, str) else [str(s) for s in value]
+            if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+                raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings of at most "
+                                 f"{MAX_STOP_CHARS} characters (MAX_STOP_STRINGS, MAX_STOP_CHARS)")
+            return sorted(stops)
         if key in ("do_sample", "use_cache", "ignore_eos"):
             if not isinstance(value, bool):
                 raise ValueError("expected true or false")
@@ -289,11 +302,10 @@ def load_sampling_file(
     unmappable fields an error). An unknown field is an :class:`InputError` naming it, in
     every format.
     """
-    text = read_text(path, None, what="sampling config")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise InputError(path, None, f"unparseable sampling config: {exc}") from None
+    text = read_text(path, None, what="sampling config", max_bytes=MAX_CONFIG_BYTES,
+                     bound="MAX_CONFIG_BYTES")
+    data = (parse_json(text, path, None, what="sampling config") if path.suffix == ".json"
+            else parse_yaml(text, path))
     data = data or {}
     if not isinstance(data, dict):
         raise InputError(path, None, "sampling config must be a mapping")

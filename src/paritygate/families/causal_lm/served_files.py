@@ -21,11 +21,14 @@ is an engine setting (vLLM ``--dtype``), not a file: a declared one overrides th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from paritygate.errors import InputError
+from paritygate.reading import read_text
+from paritygate.reading_text import json_or_none
 
 TOKENIZER_FILE_NAMES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -62,10 +65,7 @@ class Contradiction:
 def served_dtype(served_dir: Path) -> str | None:
     """The dtype the served directory's ``config.json`` states (``dtype``, else
     ``torch_dtype``), ``None`` when it states none this gate knows."""
-    try:
-        config = json.loads((served_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    config = json_or_none(served_dir / "config.json")
     if not isinstance(config, dict):
         return None
     value = config.get("dtype") or config.get("torch_dtype")
@@ -73,10 +73,7 @@ def served_dtype(served_dir: Path) -> str | None:
 
 
 def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return json_or_none(path)
 
 
 def has_tokenizer(directory: Path) -> bool:
@@ -109,7 +106,10 @@ def own_chat_template(tokenizer_dir: Path) -> tuple[Path, str] | None:
     """The chat template a tokenizer directory ships, and the file it is in."""
     jinja = tokenizer_dir / "chat_template.jinja"
     if jinja.is_file():
-        return jinja, jinja.read_text(encoding="utf-8")
+        try:
+            return jinja, read_text(jinja, None, what="chat template")
+        except InputError:
+            return None
     config = _json(tokenizer_dir / "tokenizer_config.json")
     if isinstance(config, dict) and isinstance(config.get("chat_template"), str):
         return tokenizer_dir / "tokenizer_config.json", str(config["chat_template"])
@@ -126,8 +126,8 @@ def chat_template_contradiction(
         return None
     path, text = found
     try:
-        theirs = declared.read_text(encoding="utf-8")
-    except OSError:
+        theirs = read_text(declared, key, what="chat template")
+    except InputError:
         return None  # unreadable: loading the tokenizer reports it
     if declared.resolve() == path.resolve() or theirs.strip() == text.strip():
         return None

@@ -52,10 +52,15 @@ def load_tokenizer(
     except Exception as exc:  # transformers raises many types for unreadable dirs
         raise InputError(directory, "tokenizer", f"cannot load tokenizer: {exc}") from None
     if chat_template is not None:
-        tok.chat_template = read_text(chat_template, None, what="chat template")
+        tok.chat_template = read_text(chat_template, None, what="chat template",
+                                      max_bytes=MAX_TEMPLATE_BYTES, bound="MAX_TEMPLATE_BYTES")
     loaded: Tokenizer = cast("Tokenizer", tok)  # an HF tokenizer satisfies the protocol
     return loaded
 
+
+MAX_TEMPLATE_BYTES = 2**20
+"""A chat template file is at most 1 MiB: real templates are a few KB (the longest, with tool
+calling, under 20 KB), and a template is compiled and rendered for every chat probe."""
 
 MAX_CHARS_PER_TOKEN = 64
 """A probe's text is cut to ``max_prompt_tokens`` times this many characters before it is

@@ -22,7 +22,8 @@ from paritygate.engines.hf_loading import (
 from paritygate.errors import InputError, MissingExtra, keyed
 from paritygate.families.hf_model.probes import Batch, npz_batches, read_texts, text_batches
 from paritygate.provenance import sha256_file, sha256_files
-from paritygate.reading import check_input, read_text
+from paritygate.reading import check_input
+from paritygate.reading_text import read_json
 
 if TYPE_CHECKING:
     from torch import nn
@@ -158,7 +159,6 @@ class HFModelContext:
 
 
 def _model_class(config: GateConfig, spec: HFModelSpec, model_dir: Path) -> tuple[Any, str]:
-    import json
 
     import transformers
 
@@ -167,9 +167,9 @@ def _model_class(config: GateConfig, spec: HFModelSpec, model_dir: Path) -> tupl
         reason, key = f"hf_model.auto_class {name}", "hf_model.auto_class"
     else:
         try:
-            text = read_text(model_dir / "config.json", None, what="config.json")
-            architectures = json.loads(text).get("architectures") or []
-        except (ValueError, AttributeError) as exc:
+            architectures = read_json(model_dir / "config.json", None,
+                                      what="config.json").get("architectures") or []
+        except AttributeError as exc:
             raise InputError(model_dir / "config.json", None, f"unreadable: {exc}") from None
         if not architectures:
             raise InputError(

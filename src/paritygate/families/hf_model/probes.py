@@ -9,7 +9,6 @@ low-precision passes cast floating tensors only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from paritygate.errors import InputError
 from paritygate.reading import load_arrays, read_text
+from paritygate.reading_text import MAX_JSON_BYTES, parse_json
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 NPZ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -24,7 +24,8 @@ NPZ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 def read_texts(path: Path) -> list[str]:
     """Texts of a ``.txt`` (non-empty lines) or ``.jsonl`` (``{"text": ...}``) probe file."""
-    lines = read_text(path, "hf_model.probes", what="probes file").splitlines()
+    lines = read_text(path, "hf_model.probes", what="probes file", max_bytes=MAX_JSON_BYTES,
+                      bound="MAX_JSON_BYTES").splitlines()
     if path.suffix != ".jsonl":
         texts = [line for line in lines if line.strip()]
     else:
@@ -32,10 +33,7 @@ def read_texts(path: Path) -> list[str]:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise InputError(path, f"line {number}", f"invalid JSON: {exc}") from None
+            obj = parse_json(line, path, f"line {number}", what="line")
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise InputError(path, f"line {number}.text", "each line needs a string 'text'")
             texts.append(obj["text"])

@@ -94,6 +94,10 @@ class StateSpec(StrictModel):
     index); default: the position of ``output`` in ``output_names``."""
 
 
+MAX_SERVING_LOG_RECORDS = 10_000_000
+"""A serving log replays at most 10^7 records (a day of traffic at ~100 requests a second is
+8.6 million); every line is read and checked before any model loads, at ~1 s per 10^5."""
+
 MAX_RECURRENT_STEPS = 10_000
 """``recurrent.steps`` at most: sequences far past any training horizon (RecurrentPPO's
 n_steps are 128-2048) only multiply the run time; 10^7 steps would run for hours."""
@@ -186,8 +190,9 @@ class ServingLogSpec(StrictModel):
     """What each record's ``served`` holds: the artifact's first output (``output``: logits,
     or the action when ``distribution.serving_output: action``) or the env action taken
     (``action``: an index for discrete actions)."""
-    max_records: int = Field(1_000_000, ge=1)
-    """The replay's bound: a log with more records is bad input (exit code 2)."""
+    max_records: int = Field(1_000_000, ge=1, le=MAX_SERVING_LOG_RECORDS)
+    """The replay's bound: a log with more records is bad input (exit code 2); at most
+    :data:`MAX_SERVING_LOG_RECORDS`."""
     chunk: int = Field(4096, ge=1)
     """Records read and replayed at a time (memory is bounded by this, not by the log)."""
 

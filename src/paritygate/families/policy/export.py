@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
 from paritygate.files import atomic_write_bytes, atomic_write_text
+from paritygate.reading_text import read_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -184,15 +185,10 @@ def write_manifest(
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    from paritygate.reading import check_input
 
     if not path.exists():
         return None
-    check_input(path, "policy.manifest", what="manifest")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: JSON syntax and non-UTF-8 bytes
-        raise InputError(path, "policy.manifest", f"manifest unreadable: {exc}") from None
+    data = read_json(path, "policy.manifest", what="manifest")
     if not isinstance(data, dict):
         raise InputError(
             path, "policy.manifest", f"manifest is not a JSON object (got {type(data).__name__})"

@@ -17,7 +17,6 @@ A record that does not fit is bad input naming the file, the line (JSON lines), 
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,10 @@ from typing import IO, Any
 import numpy as np
 
 from paritygate.errors import InputError
+from paritygate.reading_text import iter_json_lines
+
+Row = tuple[int, dict[str, Any]]
+"""A JSON-lines record and its line number."""
 
 
 @dataclass
@@ -105,40 +108,47 @@ def _observations(value: Any, layout: Layout, field: str, where: str, path: Path
     return {n: _array(value[n], layout.inputs[n], f"{where}.{field}.{n}", path) for n in names}
 
 
+def _jsonl_records(path: Path, max_records: int) -> Iterator[Row]:
+    """``(line, record)`` of each record, its fields checked; past ``max_records``: bad input."""
+    for count, (number, record) in enumerate(iter_json_lines(path, None, what="serving log"), 1):
+        where = f"line {number}"
+        if not isinstance(record, dict):
+            raise InputError(path, where, "a record is a JSON object")
+        for field in ("obs", "served"):
+            if field not in record:
+                raise InputError(path, f"{where}.{field}", "missing")
+        stamp = record.get("timestamp")
+        if stamp is not None and not isinstance(stamp, (int, float, str)):
+            raise InputError(path, f"{where}.timestamp", "a number or a string")
+        if count > max_records:
+            raise InputError(path, "policy.serving_log.max_records",
+                             f"more than {max_records} records: raise the bound or "
+                             "replay a sample")
+        yield number, record
+
+
+def scan_serving_log(path: Path, max_records: int) -> None:
+    """A JSON-lines log's every line read and its record checked, one line held at a time,
+    before any model loads: a bad last line of a long log is refused in seconds."""
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        for _ in _jsonl_records(path, max_records):
+            pass
+
+
 def _jsonl_chunks(path: Path, layout: Layout, chunk: int, max_records: int) -> Iterator[Chunk]:
-    rows: list[tuple[int, dict[str, Any]]] = []
+    rows: list[Row] = []
     count = 0
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            where = f"line {number}"
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(path, where, f"not JSON: {exc.msg}") from None
-            if not isinstance(record, dict):
-                raise InputError(path, where, "a record is a JSON object")
-            for field in ("obs", "served"):
-                if field not in record:
-                    raise InputError(path, f"{where}.{field}", "missing")
-            stamp = record.get("timestamp")
-            if stamp is not None and not isinstance(stamp, (int, float, str)):
-                raise InputError(path, f"{where}.timestamp", "a number or a string")
-            count += 1
-            if count > max_records:
-                raise InputError(path, "policy.serving_log.max_records",
-                                 f"more than {max_records} records: raise the bound or "
-                                 "replay a sample")
-            rows.append((number, record))
-            if len(rows) == chunk:
-                yield _stack(rows, count - len(rows), layout, path)
-                rows = []
+    for row in _jsonl_records(path, max_records):
+        count += 1
+        rows.append(row)
+        if len(rows) == chunk:
+            yield _stack(rows, count - len(rows), layout, path)
+            rows = []
     if rows:
         yield _stack(rows, count - len(rows), layout, path)
 
 
-def _column(rows: Sequence[tuple[int, dict[str, Any]]], field: str, name: str | None,
+def _column(rows: Sequence[Row], field: str, name: str | None,
             shape: tuple[int, ...], path: Path, *, integer: bool = False) -> np.ndarray:
     """One field of every record as an (n, *shape) array, converted in one step; when that
     fails, record by record, so the first bad record is named."""
@@ -159,12 +169,12 @@ def _column(rows: Sequence[tuple[int, dict[str, Any]]], field: str, name: str | 
     raise AssertionError("unreachable: a record failed to convert")  # pragma: no cover
 
 
-def _stack(rows: Sequence[tuple[int, dict[str, Any]]], first: int, layout: Layout, path: Path
+def _stack(rows: Sequence[Row], first: int, layout: Layout, path: Path
            ) -> Chunk:
     names = list(layout.inputs)
     single = len(names) == 1
 
-    def inputs(field: str, subset: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, np.ndarray]:
+    def inputs(field: str, subset: Sequence[Row]) -> dict[str, np.ndarray]:
         if not single or any(isinstance(r[field], Mapping) for _, r in subset):
             for number, r in subset:  # an object keyed by input: each key checked
                 _observations(r[field], layout, field, f"line {number}", path)

@@ -60,6 +60,16 @@ def check_files(config: GateConfig, spec: PolicySpec) -> None:
         if isinstance(state.initial, str):
             check_array_file(config.resolve(state.initial),
                              f"policy.recurrent.states[{i}].initial", what="initial state")
+    if spec.artifact is not None and config.resolve(spec.artifact).exists():
+        with keyed("policy.artifact"):  # a TorchScript or .pt2 zip: no member a zip bomb
+            artifact = check_input(config.resolve(spec.artifact), None, what="artifact")
+            check_zip_members(artifact, None, what="member", max_bytes=memory_bytes())
+    if spec.serving_log is not None:
+        from paritygate.families.policy.serving_log import scan_serving_log
+
+        with keyed("policy.serving_log"):
+            scan_serving_log(check_input(config.resolve(spec.serving_log.path), None,
+                                         what="serving log"), spec.serving_log.max_records)
 
 
 def check_forward_call(config: GateConfig, spec: PolicySpec, model: nn.Module, side: str) -> None:
