@@ -51,8 +51,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("engines/torch_export_engine.py", "torch.export.load"): "a .pt2 needs its path; zip and "
         "members checked first, allow_pickle required",
     ("engines/artifact_graph.py", "zipfile.ZipFile"): "names of a checked artifact's members",
-    ("engines/rollout_dump.py", "pq.ParquetFile"): "footer only, its declared size bounded",
-    ("engines/rollout_dump.py", "pq.read_table"): "after the footer's declared size is bounded",
+    ("engines/rollout_dump.py", "pq.ParquetFile"): "footer's declared size bounded, then row "
+                                                   "batches streamed",
     ("engines/dump_stream.py", "pq.ParquetFile"): "row batches streamed, file size bounded",
     ("families/policy/serving_log.py", "zipfile.ZipFile"): "an .npz log read a chunk at a time "
                                                            "from declared headers",

@@ -25,7 +25,6 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from torch import Tensor, nn
 
@@ -276,6 +275,7 @@ def _judge_norm(m: Measurement, layers: Sequence[LayerRouting], limits: dict[str
 
 def _shared(m: Measurement, ctx: LMContext, layout: MoeLayout, t_cap: RouterCapture,
             t_mask: Tensor, s_cap: RouterCapture, s_mask: Tensor) -> None:
+    from paritygate.engines.hf_loading import tensor_names
     from paritygate.metrics.routing_weights import missing_shared
 
     if not layout.shared:
@@ -287,24 +287,12 @@ def _shared(m: Measurement, ctx: LMContext, layout: MoeLayout, t_cap: RouterCapt
         return {k: float(torch.cat(v)[mask].mean()) for k, v in cap.shared_norm.items()}
 
     gone = missing_shared(norms(t_cap, t_mask), norms(s_cap, s_mask),
-                          _file_keys(ctx.engine_model_dir), _file_keys(ctx.model_dir))
+                          tensor_names(ctx.engine_model_dir), tensor_names(ctx.model_dir))
     if gone:
         m.fail("shared_expert_missing", f"the served copy lacks the shared expert of "
                                         f"{', '.join(gone[:3])}: its file holds no tensor of it "
                                         "or its output is zero, so every token loses the "
                                         "shared expert's contribution")
-
-
-def _file_keys(model_dir: Path) -> set[str]:
-    from safetensors import safe_open
-
-    from paritygate.engines.hf_loading import safetensors_files
-
-    keys: set[str] = set()
-    for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt") as handle:
-            keys.update(handle.keys())
-    return keys
 
 
 def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,

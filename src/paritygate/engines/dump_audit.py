@@ -40,6 +40,8 @@ class DumpSummary:
     vocab_size: int | None
     greedy: DumpPart
     sampled: DumpPart
+    num_experts: int | None = None
+    """The experts per MoE layer routed expert ids were checked against (``None``: dense)."""
 
 
 def summarise_dump(path: Path, *, vocab_size: int | None = None,
@@ -62,7 +64,8 @@ def summarise_dump(path: Path, *, vocab_size: int | None = None,
             sampling=part.sampling or record["sampling"], mode=record["logprobs_mode"])
     if not seen:
         raise InputError(path, None, "rollout dump holds no record")
-    return DumpSummary(path, vocab_size, greedy=parts[True], sampled=parts[False])
+    return DumpSummary(path, vocab_size, greedy=parts[True], sampled=parts[False],
+                       num_experts=num_experts)
 
 
 def dump_batches(summary: DumpSummary, *, greedy: bool,

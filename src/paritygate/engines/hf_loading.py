@@ -226,3 +226,15 @@ def safetensors_files(directory: Path) -> list[Path]:
             )
         raise InputError(directory, None, "no .safetensors weights in the model directory")
     return files
+
+
+def tensor_names(model_dir: Path) -> set[str]:
+    """The tensor names a model directory's safetensors files hold (their headers only)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for path in safetensors_files(model_dir):
+        with safe_open(str(check_input(path, None, what="safetensors file")),
+                       framework="pt") as handle:
+            names.update(handle.keys())
+    return names

@@ -367,11 +367,9 @@ class LMContext:
 
     def dump_records(self) -> list[DumpRecord]:
         """Every record of ``engine.dump`` in memory (``routing_agreement``'s one pass)."""
-        from paritygate.engines.hf_loading import config_num_experts
         from paritygate.engines.rollout_dump import read_dump
         dump = self.dump_summary()
-        return read_dump(dump.path, vocab_size=dump.vocab_size,
-                         num_experts=config_num_experts(self.model_dir))
+        return read_dump(dump.path, vocab_size=dump.vocab_size, num_experts=dump.num_experts)
 
     def dump_batches(self, greedy: bool) -> Iterator[Generation]:
         """The dump's greedy (or sampled) records as generations of a bounded batch, in file
