@@ -197,6 +197,9 @@ def _figure(history: RunHistory, check: str) -> Figure | None:
                     xy=(first.step, 1.0), xycoords=("data", "axes fraction"), fontsize=7,
                     ha="left", va="top", color="#c0392b", xytext=(3, -3),
                     textcoords="offset points")
+    values = [y for _, y, _ in shown] + ([threshold] if threshold is not None else [])
+    if values and min(values) > 0 and max(values) / min(values) > 100:
+        ax.set_yscale("log")  # a metric far under its threshold, then far over it
     ax.set_title(f"{check}: {metric}", fontsize=9)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
