@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from paritygate.init_infer import TODO
+
+if TYPE_CHECKING:
+    from ruamel.yaml.comments import CommentedMap
 
 __all__ = ["Block", "ConfigDoc", "flow", "todo_value"]
 
@@ -26,7 +29,7 @@ def todo_value(what: str) -> str:
     return DoubleQuotedScalarString(f"{TODO}: {what}")
 
 
-def flow(value: object) -> Any:
+def flow(value: object) -> object:
     """``value`` (lists, dicts, scalars) as ruamel nodes in flow style: ``[64, 64]``,
     ``{pi: [64], vf: [32]}``; scalars unchanged."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -73,7 +76,7 @@ class ConfigDoc:
 class Block:
     """A mapping of the config (``policy``, ``causal_lm.serving``...) at its indent."""
 
-    def __init__(self, doc: ConfigDoc, data: Any, indent: int) -> None:
+    def __init__(self, doc: ConfigDoc, data: CommentedMap, indent: int) -> None:
         self.doc = doc
         self.data = data
         self.indent = indent

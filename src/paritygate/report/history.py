@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from paritygate.errors import InputError
 
@@ -82,7 +82,7 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def _step(report: dict[str, Any], folder: Path, steps_by_dir: dict[str, int]) -> int | None:
+def _step(report: dict[str, object], folder: Path, steps_by_dir: dict[str, int]) -> int | None:
     """The step: the trainer's record in the report, the callbacks' metrics.jsonl, else the
     number in the folder's name (``checkpoint-6``, ``rl_model_2048_steps``)."""
     checkpoint = report.get("checkpoint")
@@ -118,14 +118,14 @@ def _callback_steps(folder: Path) -> dict[str, int]:
     return found
 
 
-def _point(check: dict[str, Any]) -> CheckPoint:
+def _point(check: dict[str, object]) -> CheckPoint:
     metric = check.get("key_metric")
-    metrics = check.get("metrics") or {}
-    thresholds = check.get("thresholds") or {}
-    value = _number(metrics.get(metric)) if isinstance(metric, str) else None
-    threshold = _number(thresholds.get(metric)) if isinstance(metric, str) else None
-    return CheckPoint(str(check.get("status")), metric if isinstance(metric, str) else None,
-                      value, threshold)
+    metrics, thresholds = check.get("metrics"), check.get("thresholds")
+    if not isinstance(metric, str):
+        return CheckPoint(str(check.get("status")), None, None, None)
+    value = _number(metrics.get(metric)) if isinstance(metrics, dict) else None
+    threshold = _number(thresholds.get(metric)) if isinstance(thresholds, dict) else None
+    return CheckPoint(str(check.get("status")), metric, value, threshold)
 
 
 def history_folder(output_dir: Path) -> Path:
