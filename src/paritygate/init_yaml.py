@@ -68,6 +68,8 @@ class ConfigDoc:
         yaml = YAML()
         yaml.width = 4096  # a long TODO stays on its key's line
         yaml.indent(mapping=2, sequence=4, offset=2)
+        yaml.representer.add_representer(  # ``key: null``, never a bare ``key:``
+            type(None), lambda rep, _: rep.represent_scalar("tag:yaml.org,2002:null", "null"))
         buffer = io.StringIO()
         yaml.dump(self.data, buffer)
         return buffer.getvalue()
