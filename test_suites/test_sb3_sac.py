@@ -10,12 +10,12 @@ same export without the tanh fails, naming the missing squash.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from measured_run import cpu_seconds_now
 
 from paritygate.config import config_from_dict
 from paritygate.gate import Gate
@@ -75,17 +75,17 @@ def _config(run: Path, root: Path, serving_output: str = "mean", **policy: Any) 
 
 
 def test_sb3_sac_passes_in_distribution_terms(sac_run: Path, tmp_path: Path) -> None:
-    start = time.perf_counter()
+    start = cpu_seconds_now()
     gate = Gate(_config(sac_run, tmp_path), report_dir=tmp_path / "reports")
     results = {cid: gate.evaluate(cid, golden=False) for cid in CHECKS}
-    wall = time.perf_counter() - start
+    cpu = cpu_seconds_now() - start
     assert {c: r.status for c, r in results.items()} == dict.fromkeys(CHECKS, "pass"), {
         c: r.message for c, r in results.items() if r.status != "pass"}
     metrics = results["logits_agreement"].metrics
     for name in ("gaussian_kl_max", "std_max_abs_diff", "action_max_abs_diff",
                  "logprob_delta_max_abs"):
         assert name in metrics and metrics[name] < 1e-4, (name, metrics)
-    assert wall < 120, wall
+    assert cpu < 300, cpu  # CPU seconds: a loaded machine stretches wall time, not this
 
 
 def test_sb3_sac_deterministic_action_is_sb3s(sac_run: Path, tmp_path: Path) -> None:
@@ -158,15 +158,15 @@ def test_init_on_the_sac_zip_proposes_a_config_that_passes(
 
     monkeypatch.chdir(tmp_path)
     written = write_config(sac_run / "sac_pendulum.zip", out=Path("configs/sac.yaml"))
-    assert set(written.todos) == {
-        "policy.factory_kwargs.action_low", "policy.factory_kwargs.action_high",
-        "policy.distribution.action_scale", "policy.distribution.action_bias",
-        "policy.probes.generator"}, written.todos
+    # the action box is read from the readable text of the zip's data JSON, never a TODO
+    assert written.todos == ["policy.probes.generator"], written.todos
     data = yaml.safe_load(written.path.read_text())
     policy = data["policy"]
     assert policy["factory_kwargs"]["net_arch"] == NET_ARCH
-    policy["factory_kwargs"].update(action_low=[-2.0], action_high=[2.0])
-    policy["distribution"].update(action_scale=2.0, action_bias=0.0)
+    assert policy["factory_kwargs"]["action_low"] == [-2.0]
+    assert policy["factory_kwargs"]["action_high"] == [2.0]
+    assert (policy["distribution"]["action_scale"], policy["distribution"]["action_bias"]) == (
+        2.0, 0.0)
     policy["probes"] = {"file": str(sac_run / "probes.npy")}
     gate = Gate(config_from_dict({**data, "checks": CHECKS}, written.path),
                 report_dir=tmp_path / "reports")
@@ -188,15 +188,15 @@ def test_sb3_sac_rollout_parity(sac_run: Path, tmp_path: Path, tanh: bool) -> No
     config = _config(sac_run, tmp_path, "action", artifact=str(artifact),
                      output_names=["action", "log_std"], rollout=ROLLOUT)
     gate = Gate(config, report_dir=tmp_path / "reports")
-    start = time.perf_counter()
+    start = cpu_seconds_now()
     rollout = gate.evaluate("rollout_parity", golden=False)
-    wall = time.perf_counter() - start
+    cpu = cpu_seconds_now() - start
     assert rollout.metrics["episodes"] == 3 and rollout.metrics["steps"] > 0, rollout.metrics
     if tanh:
         assert rollout.status == "pass", rollout.message
         assert rollout.metrics["unexcused_divergences"] == 0
         assert rollout.metrics["max_action_abs_diff"] < 1e-4, rollout.metrics
-        assert wall < 60, wall
+        assert cpu < 150, cpu  # CPU seconds, not wall
         return
     assert rollout.status == "fail" and rollout.metrics["unexcused_divergences"] >= 1, (
         rollout.message)

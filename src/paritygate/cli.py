@@ -1,4 +1,4 @@
-"""Command line: ``paritygate run | export | demo | precision | init | checks``.
+"""Command line: ``paritygate run | export | demo | precision | init | history | checks``.
 
 Exit codes: 0 every check passed, 1 a check failed or ended in ``error``, 2 bad input
 or a report/golden file that cannot be written (one line naming the file and key, no
@@ -341,6 +341,14 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _cmd_history(args: argparse.Namespace) -> int:
+    from paritygate.report.history import write_history
+
+    page = write_history(args.output_dir, args.out)
+    print(f"paritygate history: wrote {page}")
+    return EXIT_PASS
+
+
 def _cmd_checks(args: argparse.Namespace) -> int:
     from paritygate.checks import CHECK_IDS, get_check
 
@@ -397,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         "dump": _cmd_dump,
         "init": _cmd_init,
         "checks": _cmd_checks,
+        "history": _cmd_history,
     }
     signals = Signals()
     try:

@@ -32,6 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_commands(sub)
     _add_init(sub)
+    history = sub.add_parser(
+        "history", help="a training run's gate history as a page: each check across steps",
+        description="Read each checkpoint's report.json under a run's output (the callbacks' "
+        "OUTPUT_DIR/paritygate/, or the report folder of paritygate run --all) and write "
+        "history.html beside them, with one PNG per check in history/: each check's key metric "
+        "across steps against its threshold, the first failing step and its root cause marked, "
+        "each step linked to its report.html.")
+    history.add_argument("output_dir", type=Path,
+                         help="the training run's output_dir (or SB3 save_path), or a report "
+                         "folder of checkpoint-N/report.json")
+    history.add_argument("--out", type=Path, default=None,
+                         help="the page to write (default: history.html beside the reports)")
     checks = sub.add_parser("checks", help="list the check ids, their families and marks")
     checks.add_argument(
         "--family", choices=FAMILIES, default=None, help="one family only"

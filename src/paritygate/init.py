@@ -17,28 +17,38 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from paritygate.errors import InputError
-from paritygate.init_infer import (
-    TODO,
-    find_todos,
-    gate_name,
-    gitignore_proposal,
-    head_prefixes,
-    python_path,
-)
+from paritygate.init_infer import TODO, find_todos, gate_name, gitignore_proposal, head_prefixes
 from paritygate.init_infer import relative as _rel
-from paritygate.init_infer import yaml_scalar as _q
-from paritygate.init_inputs import InputLayout, inputs_lines, layout, sb3_dict_spaces
-from paritygate.init_render import render
-from paritygate.init_sb3 import action_box, zip_algorithm
+from paritygate.init_inputs import InputLayout, inputs_block, layout, sb3_dict_spaces
+from paritygate.init_policy import (
+    PREPROCESSING_HINT,
+    ActionInfo,
+    ArtifactInfo,
+    StateInfo,
+    Written,
+    allow_pickle,
+    artifact,
+    checkpoint,
+    distribution,
+    fill_user_factories,
+    golden,
+    header,
+    io_names,
+    probes,
+    user_factories,
+)
+from paritygate.init_sb3 import ac_layout, sac_layout
+from paritygate.init_sb3_docs import actor_critic, sb3_action, sb3_heads
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
+    from paritygate.init_yaml import Block
 
+__all__ = ["TODO", "WrittenConfig", "find_todos", "head_prefixes", "write_config"]
 
 
 @dataclass
@@ -51,22 +61,6 @@ class WrittenConfig:
     notes: list[str] = field(default_factory=list)
     gitignore: tuple[Path, list[str]] | None = None
     """The ``.gitignore`` file and the entries it lacks (none missing: an empty list)."""
-
-
-class SB3Layout(TypedDict):
-    """An SB3 MLP ``ActorCriticPolicy`` zip's factory kwargs and what else init reads."""
-
-    obs_dim: int
-    n_actions: int
-    net_arch: list[int] | dict[str, list[int]]
-    continuous: bool
-    algorithm: str | None
-
-
-class SacLayout(TypedDict):
-    obs_dim: int
-    act_dim: int
-    net_arch: list[int]
 
 
 ARTIFACT_SUFFIXES = (".onnx", ".pt2", ".ts")
@@ -116,60 +110,6 @@ def _find_artifact(checkpoint: Path, artifact: Path | None) -> Path | None:
         if beside:
             return beside[0] if len(beside) == 1 else None
     return None
-
-
-def _sb3_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SB3Layout | None:
-    """factory_kwargs for the SB3 adapter when the zip holds an MLP ActorCriticPolicy."""
-    if checkpoint.suffix.lower() != ".zip" or "action_net.weight" not in keys:
-        return None
-    layers = sorted(
-        (int(m.group(1)), k)
-        for k in keys
-        if (m := re.fullmatch(r"mlp_extractor\.policy_net\.(\d+)\.weight", k))
-    )
-    if not layers:
-        return None
-    first = keys[layers[0][1]]
-    pi = [int(keys[k].shape[0]) for _, k in layers]
-    vf_layers = sorted((int(m.group(1)), k) for k in keys
-                       if (m := re.fullmatch(r"mlp_extractor\.value_net\.(\d+)\.weight", k)))
-    vf = [int(keys[k].shape[0]) for _, k in vf_layers]
-    return {
-        "obs_dim": int(first.shape[1]),
-        "n_actions": int(keys["action_net.weight"].shape[0]),
-        "net_arch": pi if vf == pi else {"pi": pi, "vf": vf},
-        "continuous": "log_std" in keys,
-        "algorithm": zip_algorithm(checkpoint),
-    }
-
-
-def _sac_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SacLayout | None:
-    """factory_kwargs for the SB3 SAC adapter when the zip holds an MLP ``SACPolicy``."""
-    if checkpoint.suffix.lower() != ".zip" or "actor.mu.weight" not in keys:
-        return None
-    layers = sorted(
-        (int(m.group(1)), k)
-        for k in keys
-        if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.weight", k))
-    )
-    first = keys[layers[0][1]] if layers else keys["actor.mu.weight"]
-    return {"obs_dim": int(first.shape[1]), "act_dim": int(keys["actor.mu.weight"].shape[0]),
-            "net_arch": [int(keys[k].shape[0]) for _, k in layers]}
-
-
-def _sac_text(source: Path, out: Path, name: str, name_note: str, sac: SacLayout,
-              n_keys: int) -> str:
-    """The config of an SB3 SAC zip: the adapter's SAC factories and its Gaussian; the action
-    box (not in the tensors) is TODO."""
-    return render("sac.yaml.j2", **_base_context(source, out, name, name_note), **sac,
-                  n_keys=n_keys)
-
-
-def _base_context(source: Path, out: Path, name: str, name_note: str) -> dict[str, object]:
-    """What every policy template shows: the header's, the checkpoint line's, the golden's."""
-    return {"source": source, "out": out, "name": name, "name_note": name_note,
-            "family": "policy", "checkpoint": _rel(source, out.parent),
-            "golden_dir": _rel(Path.cwd() / "golden", out.parent)}
 
 
 def bare_log_std(keys: list[str]) -> list[str]:
@@ -233,117 +173,90 @@ def deterministic_actor(keys: list[str]) -> bool:
                                   for t in top)
 
 
-def _policy_text(
-    source: Path, out: Path, name: str, artifact: Path | None, name_note: str = ""
-) -> str:
-    state, state_key, key_candidates = _load_state(source)
-    sac = _sac_layout(source, state)
-    if sac is not None:
-        return _sac_text(source, out, name, name_note, sac, len(state))
-    from paritygate.init_sb3 import sb3_text
+def _policy_text(written: Written, found: ArtifactInfo | None) -> str:
+    """The config of a torch checkpoint or an SB3 zip (each SB3 layout its factories)."""
+    from paritygate.init_sb3_docs import sac_doc, sb3_doc
 
-    text = sb3_text(source, out, name, name_note, state)
+    state, state_key, key_candidates = _load_state(written.source)
+    sac = sac_layout(written.source, state)
+    if sac is not None:
+        return sac_doc(written, sac, len(state), found)
+    text = sb3_doc(written, state, found)
     if text is not None:
         return text
     keys = list(state)
-    sb3 = _sb3_layout(source, state)
-    spaces = sb3_dict_spaces(source) if sb3 is not None else None
-    context = _base_context(source, out, name, name_note)
-    context.update(
-        sb3=sb3 is not None, spaces=spaces, a2c="", continuous=False, kwargs={},
-        python_path=None, n_keys=len(keys),
-        n_values=f"{sum(int(t.numel()) for t in state.values()):,}",
-        state_key=state_key, key_candidates=key_candidates,
-        ddp=any(k.startswith("module.") for k in keys),
-        compiled=any(k.startswith("_orig_mod.") for k in keys))
+    sb3 = ac_layout(written.source, state)
+    spaces = sb3_dict_spaces(written.source) if sb3 is not None else None
+    root = header(written, "policy")
     if sb3 is None:
-        folders, why = python_path(Path.cwd())
-        context.update(python_path=[_q(_rel(f, out.parent)) for f in folders],
-                       python_path_why=why)
-        heads = head_prefixes(keys)
+        policy = user_factories(root, written)
+        allow_pickle(root, found)
+        fill_user_factories(policy)
     else:
-        context.update(a2c="a2c_" if sb3["algorithm"] == "A2C" else "",
-                       continuous=sb3["continuous"],
-                       kwargs={k: sb3[k] for k in ("obs_dim", "n_actions", "net_arch")})
-        if spaces is not None:
-            context["kwargs"] = {"spaces": {k: v if v is not None else f"{TODO}: this key's shape"
-                                            for k, v in spaces.items()},
-                                 "n_actions": sb3["n_actions"], "net_arch": sb3["net_arch"],
-                                 **_image_keys(state)}
-        heads = [h for h in ("mlp_extractor.value_net", "value_net")
-                 if any(k.startswith(h + ".") for k in keys)]
-        if sb3["continuous"]:
-            heads.append("log_std")
-            context["box"] = action_box(source, sb3["n_actions"])
+        allow_pickle(root, found)
+        policy = root.block("policy")
+        actor_critic(policy, written, sb3, spaces, state)
+    info = StateInfo(len(keys), sum(int(t.numel()) for t in state.values()), state_key,
+                     key_candidates, any(k.startswith("module.") for k in keys),
+                     any(k.startswith("_orig_mod.") for k in keys))
+    checkpoint(policy, written, info)
     log_stds = [] if sb3 is not None else bare_log_std(keys)
-    context["heads"] = heads + [k for k in log_stds if k not in heads]
-    inputs, outputs = _artifact_context(context, artifact, out, name)
-    context.update(onnx_outputs=outputs,
-                   **_inputs_context(inputs, outputs, spaces, artifact))
+    heads = head_prefixes(keys) if sb3 is None else sb3_heads(sb3, keys)
+    heads += [k for k in log_stds if k not in heads]
+    policy.set("training_heads", heads, "training-only module prefixes: "
+               + ("proposed from tensor names; review" if heads else "none found in tensor names"))
+    artifact(policy, written, found)
     if sb3 is None:
-        context.update(_action_context(state, keys, log_stds))
-    return render("policy.yaml.j2", **context)
-
-
-def _image_keys(state: dict[str, Tensor]) -> dict[str, object]:
-    """A ``MultiInputPolicy``'s image keys (a NatureCNN in its ``CombinedExtractor``) and
-    their ``cnn_output_dim``, read from tensor names and shapes; none: ``{}``."""
-    found = {m.group(1): int(t.shape[0]) for k, t in state.items()
-             if (m := re.fullmatch(r"features_extractor\.extractors\.([^.]+)\.linear\.0\.weight",
-                                   k))}
-    if not found:
-        return {}
-    return {"image_keys": sorted(found), "cnn_output_dim": max(found.values())}
-
-
-def _artifact_context(context: dict[str, object], artifact: Path | None, out: Path, name: str
-                      ) -> tuple[list[tuple[str, list[int | str]]], list[str]]:
-    """The artifact lines' context (its path, format, manifest), and its ONNX inputs and
-    outputs (none for the formats that name them by position)."""
-    context.update(artifact=None, artifact_format=None, manifest=False,
-                   shipped=_rel(Path.cwd() / "export" / name / "policy.onnx", out.parent))
-    if artifact is None:
-        return [], []
-    fmt = artifact_format(artifact)
-    context.update(artifact=_rel(artifact, out.parent), artifact_format=fmt,
-                   manifest=(artifact.parent / "manifest.json").exists())
-    return _onnx_io(artifact) if fmt == "onnx" else ([], [])
-
-
-def _inputs_context(inputs: list[tuple[str, list[int | str]]], outputs: list[str],
-                    spaces: dict[str, list[int] | None] | None, artifact: Path | None
-                    ) -> dict[str, object]:
-    """``input_lines``: the inputs the artifact or the zip's Dict space declare (the
-    ``policy.inputs`` block of several), and whether a layout was found."""
-    found: InputLayout | None = None
-    if len(inputs) > 1:
-        found = layout(inputs, outputs)
-        where = artifact.name if artifact is not None else ""
-        lines = inputs_lines(found, f"the artifact's inputs and shapes ({where})",
-                             "dict" if spaces is not None else None)
-    elif spaces is not None:
-        found = InputLayout(observations=list(spaces.items()), order=list(spaces))
-        lines = inputs_lines(found, "the zip's Dict observation space", "dict")
-    elif inputs:
-        name_in, dims = inputs[0]
-        lines = [f"  input_name: {_q(name_in)}   # from the artifact; shape {dims}"]
+        policy.todo("policy_output", "dict key (e.g. logits) or tuple index (e.g. 0) of the "
+                    "policy output in the training forward's result")
     else:
-        lines = ['  input_name: "obs"   # the artifact input name (default)']
-    return {"input_lines": lines, "input_layout": found is not None}
+        policy.set("policy_output", "mean" if sb3["continuous"] else "logits",
+                   "the adapter's training forward returns a dict")
+    outputs = ["mean"] if sb3 is not None and sb3["continuous"] else ["logits"]
+    several = _inputs(policy, found, spaces)
+    io_names(policy, found, outputs, input_name=not several)
+    if sb3 is not None:
+        sb3_action(policy, written, sb3)
+    else:
+        action = _action_info(state, keys, log_stds)
+        policy.set("action_space", action.guess, "discrete | continuous; guessed from tensor "
+                   "names: review")
+        if action.distribution:
+            distribution(policy, action)
+    if not several:
+        policy.comment(*PREPROCESSING_HINT)
+    probes(policy, "raw observations (N, ...)", count=64)
+    golden(root, written)
+    return root.doc.dump()
 
 
-def _action_context(state: dict[str, Tensor], keys: list[str], log_stds: list[str]
-                    ) -> dict[str, object]:
-    """The action space guessed from tensor names and the ``distribution`` block's context
+def _inputs(policy: Block, found: ArtifactInfo | None,
+            spaces: dict[str, list[int] | None] | None) -> bool:
+    """``policy.call`` and ``policy.inputs`` when the artifact or the zip's Dict space declares
+    several inputs; whether it did."""
+    if found is not None and len(found.inputs) > 1:
+        inputs_block(policy, layout(found.inputs, found.outputs),
+                     f"the artifact's inputs and shapes ({found.path.name})",
+                     "dict" if spaces is not None else None)
+        return True
+    if spaces is not None:
+        inputs_block(policy, InputLayout(observations=list(spaces.items()), order=list(spaces)),
+                     "the zip's Dict observation space", "dict")
+        return True
+    return False
+
+
+def _action_info(state: dict[str, Tensor], keys: list[str], log_stds: list[str]) -> ActionInfo:
+    """The action space guessed from tensor names and the ``distribution`` block's inputs
     (the log-std's source; scale and bias from ``action_scale`` / ``action_bias`` buffers)."""
     layers = _log_std_layers(keys)
     deterministic = deterministic_actor(keys)
     guess = "continuous" if log_stds or layers or deterministic or any(
         k.lower().replace("_", "").endswith("logstd") for k in keys) else "discrete"
-    return {"action_guess": guess, "distribution": bool(log_stds or layers or deterministic),
-            "log_stds": log_stds, "layers": layers,
-            "buffers": [(n, what, _buffer_value(state, n)) for n, what in (
-                ("action_scale", "(high - low) / 2"), ("action_bias", "(high + low) / 2"))]}
+    return ActionInfo(guess, bool(log_stds or layers or deterministic), log_stds, layers,
+                      [(n, what, _buffer_value(state, n)) for n, what in (
+                          ("action_scale", "(high - low) / 2"),
+                          ("action_bias", "(high + low) / 2"))])
 
 
 def write_config(
@@ -379,42 +292,21 @@ def write_config(
     if target.exists():
         raise InputError(target, None, "already exists; refusing to overwrite (choose --out)")
     notes = [f"name {gate!r} ({name_note})"]
-    if serving is not None and not Path(serving).is_dir():
-        raise InputError(Path(serving), None,
-                         "--serving takes the served HF model directory of a causal LM")
+    written = Written(source, target, gate, name_note)
     if source.is_dir():
-        from paritygate.init_hf import hf_dir_text
-        from paritygate.trainer_output import is_output_dir, pin_output_dir, resolve_checkpoint
-
-        record = None
-        if is_output_dir(source) or checkpoint is not None:
-            record = resolve_checkpoint(
-                source, checkpoint, key="--checkpoint" if checkpoint is not None else None)
-        inspected = record.path if record is not None else source
-        text, family = hf_dir_text(inspected, target, gate, name_note,
-                                   Path(serving) if serving is not None else None)
-        notes.append(f"family {family}")
-        if family.startswith("causal_lm"):
-            from paritygate.init_rl import rl_loop_lines
-
-            rl_lines, rl_notes = rl_loop_lines(inspected, target.parent, reward_model, reference)
-            if rl_lines:
-                head, sep, tail = text.partition("\ngolden:")
-                text = head + "\n" + "\n".join(rl_lines) + sep + tail
-            notes += rl_notes
-        if record is not None and record.output_dir is not None:
-            text = pin_output_dir(text, record, target, checkpoint)
-            notes.append(f"trainer output_dir: inspected {record.describe()}; run gates "
-                         + (f"checkpoint-{checkpoint}" if isinstance(checkpoint, int)
-                            else "the latest checkpoint-N")
-                         + " (paritygate run --checkpoint N for another, --all for each)")
+        if artifact is not None:
+            raise InputError(Path(artifact), "--artifact", "an artifact is for a torch policy "
+                             f"checkpoint file; {source} is a model directory")
+        text = _directory_text(written, serving, checkpoint, reward_model, reference, notes)
     else:
+        for flag, given in (("--serving", serving), ("--checkpoint", checkpoint),
+                            ("--reward-model", reward_model), ("--reference", reference)):
+            if given is not None:
+                raise InputError(source, flag, f"{flag} is for an HF model directory or a "
+                                 "trainer output_dir; this is a policy checkpoint file")
         if source.suffix.lower() == ".zip" and not zipfile.is_zipfile(source):
             raise InputError(source, None, "not a zip file")
-        found = _find_artifact(source, artifact)
-        if found is not None:
-            check_input(found, "--artifact", what="artifact")
-        text = _policy_text(source, target, gate, found, name_note)
+        text = _policy_text(written, _artifact_info(source, artifact))
     import yaml
 
     todos = find_todos(yaml.safe_load(text))
@@ -426,3 +318,51 @@ def write_config(
                      "run writes "
                      "*.obtained.json beside the baselines; reports are rebuilt each run)")
     return WrittenConfig(target, todos, notes, ignore)
+
+
+def _artifact_info(source: Path, artifact: Path | None) -> ArtifactInfo | None:
+    """The artifact named (or the only one beside the checkpoint), its format and ONNX names."""
+    from paritygate.reading import check_input
+
+    found = _find_artifact(source, Path(artifact) if artifact is not None else None)
+    if found is None:
+        return None
+    check_input(found, "--artifact", what="artifact")
+    fmt = artifact_format(found)
+    inputs, outputs = _onnx_io(found) if fmt == "onnx" else ([], [])
+    return ArtifactInfo(found, fmt, inputs, outputs)
+
+
+def _directory_text(written: Written, serving: Path | None, checkpoint: int | str | None,
+                    reward_model: Path | None, reference: Path | None, notes: list[str]) -> str:
+    """The config of an HF model directory, a PEFT adapter or a trainer output_dir."""
+    from paritygate.init_hf import LmSource, hf_dir_text
+    from paritygate.init_rl import rl_blocks
+    from paritygate.trainer_output import is_output_dir, resolve_checkpoint
+
+    if serving is not None and not Path(serving).is_dir():
+        raise InputError(Path(serving), "--serving",
+                         "--serving takes the served HF model directory of a causal LM")
+    source = written.source
+    record = None
+    if is_output_dir(source) or checkpoint is not None:
+        record = resolve_checkpoint(
+            source, checkpoint, key="--checkpoint" if checkpoint is not None else None)
+    inspected = record.path if record is not None else source
+    src = LmSource(inspected, {}, record=record if record is not None and record.output_dir
+                   is not None else None, selector=checkpoint)
+
+    def rl(lm_src: LmSource, lm: Block) -> list[str]:
+        return rl_blocks(lm, inspected, written, reward_model, reference)
+
+    text, family, rl_notes = hf_dir_text(
+        written, src, Path(serving) if serving is not None else None, rl,
+        {"--reward-model": reward_model, "--reference": reference})
+    notes.append(f"family {family}")
+    notes += rl_notes
+    if src.record is not None:
+        notes.append(f"trainer output_dir: inspected {src.record.describe()}; run gates "
+                     + (f"checkpoint-{checkpoint}" if isinstance(checkpoint, int)
+                        else "the latest checkpoint-N")
+                     + " (paritygate run --checkpoint N for another, --all for each)")
+    return text

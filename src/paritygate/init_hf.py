@@ -9,14 +9,20 @@ audio inputs, an encoder-decoder) is refused with the reason and the route that 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
-from paritygate.init_infer import TODO, config_header, head_prefixes
-from paritygate.init_infer import relative as _rel
-from paritygate.init_infer import yaml_scalar as _q
+from paritygate.init_infer import head_prefixes
+from paritygate.init_policy import Written, golden, header
 from paritygate.reading import check_input, read_text
+
+if TYPE_CHECKING:
+    from paritygate.families.causal_lm.adapter import AdapterInfo
+    from paritygate.init_yaml import Block
+    from paritygate.trainer_output import TrainerCheckpoint
 
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 """Class-name endings of transformers' causal-LM classes (``LlamaForCausalLM``,
@@ -53,88 +59,129 @@ def _found_sampling(directory: Path) -> str:
                      if k in gen)
 
 
-def _lm_text(source: Path, out: Path, name: str, name_note: str, config: dict[str, Any],
-             serving: Path | None = None) -> str:
+@dataclass
+class LmSource:
+    """What a causal-LM config is written from: the model directory inspected (an adapter's
+    base, a trainer's ``checkpoint-N``), and how the config names it."""
+
+    model_dir: Path
+    config: dict[str, Any]
+    adapter: AdapterInfo | None = None
+    base_found: bool = True
+    """An adapter's base is a local directory (else ``model_dir`` is TODO)."""
+    record: TrainerCheckpoint | None = None
+    """The trainer output_dir the model directory was picked from, and the pick."""
+    selector: int | str | None = None
+
+
+def _model_lines(lm: Block, written: Written, src: LmSource, keys: list[str]) -> None:
+    """``model_dir`` (the directory, the trainer output_dir with its ``checkpoint`` pick, or an
+    adapter's base) and ``adapter``."""
+    what = f"{_architecture(src.config)}, {len(keys)} tensors"
+    record = src.record
+    if record is not None and record.output_dir is not None:
+        lm.set("model_dir", written.rel(record.output_dir), f"trainer output_dir, "
+               f"{len(record.steps)} checkpoint(s): {', '.join(map(str, record.steps))}")
+        pick = src.selector if src.selector is not None else "latest"
+        lm.set("checkpoint", pick, f"the checkpoint-N gated: a step, latest or final "
+               f"(inspected: {record.path.name}, {what})")
+    elif src.adapter is not None and not src.base_found:
+        named = f"the hub id {src.adapter.base_name!r}" if src.adapter.base_name else "no base"
+        lm.todo("model_dir", f"the base model's local copy (adapter_config.json names {named}, "
+                "which the gate cannot fetch)")
+    else:
+        lm.set("model_dir", written.rel(src.model_dir), what + (
+            " (the adapter's base, from adapter_config.json)" if src.adapter is not None else ""))
+    if src.adapter is not None:
+        info = src.adapter
+        rank = f", r {info.r}, lora_alpha {info.alpha:g}" if info.alpha is not None else ""
+        lm.set("adapter", written.rel(info.directory), f"{info.peft_type} adapter{rank}; merged "
+               "into model_dir in memory (peft)")
+
+
+def _serving_lines(lm: Block, written: Written, src: LmSource, serving: Path | None) -> None:
+    """``serving.model_dir``: the copy that ships (``--serving``), else TODO."""
+    lm.comment("The served directory's own generation_config.json, tokenizer, chat template and",
+               "config.json dtype are the serving defaults; a serving file declared elsewhere "
+               "that", "contradicts them fails as serving_file_contradicts_served_dir.")
+    block = lm.block("serving")
+    if serving is None:
+        itself = ("null: the gated checkpoint-N as saved" if src.record is not None
+                  and src.record.output_dir is not None
+                  else "the base with the adapter merged and saved" if src.adapter is not None
+                  else f"null: the training directory itself ({written.rel(src.model_dir)})")
+        block.todo("model_dir", "the directory that ships (its own files are the serving side); "
+                   + itself)
+        return
+    found = _found_sampling(serving)
+    block.set("model_dir", written.rel(serving), "the copy that ships"
+              + (f"; its generation_config.json: {found}" if found else ""))
+    if not (serving / "generation_config.json").is_file():
+        block.todo("generation_config", f"the served sampling config ({serving.name} holds no "
+                   "generation_config.json): a generation_config.json or vLLM SamplingParams YAML")
+
+
+def _tokenizer_lines(lm: Block, written: Written, src: LmSource) -> None:
+    tok_path = src.model_dir / "tokenizer_config.json"
+    tok = _read_json(tok_path) if tok_path.exists() else {}
+    block = lm.block("tokenizer")
+    if tok:
+        found = ", ".join(f"{k}={tok[k]}" for k in ("padding_side", "truncation_side") if k in tok)
+        template = "a chat template" if tok.get("chat_template") or (
+            src.model_dir / "chat_template.jinja").exists() else "no chat template"
+        block.comment(f"tokenizer found in the model directory: {found or 'defaults'}, "
+                      f"{template}")
+        if src.record is not None and src.record.output_dir is not None:
+            block.set("training", None, "default: the gated checkpoint's own")
+        else:
+            block.set("training", written.rel(src.model_dir))
+    else:
+        block.todo("training", "the training tokenizer directory")
+    block.comment("serving: default: serving.model_dir's own tokenizer (and chat template)")
+
+
+def lm_doc(written: Written, src: LmSource, serving: Path | None,
+           rl: Callable[[Block], None] | None = None) -> str:
     """The causal-LM config. The serving side is named only by ``serving.model_dir`` (the
     copy that ships, ``serving``; TODO when not given): its own generation_config.json,
     tokenizer, chat template and config.json dtype are the serving defaults, so no serving
-    path or dtype is written that init cannot know."""
-    base = out.parent
-    keys = _safetensors_keys(source)
+    path or dtype is written that init cannot know. ``rl`` adds the reward and reference
+    blocks."""
+    keys = _safetensors_keys(src.model_dir)
     heads = [f"{h}." for h in head_prefixes(keys)]
-    dtype = _dtype(config)
-    rel = _rel(source, base)
-    tok_path = source / "tokenizer_config.json"
-    tok = _read_json(tok_path) if tok_path.exists() else {}
-    arch = _architecture(config)
-    lines = [
-        *config_header(source, out, name, name_note, "causal_lm"),
-        "trust_remote_code: false   # never run modelling code from the model directory",
-        "causal_lm:",
-        f"  model_dir: {rel}   # {arch}, {len(keys)} tensors",
-        f"  training_only_heads: {_q(heads)}   # "
-        + ("proposed from tensor names; review" if heads else "none found in tensor names"),
-        "  # The served directory's own generation_config.json, tokenizer, chat template and",
-        "  # config.json dtype are the serving defaults; a serving file declared elsewhere that",
-        "  # contradicts them fails as serving_file_contradicts_served_dir.",
-        "  serving:",
-    ]
+    root = header(written, "causal_lm")
+    root.set("trust_remote_code", False, "never run modelling code from the model directory")
+    lm = root.block("causal_lm")
+    _model_lines(lm, written, src, keys)
+    lm.set("training_only_heads", heads, "proposed from tensor names; review" if heads
+           else "none found in tensor names")
+    _serving_lines(lm, written, src, serving)
+    _tokenizer_lines(lm, written, src)
+    sampling = lm.block("sampling")
+    sampling.todo("training", "the trainer's sampling YAML (temperature, top_p, top_k, "
+                  "max_new_tokens, stop, padding_side, ...)")
+    sampling.comment("serving: default: serving.model_dir's own generation_config.json")
+    sampling.set("allow", [], "accepted differences: - {field: ..., reason: ...}")
+    lm.todo("probes", 'a .jsonl of prompts, one {"id", "text"} or {"id", "messages"} per line')
+    lm.set("max_prompt_tokens", 128)
+    lm.set("engines", ["hf"], "add vllm on a GPU runner")
+    training = lm.block("training")
+    training.todo("logprob_fn", "your trainer's log-prob function, module:callable (or "
+                  "paritygate.families.causal_lm.logprobs:compute_logprobs)")
+    training.set("logprobs_mode", "processed", "processed: temperature/top-k/top-p applied; raw")
+    training.set("dtype", _dtype(src.config), "from config.json")
+    engine = lm.block("engine")
     served_dtype = None
-    if serving is not None:
-        served_cfg = _read_json(serving / "config.json") if (serving / "config.json").is_file() \
-            else {}
-        served_dtype = _dtype(served_cfg) if served_cfg else None
-        found = _found_sampling(serving)
-        lines.append(f"    model_dir: {_rel(serving, base)}   # the copy that ships"
-                     + (f"; its generation_config.json: {found}" if found else ""))
-        if not (serving / "generation_config.json").is_file():
-            lines.append("    generation_config: " + _q(
-                f"{TODO}: the served sampling config ({serving.name} holds no "
-                "generation_config.json): a generation_config.json or vLLM SamplingParams YAML"))
-    else:
-        lines.append("    model_dir: " + _q(
-            f"{TODO}: the directory that ships (its own files are the serving side); "
-            f"the training directory itself: {rel}"))
-    lines.append("  tokenizer:")
-    if tok:
-        found = ", ".join(
-            f"{k}={tok[k]}" for k in ("padding_side", "truncation_side") if k in tok
-        )
-        template = "a chat template" if tok.get("chat_template") or (
-            source / "chat_template.jinja").exists() else "no chat template"
-        lines.append(f"    # tokenizer found in the model directory: {found or 'defaults'}, "
-                     f"{template}")
-        lines.append(f"    training: {rel}")
-    else:
-        lines.append(f"    training: {_q(f'{TODO}: the training tokenizer directory')}")
-    lines.append("    # serving: default: serving.model_dir's own tokenizer (and chat template)")
-    lines += [
-        "  sampling:",
-        "    training: "
-        + _q(f"{TODO}: the trainer's sampling YAML (temperature, top_p, top_k, max_new_tokens, "
-             "stop, padding_side, ...)"),
-        "    # serving: default: serving.model_dir's own generation_config.json",
-        "    allow: []   # accepted differences: - {field: ..., reason: ...}",
-        "  probes: " + _q(f"{TODO}: a .jsonl of prompts, one {{\"id\", \"text\"}} or "
-                          "{\"id\", \"messages\"} per line"),
-        "  max_prompt_tokens: 128",
-        "  engines: [hf]   # add vllm on a GPU runner",
-        "  training:",
-        "    logprob_fn: " + _q(f"{TODO}: your trainer's log-prob function, module:callable "
-                              "(or paritygate.families.causal_lm.logprobs:compute_logprobs)"),
-        "    logprobs_mode: processed   # processed: temperature/top-k/top-p applied; raw",
-        f"    dtype: {dtype}   # from config.json",
-        "  engine:",
-        "    # dtype: default: the served config.json's dtype"
-        + (f" ({served_dtype})" if served_dtype else "")
-        + "; set serving.dtype to serve another",
-        "    logprobs_mode: processed",
-        "golden:",
-        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in "
-        f"<dir>/{name}/<check_id>.json",
-        "",
-    ]
-    return "\n".join(lines)
+    if serving is not None and (serving / "config.json").is_file():
+        served_dtype = _dtype(_read_json(serving / "config.json"))
+    engine.comment("dtype: default: the served config.json's dtype"
+                   + (f" ({served_dtype})" if served_dtype else "")
+                   + "; set serving.dtype to serve another")
+    engine.set("logprobs_mode", "processed")
+    if rl is not None:
+        rl(lm)
+    golden(root, written)
+    return root.doc.dump()
 
 
 def _dtype(config: dict[str, Any]) -> str:
@@ -192,121 +239,97 @@ def hf_family(model_dir: Path, config: dict[str, Any]) -> tuple[str, str]:
     return "hf_model", f"model_type {model_type!r} is not a causal LM"
 
 
-def _hf_model_text(
-    source: Path, out: Path, name: str, name_note: str, config: dict[str, Any], reason: str
-) -> str:
+def _hf_model_doc(written: Written, config: dict[str, Any], reason: str) -> str:
     from paritygate.engines.hf_loading import TOKENIZER_FILES
 
-    base = out.parent
-    rel = _rel(source, base)
+    source = written.source
     keys = _safetensors_keys(source)
     has_tokenizer = any((source / f).is_file() for f in TOKENIZER_FILES)
-    lines = [
-        f"# Gate config written by `paritygate init {source.name}`. Edit it, then bless:",
-        f"#   paritygate run {out.as_posix()} --update-golden",
-        f"# {reason}: gated for precision (weights_load, precision_per_layer) as hf_model,",
-        "# not as a causal LM (no generation, sampling or log-prob checks).",
-        "# Every value starting with TODO must be replaced: `paritygate run` refuses the config",
-        "# (exit 2, naming the key) until none is left. Paths are relative to this file.",
-        f"name: {name}   # {name_note}",
-        "family: hf_model",
-        "seed: 0",
-        "trust_remote_code: false   # never run modelling code from the model directory",
-        "hf_model:",
-        f"  model_dir: {rel}   # {_architecture(config)}, {len(keys)} tensors",
-    ]
+    root = header(written, "hf_model", extra=(
+        f"{reason}: gated for precision (weights_load, precision_per_layer) as hf_model,",
+        "not as a causal LM (no generation, sampling or log-prob checks)."))
+    root.set("trust_remote_code", False, "never run modelling code from the model directory")
+    block = root.block("hf_model")
+    block.set("model_dir", written.rel(source), f"{_architecture(config)}, {len(keys)} tensors")
     if config.get("architectures"):
-        lines.append(f"  # auto_class: AutoModel   # default: config.json's architectures[0] "
-                     f"({config['architectures'][0]})")
+        block.comment(f"auto_class: AutoModel   # default: config.json's architectures[0] "
+                      f"({config['architectures'][0]})")
     else:
-        lines.append("  auto_class: AutoModel   # config.json names no architecture")
-    lines.append(
-        "  probes: " + _q(f"{TODO}: a .txt of texts (one a line), a .jsonl of "
-                                   "{\"text\": ...}, or an .npz of input_ids "
-                                   "[, attention_mask, token_type_ids]")
-    )
+        block.set("auto_class", "AutoModel", "config.json names no architecture")
+    block.todo("probes", 'a .txt of texts (one a line), a .jsonl of {"text": ...}, or an .npz '
+               "of input_ids [, attention_mask, token_type_ids]")
     if has_tokenizer:
-        lines.append("  tokenizer: null   # text probes use the tokenizer found in model_dir")
+        block.set("tokenizer", None, "text probes use the tokenizer found in model_dir")
     else:
-        lines.append("  tokenizer: " + _q(
-            f"{TODO}: the tokenizer directory for text probes (model_dir holds none); "
-            "with .npz probes, delete this line"))
-    lines += [
-        "  max_tokens: 128   # text probes truncated to this many tokens",
-        "  batch_size: 8     # probes per forward",
-        "precision: {streaming: auto}",
-        "golden:",
-        f"  dir: {_rel(Path.cwd() / 'golden', base)}   # baselines in "
-        f"<dir>/{name}/<check_id>.json",
-        "",
-    ]
-    return "\n".join(lines)
+        block.todo("tokenizer", "the tokenizer directory for text probes (model_dir holds none); "
+                   "with .npz probes, delete this line")
+    block.set("max_tokens", 128, "text probes truncated to this many tokens")
+    block.set("batch_size", 8, "probes per forward")
+    root.set("precision", {"streaming": "auto"})
+    golden(root, written)
+    return root.doc.dump()
 
 
-def hf_dir_text(
-    source: Path, out: Path, name: str, name_note: str, serving: Path | None = None
-) -> tuple[str, str]:
-    """The config text for an HF model directory and the family chosen, with its reason;
-    ``serving`` is the served copy of a causal LM (``serving.model_dir``)."""
+def hf_dir_text(written: Written, src: LmSource, serving: Path | None,
+                rl: Callable[[LmSource, Block], list[str]] | None = None,
+                lm_flags: dict[str, Path | None] | None = None) -> tuple[str, str, list[str]]:
+    """The config for an HF model directory (a trainer's checkpoint, a PEFT adapter), the family
+    chosen with its reason, and the notes of ``rl`` (the RL loop's blocks, for a causal LM).
+    ``lm_flags`` are the flags given that only a causal LM honours (``--reward-model``):
+    bad input for another family."""
     from paritygate.families.causal_lm.adapter import is_adapter_dir
 
+    source = src.model_dir
     if not (source / "config.json").exists() and is_adapter_dir(source):
-        return _adapter_text(source, out, name, name_note, serving)
+        return _adapter_doc(written, src, serving, rl)
     if not (source / "config.json").exists():
         raise InputError(source, None, "not an HF model directory (no config.json)")
-    config = _read_json(source / "config.json")
-    family, reason = hf_family(source, config)
+    src.config = _read_json(source / "config.json")
+    family, reason = hf_family(source, src.config)
     if serving is not None and not (serving / "config.json").is_file():
         raise InputError(serving, None, "not an HF model directory (no config.json)")
     if family == "causal_lm":
-        text = _lm_text(source, out, name, name_note, config, serving)
-        return text, f"causal_lm: {reason}"
-    if serving is not None:
-        raise InputError(serving, None, f"--serving is for a causal LM; {reason}")
-    text = _hf_model_text(source, out, name, name_note, config, reason)
-    return text, f"hf_model: {reason}"
+        notes: list[str] = []
+        text = lm_doc(written, src, serving, _rl_adder(rl, src, notes))
+        return text, f"causal_lm: {reason}", notes
+    for flag, given in {"--serving": serving, **(lm_flags or {})}.items():
+        if given is not None:
+            raise InputError(given, flag, f"{flag} is for a causal LM; {reason}")
+    return _hf_model_doc(written, src.config, reason), f"hf_model: {reason}", []
 
 
-def _adapter_text(source: Path, out: Path, name: str, name_note: str,
-                  serving: Path | None) -> tuple[str, str]:
+def _rl_adder(rl: Callable[[LmSource, Block], list[str]] | None, src: LmSource,
+              notes: list[str]) -> Callable[[Block], None] | None:
+    if rl is None:
+        return None
+
+    def add(lm: Block) -> None:
+        notes.extend(rl(src, lm))
+    return add
+
+
+def _adapter_doc(written: Written, src: LmSource, serving: Path | None,
+                 rl: Callable[[LmSource, Block], list[str]] | None) -> tuple[str, str, list[str]]:
     """The causal-LM config for a PEFT adapter directory: ``model_dir`` is its base from
     ``adapter_config.json`` when that is a local directory (else a TODO naming the hub id)
     and ``adapter`` the directory itself."""
-    import re
-
     from paritygate.families.causal_lm.adapter import local_base, read_adapter
 
-    info = read_adapter(source, None)
+    info = read_adapter(src.model_dir, None)
     base = local_base(info)
     if serving is not None and not (serving / "config.json").is_file():
         raise InputError(serving, None, "not an HF model directory (no config.json)")
-    adapter_line = (f"  adapter: {_rel(source, out.parent)}   # {info.peft_type} adapter, "
-                    f"r {info.r}, lora_alpha {info.alpha:g}; merged into model_dir in memory "
-                    "(peft)" if info.alpha is not None else
-                    f"  adapter: {_rel(source, out.parent)}   # {info.peft_type} adapter; "
-                    "merged into model_dir in memory (peft)")
-    served_todo = "for an adapter, the base with the adapter merged and saved"
+    notes: list[str] = []
     if base is not None:
         config = _read_json(base / "config.json")
         family, reason = hf_family(base, config)
         if family != "causal_lm":
-            raise InputError(source / "adapter_config.json", "base_model_name_or_path",
+            raise InputError(src.model_dir / "adapter_config.json", "base_model_name_or_path",
                              f"the adapter's base {base} is not a causal LM: {reason}")
-        text = _lm_text(base, out, name, name_note, config, serving)
-        first = re.search(r"\n  model_dir: [^\n]*", text)
-        assert first is not None  # _lm_text always writes it
-        line = first.group(0) + " (the adapter's base, from adapter_config.json)"
-        text = text[:first.start()] + line + "\n" + adapter_line + text[first.end():]
-        text = text.replace(f"`paritygate init {base.name}`", f"`paritygate init {source.name}`")
-        text = text.replace(f"the training directory itself: {_rel(base, out.parent)}",
-                            served_todo)
-        return text, f"causal_lm: a PEFT adapter on the local base {base}"
-    text = _lm_text(source, out, name, name_note, {}, serving)
+        lm_src = LmSource(base, config, info, True)
+        text = lm_doc(written, lm_src, serving, _rl_adder(rl, lm_src, notes))
+        return text, f"causal_lm: a PEFT adapter on the local base {base}", notes
+    lm_src = LmSource(src.model_dir, {}, info, False)
+    text = lm_doc(written, lm_src, serving, _rl_adder(rl, lm_src, notes))
     named = f"the hub id {info.base_name!r}" if info.base_name else "no base"
-    todo = _q(f"{TODO}: the base model's local copy (adapter_config.json names {named}, "
-              "which the gate cannot fetch)")
-    text = re.sub(r"\n  model_dir: [^\n]*", lambda _: f"\n  model_dir: {todo}\n{adapter_line}",
-                  text, count=1)
-    text = text.replace(f"the training directory itself: {_rel(source, out.parent)}",
-                        served_todo)
-    return text, f"causal_lm: a PEFT adapter whose base is {named}"
+    return text, f"causal_lm: a PEFT adapter whose base is {named}", notes

@@ -7,7 +7,6 @@ policy and the Hugging Face parts of init.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -93,11 +92,6 @@ def head_prefixes(keys: list[str]) -> list[str]:
                 heads.append(prefix)
             break
     return heads
-
-
-def yaml_scalar(value: Any) -> str:
-    """A YAML scalar (JSON strings and numbers are valid YAML)."""
-    return json.dumps(value)
 
 
 def relative(path: Path, base: Path) -> str:
@@ -186,12 +180,3 @@ def gitignore_proposal(root: Path, reports: str = "reports/") -> tuple[Path, lis
     except OSError:
         lines = []
     return target, [w for w in (OBTAINED_PATTERN, reports) if not _ignored(lines, w)]
-
-
-def config_header(source: Path, out: Path, name: str, name_note: str, family: str) -> list[str]:
-    """The first lines of every config ``init`` writes: how to bless it, the TODO rule, the
-    gate's name with where it came from, and the family (``header.yaml.j2``)."""
-    from paritygate.init_render import render
-
-    return render("header.yaml.j2", source=source, out=out, name=name, name_note=name_note,
-                  family=family).splitlines()

@@ -13,11 +13,12 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from paritygate.init_infer import TODO
-from paritygate.init_infer import yaml_scalar as _q
 from paritygate.reading import read_zip_member
+
+if TYPE_CHECKING:
+    from paritygate.init_yaml import Block
 
 _DIRECTION_WORDS = frozenset({"in", "out", "input", "output", "inputs", "outputs", "prev",
                               "next", "new", "old", "last", "current", "cur"})
@@ -108,43 +109,49 @@ def sb3_dict_spaces(checkpoint: Path) -> dict[str, list[int] | None] | None:
     return keys
 
 
-def _shape_value(shape: list[int] | None, what: str) -> str:
-    return json.dumps(shape) if shape is not None else _q(
-        f"{TODO}: the per-row shape of {what} (without the batch axis)")
+def _shape_value(shape: list[int] | None, what: str) -> object:
+    from paritygate.init_yaml import todo_value
+
+    return shape if shape is not None else todo_value(
+        f"the per-row shape of {what} (without the batch axis)")
 
 
-def inputs_lines(found: InputLayout, source: str, call: str | None) -> list[str]:
+def inputs_block(policy: Block, found: InputLayout, source: str, call: str | None) -> None:
     """``policy.call``, ``policy.inputs`` and, for state pairs, ``policy.recurrent``."""
-    lines: list[str] = []
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    from paritygate.init_yaml import flow
+
     if call is not None:
-        lines.append(f"  call: {call}")
+        policy.set("call", call)
     elif not found.recurrent or len(found.observations) > 1:
-        lines.append("  call: " + _q(f"{TODO}: dict | keyword | positional: how the torch "
-                                     "forwards take the inputs"))
+        policy.todo("call", "dict | keyword | positional: how the torch forwards take the inputs")
     else:
-        lines.append("  call: positional   # forward(obs, state..., flag): the default; review")
-    lines.append(f"  inputs:                   # call order, from {source}")
+        policy.set("call", "positional", "forward(obs, state..., flag): the default; review")
     state_names = {s[0] for s in found.states} | {found.episode_start}
     shapes = dict(found.observations)
+    entries = CommentedSeq()
     for name in found.order:
         if name in state_names:
-            lines.append(f"    - {name}")
+            entries.append(name)
             continue
-        lines.append(f"    - name: {_q(name)}")
-        lines.append(f"      shape: {_shape_value(shapes.get(name), repr(name))}")
-        lines.append("      # preprocessing: {training: ..., serving: ..., stats: ...}   "
-                     "# this input's own")
-    if found.recurrent:
-        lines += ["  recurrent:                # state pairs guessed from the names: review",
-                  "    states:"]
-        for inp, out, shape in found.states:
-            lines.append(f"      - {{input: {_q(inp)}, output: {_q(out)}, shape: "
-                         f"{_shape_value(shape, repr(inp))}}}   # initial: 0.0; "
-                         "training_output: the position of output in output_names")
-        if found.episode_start is not None:
-            lines.append(f"    episode_start: {_q(found.episode_start)}   # 1.0 at an "
-                         "episode's first step")
-        else:
-            lines.append("    # episode_start: none found: the gate feeds the initial state at "
-                         "every episode start")
-    return lines
+        entry = CommentedMap(name=name, shape=flow(_shape_value(shapes.get(name), repr(name))))
+        entry.yaml_add_eol_comment("preprocessing: {training: ..., serving: ..., stats: ...}: "
+                                   "this input's own, if any", "shape")
+        entries.append(entry)
+    policy.set("inputs", entries, f"call order, from {source}", block=True)
+    if not found.recurrent:
+        return
+    recurrent = policy.block("recurrent", "state pairs guessed from the names: review")
+    states = CommentedSeq()
+    for i, (inp, out, shape) in enumerate(found.states):
+        states.append(flow({"input": inp, "output": out,
+                            "shape": _shape_value(shape, repr(inp))}))
+        states.yaml_add_eol_comment("initial: 0.0; training_output: the position of output in "
+                                    "output_names", i)
+    recurrent.set("states", states, block=True)
+    if found.episode_start is not None:
+        recurrent.set("episode_start", found.episode_start, "1.0 at an episode's first step")
+    else:
+        recurrent.comment("episode_start: none found: the gate feeds the initial state at "
+                          "every episode start")

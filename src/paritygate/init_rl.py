@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError
-from paritygate.init_infer import TODO
-from paritygate.init_infer import relative as _rel
-from paritygate.init_infer import yaml_scalar as _q
+from paritygate.init_policy import Written
+
+if TYPE_CHECKING:
+    from paritygate.init_yaml import Block
 
 REWARD_NAMES = ("reward_model", "reward", "rm")
 REFERENCE_NAMES = ("ref_model", "reference", "ref")
@@ -40,15 +41,15 @@ def _beside(source: Path, names: tuple[str, ...]) -> Path | None:
     return None
 
 
-def rl_loop_lines(
-    source: Path, base: Path, reward_model: Path | None, reference: Path | None
-) -> tuple[list[str], list[str]]:
-    """Config lines of the ``reward`` and ``reference`` blocks (indented under ``causal_lm``)
-    and notes on where each directory came from."""
-    lines: list[str] = []
+def rl_blocks(
+    lm: Block, source: Path, written: Written, reward_model: Path | None, reference: Path | None
+) -> list[str]:
+    """The ``reward`` and ``reference`` blocks under ``causal_lm``, and notes on where each
+    directory came from."""
     notes: list[str] = []
     found = reward_model is None
     reward = reward_model or _beside(source, REWARD_NAMES)
+    beside = " (found beside the checkpoint)" if found else ""
     if reward is not None:
         if not _is_classifier(reward):
             if not found:
@@ -59,28 +60,24 @@ def rl_loop_lines(
             tok = {}
             if (reward / "tokenizer_config.json").is_file():
                 tok = json.loads((reward / "tokenizer_config.json").read_text(encoding="utf-8"))
-            side = tok.get("padding_side", "right")
-            lines += [
-                "  reward:   # reward_parity" + (" (found beside the checkpoint)" if found else ""),
-                f"    model_dir: {_rel(reward, base)}   # the copy that scores at evaluation",
-                "    # trained_dir: the reward model as training used it (default: model_dir)",
-                f"    training: {{padding_side: {side}}}   # how training scored (TRL: right, "
-                "EOS appended)",
-                "    # serving: {padding_side: ..., max_length: ...}   # default: as training",
-            ]
+            block = lm.block("reward", "reward_parity" + beside)
+            block.set("model_dir", written.rel(reward), "the copy that scores at evaluation")
+            block.comment("trained_dir: the reward model as training used it (default: "
+                          "model_dir)")
+            block.set("training", {"padding_side": tok.get("padding_side", "right")},
+                      "how training scored (TRL: right, EOS appended)")
+            block.comment("serving: {padding_side: ..., max_length: ...}   # default: as "
+                          "training")
             notes.append(f"reward model {reward}" + (" found beside the checkpoint" if found
                                                      else ""))
     found = reference is None
+    beside = " (found beside the checkpoint)" if found else ""
     ref = reference or _beside(source, REFERENCE_NAMES)
     if ref is not None:
-        lines += [
-            "  reference:   # reference_parity" + (" (found beside the checkpoint)" if found
-                                                   else ""),
-            f"    model_dir: {_rel(ref, base)}",
-            "    initial: " + _q(f"{TODO}: the initial policy's directory, or its sha256 at "
-                                 "step 0"),
-            "    kl_estimator: " + _q(f"{TODO}: k1 | k2 | k3 | your trainer's module:callable"
-                                      "(logp, logp_ref, mask)"),
-        ]
+        block = lm.block("reference", "reference_parity" + beside)
+        block.set("model_dir", written.rel(ref))
+        block.todo("initial", "the initial policy's directory, or its sha256 at step 0")
+        block.todo("kl_estimator", "k1 | k2 | k3 | your trainer's module:callable"
+                   "(logp, logp_ref, mask)")
         notes.append(f"KL reference {ref}" + (" found beside the checkpoint" if found else ""))
-    return lines, notes
+    return notes

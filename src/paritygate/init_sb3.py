@@ -1,4 +1,5 @@
-"""What ``paritygate init`` writes for a Stable-Baselines3 DQN, TD3/DDPG or ``CnnPolicy`` zip.
+"""What ``paritygate init`` reads from a Stable-Baselines3 zip: which policy it holds (PPO or
+A2C actor-critic, SAC, DQN, TD3/DDPG, ``CnnPolicy``) and its factories' arguments.
 
 The layout comes from the tensor names and shapes of ``policy.pth``; the spaces (an image's
 shape, the action box) from the readable text of the zip's ``data`` JSON (``_shape``, ``low``,
@@ -15,11 +16,6 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from paritygate.init_infer import TODO
-from paritygate.init_infer import relative as _rel
-from paritygate.init_infer import yaml_scalar as _q
-from paritygate.init_render import render
-
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -33,6 +29,22 @@ class ZipSpace(TypedDict, total=False):
     low: list[float]
     high: list[float]
     n: int
+
+
+class SB3Layout(TypedDict):
+    """An SB3 MLP ``ActorCriticPolicy`` zip's factory kwargs and what else init reads."""
+
+    obs_dim: int
+    n_actions: int
+    net_arch: list[int] | dict[str, list[int]]
+    continuous: bool
+    algorithm: str | None
+
+
+class SacLayout(TypedDict):
+    obs_dim: int
+    act_dim: int
+    net_arch: list[int]
 
 
 class DQNLayout(TypedDict):
@@ -123,6 +135,56 @@ def _layers(keys: dict[str, Tensor], pattern: str) -> list[tuple[int, str]]:
     return sorted((int(m.group(1)), k) for k in keys if (m := re.fullmatch(pattern, k)))
 
 
+def ac_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SB3Layout | None:
+    """factory_kwargs for the SB3 adapter when the zip holds an MLP ActorCriticPolicy."""
+    if checkpoint.suffix.lower() != ".zip" or "action_net.weight" not in keys:
+        return None
+    layers = sorted(
+        (int(m.group(1)), k)
+        for k in keys
+        if (m := re.fullmatch(r"mlp_extractor\.policy_net\.(\d+)\.weight", k))
+    )
+    if not layers:
+        return None
+    first = keys[layers[0][1]]
+    pi = [int(keys[k].shape[0]) for _, k in layers]
+    vf_layers = sorted((int(m.group(1)), k) for k in keys
+                       if (m := re.fullmatch(r"mlp_extractor\.value_net\.(\d+)\.weight", k)))
+    vf = [int(keys[k].shape[0]) for _, k in vf_layers]
+    return {
+        "obs_dim": int(first.shape[1]),
+        "n_actions": int(keys["action_net.weight"].shape[0]),
+        "net_arch": pi if vf == pi else {"pi": pi, "vf": vf},
+        "continuous": "log_std" in keys,
+        "algorithm": zip_algorithm(checkpoint),
+    }
+
+
+def sac_layout(checkpoint: Path, keys: dict[str, Tensor]) -> SacLayout | None:
+    """factory_kwargs for the SB3 SAC adapter when the zip holds an MLP ``SACPolicy``."""
+    if checkpoint.suffix.lower() != ".zip" or "actor.mu.weight" not in keys:
+        return None
+    layers = sorted(
+        (int(m.group(1)), k)
+        for k in keys
+        if (m := re.fullmatch(r"actor\.latent_pi\.(\d+)\.weight", k))
+    )
+    first = keys[layers[0][1]] if layers else keys["actor.mu.weight"]
+    return {"obs_dim": int(first.shape[1]), "act_dim": int(keys["actor.mu.weight"].shape[0]),
+            "net_arch": [int(keys[k].shape[0]) for _, k in layers]}
+
+
+def image_keys(state: dict[str, Tensor]) -> dict[str, object]:
+    """A ``MultiInputPolicy``'s image keys (a NatureCNN in its ``CombinedExtractor``) and
+    their ``cnn_output_dim``, read from tensor names and shapes; none: ``{}``."""
+    found = {m.group(1): int(t.shape[0]) for k, t in state.items()
+             if (m := re.fullmatch(r"features_extractor\.extractors\.([^.]+)\.linear\.0\.weight",
+                                   k))}
+    if not found:
+        return {}
+    return {"image_keys": sorted(found), "cnn_output_dim": max(found.values())}
+
+
 def dqn_layout(checkpoint: Path, keys: dict[str, Tensor]) -> DQNLayout | None:
     """factory_kwargs of the DQN adapter for an MLP ``DQNPolicy`` zip (``q_net.q_net.*``)."""
     if checkpoint.suffix.lower() != ".zip":
@@ -173,65 +235,19 @@ def _same(tensor: Tensor, other: Tensor | None) -> bool:
     return other is not None and tensor.shape == other.shape and bool(torch.equal(tensor, other))
 
 
-def _context(source: Path, out: Path, name: str, name_note: str, state: dict[str, Tensor]
-             ) -> dict[str, object]:
-    """What every SB3 template shows: the header's, the checkpoint line's and the tail's."""
-    return {"source": source, "out": out, "name": name, "name_note": name_note,
-            "family": "policy", "checkpoint": _rel(source, out.parent), "n_keys": len(state),
-            "golden_dir": _rel(Path.cwd() / "golden", out.parent)}
+class ActionBox(TypedDict):
+    """An SB3 zip's action box as its data JSON states it (``None`` where it does not)."""
+
+    low: list[float] | None
+    high: list[float] | None
+    where: str
 
 
-def sb3_text(source: Path, out: Path, name: str, name_note: str, state: dict[str, Tensor]
-             ) -> str | None:
-    """The config of a DQN, TD3/DDPG or CnnPolicy zip, or ``None`` for another layout."""
-    context = _context(source, out, name, name_note, state)
-    dqn = dqn_layout(source, state)
-    if dqn is not None:
-        return render("dqn.yaml.j2", **context, kwargs=dqn,
-                      probes_what="raw observations (N, obs_dim)")
-    td3 = td3_layout(source, state)
-    if td3 is not None:
-        return render("td3.yaml.j2", **context, **td3, **_td3_box(source, td3),
-                      probes_what="raw observations (N, obs_dim)")
-    cnn = cnn_layout(source, state)
-    if cnn is not None:
-        return _cnn_text(context, cnn, state)
-    return None
-
-
-def _td3_box(source: Path, td3: TD3Layout) -> dict[str, str]:
-    """The action box lines of a TD3 config and the algorithm's name."""
-    return {**action_box(source, td3["act_dim"]),
-            "kind": "TD3" if td3["n_critics"] > 1 else "DDPG (one critic)"}
-
-
-def action_box(source: Path, act_dim: int) -> dict[str, str]:
-    """The action box's YAML values (``action_low`` / ``high``, ``action_scale`` / ``bias``
-    with their comments, ``where`` they came from): from the zip's action space, else TODO."""
+def action_box(source: Path, act_dim: int) -> ActionBox:
+    """The action box of an SB3 zip with ``act_dim`` action dimensions, from the zip's action
+    space, with where it came from; ``None`` bounds when the zip does not say."""
     box = zip_space(source, "action_space") or {}
     low, high = box.get("low"), box.get("high")
     if isinstance(low, list) and isinstance(high, list) and len(low) == len(high) == act_dim:
-        scale = [(h - lo) / 2 for lo, h in zip(low, high, strict=True)]
-        bias = [(h + lo) / 2 for lo, h in zip(low, high, strict=True)]
-        return {"where": f"   # from the zip's action space [{low}, {high}]",
-                "action_low": json.dumps(low), "action_high": json.dumps(high),
-                "action_scale": json.dumps(scale[0] if len(set(scale)) == 1 else scale)
-                + "   # (high - low) / 2",
-                "action_bias": json.dumps(bias[0] if len(set(bias)) == 1 else bias)
-                + "   # (high + low) / 2"}
-    todo = f"{TODO}: the action space's {{}}, one value per dimension ({act_dim})"
-    return {"where": "", "action_low": _q(todo.format("low bound")),
-            "action_high": _q(todo.format("high bound")),
-            "action_scale": _q(f"{TODO}: (high - low) / 2 of the action space"),
-            "action_bias": _q(f"{TODO}: (high + low) / 2 of the action space")}
-
-
-def _cnn_text(context: dict[str, object], cnn: CnnLayout, state: dict[str, Tensor]) -> str:
-    aliases = sorted({k.split(".")[0] for k in state if k.startswith(("pi_features_extractor.",
-                                                                         "vf_features_extractor."))})
-    heads = ["value_net"] + (["vf_features_extractor"] if not cnn["shared"] else [])
-    if any(k.startswith("mlp_extractor.value_net.") for k in state):
-        heads.insert(0, "mlp_extractor.value_net")
-    dtype = cnn["dtype"] or "uint8"
-    return render("cnn.yaml.j2", **{**context, **cnn}, aliases=aliases, heads=heads,
-                  image_dtype=dtype, probes_what=f"{dtype} images (N, C, H, W)")
+        return {"low": low, "high": high, "where": f"from the zip's action space [{low}, {high}]"}
+    return {"low": None, "high": None, "where": ""}

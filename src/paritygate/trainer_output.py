@@ -32,7 +32,6 @@ __all__ = [
     "find_checkpoints",
     "is_output_dir",
     "pick_checkpoint",
-    "pin_output_dir",
     "resolve_checkpoint",
     "saved_zips",
 ]
@@ -350,37 +349,3 @@ def _replace_choice(record: TrainerCheckpoint, chosen_by: str) -> TrainerCheckpo
     from dataclasses import replace
 
     return replace(record, chosen_by=chosen_by)
-
-
-def pin_output_dir(
-    text: str, record: TrainerCheckpoint, out: Path, selector: int | str | None
-) -> str:
-    """``paritygate init``'s config text for ``record.path`` rewritten to name the output_dir:
-    ``model_dir`` is the output_dir (with ``checkpoint:`` for a causal LM), and paths into the
-    inspected checkpoint fall back to their defaults (the gated checkpoint's own files)."""
-    from paritygate.init_infer import relative
-
-    assert record.output_dir is not None
-    rel_ckpt = relative(record.path, out.parent)
-    rel_out = relative(record.output_dir, out.parent)
-    pick = selector if selector is not None else "latest"
-    lines: list[str] = []
-    text = text.replace(f"`paritygate init {record.path.name}`",
-                        f"`paritygate init {record.output_dir.name}`")
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if rel_ckpt not in line:
-            lines.append(line)
-        elif key.strip() == "model_dir":
-            indent = key[: len(key) - len(key.lstrip())]
-            lines.append(f"{indent}model_dir: {rel_out}   # trainer output_dir, "
-                         f"{len(record.steps)} checkpoint(s): {', '.join(map(str, record.steps))}")
-            if "causal_lm:" in text:
-                lines.append(f"{indent}checkpoint: {pick}   # the checkpoint-N gated: a step, "
-                             f"latest or final (inspected: {record.path.name})")
-        elif "TODO" in line:
-            lines.append(line.replace(rel_ckpt, "the gated checkpoint"))
-        else:
-            lines.append(f"{key}: null   # default: the gated checkpoint's own "
-                         f"({rest.split('#')[0].strip().replace(rel_ckpt, record.path.name)})")
-    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")

@@ -1,29 +1,33 @@
 """Hostile causal-LM inputs: a rollout dump that breaks its published schema is bad input, not
 a verdict, and so is a FIFO inside the model directory.
 
-Through the real CLI (``engines: [dump]``, a hard 10 s ``timeout``): a FIFO or a 2 GiB sparse
-file as the dump, an out-of-vocabulary token id, a NaN, -Infinity or positive log-prob and a
-negative temperature each end in exit 2 with one line naming the dump, the line and the
-field; the records are validated before any tokenizer or model loads.
+Through the real CLI (``engines: [dump]``): a FIFO or a 2 GiB sparse file as the dump, an
+out-of-vocabulary token id, a NaN, -Infinity or positive log-prob and a negative temperature
+each end in exit 2 with one line naming the dump, the line and the field; the records are
+validated before any tokenizer or model loads (the run never imports transformers), and the
+sparse file is refused unread (the run reads far less than it holds). Measured by the run
+itself (:mod:`measured_run`), so a loaded machine cannot fail them; wall time is only a hang
+guard.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from lm_zoo import clean_config
+from measured_run import MeasuredRun, run_measured
 
 from paritygate.engines.rollout_dump import DUMP_RECORD_SCHEMA, read_dump
 from paritygate.errors import InputError
 
-HARD_TIMEOUT_S = 10
+CPU_BOUND_S = 60
+"""A refusal costs the CLI's imports and a config load (about 3 CPU seconds); a run that loads
+and scores the model costs far more."""
 GOOD = {"prompt_ids": [1, 5, 6], "completion_ids": [7, 2], "logprobs": [-0.5, -0.1],
         "sampling": {"temperature": 0.7}}
 
@@ -59,17 +63,17 @@ def _config(folder: Path, model: Path, dump: Path) -> Path:
     return path
 
 
-def _run(config: Path) -> tuple[int, str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GITHUB_STEP_SUMMARY", "PARITYGATE_CONFIG")}
-    proc = subprocess.run([sys.executable, "-m", "paritygate", "run", str(config)],
-                          cwd=config.parent, capture_output=True, text=True,
-                          timeout=HARD_TIMEOUT_S, env=env)
-    return proc.returncode, proc.stdout, proc.stderr
+def _run(config: Path) -> MeasuredRun:
+    return run_measured(["run", str(config)], config.parent)
 
 
-def _line(code: int, out: str, err: str, dump: Path, key: str) -> str:
+def _line(run: MeasuredRun, dump: Path, key: str) -> str:
+    """Exit 2 with one line naming the dump and ``key``, refused before a tokenizer or model
+    loads (transformers never imported) and within a refusal's CPU time."""
+    code, out, err = run.code, run.out, run.err
     assert code == 2, f"exit {code}\nstdout: {out[-800:]}\nstderr: {err[-800:]}"
+    assert "transformers" not in run.modules, run.modules
+    assert run.cpu_s < CPU_BOUND_S, run.cpu_s
     assert "Traceback" not in out + err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("paritygate: error: "), err[-800:]
@@ -84,7 +88,7 @@ def test_bad_dump_record_is_bad_input_naming_line_and_field(
     demo_lm: Path, tmp_path: Path, record: dict[str, Any], field: str, cause: str
 ) -> None:
     dump = _dump(tmp_path, record)
-    line = _line(*_run(_config(tmp_path, demo_lm, dump)), dump,
+    line = _line(_run(_config(tmp_path, demo_lm, dump)), dump,
                  f"causal_lm.engine.dump: line 2: {field}: ")
     assert cause in line, line
 
@@ -97,8 +101,10 @@ def test_hostile_dump_file_is_refused_unread(demo_lm: Path, tmp_path: Path, kind
     else:
         with open(dump, "wb") as fh:
             fh.truncate(2 * 2**30)
-    line = _line(*_run(_config(tmp_path, demo_lm, dump)), dump, "causal_lm.engine.dump: ")
+    run = _run(_config(tmp_path, demo_lm, dump))
+    line = _line(run, dump, "causal_lm.engine.dump: ")
     assert ("FIFO" in line) if kind == "fifo" else ("MAX_DUMP_BYTES" in line), line
+    assert run.read_bytes < 2**28, run.read_bytes  # imports and config: tens of MB, not 2 GiB
 
 
 @pytest.mark.parametrize(("record", "field", "cause"), [c[1:] for c in BAD_RECORDS],
@@ -157,5 +163,5 @@ def test_fifo_inside_the_model_directory(demo_lm: Path, tmp_path: Path, name: st
     data["golden"] = {"dir": str(tmp_path / "golden")}
     config = tmp_path / "gate.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    line = _line(*_run(config), model / name, "causal_lm.model_dir: ")
+    line = _line(_run(config), model / name, "causal_lm.model_dir: ")
     assert "FIFO" in line, line

@@ -25,6 +25,7 @@ from policy_zoo import base_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fuzz_contract import Case, run_here
+from measured_run import cpu_seconds_now, read_bytes_now
 
 pytestmark = pytest.mark.xdist_group("report-truth")
 
@@ -234,12 +235,12 @@ def test_a_dangling_link_to_an_unwritable_place_is_refused_before_any_check(
         data["golden"]["dir"] = str(link)
         key = "golden.dir"
     config = _config(tmp_path, data)
-    start = time.monotonic()
+    start = cpu_seconds_now()
     code, out, err = run_here(Case("link", config, "", None, args), capfd)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and key in lines[0], (code, err)
     assert "loading inputs" not in out and "[paritygate]" not in out  # before any check
-    assert time.monotonic() - start < 10
+    assert cpu_seconds_now() - start < 60
 
 
 def test_concurrent_blesses_leave_one_runs_baseline(clean_demo: Path, tmp_path: Path) -> None:
@@ -294,9 +295,10 @@ def test_a_checkpoint_larger_than_memory_is_refused_at_once(
     data["policy"]["checkpoint"] = str(path)
     data["golden"] = {**data["golden"], "dir": str(tmp_path / "golden")}
     config = _config(tmp_path, data)
-    start = time.monotonic()
+    read_before = read_bytes_now()
     code, _, err = run_here(Case("huge", config, "huge.safetensors", "policy.checkpoint"), capfd)
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err
     assert "huge.safetensors" in lines[0] and "policy.checkpoint" in lines[0], lines
-    assert time.monotonic() - start < 10
+    # refused from the header: this process read megabytes (imports), never the file's GBs
+    assert read_bytes_now() - read_before < 2**28

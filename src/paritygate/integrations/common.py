@@ -123,3 +123,7 @@ class TrackerFiles:
         if self._events is None:
             self._events = EventFileWriter(self.folder)
         self._events.add_scalars(outcome.scalars, outcome.step)
+        if outcome.report_dir is not None and (outcome.report_dir / "report.json").is_file():
+            from paritygate.report.history import write_history
+
+            write_history(self.folder)  # history.html: the run so far, one step more

@@ -110,3 +110,8 @@ def report_html(data: dict[str, Any], extras: dict[str, Rendered]) -> str:
         data=data, root=data.get("root_cause"), rows=_rows(data, extras, html=True),
         environment=json.dumps(data.get("environment", {}), indent=1),
     )
+
+
+def render_page(template: str, **values: object) -> str:
+    """A whole HTML page from ``templates/<template>``, autoescaped."""
+    return _env(True).get_template(template).render(**values)
