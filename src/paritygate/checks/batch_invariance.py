@@ -84,7 +84,7 @@ def variants(count: int, batch_size: int) -> dict[str, list[list[int]]]:
 
 
 def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
-    """The engine to re-batch: the first of ``engines`` other than vLLM and dump, else vLLM."""
+    """The engine to re-batch: HF, else an endpoint, else vLLM (never a dump)."""
     engines = ctx.spec.engines
     if "hf" in engines:
         from paritygate.engines.batching import Collate, HFBatchRunner, collate_padded
@@ -101,6 +101,13 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
                 ctx.config.path, key,
             )
         return HFBatchRunner(eng.model, collate, eng.pad_token_id, eng.padding_side), "hf", None
+    if "endpoint" in engines:
+        from paritygate.engines.batching import EndpointBatchRunner
+        from paritygate.engines.openai_endpoint import EndpointEngine
+
+        endpoint = ctx.engine("endpoint")
+        assert isinstance(endpoint, EndpointEngine)
+        return EndpointBatchRunner(endpoint), "endpoint", None
     if "vllm" in engines:
         from paritygate.engines.batching import VLLMBatchRunner
         from paritygate.engines.vllm_engine import VLLMEngine, vllm_unavailable_reason

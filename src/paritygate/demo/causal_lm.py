@@ -151,6 +151,10 @@ def build(out_dir: Path, seed: int = 0) -> None:
         hf_logging.disable_progress_bar()
     model.save_pretrained(model_dir, state_dict=state)
     tokenizer.save_pretrained(model_dir)
+    from paritygate.demo import rl_loop
+
+    rl_loop.build_reference(out_dir, model, tokenizer, seed)
+    rl_loop.build_reward(out_dir, tokenizer, lines, seed)
     print(
         f"demo LM: mean next-token entropy {entropy:.3f} nats "
         f"(uniform log(vocab) = {math.log(len(tokenizer)):.3f}), saved to {model_dir}"

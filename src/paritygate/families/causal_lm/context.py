@@ -43,10 +43,6 @@ if TYPE_CHECKING:
     from paritygate.result import Measurement
 
 
-_ENGINES = ("hf", "vllm", "dump")
-"""Engines whose generations the context memoises."""
-
-
 @dataclass
 class LMContext:
     """Loaded inputs of a causal-LM gate run (satisfies the family Context protocol)."""
@@ -278,6 +274,8 @@ class LMContext:
             return self._hf_engine
         if name == "vllm":
             return self._vllm_engine
+        if name == "endpoint":
+            return self._endpoint_engine
         raise ValueError(f"unknown engine {name!r}")
 
     @cached_property
@@ -292,6 +290,12 @@ class LMContext:
             return hf_engine(self.spec.engine, self.serving_tokenizer,
                              model_dir=self.engine_model_dir,
                              trust_remote_code=self.config.trust_remote_code)
+
+    @cached_property
+    def _endpoint_engine(self) -> GenerationEngine:
+        from paritygate.families.causal_lm.engines import endpoint_engine
+
+        return endpoint_engine(self.spec)
 
     @cached_property
     def _vllm_engine(self) -> GenerationEngine:
@@ -368,18 +372,18 @@ class LMContext:
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
         """Sampled continuations (``generation_samples`` per probe) under the serving config;
         for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
-        if engine in _ENGINES:
-            found: tuple[Generation, SamplingSpec] = getattr(self, f"_sampled_{engine}")
-            return found
-        return self._sample(engine)  # an unknown engine: engine() says so
+        if engine == "dump":
+            return self._sampled_dump
+        key = ("sampled", engine)
+        if key not in self._generations:
+            self._generations[key] = self._sample(engine)  # an unknown engine: engine() says so
+        found: tuple[Generation, SamplingSpec] = self._generations[key]
+        return found
 
     @cached_property
-    def _sampled_hf(self) -> tuple[Generation, SamplingSpec]:
-        return self._sample("hf")
-
-    @cached_property
-    def _sampled_vllm(self) -> tuple[Generation, SamplingSpec]:
-        return self._sample("vllm")
+    def _generations(self) -> dict[tuple[str, str], Any]:
+        """Each engine's sampled and greedy generations, memoised by ``(kind, engine)``."""
+        return {}
 
     @cached_property
     def _sampled_dump(self) -> tuple[Generation, SamplingSpec]:
@@ -401,22 +405,12 @@ class LMContext:
     def greedy(self, engine: str = "hf") -> Generation | None:
         """Greedy continuations of every probe under the serving config's length and stops
         (``dump``: the dump's greedy records, ``None`` when it has none)."""
-        if engine in _ENGINES:
-            found: Generation | None = getattr(self, f"_greedy_{engine}")
-            return found
-        return self._greedy(engine)
-
-    @cached_property
-    def _greedy_hf(self) -> Generation:
-        return self._greedy("hf")
-
-    @cached_property
-    def _greedy_vllm(self) -> Generation:
-        return self._greedy("vllm")
-
-    @cached_property
-    def _greedy_dump(self) -> Generation | None:
-        return self._dump_generation(greedy=True)[0]
+        key = ("greedy", engine)
+        if key not in self._generations:
+            self._generations[key] = (self._dump_generation(greedy=True)[0] if engine == "dump"
+                                      else self._greedy(engine))
+        found: Generation | None = self._generations[key]
+        return found
 
     def _greedy(self, engine: str) -> Generation:
         sampling = self.serving_sampling.spec().greedy()
