@@ -374,15 +374,18 @@ class LMContext:
         for ``dump`` the dump's sampled (non-greedy) records and their sampling params."""
         if engine == "dump":
             return self._sampled_dump
-        key = ("sampled", engine)
-        if key not in self._generations:
-            self._generations[key] = self._sample(engine)  # an unknown engine: engine() says so
-        found: tuple[Generation, SamplingSpec] = self._generations[key]
-        return found
+        if engine not in self._samples:
+            self._samples[engine] = self._sample(engine)  # an unknown engine: engine() says so
+        return self._samples[engine]
 
     @cached_property
-    def _generations(self) -> dict[tuple[str, str], Any]:
-        """Each engine's sampled and greedy generations, memoised by ``(kind, engine)``."""
+    def _samples(self) -> dict[str, tuple[Generation, SamplingSpec]]:
+        """Each engine's sampled generation, memoised (the checks share it)."""
+        return {}
+
+    @cached_property
+    def _greedies(self) -> dict[str, Generation | None]:
+        """Each engine's greedy generation, memoised (the checks share it)."""
         return {}
 
     @cached_property
@@ -405,12 +408,10 @@ class LMContext:
     def greedy(self, engine: str = "hf") -> Generation | None:
         """Greedy continuations of every probe under the serving config's length and stops
         (``dump``: the dump's greedy records, ``None`` when it has none)."""
-        key = ("greedy", engine)
-        if key not in self._generations:
-            self._generations[key] = (self._dump_generation(greedy=True)[0] if engine == "dump"
+        if engine not in self._greedies:
+            self._greedies[engine] = (self._dump_generation(greedy=True)[0] if engine == "dump"
                                       else self._greedy(engine))
-        found: Generation | None = self._generations[key]
-        return found
+        return self._greedies[engine]
 
     def _greedy(self, engine: str) -> Generation:
         sampling = self.serving_sampling.spec().greedy()
