@@ -195,6 +195,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("excused_divergences", excused, bad="none")
     m.metric("token_agreement", agreeing / compared if compared else 1.0, bad="lower")
     m.details["probes"] = rows
+    if engine_name == "endpoint":
+        from paritygate.engines.openai_endpoint import server_findings
+
+        for note in server_findings(ctx.engine(engine_name)):
+            m.note(note)
     return m
 
 

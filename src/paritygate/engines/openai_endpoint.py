@@ -370,6 +370,15 @@ class EndpointEngine:
         return out
 
 
+def server_findings(engine: object) -> list[str]:
+    """What an endpoint's responses showed it did unasked (a cut completion, an ignored
+    field), as report notes; empty for any other engine."""
+    if not isinstance(engine, EndpointEngine):
+        return []
+    return [f"server ({finding.kind.replace('_', ' ')}): {finding.message}"
+            for finding in engine.findings]
+
+
 def server_defaults(engine: EndpointEngine) -> dict[str, object] | None:
     """The sampling defaults vLLM applies to a request that leaves a field out, where the
     server exposes its configuration (``GET /server_info``: vLLM started with
