@@ -7,7 +7,6 @@ serve and a timeout are bad input naming the URL. One server per configuration, 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,37 +52,33 @@ def _run(data: dict[str, Any], out: Path) -> dict[str, Any]:
     return {check: gate.evaluate(check, golden=False) for check in CHECKS}
 
 
-@pytest.fixture(scope="module")
-def clean(served_copy: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("serve-clean") / "serve.log"
-    with vllm_server(served_copy, log, name="demo", dev_mode=True) as url:
-        yield url
+def test_clean_server_passes_and_failures_to_answer_name_the_url(
+        demo_lm: Path, served_copy: Path, tmp_path: Path) -> None:
+    """One server (never two at once: a CI runner holds one CPU engine's memory)."""
+    from paritygate.errors import InputError
 
-
-def test_clean_server_passes(demo_lm: Path, clean: str, tmp_path: Path) -> None:
-    results = _run(_config(demo_lm, tmp_path, clean), tmp_path)
+    with vllm_server(served_copy, tmp_path / "serve.log", name="demo", dev_mode=True) as url:
+        results = _run(_config(demo_lm, tmp_path, url), tmp_path)
+        refused = f"http://127.0.0.1:{free_port()}/v1"
+        cases = [(_config(demo_lm, tmp_path, refused, retries=1), refused, "no answer"),
+                 (_config(demo_lm, tmp_path, url, model="other"), url, "not 'other'"),
+                 (_config(demo_lm, tmp_path, url, timeout_s=0.001, retries=0), url,
+                  "timed out")]
+        errors = []
+        for data, where, says in cases:
+            data["checks"] = ["generation_parity"]
+            with pytest.raises(InputError) as caught:
+                _run(data, tmp_path)
+            errors.append((where, says, caught.value.line()))
     for check, result in results.items():
         assert result.status == "pass", (check, result.message)
     server = results["sampling_config"].details["server"]
     assert server["max_model_len"] == 256 and server["defaults"]["override"] == {}
     assert results["behaviour_parity"].details["sources"]["serving"].startswith(
-        f"endpoint {clean}")
+        f"endpoint {url}")
     assert results["batch_invariance"].details["engine"] == "endpoint"
-
-
-def test_server_errors_are_bad_input_naming_the_url(demo_lm: Path, clean: str,
-                                                    tmp_path: Path) -> None:
-    from paritygate.errors import InputError
-
-    refused = f"http://127.0.0.1:{free_port()}/v1"
-    cases = [(_config(demo_lm, tmp_path, refused, retries=1), refused, "no answer"),
-             (_config(demo_lm, tmp_path, clean, model="other"), clean, "not 'other'"),
-             (_config(demo_lm, tmp_path, clean, timeout_s=0.001, retries=0), clean, "timed out")]
-    for data, url, says in cases:
-        data["checks"] = ["generation_parity"]
-        with pytest.raises(InputError) as caught:
-            _run(data, tmp_path)
-        assert url in caught.value.line() and says in caught.value.line(), caught.value.line()
+    for where, says, line in errors:
+        assert where in line and says in line, line
 
 
 def test_server_temperature_fails_with_its_cause(demo_lm: Path, served_copy: Path,

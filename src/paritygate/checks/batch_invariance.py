@@ -279,6 +279,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     longest = max(prompts, key=len)
     # longer than every probe (up to max_prompt_tokens): more padding for each row
     filler = longest + longest[: max(0, min(8, ctx.spec.max_prompt_tokens - len(longest)))]
+    served_len = getattr(runner, "max_model_len", None)  # a server's context, where it says
+    if isinstance(served_len, int):  # a longer filler would be refused, not batched
+        filler = filler[: max(len(longest), served_len - 1)]
     result = sweep(runner, prompts, probes, filler, ctx.spec.engine.batch_size,
                    sampling.max_new_tokens, eos)
     m.details.update(variants=result.rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},

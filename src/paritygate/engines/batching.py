@@ -374,6 +374,11 @@ class EndpointBatchRunner:
     def __init__(self, engine: EndpointEngine) -> None:
         self.engine = engine
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The server's context length (``GET /models``), when it says."""
+        return self.engine.info().max_model_len
+
     def score(self, prompts: list[list[int]], completions: list[list[int]]
               ) -> list[np.ndarray]:
         return [np.asarray(row, dtype=np.float64)
