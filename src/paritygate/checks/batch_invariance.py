@@ -280,8 +280,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     # longer than every probe (up to max_prompt_tokens): more padding for each row
     filler = longest + longest[: max(0, min(8, ctx.spec.max_prompt_tokens - len(longest)))]
     served_len = getattr(runner, "max_model_len", None)  # a server's context, where it says
-    if isinstance(served_len, int):  # a longer filler would be refused, not batched
-        filler = filler[: max(len(longest), served_len - 1)]
+    if isinstance(served_len, int):
+        if len(longest) + sampling.max_new_tokens >= served_len:
+            return m.skip(f"the server's max_model_len {served_len} is under the longest probe "
+                          "plus max_new_tokens: its rows cannot be scored within its context "
+                          "(sampling_config: server_max_model_len)")
+        filler = filler[: max(len(longest), served_len - sampling.max_new_tokens - 1)]
     result = sweep(runner, prompts, probes, filler, ctx.spec.engine.batch_size,
                    sampling.max_new_tokens, eos)
     m.details.update(variants=result.rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},
