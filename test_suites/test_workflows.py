@@ -456,7 +456,8 @@ def test_ci_runs_the_real_vllm_tests(ci: dict[str, Any]) -> None:
     assert "CI=true" in step
     # every vllm-marked test, wherever a new one lands
     for target in ("pytest test_suites -m vllm", "configs/demo-lm-vllm.yaml", "--engine vllm",
-                   "configs/demo-lm-dump.yaml"):
+                   "configs/demo-lm-dump.yaml", "configs/demo-lm-endpoint.yaml",
+                   "vllm.entrypoints.openai.api_server", "trap "):
         assert target in step, target
     (job,) = ci["jobs"].values()
     setup = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/setup"))

@@ -84,7 +84,7 @@ def variants(count: int, batch_size: int) -> dict[str, list[list[int]]]:
 
 
 def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
-    """The engine to re-batch: the first of ``engines`` other than vLLM and dump, else vLLM."""
+    """The engine to re-batch: HF, else an endpoint, else vLLM (never a dump)."""
     engines = ctx.spec.engines
     if "hf" in engines:
         from paritygate.engines.batching import Collate, HFBatchRunner, collate_padded
@@ -101,6 +101,13 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
                 ctx.config.path, key,
             )
         return HFBatchRunner(eng.model, collate, eng.pad_token_id, eng.padding_side), "hf", None
+    if "endpoint" in engines:
+        from paritygate.engines.batching import EndpointBatchRunner
+        from paritygate.engines.openai_endpoint import EndpointEngine
+
+        endpoint = ctx.engine("endpoint")
+        assert isinstance(endpoint, EndpointEngine)
+        return EndpointBatchRunner(endpoint), "endpoint", None
     if "vllm" in engines:
         from paritygate.engines.batching import VLLMBatchRunner
         from paritygate.engines.vllm_engine import VLLMEngine, vllm_unavailable_reason
@@ -272,6 +279,13 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     longest = max(prompts, key=len)
     # longer than every probe (up to max_prompt_tokens): more padding for each row
     filler = longest + longest[: max(0, min(8, ctx.spec.max_prompt_tokens - len(longest)))]
+    served_len = getattr(runner, "max_model_len", None)  # a server's context, where it says
+    if isinstance(served_len, int):
+        if len(longest) + sampling.max_new_tokens >= served_len:
+            return m.skip(f"the server's max_model_len {served_len} is under the longest probe "
+                          "plus max_new_tokens: its rows cannot be scored within its context "
+                          "(sampling_config: server_max_model_len)")
+        filler = filler[: max(len(longest), served_len - sampling.max_new_tokens - 1)]
     result = sweep(runner, prompts, probes, filler, ctx.spec.engine.batch_size,
                    sampling.max_new_tokens, eos)
     m.details.update(variants=result.rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},

@@ -2,8 +2,9 @@
 
 Each side's samples come from an engine or a dump. The trainer's sampler is HF ``generate`` on
 the training model with the training sampling config, or ``causal_lm.behaviour.training_dump``;
-the serving side is vLLM where ``engines`` names it (one request per prompt with ``n``
-samples), else HF ``generate`` on the served model, or ``serving_dump``. Dumps (a file, a
+the serving side is an endpoint or vLLM where ``engines`` names it (one request per prompt
+with ``n`` samples; an endpoint under ``sampling: server`` samples with the server's own
+defaults), else HF ``generate`` on the served model, or ``serving_dump``. Dumps (a file, a
 glob or a list of shards a distributed engine wrote) are read in streaming batches: O(batch)
 memory. Engines draw ``causal_lm.behaviour.samples`` completions per probe from independent
 seeds. Compared, each with a two-sample test and an effect size: completion length
@@ -69,10 +70,16 @@ def _source(ctx: LMContext, spec: BehaviourSpec, side: str, kept: set[int]
         vocab = config_vocab_size(ctx.model_dir)
         return (stream_draws(paths, batch=spec.batch_size, vocab_size=vocab),
                 f"{len(paths)} dump file(s) ({paths[0].name}...)")
-    engine = "vllm" if side == "serving" and "vllm" in ctx.spec.engines else "hf"
+    served = next((e for e in ("endpoint", "vllm") if e in ctx.spec.engines), "hf")
+    engine = served if side == "serving" else "hf"
     prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]
     scored = [p for i, p in enumerate(ctx.prompts("training")) if i in kept]
-    return behaviour_samples(ctx, side, prompts, engine, scored), f"{engine} generate"
+    where = f"{engine} generate"
+    if engine == "endpoint" and ctx.spec.endpoint is not None:
+        ep = ctx.spec.endpoint
+        where = (f"endpoint {ep.base_url}" + (", the server's sampling defaults"
+                                              if ep.sampling == "server" else ""))
+    return behaviour_samples(ctx, side, prompts, engine, scored), where
 
 
 def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
@@ -120,9 +127,10 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     if spec is None:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
     dumps = spec.training_dump is not None and spec.serving_dump is not None
-    if not dumps and not {"hf", "vllm"} & set(ctx.spec.engines):
-        return m.skip("behaviour_parity samples with the HF or vLLM engine (engines: [hf] or "
-                      "[vllm]) or reads causal_lm.behaviour.training_dump and serving_dump")
+    if not dumps and not {"hf", "vllm", "endpoint"} & set(ctx.spec.engines):
+        return m.skip("behaviour_parity samples with the HF or vLLM engine or an endpoint "
+                      "(engines: [hf], [vllm] or [endpoint]) or reads "
+                      "causal_lm.behaviour.training_dump and serving_dump")
     kept = _kept(ctx)
     if not kept and not dumps:
         return m.skip("no probe has tokens on both sides: nothing to sample")

@@ -210,6 +210,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("token_agreement", tally.agreeing / tally.compared if tally.compared else 1.0,
              bad="lower")
     m.details["probes"] = tally.rows
+    if engine_name == "endpoint":
+        from paritygate.engines.openai_endpoint import server_findings
+
+        for note in server_findings(ctx.engine(engine_name)):
+            m.note(note)
     return m
 
 

@@ -149,6 +149,11 @@ def measure_delta(
         "logprobs_mode": engine_mode,
         "dtype": engine_dtype,
     }
+    if engine_name == "endpoint":
+        from paritygate.engines.openai_endpoint import server_findings
+
+        for note in server_findings(ctx.engine(engine_name)):
+            m.note(note)
     return m
 
 

@@ -3,7 +3,9 @@
 Field-by-field diff of the training sampling YAML and the serving config (HF
 ``generation_config.json`` or vLLM sampling-parameters YAML), each read with its
 format's defaults for absent fields. A difference fails unless the allow-list
-(``causal_lm.sampling.allow``) names the field with a reason.
+(``causal_lm.sampling.allow``) names the field with a reason. With ``engines: [endpoint]``,
+the server's ``max_model_len`` and its sampling defaults (where it exposes them) are
+compared with the serving config too.
 """
 
 from __future__ import annotations
@@ -112,6 +114,53 @@ def record_contradictions(
             m.fail(KIND, found.message())
 
 
+SERVER_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                 "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                 "max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens"}
+"""A server's generation-config fields -> the serving sampling spec's."""
+
+
+def record_server(m: Measurement, ctx: LMContext) -> None:
+    """``engines: [endpoint]``: the server's own limits and defaults against the serving
+    config: a ``max_model_len`` that cuts the longest probe's completion
+    (``server_max_model_len``), and a sampling default the server overrides
+    (``server_default_differs``, where the server exposes its configuration)."""
+    from paritygate.engines.openai_endpoint import EndpointEngine, server_defaults
+
+    engine = ctx.engine("endpoint")
+    assert isinstance(engine, EndpointEngine)
+    info = engine.info()
+    serving = ctx.serving_sampling.spec()
+    need = max((len(p) for p in ctx.prompts()), default=0) + serving.max_new_tokens
+    defaults = server_defaults(engine)
+    m.details["server"] = {"url": engine.base_url, "model": info.model, "root": info.root,
+                           "max_model_len": info.max_model_len, "tokens_needed": need,
+                           "sampling": engine.sampling, "defaults": defaults}
+    if info.max_model_len is None:
+        m.note(f"{engine.base_url} does not report max_model_len: truncation is judged from "
+               "the responses (finish_reason length)")
+    elif info.max_model_len < need:
+        m.fail("server_max_model_len",
+               f"the server's max_model_len {info.max_model_len} ({engine.url('models')}) is "
+               f"under the longest probe plus max_new_tokens ({need} tokens): it truncates "
+               "completions the trainer samples in full")
+    if defaults is None:
+        m.note(f"{engine.base_url} does not expose its sampling defaults (vLLM: "
+               "VLLM_SERVER_DEV_MODE=1 serves /server_info); behaviour_parity samples with them")
+        return
+    override = defaults.get("override")
+    for name, value in (override.items() if isinstance(override, dict) else []):
+        field = SERVER_FIELDS.get(str(name))
+        if field is None or not isinstance(value, (int, float)):
+            continue
+        expected = getattr(serving, field)
+        if float(value) != float(expected):
+            m.fail("server_default_differs",
+                   f"the server overrides {name}: {value!r} (--override-generation-config) "
+                   f"vs serving {expected!r} ({ctx.serving_sampling.path.name}); requests "
+                   f"that leave {name} out get the server's")
+
+
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
@@ -160,6 +209,8 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         if name in compared and not any(d.field == name for d in diffs):
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
     record_contradictions(m, ctx, "sampling config", allow)
+    if "endpoint" in ctx.spec.engines:
+        record_server(m, ctx)
     own = ctx.served_config_dtype
     if declared and own and own != declared[1] and not declared[0].endswith("config.json dtype"):
         m.note(f"serving dtype {declared[1]} ({declared[0]}) overrides the served directory's "
@@ -194,7 +245,8 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    kinds=("unknown_allow_field", "wrong_format", "field_differs", KIND),
+    kinds=("unknown_allow_field", "wrong_format", "field_differs", KIND,
+           "server_max_model_len", "server_default_differs"),
 )
 
 CAUSES: tuple[Explanation, ...] = (

@@ -2,7 +2,8 @@
 
 ``paritygate demo --out DIR`` builds ``DIR/policy``, ``DIR/lm`` and ``DIR/rollout`` (a
 CartPole policy for ``rollout_parity``) and writes
-``DIR/configs`` (gate and sampling configs) and ``DIR/golden`` (blessed baselines
+``DIR/configs`` (gate and sampling configs; ``demo-rl-loop`` gates the reward model and KL
+reference built beside the demo LM) and ``DIR/golden`` (blessed baselines
 and probe sets) beside them, so ``paritygate run DIR/configs/demo-policy.yaml``
 works from any directory. The configs and golden ship inside the wheel
 (``paritygate/demo/configs``, ``paritygate/demo/golden``); in a source checkout
@@ -16,6 +17,9 @@ from pathlib import Path
 
 DEMOS: dict[str, str] = {"policy": "demo-policy", "lm": "demo-lm", "rollout": "demo-rollout"}
 """Demo part (``paritygate demo --only``) -> gate name."""
+
+MORE_GATES: dict[str, tuple[str, ...]] = {"lm": ("demo-rl-loop",)}
+"""Demo part -> the further gates written with it (the RL loop around the demo LM)."""
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,8 +54,7 @@ def write_bundle(out: Path, parts: list[str]) -> dict[str, Path]:
     configs = out / "configs"
     configs.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-    for part in parts:
-        name = DEMOS[part]
+    for name in [n for part in parts for n in (DEMOS[part], *MORE_GATES.get(part, ()))]:
         path = configs / f"{name}.yaml"
         path.write_text(demo_config_text(name), encoding="utf-8")
         written[name] = path

@@ -9,6 +9,7 @@ distributions are peaked, like a real LM's, which makes log-prob deltas meaningf
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -107,6 +108,7 @@ def build(out_dir: Path, seed: int = 0) -> None:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
+    initial = copy.deepcopy(model)  # the policy before training: the RL loop's KL reference
     value_head = torch.nn.Linear(HIDDEN, 1)
     opt = torch.optim.AdamW(
         [*model.parameters(), *value_head.parameters()], lr=3e-3, weight_decay=0.0
@@ -151,6 +153,10 @@ def build(out_dir: Path, seed: int = 0) -> None:
         hf_logging.disable_progress_bar()
     model.save_pretrained(model_dir, state_dict=state)
     tokenizer.save_pretrained(model_dir)
+    from paritygate.demo import rl_loop
+
+    rl_loop.build_reference(out_dir, initial, tokenizer)
+    rl_loop.build_reward(out_dir, tokenizer, lines, seed)
     print(
         f"demo LM: mean next-token entropy {entropy:.3f} nats "
         f"(uniform log(vocab) = {math.log(len(tokenizer)):.3f}), saved to {model_dir}"

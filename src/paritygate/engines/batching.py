@@ -31,6 +31,7 @@ from paritygate.errors import NonFiniteOutput
 if TYPE_CHECKING:
     import torch
 
+    from paritygate.engines.openai_endpoint import EndpointEngine
     from paritygate.engines.vllm_engine import VLLMEngine
 
 Batch = Mapping[str, "torch.Tensor | None"]
@@ -363,4 +364,43 @@ class VLLMBatchRunner:
                 top = sorted((lp.logprob for lp in step.values()), reverse=True)
                 margins.append(float(top[0] - top[1]) if len(top) > 1 else float("inf"))
             result.append((ids, margins))
+        return result
+
+
+class EndpointBatchRunner:
+    """An OpenAI-compatible server: each batch is its requests sent concurrently, so the
+    server's scheduler batches them with each other as it batches its clients'."""
+
+    def __init__(self, engine: EndpointEngine) -> None:
+        self.engine = engine
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The server's context length (``GET /models``), when it says."""
+        return self.engine.info().max_model_len
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]]
+              ) -> list[np.ndarray]:
+        return [np.asarray(row, dtype=np.float64)
+                for row in self.engine.score(prompts, completions)]
+
+    def greedy(
+        self, prompts: list[list[int]], max_new_tokens: int, eos: set[int]
+    ) -> list[tuple[list[int], list[float]]]:
+        from paritygate.engines.generation import SamplingSpec
+        from paritygate.engines.openai_endpoint import parse_choice
+
+        sampling = SamplingSpec(max_new_tokens=max_new_tokens, do_sample=False,
+                                eos_token_ids=sorted(eos))
+        bodies = [self.engine.body(p, sampling, logprobs=2, greedy=True) for p in prompts]
+        url = self.engine.url("completions")
+
+        result: list[tuple[list[int], list[float]]] = []
+        for choices in self.engine.complete(bodies):
+            done = parse_choice(choices[0], url, want_logprobs=True)
+            margins = []
+            for step in done.top_logprobs:
+                top = sorted(step.values(), reverse=True)
+                margins.append(float(top[0] - top[1]) if len(top) > 1 else float("inf"))
+            result.append((done.token_ids, margins))
         return result

@@ -138,7 +138,7 @@ def history_folder(output_dir: Path) -> Path:
 def read_history(output_dir: str | Path) -> RunHistory:
     """Every ``*/report.json`` under the run's report folder, in step order. A folder with
     none (or that does not exist) is an :class:`InputError` naming it."""
-    from paritygate.reading import read_json_object
+    from paritygate.reading_text import read_json_object
 
     output_dir = Path(output_dir)
     if not output_dir.is_dir():

@@ -206,6 +206,12 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: 
         engine = ctx.engine("vllm")
         assert isinstance(engine, VLLMEngine)
         gen, reasons = sample_n(engine, prompts, sampling, spec.samples)
+    elif engine_name == "endpoint":
+        from paritygate.engines.openai_endpoint import EndpointEngine
+
+        endpoint = ctx.engine("endpoint")
+        assert isinstance(endpoint, EndpointEngine)
+        gen, reasons = endpoint.sample_n(prompts, sampling, spec.samples)
     else:
         hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
             ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",

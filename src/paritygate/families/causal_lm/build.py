@@ -60,6 +60,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
     spec, adapter, adapter_key = resolve_adapter(config, spec)
+    if "endpoint" in [*spec.engines, spec.serving.engine] and spec.endpoint is None:
+        raise InputError(config.path, "causal_lm.endpoint",
+                         "engines: [endpoint] needs an endpoint block (base_url, model)")
     spec, served_from, sources = resolve_serving(config, spec)
     declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
     reference_dir = _reference_dir(config, spec)

@@ -90,7 +90,7 @@ class ServingSpec(StrictModel):
     """The served tokenizer directory (default: the served ``model_dir``'s own)."""
     generation_config: str | None = None
     """The served sampling config (default: ``<served model_dir>/generation_config.json``)."""
-    engine: Literal["hf", "vllm", "dump"] | None = None
+    engine: Literal["hf", "vllm", "dump", "endpoint"] | None = None
     """The serving engine; sets ``engines`` when that key is absent."""
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default: the served
@@ -158,6 +158,30 @@ MAX_BEHAVIOUR_SAMPLES = 4096
 """``behaviour.samples`` is at most 4,096 per prompt per side: at that many the tests detect a
 length shift of 0.1 standard deviations and a rate change of 0.03 at 90% power (Holm-corrected
 at alpha 0.01); more samples only cost generation time."""
+
+
+class EndpointSpec(StrictModel):
+    """``engines: [endpoint]``: an OpenAI-compatible completions server (``vllm serve``)
+    serving the model in ``serving.model_dir``; requests carry token ids."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    """The API root, e.g. ``http://127.0.0.1:8000/v1`` (``/completions`` and ``/models``
+    are under it)."""
+    model: str
+    """The model name the server serves (``--served-model-name``; ``GET /models`` lists it)."""
+    api_key_env: str | None = None
+    """The NAME of an environment variable holding the API key (sent as a bearer token,
+    never written to a report)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Seconds one request may take before it is retried."""
+    retries: int = Field(2, ge=0, le=10)
+    """Retries of a request that got no answer (refused, timed out, HTTP 5xx/429)."""
+    concurrency: int = Field(8, ge=1, le=256)
+    """Requests in flight at once (``batch_invariance`` sends each batch concurrently)."""
+    sampling: Literal["server", "request"] = "server"
+    """``server``: sampled requests leave temperature, top_p, top_k, min_p and
+    repetition_penalty to the server's defaults (its generation config), as a client that
+    does not set them gets; ``request``: the serving sampling config's values are sent."""
 
 
 class BehaviourSpec(StrictModel):
@@ -307,11 +331,13 @@ class CausalLMSpec(StrictModel):
     probes: str
     """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
     max_prompt_tokens: int = Field(128, ge=1)
-    engines: list[Literal["hf", "vllm", "dump"]] = Field(
-        default_factory=lambda: list[Literal["hf", "vllm", "dump"]](["hf"]))
+    engines: list[Literal["hf", "vllm", "dump", "endpoint"]] = Field(
+        default_factory=lambda: list[Literal["hf", "vllm", "dump", "endpoint"]](["hf"]))
     """Engines ``logprob_delta`` and ``generation_parity`` compare; vLLM is ``vllm_delta``'s."""
     training: TrainingSide = TrainingSide()
     engine: EngineSpec = EngineSpec()
+    endpoint: EndpointSpec | None = None
+    """The server ``engines: [endpoint]`` sends its requests to."""
     precision_tier: str | None = None
     """Threshold tier of ``logprob_delta`` (``<training>/<inference>``, e.g. ``fp32/fp32``);
     default: from the two dtypes."""

@@ -44,11 +44,6 @@ if TYPE_CHECKING:
     from paritygate.result import Measurement
 
 
-_ENGINES = ("hf", "vllm")
-"""Engines whose generations the context memoises (a dump streams:
-:meth:`LMContext.dump_batches`)."""
-
-
 @dataclass
 class LMContext:
     """Loaded inputs of a causal-LM gate run (satisfies the family Context protocol)."""
@@ -289,6 +284,8 @@ class LMContext:
             return self._hf_engine
         if name == "vllm":
             return self._vllm_engine
+        if name == "endpoint":
+            return self._endpoint_engine
         raise ValueError(f"unknown engine {name!r}")
 
     @cached_property
@@ -303,6 +300,12 @@ class LMContext:
             return hf_engine(self.spec.engine, self.serving_tokenizer,
                              model_dir=self.engine_model_dir,
                              trust_remote_code=self.config.trust_remote_code)
+
+    @cached_property
+    def _endpoint_engine(self) -> GenerationEngine:
+        from paritygate.families.causal_lm.engines import endpoint_engine
+
+        return endpoint_engine(self.spec)
 
     @cached_property
     def _vllm_engine(self) -> GenerationEngine:
@@ -381,18 +384,19 @@ class LMContext:
     def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
         """Sampled continuations (``generation_samples`` per probe) under the serving config
         (a dump's records stream instead: :meth:`dump_batches`)."""
-        if engine in _ENGINES:
-            found: tuple[Generation, SamplingSpec] = getattr(self, f"_sampled_{engine}")
-            return found
-        return self._sample(engine)  # an unknown engine: engine() says so
+        if engine not in self._samples:
+            self._samples[engine] = self._sample(engine)  # an unknown engine: engine() says so
+        return self._samples[engine]
 
     @cached_property
-    def _sampled_hf(self) -> tuple[Generation, SamplingSpec]:
-        return self._sample("hf")
+    def _samples(self) -> dict[str, tuple[Generation, SamplingSpec]]:
+        """Each engine's sampled generation, memoised (the checks share it)."""
+        return {}
 
     @cached_property
-    def _sampled_vllm(self) -> tuple[Generation, SamplingSpec]:
-        return self._sample("vllm")
+    def _greedies(self) -> dict[str, Generation]:
+        """Each engine's greedy generation, memoised (the checks share it)."""
+        return {}
 
     def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
         sampling = self.serving_sampling.spec()
@@ -404,18 +408,9 @@ class LMContext:
     def greedy(self, engine: str = "hf") -> Generation:
         """Greedy continuations of every probe under the serving config's length and stops
         (a dump's records stream instead: :meth:`dump_batches`)."""
-        if engine in _ENGINES:
-            found: Generation = getattr(self, f"_greedy_{engine}")
-            return found
-        return self._greedy(engine)
-
-    @cached_property
-    def _greedy_hf(self) -> Generation:
-        return self._greedy("hf")
-
-    @cached_property
-    def _greedy_vllm(self) -> Generation:
-        return self._greedy("vllm")
+        if engine not in self._greedies:
+            self._greedies[engine] = self._greedy(engine)
+        return self._greedies[engine]
 
     def _greedy(self, engine: str) -> Generation:
         sampling = self.serving_sampling.spec().greedy()

@@ -1,4 +1,5 @@
-"""The candidate side's generation engines (HF ``generate`` and vLLM), built from explicit inputs.
+"""The candidate side's generation engines (HF ``generate``, vLLM, an OpenAI-compatible
+endpoint), built from explicit inputs.
 
 The context decides which model the HF engine runs (the reference model itself when it is
 what ships, the served base with its adapter merged, or the served directory) and memoises
@@ -60,4 +61,17 @@ def vllm_engine(
         tensor_parallel_size=eng.tensor_parallel_size,
         max_model_len=spec.max_prompt_tokens + max_new_tokens,
         engine_kwargs={"trust_remote_code": trust_remote_code},
+    )
+
+
+def endpoint_engine(spec: CausalLMSpec) -> GenerationEngine:
+    """The OpenAI-compatible server of ``causal_lm.endpoint``."""
+    from paritygate.engines.openai_endpoint import EndpointEngine
+
+    ep = spec.endpoint
+    assert ep is not None  # checked when the config loaded
+    return EndpointEngine(
+        ep.base_url, ep.model, api_key_env=ep.api_key_env, timeout_s=ep.timeout_s,
+        retries=ep.retries, concurrency=ep.concurrency, top_logprobs=spec.engine.top_logprobs,
+        logprobs_mode=spec.engine.logprobs_mode, sampling=ep.sampling,
     )

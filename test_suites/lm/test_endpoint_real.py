@@ -1,0 +1,110 @@
+"""The endpoint engine (``engines: [endpoint]``) against a real ``vllm serve`` of the demo LM
+(vLLM's CPU build in .ci/vllm): the clean server passes the LM checks it serves; a server
+started with another temperature (``--override-generation-config``) and one with a short
+``--max-model-len`` fail with their causes; a refused connection, a model the server does not
+serve and a timeout are bad input naming the URL. One server per configuration, started once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lm_zoo import variant_config
+from served import free_port, vllm_server
+
+from paritygate.engines.vllm_engine import vllm_unavailable_reason
+
+_REASON = vllm_unavailable_reason()
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(_REASON is not None, reason=f"vLLM unavailable: {_REASON}")]
+
+CHECKS = ["sampling_config", "logprob_delta", "generation_parity", "behaviour_parity",
+          "batch_invariance"]
+
+
+@pytest.fixture(scope="module")
+def served_copy(demo_lm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo LM without its value head, as ``paritygate export`` writes it."""
+    from paritygate.families.causal_lm.export import servable_copy
+
+    return servable_copy(demo_lm, ["v_head."])
+
+
+def _config(demo_lm: Path, out: Path, url: str, **endpoint: Any) -> dict[str, Any]:
+    data = variant_config(demo_lm, out, None)
+    lm = data["causal_lm"]
+    lm["engines"] = ["endpoint"]
+    lm["endpoint"] = {"base_url": url, "model": "demo", **endpoint}
+    lm["behaviour"] = {"samples": 16}
+    lm["engine"]["logprobs_mode"] = "raw"
+    data["name"] = "endpoint"
+    data["checks"] = CHECKS
+    return data
+
+
+def _run(data: dict[str, Any], out: Path) -> dict[str, Any]:
+    from paritygate.config import config_from_dict
+    from paritygate.gate import Gate
+
+    gate = Gate(config_from_dict(data, out / "gate.yaml"))
+    return {check: gate.evaluate(check, golden=False) for check in CHECKS}
+
+
+def test_clean_server_passes_and_failures_to_answer_name_the_url(
+        demo_lm: Path, served_copy: Path, tmp_path: Path) -> None:
+    """One server (never two at once: a CI runner holds one CPU engine's memory)."""
+    from paritygate.errors import InputError
+
+    with vllm_server(served_copy, tmp_path / "serve.log", name="demo", dev_mode=True) as url:
+        results = _run(_config(demo_lm, tmp_path, url), tmp_path)
+        refused = f"http://127.0.0.1:{free_port()}/v1"
+        cases = [(_config(demo_lm, tmp_path, refused, retries=1), refused, "no answer"),
+                 (_config(demo_lm, tmp_path, url, model="other"), url, "not 'other'"),
+                 (_config(demo_lm, tmp_path, url, timeout_s=0.001, retries=0), url,
+                  "timed out")]
+        errors = []
+        for data, where, says in cases:
+            data["checks"] = ["generation_parity"]
+            with pytest.raises(InputError) as caught:
+                _run(data, tmp_path)
+            errors.append((where, says, caught.value.line()))
+    for check, result in results.items():
+        assert result.status == "pass", (check, result.message)
+    server = results["sampling_config"].details["server"]
+    assert server["max_model_len"] == 256 and server["defaults"]["override"] == {}
+    assert results["behaviour_parity"].details["sources"]["serving"].startswith(
+        f"endpoint {url}")
+    assert results["batch_invariance"].details["engine"] == "endpoint"
+    for where, says, line in errors:
+        assert where in line and says in line, line
+
+
+def test_server_temperature_fails_with_its_cause(demo_lm: Path, served_copy: Path,
+                                                 tmp_path: Path) -> None:
+    with vllm_server(served_copy, tmp_path / "serve.log", "--override-generation-config",
+                     json.dumps({"temperature": 0.5}), name="demo", dev_mode=True) as url:
+        results = _run(_config(demo_lm, tmp_path, url), tmp_path)
+    assert "server_default_differs" in results["sampling_config"].finding_kinds()
+    assert results["behaviour_parity"].status == "fail", results["behaviour_parity"].message
+    for check in ("logprob_delta", "generation_parity", "batch_invariance"):
+        assert results[check].status == "pass", (check, results[check].message)
+
+
+def test_short_max_model_len_fails_with_its_cause(demo_lm: Path, served_copy: Path,
+                                                  tmp_path: Path) -> None:
+    from paritygate.config import config_from_dict
+    from paritygate.families.causal_lm import build_context
+
+    data = _config(demo_lm, tmp_path, "http://127.0.0.1:1/v1")
+    ctx = build_context(config_from_dict(data, tmp_path / "gate.yaml"))
+    longest = max(len(p) for p in ctx.prompts())
+    with vllm_server(served_copy, tmp_path / "serve.log", "--max-model-len",
+                     str(longest + 4), name="demo") as url:
+        data["causal_lm"]["endpoint"]["base_url"] = url
+        results = _run(data, tmp_path)
+    assert results["sampling_config"].finding_kinds() == ["server_max_model_len"], (
+        results["sampling_config"].message)
+    assert results["generation_parity"].status == "fail"
+    assert results["batch_invariance"].status == "skip", results["batch_invariance"].message
