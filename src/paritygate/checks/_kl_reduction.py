@@ -9,9 +9,11 @@ every position's count (a mean over pads)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.result import Measurement
 
@@ -25,7 +27,7 @@ KINDS = {
 }
 
 
-def reductions(terms: Any, mask: Any) -> dict[str, Any]:
+def reductions(terms: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """Each way of reducing ``terms`` ``(B, T)`` over ``mask`` ``(B, T)``, ``(B,)`` each."""
     kept = (terms * mask).sum(-1)
     return {"mean": kept / mask.sum(-1).clamp(min=1), "sum": kept,
@@ -33,8 +35,8 @@ def reductions(terms: Any, mask: Any) -> dict[str, Any]:
             "mean_over_pads": kept / terms.shape[-1]}
 
 
-def judge_reduction(m: Measurement, setup: ReferenceSetup, logp: Any, logp_ref: Any,
-                    mask: Any) -> None:
+def judge_reduction(m: Measurement, setup: ReferenceSetup, logp: Tensor, logp_ref: Tensor,
+                    mask: Tensor) -> None:
     """The per-sequence estimator on ``(B, T)`` log-probs against each reduction of its own
     terms; a reduction other than ``kl_reduction`` is named."""
     import torch

@@ -4,55 +4,26 @@ adapter merged onto another base. Only the served tensors' values are read, neve
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.context import LMContext
-    from paritygate.families.causal_lm.weights import AdapterFit, WeightsDiff
+    from paritygate.families.causal_lm.weights import AdapterFit, AdapterServed, WeightsDiff
     from paritygate.result import Measurement
 
 
-def adapter_fit(ctx: LMContext, state: Mapping[str, Any], diff: WeightsDiff,
-                ) -> AdapterFit | None:
-    """How the served copy merged the declared adapter (``None``: no adapter, or a tensor
-    outside its targets differs too)."""
-    from paritygate.families.causal_lm.weights import adapter_fit as fit
-
-    base = ctx.adapter_base_state()
-    if not base or ctx.serves_training_files():
-        return None
-    served = ctx.serving_state()
-    return fit(base, {k: state[k] for k in base if k in state},
-               {k: served[k] for k in base if k in served}, sorted(diff.value_diffs))
-
-
-def on_other_base(m: Measurement, ctx: LMContext, state: Mapping[str, Any], diff: WeightsDiff,
-                  where: str) -> bool:
+def on_other_base(m: Measurement, ctx: LMContext, served: AdapterServed | None,
+                  diff: WeightsDiff, where: str) -> bool:
     """Tensors outside the adapter's targets differ, and the targets hold this adapter's
     update over them: ``adapter_on_other_base`` (True), not another checkpoint."""
-    from paritygate.families.causal_lm.adapter import local_base
-    from paritygate.families.causal_lm.weights import update_on_other_base
-
-    adapter = ctx.adapter
-    base = ctx.adapter_base_state()
-    if adapter is None or not base or ctx.serves_training_files():
+    if served is None or served.other_base is None:
         return False
-    others = sorted(k for k in diff.value_diffs if k not in base)
-    if not others:
-        return False
-    served = ctx.serving_state()
-    found = update_on_other_base(base, {k: state[k] for k in base if k in state},
-                                 {k: served[k] for k in base if k in served})
-    if found is None:
-        return False
-    named = local_base(adapter)
-    said = ""
-    if adapter.base_name is not None and (named is None
-                                          or named.resolve() != ctx.model_dir.resolve()):
-        said = (f"; its adapter_config.json names base_model_name_or_path "
-                f"{adapter.base_name!r}, not {ctx.model_dir}")
+    found = served.other_base
+    targets = ctx.adapter.target_weights() if ctx.adapter is not None else []
+    others = sorted(k for k in diff.value_diffs if k not in targets)
+    said = (f"; its adapter_config.json names base_model_name_or_path {served.named_base!r}, "
+            f"not {ctx.model_dir}") if served.named_base else ""
     worst = max(others, key=lambda k: diff.value_diffs[k])
     m.fail("adapter_on_other_base",
            f"{where} holds this adapter's update (c = {found.scale:.3f} ± {found.stderr:.2g} "
@@ -63,7 +34,7 @@ def on_other_base(m: Measurement, ctx: LMContext, state: Mapping[str, Any], diff
            metric="serving_tensors_differing")
     m.details["adapter_on_other_base"] = {
         "scale": found.scale, "stderr": found.stderr, "tensors": found.tensors,
-        "other_tensors_differing": len(others), "base_model_name_or_path": adapter.base_name}
+        "other_tensors_differing": len(others), "base_model_name_or_path": served.named_base}
     return True
 
 

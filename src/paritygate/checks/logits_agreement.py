@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.policy.config import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.normaliser import SkippedNormaliser
 
 DEFAULTS = {
     # fp32 torch vs ONNX Runtime on the demo differ by ~2e-6 at logit magnitude ~10
@@ -186,7 +185,8 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                    f"{stats.diff.max_abs:.3g}: the artifact stores {precision.stored} weights "
                    f"that policy.artifact_dtype ({precision.declared}) does not declare, so "
                    "they are judged by the float32 limit", metric="max_abs_diff")
-        elif (skipped := _normaliser_skipped(ctx, candidate, limit)) is not None:
+        elif (skipped := ctx.normaliser_skipped(np.asarray(candidate, np.float64),
+                                                max(limit, 1e-6))) is not None:
             m.fail("normaliser_missing",
                    f"artifact outputs differ from the training model's by up to "
                    f"{stats.diff.max_abs:.3g}, and equal the training model with its "
@@ -212,19 +212,6 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.details["reference"] = ctx.reference.name
     m.details["candidate"] = f"{ctx.candidate.name} {ctx.artifact_path.name}"
     return m
-
-
-def _normaliser_skipped(ctx: PolicyContext, candidate: np.ndarray, limit: float,
-                        ) -> SkippedNormaliser | None:
-    """The training model's observation normaliser whose bypass gives the artifact's outputs
-    (:func:`~paritygate.families.policy.normaliser.normaliser_skipped`), else ``None``."""
-    from paritygate.families.policy.normaliser import normaliser_skipped
-
-    def run() -> np.ndarray:
-        return ctx.as_served(ctx.reference.infer(ctx.feeds)[ctx.output_name])
-
-    return normaliser_skipped(ctx.reference_model, run, np.asarray(candidate, np.float64),
-                              max(limit, 1e-6))
 
 
 _TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing",

@@ -11,7 +11,6 @@ from paritygate.checks._registration.weights_load import CAUSES as CAUSES
 from paritygate.checks._registration.weights_load import POSITION as POSITION
 from paritygate.checks._weights_adapter import (
     adapter_difference,
-    adapter_fit,
     named_adapter_fault,
     on_other_base,
 )
@@ -276,7 +275,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
         m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
                "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
                "memory)")
-    fit = None
+    fit = served = None
     if ctx.adapter is not None:
         m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "
                "merged in memory (peft merge_and_unload)")
@@ -285,7 +284,8 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                                 "lora_alpha": ctx.adapter.alpha,
                                 "targets": len(ctx.adapter.target_weights())}
         if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
-            fit = adapter_fit(ctx, state, diff)
+            served = ctx.adapter_served(state, sorted(diff.value_diffs))
+            fit = served.fit if served is not None else None
     if diff.missing:
         m.fail(
             "served_tensors_missing",
@@ -322,7 +322,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
         named_adapter_fault(m, fit, diff, where, ctx.adapter)
     elif diff.low_rank and ctx.adapter is None:
         adapter_difference(m, diff, where)
-    elif diff.value_diffs and not on_other_base(m, ctx, state, diff, where):
+    elif diff.value_diffs and not on_other_base(m, ctx, served, diff, where):
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(
             f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
-    from paritygate.families.causal_lm.weights import WeightsDiff
+    from paritygate.families.causal_lm.weights import AdapterServed, WeightsDiff
     from paritygate.metrics.tiers import Limits
     from paritygate.precision.subject import PrecisionSubject
     from paritygate.result import Measurement
@@ -152,6 +152,16 @@ class LMContext:
         from paritygate.families.causal_lm.weights import is_training_only
 
         return is_training_only(key, list(self.spec.training_only_heads))
+
+    def adapter_served(self, training_state: Mapping[str, Tensor], differing: list[str],
+                       ) -> AdapterServed | None:
+        """How the served copy holds the declared adapter (:func:`.weights.how_served`)."""
+        from paritygate.families.causal_lm.weights import how_served
+
+        if self.adapter is None or self.serves_training_files():
+            return None
+        return how_served(self.adapter, self.model_dir, self.adapter_base_state(),
+                          training_state, self.serving_state(), differing)
 
     def serving_state(self) -> dict[str, Tensor]:
         """Every tensor of the served directory's safetensors files."""

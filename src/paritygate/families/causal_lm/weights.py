@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +14,8 @@ from paritygate.reading import check_input
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
+
+    from paritygate.families.causal_lm.adapter import AdapterInfo
 
 
 def read_state(directory: Path) -> dict[str, Tensor]:
@@ -343,3 +345,35 @@ def update_on_other_base(base: dict[str, Tensor], merged: dict[str, Tensor],
     if abs(scale - 1.0) > max(0.1, 4 * stderr):
         return None
     return OtherBase(scale, stderr, len(pairs))
+
+
+@dataclass(frozen=True)
+class AdapterServed:
+    """How a served copy holds the declared adapter: ``fit`` when only its target tensors
+    differ (:func:`adapter_fit`), ``other_base`` when other tensors differ too and the targets
+    hold its update over them (:func:`update_on_other_base`), ``named_base`` the adapter's
+    ``base_model_name_or_path`` when it names another base than ``model_dir``."""
+
+    fit: AdapterFit | None
+    other_base: OtherBase | None
+    named_base: str | None
+
+
+def how_served(adapter: AdapterInfo, model_dir: Path, base: dict[str, Tensor],
+               training: Mapping[str, Tensor], served: Mapping[str, Tensor],
+               differing: Sequence[str]) -> AdapterServed | None:
+    """The served copy read against the base and the merged policy on the adapter's target
+    tensors (``base``); ``None`` when the adapter changes nothing the files hold."""
+    from paritygate.families.causal_lm.adapter import local_base
+
+    if not base:
+        return None
+    merged = {k: training[k] for k in base if k in training}
+    on_targets = {k: served[k] for k in base if k in served}
+    fit = adapter_fit(base, merged, on_targets, differing)
+    others = [k for k in differing if k not in base]
+    other = update_on_other_base(base, merged, on_targets) if others else None
+    named = local_base(adapter)
+    said = adapter.base_name if adapter.base_name is not None and (
+        named is None or named.resolve() != model_dir.resolve()) else None
+    return AdapterServed(fit, other, said)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STAT_NAMES = re.compile(r"(^|_)(mean|mu|var|variance|std|sigma|rms|count|loc|scale)s?($|_)",
                         re.IGNORECASE)
@@ -33,7 +36,7 @@ class SkippedNormaliser:
     """The artifact's outputs vs the training model with the module bypassed."""
 
 
-def candidates(model: Any) -> list[tuple[str, Any, list[str]]]:
+def candidates(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
     """Leaf-like submodules holding normaliser statistics (not a BatchNorm / LayerNorm /
     GroupNorm, whose bypass is other checks' finding), with those statistics' names."""
     import torch
@@ -52,12 +55,12 @@ def candidates(model: Any) -> list[tuple[str, Any, list[str]]]:
     return found[:MAX_CANDIDATES]
 
 
-def normaliser_skipped(model: Any, run: Callable[[], np.ndarray], served: np.ndarray,
+def normaliser_skipped(model: nn.Module, run: Callable[[], np.ndarray], served: np.ndarray,
                        limit: float) -> SkippedNormaliser | None:
     """The normaliser module whose bypass makes ``run()`` (the training model's policy output
     on the probes) match ``served`` within ``limit``; ``None`` when none does. A module whose
     output has another shape than its input is never bypassed."""
-    def identity(module: Any, args: tuple[Any, ...], output: Any) -> Any:
+    def identity(module: nn.Module, args: tuple[object, ...], output: object) -> object:
         first = args[0] if args else None
         same = getattr(first, "shape", None) == getattr(output, "shape", None)
         return first if same and first is not None else output
