@@ -27,7 +27,7 @@ def _measurement_literals(path: Path) -> set[str]:
 
 
 def test_every_check_module_is_registered_and_has_a_gate_file() -> None:
-    modules = {p.stem for p in CHECKS.glob("*.py") if p.stem != "__init__"}
+    modules = {p.stem for p in CHECKS.glob("*.py") if not p.stem.startswith("_")}
     gates = {p.stem.removeprefix("test_") for p in GATES.glob("test_*.py")}
     assert modules == set(CHECK_IDS), modules ^ set(CHECK_IDS)
     assert gates == set(CHECK_IDS), gates ^ set(CHECK_IDS)

@@ -366,6 +366,16 @@ def _lora_build(model: Path, root: Path) -> Path:
         if "lora_" in name:
             param.data = torch.randn(param.shape, generator=gen) * 0.05
     save("another-adapter", another.merge_and_unload().state_dict(), {})
+    torch.manual_seed(5)  # another base (a sibling fine-tune), the same adapter merged on it
+    sibling = base()
+    with torch.no_grad():
+        for param in sibling.parameters():
+            param.add_(torch.randn_like(param) * 0.01)
+    shutil.copytree(model, build / "other-base-model")
+    save_file({k: v.contiguous() for k, v in sibling.state_dict().items()},
+              str(build / "other-base-model" / "model.safetensors"), metadata={"format": "pt"})
+    save("other-base", PeftModel.from_pretrained(sibling, build / "adapter")
+         .merge_and_unload().state_dict(), {})
     shutil.copytree(build / "adapter", build / "adapter-alpha16")  # served with alpha doubled
     _edit_json(build / "adapter-alpha16" / "adapter_config.json",
                lambda data: data.update(lora_alpha=2 * LORA_ALPHA))
@@ -394,8 +404,13 @@ def _adapter_serving(served: str, *, adapter_as_model_dir: bool = False,
         else:
             cfg["causal_lm"]["model_dir"] = str(model)
             cfg["causal_lm"]["adapter"] = str(build / "adapter")
-        if served.startswith("adapter"):  # base + adapter served (vLLM LoRA; merged for HF)
+        if served == "adapter-on-other-base":  # the adapter served on another base
+            cfg["causal_lm"]["serving"] = {"model_dir": str(build / "other-base-model"),
+                                           "adapter": str(build / "adapter")}
+        elif served.startswith("adapter"):  # base + adapter served (vLLM LoRA; merged for HF)
             cfg["causal_lm"]["serving"] = {"model_dir": str(model), "adapter": str(build / served)}
+        elif served == "BASE":  # the training base folder itself named as what ships
+            cfg["causal_lm"]["serving"] = {"model_dir": str(model)}
         else:
             cfg["causal_lm"]["serving"] = {"model_dir": str(build / served)}
         if dtype is not None:
@@ -410,16 +425,25 @@ def _adapter_serving(served: str, *, adapter_as_model_dir: bool = False,
 
 ADAPTER_FAULTS: dict[str, tuple[str, str, float | None, str]] = {
     "adapter_base_served": ("base", "adapter_not_merged", None, "the adapter is not merged"),
-    "adapter_alpha_ignored": ("alpha-ignored", "adapter_scale", LORA_RANK / LORA_ALPHA,
-                              "scaled by c = 0.5 on 4 of the adapter's 4 target tensors "
-                              "(q_proj, v_proj) (lora_alpha / r = 2 ignored)"),
-    "adapter_merged_twice": ("other-scale", "adapter_scale", 2.0,
-                             "scaled by c = 2 on 4 of the adapter's 4 target tensors (q_proj, "
-                             "v_proj) (the update applied twice)"),
+    # serving.model_dir names the training base folder itself: served as its files
+    "adapter_base_dir_served": ("BASE", "adapter_not_merged", None,
+                                "the adapter is not merged"),
+    "adapter_alpha_ignored": ("alpha-ignored", "adapter_scale_differs", LORA_RANK / LORA_ALPHA,
+                              "at scale s = 1 on 4 of the adapter's 4 target tensors (q_proj, "
+                              "v_proj), not the declared lora_alpha / r = 8 / 4 = 2 (c = 0.5 "
+                              "times the trained update; lora_alpha / r ignored"),
+    "adapter_merged_twice": ("other-scale", "adapter_scale_differs", 2.0,
+                             "at scale s = 4 on 4 of the adapter's 4 target tensors (q_proj, "
+                             "v_proj), not the declared lora_alpha / r = 8 / 4 = 2 (c = 2 times "
+                             "the trained update; as if lora_alpha were 16 for r 4"),
     "adapter_another": ("another-adapter", "adapter_mismatch", None,
                         "another adapter was merged"),
-    "adapter_served_alpha_doubled": ("adapter-alpha16", "adapter_scale", 2.0,
-                                     "scaled by c = 2 on 4 of the adapter's 4 target tensors"),
+    "adapter_served_alpha_doubled": ("adapter-alpha16", "adapter_scale_differs", 2.0,
+                                     "at scale s = 4 on 4 of the adapter's 4 target tensors"),
+    "adapter_on_other_base": ("other-base", "adapter_on_other_base", None,
+                              "holds this adapter's update (c = 1.000"),
+    "adapter_lora_on_other_base": ("adapter-on-other-base", "adapter_on_other_base", None,
+                                   "the adapter was merged onto another base"),
 }
 """Base + adapter declared, a served copy merged otherwise: (served copy, the kind
 weights_load names, the scale c it reports, what its message says)."""
@@ -429,6 +453,9 @@ ADAPTER_ALSO_FAIL: dict[str, tuple[str, ...]] = {
     "adapter_merged_twice": ("logits_agreement", "logprob_delta", "generation_parity"),
     "adapter_another": ("logits_agreement", "logprob_delta"),
     "adapter_served_alpha_doubled": ("logits_agreement", "logprob_delta", "generation_parity"),
+    "adapter_base_dir_served": ("logits_agreement", "logprob_delta"),
+    "adapter_on_other_base": ("logits_agreement", "logprob_delta"),
+    "adapter_lora_on_other_base": ("logits_agreement", "logprob_delta"),
 }
 
 

@@ -52,11 +52,22 @@ def test_a_declared_adapter_merged_otherwise_is_named_exactly(lm_variants, name:
     assert weights.status == "fail"
     assert weights.finding_kinds() == [kind], weights.reasons
     assert "adapter_difference" not in weights.details
+    assert "different checkpoint" not in weights.message
     found = weights.details[kind]
+    if kind == "adapter_on_other_base":  # the update whole, over another base's weights
+        assert found["scale"] == pytest.approx(1.0, abs=0.02) and found["tensors"] == 4
+        assert found["other_tensors_differing"] > 4
+        _, root = explain([lm_variants.evaluate(name, cid) for cid in LM_CHECKS])
+        assert root is not None and (root.check, root.kind) == ("weights_load", kind)
+        assert {"logits_agreement", "logprob_delta"} <= set(root.explains)
+        return
     assert found["modules"] == ["q_proj", "v_proj"] and found["tensors"] == 4
-    if scale is not None:  # r/alpha when alpha/r was ignored, 2 when applied twice
+    if scale is not None:  # c: r/alpha when alpha/r was ignored, 2 when alpha was doubled
         assert found["scale"] == pytest.approx(scale, rel=1e-4)
+        assert found["served_scale"] == pytest.approx(scale * LORA_ALPHA / LORA_RANK, rel=1e-4)
+        assert found["declared_scale"] == LORA_ALPHA / LORA_RANK
         assert found["residual"] < 1e-4
+        assert "applied twice" not in weights.message
     elif kind == "adapter_not_merged":
         assert found["scale"] == 0.0
     else:  # another adapter: no scale of this adapter's update explains it
@@ -281,8 +292,8 @@ def test_vllm_lora_engine_arguments() -> None:
 
 
 @pytest.mark.parametrize(("served_scale", "kind"), [
-    (1.0, "merged_in_served_dtype"), (0.0, "adapter_not_merged"), (2.0, "adapter_scale"),
-    (0.5, "adapter_scale"), (None, "adapter_mismatch")])
+    (1.0, "merged_in_served_dtype"), (0.0, "adapter_not_merged"), (2.0, "adapter_scale_differs"),
+    (0.5, "adapter_scale_differs"), (None, "adapter_mismatch")])
 def test_a_bf16_served_copy_is_fit_through_its_rounding(served_scale: float | None,
                                                        kind: str) -> None:
     """bf16 rounding (uncorrelated with the update) neither hides the base served nor turns
@@ -300,5 +311,5 @@ def test_a_bf16_served_copy_is_fit_through_its_rounding(served_scale: float | No
     served = {"q_proj.weight": (base["q_proj.weight"] + change).to(torch.bfloat16)}
     fit = adapter_fit(base, merged, served, ["q_proj.weight"])
     assert fit is not None and fit.kind == kind, fit
-    if kind == "adapter_scale":
+    if kind == "adapter_scale_differs":
         assert fit.scale == pytest.approx(served_scale, abs=0.05)

@@ -147,8 +147,15 @@ FAULTS: tuple[Case, ...] = (
          "kl_arguments_swapped", "k3 with its arguments swapped"),
     Case("k3_wrong_form", _reference(kl_estimator="trainer_kl:k3_no_minus_one"),
          "kl_estimator_wrong", "none of k1, k2, k3"),
-    Case("kl_not_per_token", _reference(kl_estimator="trainer_kl:kl_mean"),
-         "kl_estimator_shape", "per-token KL term"),
+    Case("seq_kl_mask_ignored", _reference(kl_estimator="trainer_kl:seq_k3_mask_ignored"),
+         "kl_mask_ignored", "ignores the mask: its per-sequence mean counts the"),
+    Case("seq_kl_mean_over_pads", _reference(kl_estimator="trainer_kl:seq_k3_mean_over_pads"),
+         "kl_mean_over_pads", "divides its masked sum by every position, pads included"),
+    Case("seq_kl_sum_declared_mean", _reference(kl_estimator="trainer_kl:seq_k3_sum"),
+         "kl_reduction_differs", "returns the masked sum per sequence"),
+    Case("seq_kl_mean_declared_sum", _reference(kl_estimator="trainer_kl:trl_seq_k3",
+                                                kl_reduction="sum"),
+         "kl_reduction_differs", "returns the masked mean per sequence"),
     Case("reference_bf16_undeclared", _reference(model_dir="bf16"),
          "reference_precision_undeclared", "in bfloat16"),
     Case("reference_logprobs_no_mask", _reference(logprob_fn="trainer_kl:ref_logprobs_no_mask"),
@@ -161,6 +168,9 @@ CLEAN: tuple[Case, ...] = (
     Case("clean_k3", _reference(), None),
     Case("trl_grpo_kl", _reference(kl_estimator="trainer_kl:trl_grpo_kl"), None),
     Case("k1_callable", _reference(kl_estimator="trainer_kl:k1_plain"), None),
+    Case("trl_seq_k3_mean", _reference(kl_estimator="trainer_kl:trl_seq_k3"), None),
+    Case("seq_k3_sum_declared", _reference(kl_estimator="trainer_kl:seq_k3_sum",
+                                           kl_reduction="sum"), None),
     Case("k2_named", _reference(kl_estimator="k2"), None),
     Case("k1_named", _reference(kl_estimator="k1"), None),
     Case("trl_grpo_ref_logprobs", _reference(logprob_fn="trainer_logprobs:trl_grpo"), None),
@@ -202,6 +212,24 @@ def test_reference_clean_twin_passes(kl_models: Models, tmp_path: Path, case: Ca
     assert result.metrics["tokens"] > 50
 
 
+def test_a_per_sequence_masked_mean_is_judged_as_written(kl_models: Models,
+                                                        tmp_path: Path) -> None:
+    """A TRL/verl-style estimator (k3, masked mean per sequence): its per-token form is k3,
+    its reduction the masked mean; the same k3 with the mask ignored is off by the pads."""
+    clean = Gate(_config(kl_models, tmp_path / "ok", _reference(
+        kl_estimator="trainer_kl:trl_seq_k3"), "kl")).evaluate("reference_parity", golden=False)
+    assert clean.status == "pass", clean.message
+    assert (clean.details["kl_form"], clean.details["kl_output"],
+            clean.details["kl_reduction"]) == ("k3", "sequence", "mean")
+    assert clean.metrics["kl_reduction_max_abs"] < 1e-9
+    faulty = Gate(_config(kl_models, tmp_path / "bad", _reference(
+        kl_estimator="trainer_kl:seq_k3_mask_ignored"), "kl")).evaluate("reference_parity",
+                                                                       golden=False)
+    assert faulty.finding_kinds() == ["kl_mask_ignored"], faulty.message
+    assert faulty.details["kl_reduction"] == "pads_counted_mean"
+    assert faulty.metrics["kl_estimate_mean"] != pytest.approx(clean.metrics["kl_estimate_mean"])
+
+
 def test_trl_grpo_kl_is_recognised_as_k3(kl_models: Models, tmp_path: Path) -> None:
     case = next(c for c in CLEAN if c.name == "trl_grpo_kl")
     result = Gate(_config(kl_models, tmp_path, case.patch, "kl")).evaluate(
@@ -234,6 +262,9 @@ def test_root_cause_kinds(kl_models: Models, tmp_path: Path) -> None:
     expected = {"reference_is_policy": "reference_is_policy",
                 "reference_other_step": "reference_provenance",
                 "k3_swapped": "kl_estimator",
+                "seq_kl_mask_ignored": "kl_reduction",
+                "seq_kl_mean_over_pads": "kl_reduction",
+                "seq_kl_sum_declared_mean": "kl_reduction",
                 "reference_logprobs_no_mask": "reference_logprobs"}
     for name, kind in expected.items():
         case = next(c for c in FAULTS if c.name == name)
@@ -315,6 +346,9 @@ def _bad_tokenizer(block: dict[str, Any], models: Models, out: Path) -> None:
          "expected k1, k2, k3"),
         (lambda b, m, o: b.update(kl_estimator="trainer_kl:kl_two_args"),
          "causal_lm.reference.kl_estimator", "expected (logp, logp_ref, mask)"),
+        (lambda b, m, o: b.update(kl_estimator="trainer_kl:kl_mean"),
+         "causal_lm.reference.kl_estimator",
+         "returns () for (2, 5) log-probs and mask; expected (2, 5)"),
         (lambda b, m, o: b.update(logprob_fn="trainer_kl:nope"),
          "causal_lm.reference.logprob_fn", "has no attribute"),
         (_declared_bf16_against_sha, "causal_lm.reference.initial",

@@ -169,7 +169,8 @@ def _pad_is_eos(block: dict[str, Any], r: Rewards) -> None:
                                        tokenizer={"pad_token": "</s>"}))
 
 
-def _function(name: str, slope_max: float | None = None, with_model: bool = False) -> Patch:
+def _function(name: str, slope_max: float | None = None, with_model: bool = False,
+              matches: bool | None = None) -> Patch:
     def patch(block: dict[str, Any], r: Rewards) -> None:
         import trainer_rewards
 
@@ -177,6 +178,8 @@ def _function(name: str, slope_max: float | None = None, with_model: bool = Fals
         if not with_model:
             block.pop("model_dir")
         block["function"] = f"trainer_rewards:{name}"
+        if matches is not None:
+            block["function_matches_model"] = matches
         if slope_max is not None:
             block["length_slope_max"] = slope_max
 
@@ -224,6 +227,13 @@ FAULTS: tuple[Case, ...] = (
          "per completion token"),
     Case("batch_normalised_function", _function("batch_dependent"), ("batch_variance",),
          "depend on the batch"),
+    Case("token_mean_scorer", _function("token_mean_rm", with_model=True),
+         ("function_scores_differ",), "scores the samples otherwise than the trained reward "
+         "model"),
+    Case("rescaled_scorer", _function("scaled_rm", with_model=True), ("function_rescaled",),
+         "rescaled: 2 x score +0.5"),
+    Case("format_reward_beside_model", _function("ends_with_period", with_model=True),
+         ("function_scores_differ",), "function_matches_model: false"),
 )
 
 CLEAN: tuple[Case, ...] = (
@@ -238,6 +248,8 @@ CLEAN: tuple[Case, ...] = (
     Case("format_reward_function", _function("ends_with_period")),
     Case("last_token_function", _function("last_token_rm", slope_max=0.2)),
     Case("model_and_function", _function("last_token_rm", slope_max=0.2, with_model=True)),
+    Case("format_reward_declared_other", _function("ends_with_period", with_model=True,
+                                                   matches=False)),
     Case("probe_samples", lambda b, r: b.pop("completions")),
     Case("encoder_classifier", lambda b, r: b.update(model_dir=str(_encoder(r)),
                                                      training={"padding_side": "right"})),
@@ -276,6 +288,36 @@ def test_reward_clean_twin_passes(rewards: Rewards, tmp_path: Path, case: Case) 
     result = _gate(rewards, tmp_path, case.patch).evaluate("reward_parity", golden=False)
     assert result.status == "pass", result.message
     assert result.metrics["samples"] >= 5
+
+
+def test_a_scorer_is_measured_against_the_model(rewards: Rewards, tmp_path: Path) -> None:
+    """The token-mean head moves scores and flips pair rankings; the last-token scorer is
+    the model's own scores (its twin)."""
+    bad = _gate(rewards, tmp_path / "bad", _function("token_mean_rm", with_model=True)
+                ).evaluate("reward_parity", golden=False)
+    assert bad.metrics["function_score_max_abs"] > 0.05
+    assert 0 < bad.metrics["function_pairs_flipped"] <= 1
+    assert bad.details["function_vs_model"]["pairs_flipped"] > 0
+    good = _gate(rewards, tmp_path / "ok", _function("last_token_rm", with_model=True)
+                 ).evaluate("reward_parity", golden=False)
+    assert good.metrics["function_score_max_abs"] < 1e-4
+    assert good.metrics["function_pairs_flipped"] == 0
+
+
+def test_a_scorer_that_raises_exits_2_naming_the_key(
+        rewards: Rewards, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from paritygate.cli import main
+
+    gate = _gate(rewards, tmp_path, _function("raises", with_model=True))
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(gate.config.model_dump(mode="json", exclude_none=True)))
+    capsys.readouterr()
+    assert main(["run", str(path), "--report-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "causal_lm.reward.function" in err[0], err
+    assert "KeyError" in err[0] and "Traceback" not in err[0]
 
 
 def test_pad_is_eos_is_noted(rewards: Rewards, tmp_path: Path) -> None:
@@ -349,7 +391,8 @@ def test_root_cause_kinds(rewards: Rewards, tmp_path: Path) -> None:
 
     expected = {"right_padding": "reward_read_position", "prompt_scored": "reward_scoring_layout",
                 "stale_reward_model": "reward_provenance", "token_sum_head": "reward_length",
-                "batch_normalised_function": "reward_invariance"}
+                "batch_normalised_function": "reward_invariance",
+                "token_mean_scorer": "reward_function_differs"}
     for name, kind in expected.items():
         case = next(c for c in FAULTS if c.name == name)
         result = _gate(rewards, tmp_path / name, case.patch).evaluate("reward_parity",

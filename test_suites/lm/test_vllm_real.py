@@ -200,7 +200,7 @@ def test_vllm_gate_output_has_no_traceback(demo_lm: Path, tmp_path: Path) -> Non
 def test_vllm_lora_serving_of_the_training_adapter(vllm_variants) -> None:
     """Base + adapter on both sides, vLLM serving the adapter as a LoRA (enable_lora,
     LoRARequest): vllm_delta passes with the training adapter and fails with its lora_alpha
-    doubled, which weights_load names adapter_scale (c = 2)."""
+    doubled, which weights_load names adapter_scale_differs (c = 2)."""
     clean = vllm_variants.evaluate("adapter_served_lora", "vllm_delta")
     _record("adapter_served_lora", "vllm_delta", clean)
     assert clean.status == "pass", clean.message
@@ -208,4 +208,4 @@ def test_vllm_lora_serving_of_the_training_adapter(vllm_variants) -> None:
     _record("adapter_served_alpha_doubled", "vllm_delta", doubled)
     assert doubled.status == "fail", doubled.message
     weights = vllm_variants.evaluate("adapter_served_alpha_doubled", "weights_load")
-    assert weights.finding_kinds() == ["adapter_scale"]
+    assert weights.finding_kinds() == ["adapter_scale_differs"]

@@ -9,7 +9,11 @@
 - ``k3_no_minus_one``: k3 without its ``- 1`` (a wrong k3 form).
 - ``ref_logprobs_no_mask``: a reference forward without the attention mask, every position
   scored (pads too).
-- ``kl_mean``: returns one number for the batch, not the per-token term.
+- ``kl_mean``: returns one number for the batch, neither per token nor per sequence.
+- ``trl_seq_k3``: k3 reduced per sequence the TRL/verl way, ``(k * mask).sum(-1) /
+  mask.sum(-1)`` (correct); ``seq_k3_sum``: the masked sum (correct under ``kl_reduction: sum``).
+- ``seq_k3_mask_ignored``: ``k.mean(-1)``, pads counted; ``seq_k3_mean_over_pads``:
+  ``(k * mask).sum(-1) / k.shape[-1]``.
 """
 
 from __future__ import annotations
@@ -43,6 +47,28 @@ def k3_no_minus_one(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any) -> to
 
 def kl_mean(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any) -> torch.Tensor:
     return (logp - logp_ref).mean()
+
+
+def _k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    return torch.exp(logp_ref - logp) - (logp_ref - logp) - 1
+
+
+def trl_seq_k3(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    per_token_kl = _k3(logp, logp_ref)
+    return (per_token_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def seq_k3_sum(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (_k3(logp, logp_ref) * mask).sum(-1)
+
+
+def seq_k3_mask_ignored(logp: torch.Tensor, logp_ref: torch.Tensor, mask: Any) -> torch.Tensor:
+    return _k3(logp, logp_ref).mean(-1)
+
+
+def seq_k3_mean_over_pads(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor,
+                          ) -> torch.Tensor:
+    return (_k3(logp, logp_ref) * mask).sum(-1) / logp.shape[-1]
 
 
 def kl_two_args(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:

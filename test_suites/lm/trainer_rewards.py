@@ -8,6 +8,8 @@ returning one float per completion.
 - ``token_sum_rm``: the head summed over the completion's positions: a reward that grows with
   length (on the zoo's reward model the mean-pooled head's slope is below the last-token
   one's, so the length fault is the summed head).
+- ``scaled_rm``: ``last_token_rm`` rescaled, ``2 x score + 0.5`` (rankings kept).
+- ``raises``: a scorer that fails on its input.
 - ``batch_dependent``: a reward normalised over the batch (each reward minus the batch mean).
 - ``two_args``: the wrong signature (one text argument).
 """
@@ -43,6 +45,14 @@ def _per_position(prompt: str, completion: str) -> tuple[Any, int]:
 
 def last_token_rm(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:
     return [float(_per_position(p, c)[0][-1]) for p, c in zip(prompts, completions, strict=True)]
+
+
+def scaled_rm(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:
+    return [2.0 * r + 0.5 for r in last_token_rm(prompts, completions)]
+
+
+def raises(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:
+    raise KeyError("reward_model_path")
 
 
 def token_mean_rm(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:

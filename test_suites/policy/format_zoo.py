@@ -135,3 +135,46 @@ def traced_from(config: Any, out: Path) -> Path:
     with torch.no_grad():
         torch.jit.save(torch.jit.trace(model, example, check_trace=False), str(path))
     return path
+
+
+def traced_batch_one() -> Callable[[Path, Path], Overrides]:
+    """A trace on one row that reads the batch size as a Python int: fixed to batch 1."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        import torch
+        from normaliser_subject import BatchOne
+
+        out.mkdir(parents=True, exist_ok=True)
+        model = BatchOne(_model(clean, stale=False, train=False)).eval()
+        with torch.no_grad():
+            module = torch.jit.trace(model, torch.zeros(1, 8), check_trace=False)
+        path = out / "policy.pt"
+        torch.jit.save(module, str(path))
+        return {"policy": {"artifact": str(path)}}
+
+    return build
+
+
+def exported_batch_one() -> Callable[[Path, Path], Overrides]:
+    """``torch.export`` on one row without dynamic shapes: the batch axis is the constant 1."""
+
+    def build(clean: Path, out: Path) -> Overrides:
+        import torch
+
+        out.mkdir(parents=True, exist_ok=True)
+        model = _model(clean, stale=False, train=False)
+        program = torch.export.export(model, (torch.zeros(1, 8),))
+        path = out / "policy.pt2"
+        torch.export.save(program, str(path))
+        return {"policy": {"artifact": str(path)}, "allow_pickle": True}
+
+    return build
+
+
+BATCH_ONE = (
+    FormatEntry("torchscript_batch_one", "traced on one row, the batch size read as an int",
+                traced_batch_one(), "export_integrity", "batch_axis_baked"),
+    FormatEntry("pt2_batch_one", "exported on one row without a dynamic batch axis",
+                exported_batch_one(), "export_integrity", "batch_axis_baked"),
+)
+"""A batch axis fixed to 1 is one finding in every format (TorchScript, torch.export)."""

@@ -185,6 +185,17 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                    f"{stats.diff.max_abs:.3g}: the artifact stores {precision.stored} weights "
                    f"that policy.artifact_dtype ({precision.declared}) does not declare, so "
                    "they are judged by the float32 limit", metric="max_abs_diff")
+        elif (skipped := ctx.normaliser_skipped(np.asarray(candidate, np.float64),
+                                                max(limit, 1e-6))) is not None:
+            m.fail("normaliser_missing",
+                   f"artifact outputs differ from the training model's by up to "
+                   f"{stats.diff.max_abs:.3g}, and equal the training model with its "
+                   f"observation normaliser {skipped.module!r} skipped (within "
+                   f"{skipped.max_abs_diff:.2g}; its statistics {', '.join(skipped.statistics)} "
+                   "go unused): the artifact was exported without the normaliser, so it "
+                   "computes the network on raw observations", metric="max_abs_diff")
+            m.details["normaliser_missing"] = {"module": skipped.module,
+                                               "statistics": skipped.statistics}
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats.diff.max_abs:.3g}: stale artifact, not built from this checkpoint "
@@ -413,5 +424,5 @@ CHECK = CheckSpec(
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
            "undeclared_precision", *_TRANSFORM_KINDS,
-           "log_std_clamp_differs", "target_network_served"),
+           "log_std_clamp_differs", "target_network_served", "normaliser_missing"),
 )

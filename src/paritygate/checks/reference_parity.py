@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.checks._kl_reduction import judge_reduction
 from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
@@ -176,8 +177,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 
     # -- exact KL(policy || reference) per token and the estimator --------------------------
     # float64: exp(logp_ref - logp) of a near-impossible token overflows float32 (r > 88)
-    logp_all = torch.log_softmax(pol_logits[:, :-1].double(), dim=-1)[keep]  # (N, V)
-    logq_all = torch.log_softmax(ref_logits[:, :-1].double(), dim=-1)[keep]  # (N, V)
+    logp_full = torch.log_softmax(pol_logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
+    logq_full = torch.log_softmax(ref_logits[:, :-1].double(), dim=-1)  # (B, T-1, V)
+    logp_all, logq_all = logp_full[keep], logq_full[keep]  # (N, V)
     p = logp_all.exp()
     kl_exact = (p * (logp_all - logq_all)).sum(-1)  # (N,)
     m.metric("kl_exact_mean", float(kl_exact.mean()), bad="none", ratchet=False)
@@ -191,13 +193,16 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
                "identically 0 and constrains nothing; point causal_lm.reference.model_dir "
                "at the frozen initial policy")
     _judge_estimator(m, setup, p, logp_all, logq_all, kl_exact, thresholds)
-    targets = ids[:, 1:][keep].unsqueeze(-1)  # (N, 1)
-    lp_tok = logp_all.gather(-1, targets).squeeze(-1)
-    lq_tok = logq_all.gather(-1, targets).squeeze(-1)
-    with torch.inference_mode():
-        sampled = setup.kl_fn(lp_tok, lq_tok, torch.ones_like(lp_tok))
-    if hasattr(sampled, "shape") and tuple(sampled.shape) == tuple(lp_tok.shape):
-        m.metric("kl_estimate_mean", float(sampled.float().mean()), bad="none", ratchet=False)
+    targets = ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    lp_seq = logp_full.gather(-1, targets).squeeze(-1)  # (B, T-1), pads' real log-probs too
+    lq_seq = logq_full.gather(-1, targets).squeeze(-1)
+    if setup.kl_output == "sequence":
+        judge_reduction(m, setup, lp_seq, lq_seq, keep)
+    else:
+        sampled = setup.kl_terms(lp_seq[keep], lq_seq[keep])  # (N,)
+        if tuple(sampled.shape) == (int(keep.sum()),):
+            m.metric("kl_estimate_mean", float(sampled.float().mean()), bad="none",
+                     ratchet=False)
     m.details["kl_estimator"] = setup.kl_name
     m.details["reference_dtype"] = setup.dtype or "as the initial policy"
     return m
@@ -255,13 +260,12 @@ def _judge_estimator(
     policy against the exact KL per token."""
     import torch
 
-    with torch.inference_mode():
-        est = setup.kl_fn(lp, lq, torch.ones_like(lp))  # (N, V)
+    est = setup.kl_terms(lp, lq)  # (N, V): a per-sequence estimator one entry at a time
     if not hasattr(est, "shape") or tuple(est.shape) != tuple(lp.shape):
         shape = tuple(est.shape) if hasattr(est, "shape") else type(est).__name__
         m.fail("kl_estimator_shape",
                f"the KL estimator {setup.kl_name} returns {shape} for {tuple(lp.shape)} "
-               "log-probs: it must return the per-token KL term, one per input entry")
+               "log-probs, not the shape it returned when the gate probed it")
         return
     est = est.double()
     forms = setup.estimator_forms(lp, lq)  # name -> (N, V)
@@ -309,6 +313,7 @@ def render(result: CheckResult, report_dir: Path) -> Rendered:
     d = result.details
     rows = [["KL estimator", str(d.get("kl_estimator", "-"))],
             ["recognised form", str(d.get("kl_form", "-"))],
+            ["per-sequence reduction", str(d.get("kl_reduction", "- (per token)"))],
             ["reference log-prob function", str(d.get("logprob_fn", "-"))],
             ["reference dtype", str(d.get("reference_dtype", "-"))],
             ["reference digest (sha256)", str(d.get("reference_digest_sha256", "-"))[:16]]]
@@ -328,7 +333,8 @@ CHECK = CheckSpec(
     kinds=("reference_not_initial", "reference_precision_undeclared", "nonfinite_reference",
            "reference_is_policy", "reference_logprobs_shape", "reference_mask_ignored",
            "reference_pads_scored", "reference_logprobs_differ", "kl_estimator_shape",
-           "kl_sign_flipped", "kl_arguments_swapped", "kl_estimator_wrong"),
+           "kl_sign_flipped", "kl_arguments_swapped", "kl_estimator_wrong", "kl_mask_ignored",
+           "kl_mean_over_pads", "kl_reduction_differs", "kl_reduction_wrong"),
     feeds_probes=True,
 )
 
@@ -362,6 +368,14 @@ CAUSES: tuple[Explanation, ...] = (
                 "the trainer's KL estimator does not estimate KL(policy || reference)",
                 fix="per token, with r = logp_ref - logp: k3 = exp(r) - r - 1 (or k1 = -r)",
                 rank=430),
+    Explanation("reference_parity", "kl_reduction",
+                ("kl_mask_ignored", "kl_mean_over_pads", "kl_reduction_differs",
+                 "kl_reduction_wrong"), (),
+                "the trainer's per-sequence KL is not its per-token terms reduced over the "
+                "mask as declared",
+                fix="per sequence: (k * mask).sum(-1) / mask.sum(-1) (or declare "
+                    "causal_lm.reference.kl_reduction: sum for (k * mask).sum(-1))",
+                rank=435),
 )
 
 POSITION = 200

@@ -16,7 +16,9 @@ through the model's own forward, and proves:
   reported, and fails above ``length_slope_max`` (a head that averages over positions).
 
 A reward function (``module:callable(prompts, completions)``, GRPO style) is held to the same
-batch invariance and length slope.
+batch invariance and length slope; beside a reward model it must return the trained model's
+scores on the same samples (unless ``function_matches_model: false``): the score difference and
+the share of pair rankings it flips are reported.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.checks._reward_function import compare_with_model
 from paritygate.result import CheckResult, Measurement
 
 if TYPE_CHECKING:
@@ -306,6 +309,11 @@ def _function_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
     err = max(abs(a - b) for a, b in zip(batched, singles, strict=True))
     if not isinstance(rev, str):
         err = max(err, max(abs(a - b) for a, b in zip(batched, rev[::-1], strict=True)))
+    if setup.function_matches_model and setup.trained_dir is not None:
+        compare_with_model(m, setup, batched, limits["score_max_abs"])
+    elif setup.trained_dir is not None:
+        m.note(f"{name} is declared another reward than the model's "
+               "(function_matches_model: false): not compared with its scores")
     m.metric("function_batch_max_abs", err, threshold=limits["batch_max_abs"])
     if err > limits["batch_max_abs"]:
         m.fail("batch_variance", f"{name}: rewards depend on the batch (alone vs batched, "
@@ -372,7 +380,7 @@ CHECK = CheckSpec(
            "scoring_failed", "nonfinite_reward", "score_read_at_pad", "padding_side_differs",
            "truncation_differs", "scored_span_differs", "chat_template_differs", "eos_differs",
            "scores_differ", "padding_variance", "batch_variance", "length_slope",
-           "function_output"),
+           "function_output", "function_scores_differ", "function_rescaled"),
 )
 
 CAUSES: tuple[Explanation, ...] = (
@@ -394,6 +402,14 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="score at serving with training's padding side, max length, truncation "
                     "side, span, chat template and EOS",
                 rank=360),
+    Explanation("reward_parity", "reward_function_differs",
+                ("function_scores_differ", "function_rescaled"), (),
+                "the reward function serving uses does not return the trained reward model's "
+                "scores",
+                fix="score with the trained reward model read at the last real token (or "
+                    "declare causal_lm.reward.function_matches_model: false for another "
+                    "reward)",
+                rank=365),
     Explanation("reward_parity", "reward_invariance", ("padding_variance", "batch_variance"), (),
                 "the reward depends on the padding or the batch it is scored in",
                 rank=370),

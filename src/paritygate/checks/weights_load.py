@@ -9,6 +9,11 @@ from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
 from paritygate.checks._registration.weights_load import CAUSES as CAUSES
 from paritygate.checks._registration.weights_load import POSITION as POSITION
+from paritygate.checks._weights_adapter import (
+    adapter_difference,
+    named_adapter_fault,
+    on_other_base,
+)
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -259,7 +264,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
     from paritygate.metrics.tiers import canonical_dtype, tier_for
 
     served_dir = ctx.engine_model_dir
-    if served_dir == ctx.model_dir:
+    if ctx.serves_training_files():
         m.note(f"served model: the training directory {served_dir} (no serving model_dir set)")
     else:
         m.note(f"served model: {served_dir} (from {ctx.served_from})")
@@ -270,7 +275,7 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
         m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
                "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
                "memory)")
-    fit = None
+    fit = served = None
     if ctx.adapter is not None:
         m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "
                "merged in memory (peft merge_and_unload)")
@@ -279,7 +284,8 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                                 "lora_alpha": ctx.adapter.alpha,
                                 "targets": len(ctx.adapter.target_weights())}
         if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
-            fit = _adapter_fit(ctx, state, diff)
+            served = ctx.adapter_served(state, sorted(diff.value_diffs))
+            fit = served.fit if served is not None else None
     if diff.missing:
         m.fail(
             "served_tensors_missing",
@@ -312,11 +318,11 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
                "once): the adapter merged in the served precision, judged by its tier")
         m.details["adapter_merged_in_served_dtype"] = sorted(diff.value_diffs)
-    elif fit is not None:
-        _named_adapter_fault(m, fit, diff, where, ctx.adapter)
+    elif fit is not None and ctx.adapter is not None:
+        named_adapter_fault(m, fit, diff, where, ctx.adapter)
     elif diff.low_rank and ctx.adapter is None:
-        _adapter_difference(m, diff, where)
-    elif diff.value_diffs:
+        adapter_difference(m, diff, where)
+    elif diff.value_diffs and not on_other_base(m, ctx, served, diff, where):
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(
             f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "
@@ -353,58 +359,6 @@ def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> A
                 "serve the full-precision weights"
             )
     return diff
-
-
-def _adapter_fit(ctx: LMContext, state: Mapping[str, Any], diff: Any) -> Any:
-    """How the served copy merged the declared adapter (``None``: not an adapter fault)."""
-    return ctx.served_adapter_fit(state, sorted(diff.value_diffs))
-
-
-def _named_adapter_fault(m: Measurement, fit: Any, diff: Any, where: str, adapter: Any) -> None:
-    """The served copy differs from the merged policy only on the adapter's target tensors:
-    name how (not merged, merged at another scale, another adapter)."""
-    modules = sorted({k.split(".")[-2] for k in diff.value_diffs if "." in k})
-    on = f"{len(diff.value_diffs)} of the adapter's {fit.tensors} target tensors " \
-         f"({', '.join(modules)})"
-    if fit.kind == "adapter_not_merged":
-        text = (f"{where} holds the base model's weights on {on}: the adapter is not merged "
-                "(the base was served without it)")
-    elif fit.kind == "adapter_scale":
-        causes = []
-        if adapter.scale and abs(fit.scale - 1 / adapter.scale) < 1e-2 * abs(fit.scale):
-            causes.append(f"lora_alpha / r = {adapter.scale:g} ignored")
-        if abs(fit.scale - 2.0) < 2e-2:
-            causes.append("the update applied twice")
-        why = f" ({' or '.join(causes)})" if causes else ""
-        text = (f"{where} holds the adapter's update scaled by c = {fit.scale:.4g} on {on}"
-                f"{why}: merge it once at lora_alpha / r")
-    else:
-        text = (f"{where} differs from the merged policy only on {on}, by an update that is "
-                f"not the adapter's ({fit.residual:.0%} of it left after the best scale "
-                f"{fit.scale:.3g}): another adapter was merged")
-    m.fail(fit.kind, text, metric="serving_tensors_differing")
-    m.details[fit.kind] = {"modules": modules, "tensors": len(diff.value_diffs),
-                           "scale": fit.scale, "residual": fit.residual}
-
-
-def _adapter_difference(m: Measurement, diff: Any, where: str) -> None:
-    """Every differing tensor is a projection weight that differs by a low-rank update: an
-    adapter merged otherwise than in training, not another checkpoint."""
-    modules = diff.adapter_modules()
-    ranks = sorted(set(diff.low_rank.values()))
-    rank = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]} to {ranks[-1]}"
-    worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])[:3]
-    named = ", ".join(f"{k} (rank {diff.low_rank[k]}, max diff {v:.3g})" for k, v in worst)
-    m.fail(
-        "adapter_difference",
-        f"the served copy differs from training by a low-rank update on {len(diff.low_rank)} "
-        f"modules ({', '.join(modules)}): an adapter not merged, merged with another scale, or "
-        f"another adapter (difference rank {rank}; every other tensor of {where} is the "
-        f"checkpoint's): {named}",
-        metric="serving_tensors_differing",
-    )
-    m.details["adapter_difference"] = {
-        "modules": modules, "tensors": len(diff.low_rank), "ranks": dict(diff.low_rank)}
 
 
 def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Measurement:
@@ -444,7 +398,8 @@ CHECK = CheckSpec(
            "missing_keys", "unexpected_keys", "shape_mismatch", "dtype_mismatch", "load_error",
            "values_altered", "engine_values_altered", "served_tensors_missing",
            "served_tensors_extra", "served_shape_mismatch", "served_nonfinite",
-           "stale_served_weights", "adapter_difference", "adapter_not_merged", "adapter_scale",
-           "adapter_mismatch", "precision_change",
+           "stale_served_weights", "adapter_difference", "adapter_not_merged",
+           "adapter_scale_differs", "adapter_mismatch", "adapter_on_other_base",
+           "precision_change",
            "checkpoint_coverage"),
 )

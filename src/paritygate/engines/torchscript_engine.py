@@ -127,7 +127,43 @@ class TorchScriptEngine:
         self.declared = list(output_names)
         self.output_names = list(output_names)
 
-    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return run_module(self.module, feeds, self.input_names, self.call, self.declared)
 
-    run_batch = infer
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One call, or chunks of :attr:`fixed_batch` rows when the trace fixed the batch
+        (set by :meth:`find_fixed_batch`), as the ONNX and torch.export engines run."""
+        n = len(feeds[self.input_names[0]])
+        step = self.fixed_batch
+        if step is None or n == step:
+            return self.run_batch(feeds)
+        if n % step:
+            raise ValueError(f"artifact batch axis is fixed to {step}; cannot run batch {n}")
+        chunks = [self.run_batch({k: v[i:i + step] for k, v in feeds.items()})
+                  for i in range(0, n, step)]
+        return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+
+    def find_fixed_batch(self, feeds: Mapping[str, np.ndarray]) -> int | None:
+        """1 when the artifact runs one row but not two (a trace on a single example that
+        baked the batch size into a reshape): recorded as the batch axis fixed to 1 in
+        :attr:`graph`, the finding a ``.pt2`` or ONNX file with a constant batch gets;
+        ``None`` when two rows run."""
+        two = {k: v[:2] for k, v in feeds.items()}
+        one = {k: v[:1] for k, v in feeds.items()}
+        rows = len(next(iter(two.values())))
+        try:
+            out = self.run_batch(two)
+            if all(len(v) == rows for v in out.values() if np.ndim(v)):
+                return None
+        except Exception:  # two rows failing is what is probed
+            pass
+        try:
+            out = self.run_batch(one)
+        except Exception:
+            return None
+        if not all(len(v) == 1 for v in out.values() if np.ndim(v)):
+            return None
+        self.fixed_batch = 1
+        if self.input_names:
+            self.graph.baked_batch[self.input_names[0]] = 1
+        return 1

@@ -35,6 +35,19 @@ CAUSES: tuple[causes.Explanation, ...] = (
         only_if=(("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
         rank=230),
     causes.Explanation(
+        "logits_agreement", "normaliser_missing", ("normaliser_missing",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "serving_replay", "batch_invariance"),
+        "the artifact computes the network on raw observations: the training model's "
+        "observation normaliser is not applied in it (a preprocessing fault)",
+        fix="export the module whose forward applies the normaliser (its mean and variance "
+            "buffers stored and used), or apply the same normalisation in serving "
+            "preprocessing (policy.preprocessing.serving) and export the network alone",
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
+                 *causes.REPLAY),
+        rank=235),
+    causes.Explanation(
         "logits_agreement", "artifact_outputs_differ",
         ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
         ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",

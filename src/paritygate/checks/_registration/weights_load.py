@@ -49,15 +49,23 @@ CAUSES: tuple[Explanation, ...] = (
                     "base, adapter).merge_and_unload(), then save_pretrained), or serve the "
                     "adapter through the engine's LoRA support",
                 rank=60),
-    Explanation("weights_load", "adapter_scale",
-                ("adapter_scale",),
+    Explanation("weights_load", "adapter_scale_differs",
+                ("adapter_scale_differs",),
                 DOWNSTREAM_LM,
-                "the served copy holds the training adapter's update at another scale (c in "
-                "details.adapter_scale: r/alpha when lora_alpha / r was ignored, 2 when it was "
-                "merged twice)",
+                "the served copy applies the training adapter's B @ A at another scale than "
+                "the declared lora_alpha / r (details.adapter_scale_differs.served_scale: 1 "
+                "when lora_alpha / r was ignored, alpha'/r when lora_alpha was edited)",
                 fix="re-merge the adapter once from the base at its training scale "
                     "(merge_and_unload under the adapter's own adapter_config.json)",
                 rank=70),
+    Explanation("weights_load", "adapter_on_other_base",
+                ("adapter_on_other_base",),
+                DOWNSTREAM_LM,
+                "the served copy holds the training adapter's update over another base's "
+                "weights",
+                fix="merge the adapter into the base it was trained on (its adapter_config.json "
+                    "base_model_name_or_path), and name that base as causal_lm.model_dir",
+                rank=75),
     Explanation("weights_load", "adapter_mismatch",
                 ("adapter_mismatch",),
                 DOWNSTREAM_LM,

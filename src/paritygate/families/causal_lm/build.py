@@ -162,7 +162,7 @@ def _model_dirs(
         serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
                                        "causal_lm.serving.adapter")
         check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
-    elif engine_dir == model_dir and adapter is not None:
+    elif served_from == "causal_lm.model_dir" and adapter is not None:
         check_adapter_served(config, spec)
     return _Dirs(model_dir, engine_dir, files, trained, serving_adapter)
 

@@ -233,8 +233,14 @@ class ReferenceSpec(StrictModel):
     """The trainer's reference log-prob function (default: ``training.logprob_fn``)."""
     logprob_convention: Literal["auto", "model", "logits"] = "auto"
     kl_estimator: str = "k3"
-    """``k1``, ``k2``, ``k3`` or ``module:callable`` with ``(logp, logp_ref, mask)`` returning
-    the per-token KL term (TRL GRPO: ``exp(ref - logp) - (ref - logp) - 1``)."""
+    """``k1``, ``k2``, ``k3`` or ``module:callable`` called as ``f(logp, logp_ref, mask)``
+    (each ``(B, T)``, ``mask`` 1 on real tokens) returning either the per-token KL term
+    ``(B, T)`` (TRL GRPO's ``per_token_kl``: ``exp(ref - logp) - (ref - logp) - 1``) or one
+    value per sequence ``(B,)``, reduced over the mask as ``kl_reduction`` says."""
+    kl_reduction: Literal["mean", "sum"] = "mean"
+    """How a per-sequence estimator reduces its per-token terms: ``mean`` (masked mean,
+    ``sum(k * mask, -1) / sum(mask, -1)``, as TRL and verl do) or ``sum``
+    (``sum(k * mask, -1)``). Not read for a per-token estimator."""
     dtype: Dtype | None = None
     """The dtype the reference is stored in, when lower than the initial policy's (declared:
     its tensors must be the initial ones cast exactly)."""
@@ -277,7 +283,12 @@ class RewardSpec(StrictModel):
     """How evaluation or serving scores (default: as training)."""
     function: str | None = None
     """``module:callable(prompts, completions, **kwargs) -> list[float]``: a reward function
-    as GRPO trainers take it."""
+    as GRPO trainers take it (a custom scorer serving the reward model, or another reward)."""
+    function_matches_model: bool = True
+    """With ``function`` and a reward model both set: the function serves the trained reward
+    model's scores, and its rewards on the same samples must equal them (score difference and
+    pair rankings flipped). ``false``: the function is another reward by design (a format or
+    rule reward), not compared."""
     completions: str | None = None
     """JSONL, one ``{"prompt", "completion"}`` per line, or a rollout dump (``paritygate dump``
     JSONL/Parquet: ``prompt_ids``, ``completion_ids``, decoded by the training tokenizer), or

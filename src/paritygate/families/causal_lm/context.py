@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
-    from paritygate.families.causal_lm.weights import AdapterFit, WeightsDiff
+    from paritygate.families.causal_lm.weights import AdapterServed, WeightsDiff
     from paritygate.metrics.tiers import Limits
     from paritygate.precision.subject import PrecisionSubject
     from paritygate.result import Measurement
@@ -151,20 +151,15 @@ class LMContext:
 
         return is_training_only(key, list(self.spec.training_only_heads))
 
-    def served_adapter_fit(
-        self, training_state: Mapping[str, Tensor], differing: list[str]
-    ) -> AdapterFit | None:
-        """How the served copy merged the declared adapter
-        (:class:`~paritygate.families.causal_lm.weights.AdapterFit`; ``None`` without an
-        adapter, or when a tensor outside its targets differs too)."""
-        from paritygate.families.causal_lm.weights import adapter_fit
+    def adapter_served(self, training_state: Mapping[str, Tensor], differing: list[str],
+                       ) -> AdapterServed | None:
+        """How the served copy holds the declared adapter (:func:`.weights.how_served`)."""
+        from paritygate.families.causal_lm.weights import how_served
 
-        base = self.adapter_base_state()
-        if not base:
+        if self.adapter is None or self.serves_training_files():
             return None
-        served = training_state if self.serves_training_files() else self.serving_state()
-        return adapter_fit(base, {k: training_state[k] for k in base if k in training_state},
-                           {k: served[k] for k in base if k in served}, differing)
+        return how_served(self.adapter, self.model_dir, self.adapter_base_state(),
+                          training_state, self.serving_state(), differing)
 
     def serving_state(self) -> dict[str, Tensor]:
         """Every tensor of the served directory's safetensors files."""
@@ -177,9 +172,14 @@ class LMContext:
         return state
 
     def serves_training_files(self) -> bool:
-        """The served weights are the training side's own (same directory, no adapter served
-        on it): nothing to compare tensor by tensor."""
-        return self.engine_model_dir == self.model_dir and self.serving_adapter is None
+        """The served weights are the training side's own (no served directory configured, or
+        the training directory named without an adapter): nothing to compare. A served
+        directory naming the adapter's base itself is served as its files, the base alone."""
+        if self.serving_adapter is not None:
+            return False
+        if self.served_from == "causal_lm.model_dir":
+            return True
+        return self.adapter is None and self.engine_model_dir.resolve() == self.model_dir.resolve()
 
     @cached_property
     def _served_merged(self) -> nn.Module:

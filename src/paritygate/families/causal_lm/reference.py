@@ -113,11 +113,30 @@ class ReferenceSetup:
     """The declared stored dtype (``None``: the initial policy's)."""
     load_dtype: str
     trust_remote_code: bool = False
+    kl_output: str = "token"
+    """What the estimator returns: ``token`` (``(B, T)``, one term per entry) or ``sequence``
+    (``(B,)``, its terms reduced over the mask)."""
+    kl_reduction: str = "mean"
+    """How a per-sequence estimator reduces over the mask (``mean`` or ``sum``)."""
     _model: Any = field(default=None, repr=False)
 
     @property
     def kl_is_named(self) -> bool:
         return self.kl_name in ESTIMATORS
+
+    def kl_terms(self, logp: Tensor, logp_ref: Tensor) -> Tensor:
+        """The estimator's term on every entry of ``logp`` (any shape): a per-sequence
+        estimator is called with each entry as a sequence of one token (its mean and its
+        sum are then the term itself)."""
+        import torch
+
+        with torch.inference_mode():
+            if self.kl_output == "token":
+                out: Tensor = self.kl_fn(logp, logp_ref, torch.ones_like(logp))
+                return out
+            flat = logp.reshape(-1, 1)  # (N, 1)
+            seq: Tensor = self.kl_fn(flat, logp_ref.reshape(-1, 1), torch.ones_like(flat))
+            return seq.reshape(logp.shape) if seq.numel() == logp.numel() else seq
 
     def state(self) -> dict[str, Tensor]:
         from paritygate.families.causal_lm.weights import read_state
@@ -224,12 +243,14 @@ def _same_tokenizer(config: GateConfig, directory: Path, training_tok: Tokenizer
                              f"{getattr(training_tok, name, None)}")
 
 
-def _kl_fn(config: GateConfig, name: str) -> Any:
+def _kl_fn(config: GateConfig, name: str) -> tuple[Any, str]:
+    """The estimator and what it returns (``token`` or ``sequence``), probed once on a small
+    batch: any other output shape, or an exception, is bad input naming the key."""
     from paritygate.imports import guard_user_code, import_callable
 
     key = f"{KEY}.kl_estimator"
     if name in ESTIMATORS:
-        return ESTIMATORS[name]
+        return ESTIMATORS[name], "token"
     if ":" not in name:
         raise InputError(config.path, key,
                          f"expected k1, k2, k3 or 'module:callable', got {name!r}")
@@ -241,8 +262,31 @@ def _kl_fn(config: GateConfig, name: str) -> Any:
                          f"{name} takes {inspect.signature(fn)}; expected "
                          "(logp, logp_ref, mask)") from None
     except ValueError:
-        pass  # a builtin without a signature: called and judged by reference_parity
-    return guard_user_code(fn, config.path, key)
+        pass  # a builtin without a signature: probed below
+    guarded = guard_user_code(fn, config.path, key)
+    return guarded, _kl_output(guarded, config, name, key)
+
+
+def _kl_output(fn: Any, config: GateConfig, name: str, key: str) -> str:
+    """``token`` when ``fn`` returns ``(B, T)`` for ``(B, T)`` log-probs, ``sequence`` when
+    it returns ``(B,)``; else bad input naming ``key`` and the shapes it accepts."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(2, 5, generator=gen, dtype=torch.float64) - 0.1  # (B, T)
+    logp_ref = logp - 0.1 * torch.randn(2, 5, generator=gen, dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 0, 0]], dtype=torch.float64)
+    with torch.inference_mode():
+        out = fn(logp, logp_ref, mask)
+    shape = tuple(out.shape) if hasattr(out, "shape") else type(out).__name__
+    if shape == (2, 5):
+        return "token"
+    if shape == (2,):
+        return "sequence"
+    raise InputError(config.path, key,
+                     f"{name} returns {shape} for (2, 5) log-probs and mask; expected (2, 5) "
+                     "(the per-token KL term) or (2,) (one value per sequence, reduced over "
+                     "the mask)")
 
 
 def load_reference(
@@ -283,14 +327,17 @@ def load_reference(
         as_model_level(import_callable(fn_name, config.path, fn_key), convention),
         config.path, fn_key,
     )
+    kl_fn, kl_output = _kl_fn(config, ref.kl_estimator)
     return ReferenceSetup(
         model_dir=model_dir,
         initial_dir=initial_dir,
         initial_sha256=initial_sha,
         logprob_fn=logprob_fn,
         logprob_fn_name=fn_name,
-        kl_fn=_kl_fn(config, ref.kl_estimator),
+        kl_fn=kl_fn,
         kl_name=ref.kl_estimator,
+        kl_output=kl_output,
+        kl_reduction=ref.kl_reduction,
         files_sha256=sha256_files(files),
         dtype=ref.dtype,
         load_dtype=ref.dtype or spec.training.dtype,

@@ -85,6 +85,8 @@ class RewardSetup:
     function: Callable[..., Any] | None
     function_name: str | None
     samples: list[Sample]
+    function_matches_model: bool = True
+    """``function`` serves the reward model's scores (compared with them when both are set)."""
     generated: bool = False
     """``completions: generated``: the samples are the HF engine's greedy continuations of the
     probes, set by :meth:`with_generated` when the check runs."""
@@ -347,6 +349,7 @@ def load_reward(
         serving=_layout(block.serving or block.training, tok) if tok is not None else None,
         function=_function(config, block.function) if block.function else None,
         function_name=block.function,
+        function_matches_model=block.function_matches_model,
         samples=samples,
         generated=generated,
         config_pad_token_id=pad_id,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +14,8 @@ from paritygate.reading import check_input
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
+
+    from paritygate.families.causal_lm.adapter import AdapterInfo
 
 
 def read_state(directory: Path) -> dict[str, Tensor]:
@@ -242,8 +244,8 @@ leaves most of the norm). A served copy in a lower precision adds its rounding t
 @dataclass(frozen=True)
 class AdapterFit:
     """How the served copy's adapter tensors relate to the base and the merged policy:
-    ``kind`` is ``adapter_not_merged`` (served = base), ``adapter_scale`` (served - base =
-    ``scale`` x (merged - base), ``scale`` != 1), ``adapter_mismatch`` (another update), or
+    ``kind`` is ``adapter_not_merged`` (served = base), ``adapter_scale_differs`` (served - base
+    = ``scale`` x (merged - base), ``scale`` != 1), ``adapter_mismatch`` (another update), or
     ``merged_in_served_dtype``: served = merged within the rounding of merging in the served
     lower precision (peft on a bf16 base), not a fault: the precision tier judges it."""
 
@@ -294,5 +296,84 @@ def adapter_fit(base: dict[str, Tensor], merged: dict[str, Tensor], served: dict
     left = sum(float(((c - scale * u) ** 2).sum()) for u, c in pairs)
     residual = math.sqrt(left / srv) if srv else 0.0
     fits = left <= ADAPTER_RTOL**2 * srv + 4 * floor
-    return AdapterFit("adapter_scale" if fits else "adapter_mismatch", scale, residual,
+    return AdapterFit("adapter_scale_differs" if fits else "adapter_mismatch", scale, residual,
                       len(pairs))
+
+
+OTHER_BASE_SIGMAS = 8.0
+"""How many standard errors c must stand clear of 0 to say the adapter's update is in the
+served copy (a served copy unrelated to the adapter gives c within a few standard errors)."""
+
+
+@dataclass(frozen=True)
+class OtherBase:
+    """The adapter's update found in a served copy whose other tensors differ from the base:
+    served - base = c x (merged - base) + R on the target tensors, c near 1, R the other
+    base's own difference (of the size the non-target tensors show)."""
+
+    scale: float
+    """The least-squares c over the adapter's target tensors."""
+    stderr: float
+    """c's standard error if R is unrelated to the update: ||R|| / (sqrt(n) ||U||)."""
+    tensors: int
+
+
+def update_on_other_base(base: dict[str, Tensor], merged: dict[str, Tensor],
+                         served: dict[str, Tensor]) -> OtherBase | None:
+    """Whether the served copy holds the adapter's update U = merged - base on its target
+    tensors over weights that are not ``base``'s (the adapter merged onto another base): c of
+    served - base = c U is within 0.1 (or 4 standard errors) of 1 and clear of 0 by
+    :data:`OTHER_BASE_SIGMAS` standard errors; ``None`` otherwise (another checkpoint)."""
+    dot = upd = 0.0
+    pairs = []
+    for key in sorted(base):
+        if key not in merged or key not in served or served[key].shape != base[key].shape:
+            return None
+        b = base[key].double()
+        update, change = merged[key].double() - b, served[key].double() - b
+        pairs.append((update, change))
+        dot += float((update * change).sum())
+        upd += float((update * update).sum())
+    if not pairs or upd == 0.0 or not math.isfinite(dot + upd):
+        return None
+    scale = dot / upd
+    left = sum(float(((c - scale * u) ** 2).sum()) for u, c in pairs)
+    count = sum(u.numel() for u, _ in pairs)
+    stderr = math.sqrt(left / count) / math.sqrt(upd)
+    if not math.isfinite(stderr) or abs(scale) < OTHER_BASE_SIGMAS * stderr:
+        return None
+    if abs(scale - 1.0) > max(0.1, 4 * stderr):
+        return None
+    return OtherBase(scale, stderr, len(pairs))
+
+
+@dataclass(frozen=True)
+class AdapterServed:
+    """How a served copy holds the declared adapter: ``fit`` when only its target tensors
+    differ (:func:`adapter_fit`), ``other_base`` when other tensors differ too and the targets
+    hold its update over them (:func:`update_on_other_base`), ``named_base`` the adapter's
+    ``base_model_name_or_path`` when it names another base than ``model_dir``."""
+
+    fit: AdapterFit | None
+    other_base: OtherBase | None
+    named_base: str | None
+
+
+def how_served(adapter: AdapterInfo, model_dir: Path, base: dict[str, Tensor],
+               training: Mapping[str, Tensor], served: Mapping[str, Tensor],
+               differing: Sequence[str]) -> AdapterServed | None:
+    """The served copy read against the base and the merged policy on the adapter's target
+    tensors (``base``); ``None`` when the adapter changes nothing the files hold."""
+    from paritygate.families.causal_lm.adapter import local_base
+
+    if not base:
+        return None
+    merged = {k: training[k] for k in base if k in training}
+    on_targets = {k: served[k] for k in base if k in served}
+    fit = adapter_fit(base, merged, on_targets, differing)
+    others = [k for k in differing if k not in base]
+    other = update_on_other_base(base, merged, on_targets) if others else None
+    named = local_base(adapter)
+    said = adapter.base_name if adapter.base_name is not None and (
+        named is None or named.resolve() != model_dir.resolve()) else None
+    return AdapterServed(fit, other, said)

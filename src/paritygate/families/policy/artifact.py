@@ -85,10 +85,10 @@ def open_torch_artifact(artifact: Path, fmt: str, spec: PolicySpec,
     """A TorchScript or torch.export engine over ``artifact``: its input count must be the
     declared inputs' and it must run two probe rows, returning the policy output in the
     probes' batch (the first declared output: these formats name outputs by position)."""
+    from paritygate.engines.torchscript_engine import TorchScriptEngine
+
     names = spec.input_names
     if fmt == "torchscript":
-        from paritygate.engines.torchscript_engine import TorchScriptEngine
-
         candidate: TorchScriptEngine | TorchExportEngine = TorchScriptEngine(
             artifact, input_names=names, output_names=spec.output_names, call=spec.call)
     else:
@@ -103,6 +103,8 @@ def open_torch_artifact(artifact: Path, fmt: str, spec: PolicySpec,
                          f"the {fmt} artifact takes {n_inputs} input(s); policy.inputs declares "
                          f"{len(names)} ({names})")
     rows = {n: v[:2] for n, v in feeds.items()}
+    if isinstance(candidate, TorchScriptEngine) and len(next(iter(rows.values()))) > 1:
+        candidate.find_fixed_batch(feeds)
     if candidate.fixed_batch:
         rows = {n: np.repeat(v[:1], candidate.fixed_batch, axis=0) for n, v in feeds.items()}
     try:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from paritygate.families.policy.config import PolicySpec
     from paritygate.families.policy.export import ArtifactPrecision
     from paritygate.families.policy.initializers import InitializerMatch
+    from paritygate.families.policy.normaliser import SkippedNormaliser
     from paritygate.families.policy.rollout import (
         PolicyPath,
         RolloutEnv,
@@ -260,6 +261,16 @@ class PolicyContext:
         """Training model's policy output on the probes, (N, A); as the deterministic env
         action when the artifact serves actions (``distribution.serving_output: action``)."""
         return self.as_served(self.reference_results[self.output_name])
+
+    def normaliser_skipped(self, served: np.ndarray, limit: float) -> SkippedNormaliser | None:
+        """The training model's observation normaliser whose bypass gives ``served``
+        (:func:`~paritygate.families.policy.normaliser.normaliser_skipped`), else ``None``."""
+        from paritygate.families.policy.normaliser import normaliser_skipped
+
+        def run() -> np.ndarray:
+            return self.as_served(self.reference.infer(self.feeds)[self.output_name])
+
+        return normaliser_skipped(self.reference_model, run, served, limit)
 
     def new_reference_engine(self, model: nn.Module, name: str = "torch training model"
                              ) -> TorchEngine:
