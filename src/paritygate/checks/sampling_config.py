@@ -123,8 +123,9 @@ SERVER_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k
 def record_server(m: Measurement, ctx: LMContext) -> None:
     """``engines: [endpoint]``: the server's own limits and defaults against the serving
     config: a ``max_model_len`` that cuts the longest probe's completion
-    (``server_max_model_len``), and a sampling default the server overrides
-    (``server_default_differs``, where the server exposes its configuration)."""
+    (``server_max_model_len``), and a sampling default that is not the serving config's
+    (``server_default_differs``: read where the server exposes its configuration, measured
+    by seeded requests under ``sampling: server``)."""
     from paritygate.engines.openai_endpoint import EndpointEngine, server_defaults
 
     engine = ctx.engine("endpoint")
@@ -144,10 +145,22 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
                f"the server's max_model_len {info.max_model_len} ({engine.url('models')}) is "
                f"under the longest probe plus max_new_tokens ({need} tokens): it truncates "
                "completions the trainer samples in full")
+    named = record_dev_defaults(m, ctx, defaults)
+    if engine.sampling == "server":
+        record_probe(m, ctx, named)
+    else:
+        m.note("sampling: request sends the serving config's values: the server's own "
+               "defaults are not measured")
+
+
+def record_dev_defaults(m: Measurement, ctx: LMContext, defaults: dict[str, object] | None
+                        ) -> set[str]:
+    """The fields ``--override-generation-config`` sets to another value than the serving
+    config's, where the server exposes its configuration (vLLM dev mode); the fields named."""
     if defaults is None:
-        m.note(f"{engine.base_url} does not expose its sampling defaults (vLLM: "
-               "VLLM_SERVER_DEV_MODE=1 serves /server_info); behaviour_parity samples with them")
-        return
+        return set()
+    serving = ctx.serving_sampling.spec()
+    named: set[str] = set()
     override = defaults.get("override")
     for name, value in (override.items() if isinstance(override, dict) else []):
         field = SERVER_FIELDS.get(str(name))
@@ -155,10 +168,51 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
             continue
         expected = getattr(serving, field)
         if float(value) != float(expected):
+            named.add(field)
             m.fail("server_default_differs",
                    f"the server overrides {name}: {value!r} (--override-generation-config) "
                    f"vs serving {expected!r} ({ctx.serving_sampling.path.name}); requests "
                    f"that leave {name} out get the server's")
+    return named
+
+
+def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
+    """The server's defaults measured by seeded requests with and without each field
+    (:mod:`paritygate.engines.endpoint_defaults`): a field whose default changes the samples
+    fails ``server_default_differs`` (once: ``named`` fields were already failed)."""
+    from paritygate.engines.endpoint_defaults import probe_defaults
+    from paritygate.engines.openai_endpoint import EndpointEngine
+
+    engine = ctx.engine("endpoint")
+    assert isinstance(engine, EndpointEngine)
+    serving = ctx.serving_sampling.spec()
+    if not serving.do_sample or serving.temperature <= 0:
+        m.note("the serving config decodes greedily: the server's sampling defaults are not "
+               "measured")
+        return
+    probe = probe_defaults(engine, ctx.prompts(), serving)
+    m.details["server_defaults_probe"] = {
+        "differing": list(probe.differing), "sent": probe.sent, "prompts": probe.prompts,
+        "tokens": probe.tokens, "inconclusive": probe.inconclusive, "combined": probe.combined}
+    source = ctx.serving_sampling.path.name
+    if probe.inconclusive:
+        m.note(f"the server's sampling defaults are not measured: {probe.inconclusive}")
+        return
+    if not probe.differing:
+        m.note(f"the server's sampling defaults agree with {source} on {probe.prompts} seeded "
+               f"probe(s) of {probe.tokens} tokens (each request with and without "
+               f"{', '.join(probe.sent)})")
+        return
+    for name in probe.differing:
+        if name in named:
+            continue
+        how = ("together with the other fields" if probe.combined else "alone")
+        m.fail("server_default_differs",
+               f"the server's default {name} is not {source}'s {probe.sent[name]!r}: seeded "
+               f"requests that leave {name} out ({how}) sample other tokens than requests "
+               f"that send it ({probe.prompts} probe(s), {probe.tokens} tokens): clients "
+               "that do not set it sample with the server's default (vLLM: its "
+               "--generation-config or --override-generation-config)")
 
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
