@@ -61,15 +61,18 @@ def effective_stops(side: SamplingFile) -> tuple[list[str], list[int]]:
 
 
 def diff_sampling(
-    training: SamplingFile, serving: SamplingFile, allow: dict[str, str]
+    training: SamplingFile, serving: SamplingFile, allow: dict[str, str],
+    skip: frozenset[str] = frozenset(),
 ) -> list[FieldDiff]:
-    """Fields whose values differ; ``use_cache`` only when both sides state it; stop strings
-    and stop token ids compared without EOS (see :func:`effective_stops`); EOS ids not when
-    both sides ignore EOS."""
+    """Fields whose values differ, but those in ``skip``; ``use_cache`` only when both sides
+    state it; stop strings and stop token ids compared without EOS (see
+    :func:`effective_stops`); EOS ids not when both sides ignore EOS."""
     diffs: list[FieldDiff] = []
     t_stops, s_stops = effective_stops(training), effective_stops(serving)
     both_ignore_eos = bool(training.values.get("ignore_eos") and serving.values.get("ignore_eos"))
     for name in training.compared_fields:
+        if name in skip:
+            continue
         t, s = training.values.get(name), serving.values.get(name)
         if name == "stop":
             t, s = t_stops[0], s_stops[0]
@@ -97,6 +100,19 @@ def declared_dtype_reason(spec: CausalLMSpec, key: str, dtype: str) -> str:
             return f"declared by {key}; set causal_lm.precision_tier to judge its numbers"
     return (f"declared by {key}; the {tier} precision tier judges logits_agreement, logprob_delta "
             "and generation_parity")
+
+
+PADDING_FIELDS = frozenset({"padding_side", "truncation_side"})
+"""Fields that matter only where the serving engine pads or truncates a batch (HF generate)."""
+
+
+def unpadded_fields(ctx: LMContext) -> frozenset[str]:
+    """:data:`PADDING_FIELDS` the serving side defaults from its tokenizer (its sampling file
+    does not state them) when every serving engine runs each prompt unpadded (``vllm``,
+    ``endpoint``): a tokenizer's ``padding_side`` there is no part of the protocol."""
+    if not ctx.spec.engines or not set(ctx.spec.engines) <= {"vllm", "endpoint"}:
+        return frozenset()
+    return PADDING_FIELDS - set(ctx.serving_sampling.explicit)
 
 
 def record_contradictions(
@@ -248,7 +264,12 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             "not compared: "
             + ", ".join(f"{k} ({training.not_compared_reason(k)})" for k in not_compared)
         )
-    diffs = diff_sampling(training, serving, allow)
+    unpadded = unpadded_fields(ctx)
+    if unpadded:
+        m.note(f"not compared: {', '.join(sorted(unpadded))} (the serving engines, "
+               f"{', '.join(ctx.spec.engines)}, send every prompt alone: no batch is padded or "
+               "truncated, and the serving sampling config does not state them)")
+    diffs = diff_sampling(training, serving, allow, unpadded)
     unexplained = [d for d in diffs if d.allowed_reason is None]
     for d in unexplained:
         m.fail(
