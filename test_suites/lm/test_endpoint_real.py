@@ -51,7 +51,14 @@ def _run(data: dict[str, Any], out: Path) -> dict[str, Any]:
     from paritygate.gate import Gate
 
     gate = Gate(config_from_dict(data, out / "gate.yaml"))
-    return {check: gate.evaluate(check, golden=False) for check in CHECKS}
+    return {check: gate.evaluate(check, golden=False) for check in data["checks"]}
+
+
+def _root(results: dict[str, Any]) -> str | None:
+    from paritygate.rootcause import explain
+
+    root = explain(list(results.values()))[1]
+    return None if root is None else f"{root.check}:{root.kind}"
 
 
 def test_clean_server_passes_and_failures_to_answer_name_the_url(
@@ -97,6 +104,7 @@ def test_server_temperature_fails_with_its_cause(demo_lm: Path, served_copy: Pat
     probe = results["sampling_config"].details["server_defaults_probe"]
     assert probe["differing"] == ["temperature"] and not probe["combined"], probe
     assert results["behaviour_parity"].status == "fail", results["behaviour_parity"].message
+    assert _root(results) == "sampling_config:server_defaults"
     for check in ("logprob_delta", "generation_parity", "batch_invariance"):
         assert results[check].status == "pass", (check, results[check].message)
 
@@ -127,4 +135,5 @@ def test_short_max_model_len_and_another_generation_config_fail_with_their_cause
     assert sampling.details["server"]["defaults"] is None  # not exposed: measured
     assert sampling.details["server_defaults_probe"]["differing"] == ["temperature"]
     assert sampling.status == "fail"
+    assert _root(results) in ("sampling_config:server_context", "sampling_config:server_defaults")
     assert results["batch_invariance"].status == "skip", results["batch_invariance"].message

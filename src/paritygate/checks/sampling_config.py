@@ -333,6 +333,21 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="remove the declared serving path (the served directory's own file is "
                     "the default), or ship the declared file",
                 rank=300),
+    Explanation("sampling_config", "server_context", ("server_max_model_len",),
+                ("logprob_delta", "generation_parity", "behaviour_parity", "batch_invariance"),
+                "the server's context (max_model_len) is under the longest probe plus "
+                "max_new_tokens, so it cuts completions the trainer samples in full",
+                fix="start the server with --max-model-len of at least the longest prompt "
+                    "plus max_new_tokens (or serve shorter prompts: max_prompt_tokens)",
+                rank=310),
+    Explanation("sampling_config", "server_defaults", ("server_default_differs",),
+                ("logprob_delta", "generation_parity", "behaviour_parity"),
+                "the server samples a request that leaves a field out with its own default, "
+                "not the serving config's value",
+                fix="start the server without --override-generation-config and with the "
+                    "served directory's generation config (vLLM: --generation-config auto), or "
+                    "make every client send the field (causal_lm.endpoint.sampling: request)",
+                rank=320),
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),
