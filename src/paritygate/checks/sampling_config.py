@@ -339,7 +339,7 @@ CAUSES: tuple[Explanation, ...] = (
                 "max_new_tokens, so it cuts completions the trainer samples in full",
                 fix="start the server with --max-model-len of at least the longest prompt "
                     "plus max_new_tokens (or serve shorter prompts: max_prompt_tokens)",
-                rank=310),
+                rank=305),
     Explanation("sampling_config", "server_defaults", ("server_default_differs",),
                 ("logprob_delta", "generation_parity", "behaviour_parity"),
                 "the server samples a request that leaves a field out with its own default, "
@@ -347,7 +347,7 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="start the server without --override-generation-config and with the "
                     "served directory's generation config (vLLM: --generation-config auto), or "
                     "make every client send the field (causal_lm.endpoint.sampling: request)",
-                rank=320),
+                rank=325),
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),
