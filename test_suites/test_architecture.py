@@ -340,3 +340,19 @@ def test_registration_is_one_module_per_check() -> None:
             assert set(edge.explains) <= set(CHECK_IDS), edge
     ranks = [edge.rank for edge in GRAPH]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_one_renderer_registry_and_checks_build_no_report_content() -> None:
+    """Report tables and figures are drawn in one place, ``paritygate.report.RENDERERS``,
+    keyed by check id: a check module imports nothing that builds report content."""
+    from paritygate.check import CheckSpec
+    from paritygate.checks import CHECK_IDS
+    from paritygate.report import RENDERERS
+
+    assert set(RENDERERS) <= set(CHECK_IDS)
+    assert "render" not in CheckSpec.__dataclass_fields__
+    drawing = ("paritygate.report", "paritygate.fragments", "paritygate.precision.render",
+               "paritygate.precision.plot")
+    wrong = sorted(f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
+                   if src.startswith("paritygate.checks") and dst.startswith(drawing))
+    assert wrong == [], "a check measures; report/ renders its records"
