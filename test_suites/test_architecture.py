@@ -342,6 +342,22 @@ def test_registration_is_one_module_per_check() -> None:
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
 
 
+def test_a_check_registers_in_its_own_module() -> None:
+    """``POSITION`` and ``CAUSES`` are assigned in the check's module, not imported into it
+    from a module that exists to make room: registration sits beside the check."""
+    package = SRC / "checks"
+    for path in sorted(package.glob("[!_]*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assigned = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    if isinstance(t, ast.Name)}
+        imported = {a.asname or a.name for node in tree.body
+                    if isinstance(node, ast.ImportFrom) for a in node.names}
+        assert "POSITION" in assigned, f"{path.name}: POSITION is not assigned in the module"
+        assert not {"POSITION", "CAUSES", "CHECK"} & imported, \
+            f"{path.name} imports its registration"
+
+
 def test_one_renderer_registry_and_checks_build_no_report_content() -> None:
     """Report tables and figures are drawn in one place, ``paritygate.report.RENDERERS``,
     keyed by check id: a check module imports nothing that builds report content."""
