@@ -63,7 +63,7 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
             f"a PEFT adapter directory whose base_model_name_or_path is {named}, which the gate "
             "cannot fetch: set causal_lm.model_dir to the base model's local copy and "
             f"causal_lm.adapter to {model_dir}")
-    update = {"model_dir": str(base), "adapter": str(model_dir)}
+    update = {"model_dir": base, "adapter": model_dir}
     return spec.model_copy(update=update), adapter, key
 
 
