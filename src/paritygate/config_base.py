@@ -31,6 +31,8 @@ def _as_path(value: object) -> Path:
         return value
     if not isinstance(value, str):
         raise PydanticCustomError("string_type", "Input should be a valid string")
+    if not value.strip():  # Path("") is the current folder: a path nobody meant
+        raise PydanticCustomError("path_empty", "an empty path names no file (leave the key out)")
     return Path(value)
 
 
