@@ -499,6 +499,22 @@ def temperature_ignored_sampled(cfg: dict[str, Any], model: Path, out: Path) -> 
     cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:temperature_ignored"
 
 
+def penalty_both(**fields: Any) -> Patch:
+    """Both sides sample under the same penalty: agreed, and still off-policy."""
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        _sampling(cfg, "training", out, **fields)
+        _sampling(cfg, "serving", out, **fields)
+    return patch
+
+
+def repetition_penalty_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The clean twin: the trainer's log-prob function applies the same repetition penalty
+    and the config declares it."""
+    penalty_both(repetition_penalty=1.3)(cfg, model, out)
+    cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:repetition_penalised"
+    cfg["causal_lm"]["training"]["logprob_applies"] = ["repetition_penalty"]
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault, the checks it must fail with the cause each names, and the other checks

@@ -1,0 +1,94 @@
+"""A penalty's signature in a token log-prob delta: served log-probs lowered on repeated tokens.
+
+A repetition, presence or frequency penalty lowers the served logits of tokens already in the
+context, so the engine's log-prob of a sampled token that appeared before (in the prompt or
+earlier in the completion) is lower than the trainer's (``delta = trainer - engine > 0``),
+while a fresh token's is slightly higher (the mass the penalty took away is renormalised onto
+the others: ``delta <= 0``). Precision noise and different weights do not depend on whether a
+token was seen before. :func:`penalty_signature` splits the delta by that and says whether the
+split explains it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SEPARATION_SIGMAS = 5.0
+"""The repeated tokens' mean delta must exceed the fresh tokens' by this many standard errors."""
+EXPLAINED_SHARE = 0.5
+"""Share of the delta's mean square the split by repetition must explain (the between-group
+part plus the fresh tokens' renormalisation, which a penalty alone causes)."""
+MIN_TOKENS = 4
+"""Tokens each group needs before the split is read."""
+
+
+@dataclass(frozen=True)
+class PenaltySignature:
+    """The delta split by "the sampled token appeared before in prompt + completion"."""
+
+    repeated_tokens: int
+    fresh_tokens: int
+    repeated_mean: float
+    """Mean ``trainer - engine`` log-prob over repeated tokens (a penalty makes it > 0)."""
+    fresh_mean: float
+    separation: float
+    """``(repeated_mean - fresh_mean)`` in standard errors of the difference."""
+    explained: float
+    """Share of the mean square of the delta that the two group means account for."""
+
+    @property
+    def penalty(self) -> bool:
+        """Whether the delta has a penalty's shape: repeated tokens lowered on the served side,
+        fresh ones not, the split significant and accounting for most of the delta."""
+        return (self.repeated_tokens >= MIN_TOKENS and self.fresh_tokens >= MIN_TOKENS
+                and self.repeated_mean > 0 and self.repeated_mean > abs(self.fresh_mean)
+                and self.separation >= SEPARATION_SIGMAS and self.explained >= EXPLAINED_SHARE)
+
+    def describe(self) -> str:
+        return (f"repeated tokens (seen before in prompt or completion) score "
+                f"{self.repeated_mean:+.3g} nats trainer minus engine on average over "
+                f"{self.repeated_tokens} tokens, fresh tokens {self.fresh_mean:+.3g} over "
+                f"{self.fresh_tokens} ({self.separation:.1f} standard errors apart; the split "
+                f"explains {self.explained:.0%} of the squared delta)")
+
+    def as_details(self) -> dict[str, float]:
+        return {"repeated_tokens": self.repeated_tokens, "fresh_tokens": self.fresh_tokens,
+                "repeated_mean": self.repeated_mean, "fresh_mean": self.fresh_mean,
+                "separation": self.separation, "explained": self.explained}
+
+
+def repeated_mask(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+                  width: int) -> np.ndarray:
+    """``(B, width)``: token ``j`` of completion ``i`` already appeared in prompt ``i`` or in
+    the completion's first ``j`` tokens."""
+    mask = np.zeros((len(outputs), width), dtype=bool)
+    for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+        seen = set(prompt)
+        for j, token in enumerate(output[:width]):
+            mask[i, j] = token in seen
+            seen.add(token)
+    return mask
+
+
+def penalty_signature(delta: np.ndarray, valid: np.ndarray, repeated: np.ndarray
+                      ) -> PenaltySignature:
+    """Split ``delta`` (``(B, L)`` trainer minus engine log-probs) over the ``valid`` tokens by
+    ``repeated`` (:func:`repeated_mask`)."""
+    rep = delta[valid & repeated].astype(np.float64)
+    fresh = delta[valid & ~repeated].astype(np.float64)
+    if rep.size < 2 or fresh.size < 2:
+        return PenaltySignature(int(rep.size), int(fresh.size),
+                                float(rep.mean()) if rep.size else 0.0,
+                                float(fresh.mean()) if fresh.size else 0.0, 0.0, 0.0)
+    gap = float(rep.mean() - fresh.mean())
+    stderr = math.sqrt(rep.var(ddof=1) / rep.size + fresh.var(ddof=1) / fresh.size)
+    separation = gap / stderr if stderr > 0 else (math.inf if gap > 0 else 0.0)
+    total = float((rep**2).sum() + (fresh**2).sum())
+    between = rep.size * float(rep.mean()) ** 2 + fresh.size * float(fresh.mean()) ** 2
+    explained = between / total if total > 0 else 0.0
+    return PenaltySignature(int(rep.size), int(fresh.size), float(rep.mean()),
+                            float(fresh.mean()), separation, explained)
