@@ -507,6 +507,10 @@ def penalty_both(**fields: Any) -> Patch:
     return patch
 
 
+repetition_penalty_both = penalty_both(repetition_penalty=1.3)
+presence_penalty_both = penalty_both(presence_penalty=1.5)
+
+
 def repetition_penalty_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
     """The clean twin: the trainer's log-prob function applies the same repetition penalty
     and the config declares it."""
@@ -777,6 +781,7 @@ def variant_config(model_dir: Path, out: Path, fault: Fault | None) -> dict[str,
 
 
 VLLM_FAULTS: tuple[str, ...] = (
+    "repetition_penalty_both",
     "temperature_differs",
     "temperature_ignored_sampled",
     "stale_serving",

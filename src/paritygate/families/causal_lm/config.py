@@ -124,6 +124,8 @@ class TrainingSide(StrictModel):
     ``off_policy_transform``."""
     dtype: Dtype = "float32"
     device_map: Literal["auto"] | None = None
+    """``auto``: the recompute model is dispatched over every visible device by accelerate
+    (``pip install accelerate``), for models larger than one device."""
 
     @field_validator("logprob_applies")
     @classmethod
@@ -135,8 +137,6 @@ class TrainingSide(StrictModel):
             raise ValueError(f"{unknown[0]!r} is not a distribution-moving sampling field "
                              f"(one of {', '.join(OFF_POLICY)})")
         return value
-    """``auto``: the recompute model is dispatched over every visible device by accelerate
-    (``pip install accelerate``), for models larger than one device."""
 
 
 class EngineSpec(StrictModel):
