@@ -1,6 +1,7 @@
 """behaviour_parity's vLLM side with vLLM-shaped fakes: one seeded request per sample (seeds
-from the spec's seed, the prompt and the sample index), the stop reason read from vLLM's ``finish_reason`` / ``stop_reason`` (vLLM
-leaves a stop string out of the text, so it cannot be found in the tokens)."""
+from the spec's seed, the prompt and the sample index), the stop reason read from vLLM's
+``finish_reason`` / ``stop_reason`` (vLLM leaves a stop string out of the text, so it cannot
+be found in the tokens)."""
 
 from __future__ import annotations
 

@@ -80,18 +80,20 @@ def _penalised(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def test_penalty_shape_is_named() -> None:
     repeated, valid, noise = _penalised(np.random.default_rng(0))
-    delta = noise + np.where(repeated, 0.3, -0.02)  # served lowered repeated tokens
-    assert penalty_signature(delta, valid, repeated).penalty
+    delta = noise + np.where(repeated, 0.3, -0.05)  # served lowered repeated tokens
+    assert penalty_signature(delta, valid, repeated, 1e-3).penalty
 
 
 def test_noise_and_weights_are_not_a_penalty() -> None:
     rng = np.random.default_rng(1)
     repeated, valid, noise = _penalised(rng)
-    assert not penalty_signature(noise, valid, repeated).penalty
+    assert not penalty_signature(noise, valid, repeated, 1e-3).penalty
     other_weights = rng.normal(0, 0.3, noise.shape)
-    assert not penalty_signature(other_weights, valid, repeated).penalty
+    assert not penalty_signature(other_weights, valid, repeated, 1e-3).penalty
     # an engine that raises repeated tokens is not a penalty either
-    assert not penalty_signature(np.where(repeated, -0.3, 0.02), valid, repeated).penalty
+    assert not penalty_signature(np.where(repeated, -0.3, 0.02), valid, repeated, 1e-3).penalty
+    # nor one that raises every token but one (a minimum length masking EOS)
+    assert not penalty_signature(np.full(noise.shape, -0.1), valid, repeated, 1e-3).penalty
 
 
 def test_repeated_mask_counts_prompt_and_earlier_tokens() -> None:

@@ -131,7 +131,7 @@ def measure_delta(
         _temperature_fit(m, ctx, generation, logp_infer, mask, training)
     breached = next((n for n, metric in m.metrics.items() if metric.breaches()), None)
     if breached is not None and "misalignment" not in stats.labels:
-        _penalty(m, generation, logp_train, logp_infer, mask, serving)
+        _penalty(m, generation, (logp_train, logp_infer, mask), serving, tier)
     if breached is not None:  # a plain breach: its diagnosis and worst tokens, for people
         worst = ", ".join(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
@@ -233,17 +233,18 @@ def _named_causes(
             )
 
 
-def _penalty(m: Measurement, generation: Any, logp_train: Any, logp_infer: Any, mask: Any,
-             serving: SamplingSpec) -> None:
+def _penalty(m: Measurement, generation: Any, logps: tuple[Any, Any, Any],
+             serving: SamplingSpec, tier: Mapping[str, float]) -> None:
     """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
     the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say."""
     from paritygate.metrics.logprob_penalty import penalty_signature, repeated_mask
 
-    train, infer = np.asarray(logp_train, np.float64), np.asarray(logp_infer, np.float64)
-    valid = np.asarray(mask, bool) & np.isfinite(train) & np.isfinite(infer)
+    train, infer = np.asarray(logps[0], np.float64), np.asarray(logps[1], np.float64)
+    valid = np.asarray(logps[2], bool) & np.isfinite(train) & np.isfinite(infer)
     repeated = repeated_mask(generation.prompt_ids, generation.output_ids, train.shape[1])
     with np.errstate(invalid="ignore"):
-        signature = penalty_signature(np.where(valid, train - infer, 0.0), valid, repeated)
+        signature = penalty_signature(np.where(valid, train - infer, 0.0), valid, repeated,
+                                      float(tier["delta_max_abs"]))
     m.details["penalty_signature"] = signature.as_details()
     if not signature.penalty:
         return
