@@ -793,3 +793,14 @@ VLLM_ONLY_FAULTS: tuple[Fault, ...] = (
     Fault("temperature_ignored_sampled", temperature_ignored_sampled, {}),
 )
 """Variants only the vLLM comparison runs (looked up by name with FAULTS)."""
+SAMPLING_VARIANTS: tuple[Fault, ...] = (
+    Fault("repetition_penalty_both", repetition_penalty_both,
+          {"sampling_config": "repetition_penalty (serving 1.3, training 1.3) moves the sampled "
+                              "distribution away from the policy",
+           "logprob_delta": "a penalty on repeated tokens"}),
+    Fault("repetition_penalty_declared", repetition_penalty_declared, {}),
+)
+"""The sampling model's fault and its clean twin (test_sampling_zoo.py on HF,
+test_vllm_real.py on vLLM): both sides agree on a penalty, and the declared trainer function
+that applies it."""
+

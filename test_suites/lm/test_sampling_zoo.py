@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lm_zoo import Fault, _sampling, presence_penalty_both, variant_config
+from lm_zoo import SAMPLING_VARIANTS, Fault, _sampling, presence_penalty_both, variant_config
 
 
 def _gate(demo_lm: Path, out: Path, patch: Any = None, **top: Any) -> Any:
@@ -27,10 +27,13 @@ def _gate(demo_lm: Path, out: Path, patch: Any = None, **top: Any) -> Any:
 def test_agreed_penalty_is_named_and_is_the_root(lm_variants) -> None:
     from paritygate.rootcause import explain
 
-    config = lm_variants.evaluate("repetition_penalty_both", "sampling_config")
+    fault = next(f for f in SAMPLING_VARIANTS if f.name == "repetition_penalty_both")
+    config = lm_variants.evaluate(fault.name, "sampling_config")
     assert config.finding_kinds() == ["off_policy_transform"], config.message
-    delta = lm_variants.evaluate("repetition_penalty_both", "logprob_delta")
+    delta = lm_variants.evaluate(fault.name, "logprob_delta")
     assert "penalty_applied" in delta.finding_kinds(), delta.message
+    for check_id, cause in fault.causes.items():
+        assert cause in lm_variants.evaluate(fault.name, check_id).message
     assert "repetition_penalty 1.3" in delta.message
     signature = delta.details["penalty_signature"]
     assert signature["fresh_raised"] >= 0.9 and signature["separation"] >= 3
