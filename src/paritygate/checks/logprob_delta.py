@@ -22,7 +22,7 @@ from paritygate.result import Measurement
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from paritygate.engines.generation import SamplingSpec
+    from paritygate.engines.generation import Generation, SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.metrics.logprob import DeltaStats
     from paritygate.metrics.tiers import Limits
@@ -233,7 +233,8 @@ def _named_causes(
             )
 
 
-def _penalty(m: Measurement, generation: Any, logps: tuple[Any, Any, Any],
+def _penalty(m: Measurement, generation: Generation,
+             logps: tuple[np.ndarray, np.ndarray, np.ndarray],
              serving: SamplingSpec, tier: Mapping[str, float]) -> None:
     """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
     the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say."""

@@ -44,7 +44,7 @@ class SamplingSpec:
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end a response besides the EOS ids (vLLM ``stop_token_ids``)."""
     ignore_eos: bool = False
-    transforms: dict[str, Any] = field(default_factory=dict)
+    transforms: dict[str, object] = field(default_factory=dict)
     """Other fields that move the sampled distribution, with their non-neutral values as
     written (``logit_bias``, ``bad_words_ids``, ``no_repeat_ngram_size``...): an engine
     applies those of its own API and refuses the rest by name

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def hf_transforms(sampling: SamplingSpec) -> dict[str, Any]:
+def hf_transforms(sampling: SamplingSpec) -> dict[str, object]:
     """``GenerationConfig`` keywords for the distribution-moving fields HF applies besides the
     modelled ones (``no_repeat_ngram_size``, ``bad_words_ids``...; see ``HF_APPLIES``)."""
     return {k: v for k, v in sampling.transforms.items()

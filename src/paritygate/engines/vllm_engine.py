@@ -198,8 +198,9 @@ def sampling_params_kwargs(
     stop_ids = [int(t) for t in sampling.eos_token_ids]
     stop_ids += [int(t) for t in sampling.stop_token_ids if int(t) not in stop_ids]
     applied = {k: v for k, v in sampling.transforms.items() if k in VLLM_APPLIES}
-    if "logit_bias" in applied:
-        applied["logit_bias"] = {int(k): float(v) for k, v in applied["logit_bias"].items()}
+    bias = applied.get("logit_bias")
+    if isinstance(bias, dict):  # YAML may key token ids as strings
+        applied["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
     return {
         **applied,
         "presence_penalty": float(sampling.presence_penalty),
