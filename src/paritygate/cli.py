@@ -53,7 +53,7 @@ def _select_checks(gate: object, check_ids: list[str]) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from paritygate.trainer_output import CHECKPOINT_ENV
+    from paritygate.trainer_output import BLESS_FIRST_ENV, CHECKPOINT_ENV
 
     if args.all_checkpoints:
         return _cmd_run_all(args)
@@ -62,9 +62,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.environ[CHECKPOINT_ENV] = args.checkpoint  # the pytest session and its workers
     else:
         os.environ.pop(CHECKPOINT_ENV, None)
+    os.environ.pop(BLESS_FIRST_ENV, None)  # set by --bless-first for this run only
     try:
         return _run_one(args)
     finally:
+        os.environ.pop(BLESS_FIRST_ENV, None)
         if previous is None:
             os.environ.pop(CHECKPOINT_ENV, None)
         else:
@@ -77,22 +79,32 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
 
     from paritygate.config import load_config
 
-    if args.checkpoint is not None or args.update_golden:
+    if args.checkpoint is not None or args.update_golden or args.step is not None:
         raise InputError(None, "--all", "--all gates every checkpoint: it takes neither "
-                         "--checkpoint nor --update-golden (bless one checkpoint)")
+                         "--checkpoint, --step nor --update-golden (bless one checkpoint, "
+                         "or the first with --bless-first)")
     config = load_config(args.config)
     record = config.trainer_checkpoint
-    if record is None or record.output_dir is None:
+    from paritygate.trainer_output import checkpoint_series, saved_zips
+
+    # read before any gate runs: gaps, unreadable trainer_state.json, no saves are exit 2
+    if record is not None and record.output_dir is not None:
+        series = checkpoint_series(record.output_dir)
+    elif config.policy is not None:
+        series = saved_zips(config.resolve(config.policy.checkpoint), config.path)
+    else:
         raise InputError(config.path, "--all", "the config's model directory is not a trainer "
                          "output_dir (no checkpoint-N folders)")
-    from paritygate.trainer_output import find_checkpoints
-
     base = args.report_dir or config.default_report_dir()
     worst = EXIT_PASS
     rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
-    for step, folder in find_checkpoints(record.output_dir):
+    if args.bless_first:
+        _refuse_existing_baseline(args)
+    for index, (step, folder) in enumerate(series):
         cmd = [sys.executable, "-m", "paritygate", "run", str(args.config), "--checkpoint",
-               str(folder), "--report-dir", str(base / folder.name)]
+               str(folder), "--report-dir", str(base / folder.stem)]
+        if args.bless_first and index == 0:
+            cmd += ["--bless-first", "--step", str(step)]
         if args.markexpr:
             cmd += ["-m", args.markexpr]
         for cid in args.check_ids or []:
@@ -106,10 +118,36 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
         word = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INPUT: "bad input",
                 EXIT_NOTHING_VERIFIED: "nothing verified"}.get(code, f"exit {code}")
         print(f"paritygate: {folder.name} (step {step}): {word}; reports in "
-              f"{base / folder.name}", flush=True)
+              f"{base / folder.stem}", flush=True)
         if rank.get(code, 3) > rank.get(worst, 3):
             worst = code
     return worst
+
+
+def _refuse_existing_baseline(args: argparse.Namespace, gate: Gate | None = None) -> None:
+    """``--bless-first`` blesses a run's first baseline and never replaces one: a baseline
+    file of a selected check that exists is bad input naming it."""
+    from paritygate.gate import Gate
+
+    gate = gate or Gate.from_path(args.config)
+    wanted = set(args.check_ids or []) or {c.id for c in gate.checks()}
+    for spec in gate.checks():
+        path = gate.golden.path(spec.id)
+        if spec.id in wanted and path.exists():
+            raise InputError(path, "--bless-first", "a golden baseline exists; --bless-first "
+                             "never re-blesses (gate against it without --bless-first, or "
+                             "replace it with --update-golden)")
+
+
+def _bless_first(args: argparse.Namespace, gate: Gate) -> None:
+    """Refuse an existing baseline, then bless this run, recording its step and checkpoint."""
+    from paritygate.trainer_output import BLESS_FIRST_ENV
+
+    _refuse_existing_baseline(args, gate)
+    record = gate.config.trainer_checkpoint
+    step = args.step if args.step is not None else (record.step if record else None)
+    os.environ[BLESS_FIRST_ENV] = json.dumps({"step": step})
+    gate.update_golden = args.update_golden = True
 
 
 def _run_one(args: argparse.Namespace) -> int:
@@ -121,6 +159,8 @@ def _run_one(args: argparse.Namespace) -> int:
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
+    if args.bless_first:
+        _bless_first(args, gate)
     gate.check_writable(args.report_dir)
     selected = _select_checks(gate, args.check_ids) if args.check_ids else None
     if args.markexpr:

@@ -102,6 +102,21 @@ def _add_run(sub: Subparsers) -> None:
         help="gate every checkpoint-N of the config's trainer output_dir, one run each, "
         "reports in <report-dir>/checkpoint-N; exit with the worst code",
     )
+    run.add_argument(
+        "--bless-first",
+        action="store_true",
+        help="bless this checkpoint as the first baseline of a run (with --all: the first "
+        "checkpoint-N, then gate the others against it); bad input (exit 2) when a baseline "
+        "exists: it never re-blesses",
+    )
+    run.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the training step of the checkpoint (recorded with --bless-first; default: "
+        "trainer_state.json's global_step)",
+    )
 
 
 

@@ -9,6 +9,7 @@ judges it against thresholds and golden and runs the baseline's life cycle.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import traceback
 from collections.abc import Mapping
@@ -195,8 +196,24 @@ class Gate:
             **({"trainer": self.config.trainer_checkpoint.to_json()}
                if self.config.trainer_checkpoint is not None else {}),
             "bless_command": self.bless_command(),
+            **self._blessed_first(),
             "environment": environment(),
         }
+
+    def _blessed_first(self) -> dict[str, object]:
+        """``{"blessed_first": {"step", "checkpoint"}}`` when ``run --bless-first`` (or a
+        callback's ``bless_first``) blessed the first checkpoint of a run."""
+        import json
+
+        from paritygate.trainer_output import BLESS_FIRST_ENV
+
+        raw = os.environ.get(BLESS_FIRST_ENV)
+        if not raw or not self.update_golden:
+            return {}
+        step = json.loads(raw).get("step")
+        record = self.config.trainer_checkpoint  # a checkpoint-N folder, else the file
+        gated = record.path if record is not None else Path(self.context.checkpoint_path)
+        return {"blessed_first": {"step": step, "checkpoint": gated.name}}
 
     def numerics(self) -> dict[str, Any]:
         """The context's settings that move numbers by design (empty for families without)."""

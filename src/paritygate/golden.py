@@ -1,8 +1,10 @@
 """Golden baselines: the whole life cycle of a check's baseline, in one place.
 
-``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "provenance": {...}}``;
-per-item metrics (one per layer, :attr:`~paritygate.result.Metric.detail`) sit beside it in
-``<check_id>.detail.json`` as ``{"metrics": {...}}``.
+``<golden_dir>/<name>/<check_id>.json`` holds ``{"metrics": {...}, "noise": {...},
+"provenance": {...}}`` (``noise``: each metric's noise floor and its source, see
+:mod:`paritygate.regression`; a baseline without it still loads); per-item metrics (one per
+layer, :attr:`~paritygate.result.Metric.detail`) sit beside it in ``<check_id>.detail.json`` as
+``{"metrics": {...}, "noise": {...}}``.
 :func:`regression_check` owns the cycle: load the baseline, judge the measurement
 against thresholds and golden (:func:`paritygate.verdict.judge`, which also fails a
 baseline blessed on another probe set), then either bless (``--update-golden``, atomic, passing
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import cast
 
 from paritygate.files import FileLock, LockHeld, atomic_write_many, atomic_write_text, dump_json
+from paritygate.regression import NoiseEntry, blessed_noise, stored_noise
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import GoldenRecord, GoldenValue, Margin, judge
 
@@ -47,6 +50,13 @@ def _read_record(path: Path) -> GoldenRecord:
     for name, value in data["metrics"].items():
         if value is not None and not isinstance(value, (int, float, bool)):
             raise InputError(path, f"metrics.{name}", f"golden value {value!r} is not a number")
+    noise = data.get("noise")
+    if noise is not None and not isinstance(noise, dict):
+        raise InputError(path, "noise", "golden file's 'noise' is not a mapping")
+    for name, entry in (noise or {}).items():
+        if stored_noise(entry) is None:
+            raise InputError(path, f"noise.{name}",
+                             "a noise floor is {\"floor\": <number>, \"source\": <text>}")
     return cast(GoldenRecord, data)
 
 
@@ -143,7 +153,10 @@ class GoldenStore:
         data = _read_record(p)
         detail = self.detail_path(check_id)
         if detail.exists():
-            data["detail_metrics"] = _read_record(detail).get("metrics", {})
+            items = _read_record(detail)
+            data["detail_metrics"] = items.get("metrics", {})
+            if "noise" in data:  # per-item floors beside per-item values
+                data["noise"] = {**data["noise"], **items.get("noise", {})}
         return data
 
     def write(
@@ -152,12 +165,19 @@ class GoldenStore:
         metrics: Mapping[str, GoldenValue],
         provenance: Mapping[str, object],
         detail: Mapping[str, GoldenValue] | None = None,
+        noise: Mapping[str, NoiseEntry] | None = None,
     ) -> Path:
         """Bless ``metrics`` (and the per-item ``detail`` metrics, in their own file) as the
-        new baseline and drop any stale obtained file."""
+        new baseline with each metric's ``noise`` floor, and drop any stale obtained file."""
         p = self.path(check_id)
-        self._put(self.detail_path(check_id), dump_json({"metrics": detail}) if detail else None)
-        self._put(p, dump_json({"metrics": metrics, "provenance": provenance}))
+        record: dict[str, object] = {"metrics": metrics}
+        items: dict[str, object] = {"metrics": detail}
+        if noise is not None:  # None: no floors measured, judged by the default ones
+            record["noise"] = {k: v for k, v in noise.items() if not (detail and k in detail)}
+            items["noise"] = {k: v for k, v in noise.items() if detail and k in detail}
+        record["provenance"] = provenance
+        self._put(self.detail_path(check_id), dump_json(items) if detail else None)
+        self._put(p, dump_json(record))
         self._put(self.obtained_path(check_id), None)
         return p
 
@@ -205,7 +225,8 @@ def regression_check(
     detail = {n: m.value for n, m in measurement.metrics.items() if m.ratchet and m.detail}
     if blessing:
         if result.status == "pass":
-            path = store.write(check_id, ratcheted, provenance(), detail)
+            floors = blessed_noise({n: m for n, m in measurement.metrics.items() if m.ratchet})
+            path = store.write(check_id, ratcheted, provenance(), detail, floors)
             result.message += f" (golden blessed: {path.name})"
         else:
             result.message += " (not blessed: the check fails its thresholds)"
@@ -221,5 +242,5 @@ def regression_check(
         # baseline (or its thresholds) is never offered for blessing.
         if expected is None and [r.kind for r in result.reasons] == ["no_golden"]:
             result.message += f" Bless with: {bless_command}"
-            result.fix = f"bless with: {bless_command}"
+            result.bless_hint = f"bless with: {bless_command}"
     return result

@@ -122,6 +122,10 @@ class Metric:
     limit_key: str | None = None
     """The threshold key its limit comes from (``thresholds.<check>.<key>``) when that is not
     the metric's own name (``p99_abs_diff`` is bounded by ``max_abs_diff``)."""
+    noise: float | None = None
+    """How much a clean subject moves this metric, when the check measured it (a reference
+    implementation's error on the same model): stored with a blessed baseline as the metric's
+    noise floor (:mod:`paritygate.regression`)."""
 
     def is_finite(self) -> bool:
         """False for NaN/Inf values; ``None`` means not measured and counts as finite."""
@@ -169,13 +173,15 @@ class Measurement:
         ratchet: bool = True,
         detail: bool = False,
         limit_key: str | None = None,
+        noise: float | None = None,
     ) -> Metric:
         """Record a metric; ``value`` is converted to a plain Python number."""
         if value is not None and not isinstance(value, (bool, int)):
             value = float(value)
         elif isinstance(value, int) and not isinstance(value, bool):
             value = int(value)
-        m = Metric(name, value, bad, threshold, unit, key, ratchet, detail, limit_key)
+        m = Metric(name, value, bad, threshold, unit, key, ratchet, detail, limit_key,
+                   None if noise is None else float(noise))
         self.metrics[name] = m
         return m
 
@@ -240,6 +246,9 @@ class CheckResult:
     """Id of the check whose failure explains this one (set by :mod:`paritygate.rootcause`)."""
     failed_metrics: list[str] = field(default_factory=list)
     """Metrics that breached a threshold, regressed against golden or are non-finite."""
+    bless_hint: str | None = None
+    """How to get the golden baseline the check lacks (``None`` when it has one): kept apart
+    from ``fix``, which is the fault's and never depends on whether a baseline exists."""
 
     def finding_kinds(self) -> list[str]:
         """The kinds of the check's findings, in verdict order."""
@@ -254,6 +263,7 @@ class CheckResult:
             "fix": self.fix,
             "consequence_of": self.consequence_of,
             "failed_metrics": list(self.failed_metrics),
+            "bless_hint": self.bless_hint,
             "metrics": self.metrics,
             "golden": self.golden,
             "thresholds": self.thresholds,
@@ -280,4 +290,5 @@ class CheckResult:
             fix=data.get("fix"),
             consequence_of=data.get("consequence_of"),
             failed_metrics=data.get("failed_metrics", []),
+            bless_hint=data.get("bless_hint"),
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from paritygate.causes import Explanation
 from paritygate.result import CheckResult, Reason
+from paritygate.verdict import BLESS_HINT
 
 FAILED = ("fail", "error")
 
@@ -87,8 +88,10 @@ def _matches(result: CheckResult, edge: Explanation) -> str | None:
     for ``None``), ``"breach"`` when only by a plain breach of one of its ``breaches``."""
     found = _findings(result)
     if edge.regressed:
+        # only a check that failed by its baseline alone: a finding on this run names the
+        # fault whether or not a baseline exists (the root's kind never depends on one)
         hit = any(r.kind == "regression" and r.metric in edge.regressed for r in found)
-        return "finding" if hit else None
+        return "finding" if hit and not result.finding_kinds() else None
     if edge.finding_kinds is None:
         return "finding" if found or not result.reasons else None
     if any(r.kind == "finding" and r.finding in edge.finding_kinds for r in found):
@@ -186,11 +189,27 @@ def explain(
     else:
         kind, edge_fix = ("threshold_breach" if _plain_breach(first) else "independent"), None
     finding = next(iter(first.finding_kinds()), None)
+    # the root's fix is the fault's; a missing baseline is the fault only when it is all
+    fix = first.fix or edge_fix or (first.bless_hint if kind == "no_golden" else None)
     root_cause = RootCause(
         first.id, kind, first.message, tuple(c for c in failing if c in explained_ids),
-        first.fix or edge_fix, finding,
+        fix, finding,
     )
     return out, root_cause
+
+
+def bless_hint(results: list[CheckResult]) -> str | None:
+    """The run's next step when checks lack a golden baseline (``None`` when none does): its
+    own line and field, apart from the root cause's fix."""
+    missing = [r for r in results if r.bless_hint]
+    if not missing:
+        return None
+    failing = any(r.status in FAILED and _findings(r) for r in results)
+    # a command to bless is offered only when nothing else fails: else the generic hint
+    command = BLESS_HINT if failing else next(
+        (h for h in (r.bless_hint for r in missing) if h and h != BLESS_HINT), BLESS_HINT)
+    ids = ", ".join(r.id for r in missing)
+    return f"{len(missing)} check(s) have no golden baseline ({ids}): {command}"
 
 
 def ordered(results: list[CheckResult], root: RootCause | None) -> list[CheckResult]:

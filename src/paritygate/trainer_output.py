@@ -24,17 +24,24 @@ from paritygate.errors import InputError
 from paritygate.reading import read_json_object
 
 __all__ = [
+    "BLESS_FIRST_ENV",
     "CHECKPOINT_ENV",
     "TrainerCheckpoint",
+    "checkpoint_series",
     "find_checkpoints",
     "is_output_dir",
     "pick_checkpoint",
     "pin_output_dir",
     "resolve_checkpoint",
+    "saved_zips",
 ]
 
 CHECKPOINT_ENV = "PARITYGATE_CHECKPOINT"
 """``paritygate run --checkpoint`` travels to the pytest session (and its xdist workers) here."""
+
+BLESS_FIRST_ENV = "PARITYGATE_BLESS_FIRST"
+"""``paritygate run --bless-first``'s step and checkpoint (JSON) travel to the pytest session here,
+to be recorded in the blessed baseline's provenance."""
 
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_FILES = (
@@ -42,6 +49,8 @@ TRAINER_FILES = (
     "rng_state.pth",
 )
 """Files a ``Trainer`` writes beside the model; only ``trainer_state.json`` is read (JSON)."""
+SB3_SAVE = re.compile(r"^(?P<prefix>.+)_(?P<step>\d+)_steps\.zip$")
+"""A Stable-Baselines3 ``CheckpointCallback`` save: ``<name_prefix>_<num_timesteps>_steps.zip``."""
 _RNG_STATE = re.compile(r"^rng_state_\d+\.pth$")
 
 
@@ -95,6 +104,59 @@ def find_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
         match = CHECKPOINT_DIR.match(entry.name)
         if match and entry.is_dir():
             found.append((int(match.group(1)), Path(entry.path)))
+    return sorted(found)
+
+
+def checkpoint_series(output_dir: Path) -> list[tuple[int, Path]]:
+    """Every ``checkpoint-N`` of ``output_dir`` for ``run --all``, read before any is gated: each
+    ``trainer_state.json`` (when present) must be readable JSON whose ``global_step`` is its
+    folder's N, and the series must have no gap the trainer's ``save_steps`` (recorded in that
+    file) says was saved and is gone. Bad input names the file (or the folder) and the key."""
+    found = find_checkpoints(output_dir)
+    save_steps: int | None = None
+    for step, folder in found:
+        state = _read_state(folder)  # unreadable: InputError naming trainer_state.json
+        if state is None:
+            continue
+        path = folder / "trainer_state.json"
+        recorded = state.get("global_step")
+        if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded != step:
+            raise InputError(path, "global_step", f"{recorded!r} is not the step of its folder "
+                             f"{folder.name}: the series is not one run's saves")
+        every = state.get("save_steps")
+        if isinstance(every, int) and not isinstance(every, bool) and every > 0:
+            save_steps = every
+    if save_steps is not None and len(found) > 1:
+        steps = [n for n, _ in found]
+        # the last save may be the end of training (max_steps), off the save_steps grid
+        expected = range(steps[0], steps[-1], save_steps)
+        missing = [n for n in expected if n not in steps]
+        if missing:
+            raise InputError(output_dir, f"checkpoint-{missing[0]}",
+                             f"missing from the series (save_steps {save_steps} in "
+                             f"trainer_state.json; saved: {_listing(tuple(steps))}): gate the "
+                             "checkpoints present one at a time with --checkpoint N")
+    return found
+
+
+def saved_zips(checkpoint: Path, where: Path) -> list[tuple[int, Path]]:
+    """``(step, zip)`` of a Stable-Baselines3 run's saves for ``run --all``, by step: every
+    ``<prefix>_<N>_steps.zip`` in ``checkpoint`` (a folder), or beside it with its prefix (one
+    save of the run). None found is bad input naming ``where`` (the config)."""
+    named = SB3_SAVE.match(checkpoint.name)
+    folder, prefix = (checkpoint, None) if checkpoint.is_dir() else (
+        checkpoint.parent, named.group("prefix") if named else None)
+    found = []
+    with contextlib.suppress(OSError):
+        if folder is not checkpoint and named is None:
+            raise OSError  # neither a folder of saves nor one save of a run
+        for entry in os.scandir(folder):
+            match = SB3_SAVE.match(entry.name)
+            if match and entry.is_file() and prefix in (None, match.group("prefix")):
+                found.append((int(match.group("step")), Path(entry.path)))
+    if not found:
+        raise InputError(where, "--all", f"{checkpoint}: neither a trainer output_dir nor a "
+                         "folder of CheckpointCallback saves (<prefix>_<N>_steps.zip)")
     return sorted(found)
 
 

@@ -4,9 +4,9 @@ Rules, in order (every failing rule contributes a reason):
 1. a finding (a named cause recorded by the check) fails;
 2. a NaN/Inf metric fails, by name;
 3. a metric on the bad side of its absolute threshold fails;
-4. a ratcheted metric worse than golden by more than the margin fails, where the
-   margin is ``rel_margin * |golden| + threshold_fraction * threshold`` (the
-   second term keeps near-zero baselines from turning float noise into failures);
+4. a ratcheted metric worse than golden by more than the larger of the margin
+   (``rel_margin * |golden| + threshold_fraction * threshold``) and a few times the
+   metric's noise floor stored with the baseline (:mod:`paritygate.regression`) fails;
    metrics with ``bad="change"`` fail on any difference.
 No golden baseline fails too, unless the run is blessing baselines, and so does a
 baseline blessed on another probe set than the run's. Each failing rule is a
@@ -16,15 +16,15 @@ baseline blessed on another probe set than the run's. Each failing rule is a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import SupportsFloat, TypedDict
+from dataclasses import replace
+from typing import TypedDict
 
+from paritygate.regression import Margin as Margin
+from paritygate.regression import fmt, judged_noise
+from paritygate.regression import golden_regression as golden_regression
 from paritygate.result import (
-    CHANGED,
     NO_GOLDEN,
-    REGRESSED,
     CheckResult,
     Finding,
     Measurement,
@@ -37,6 +37,13 @@ GoldenValue = float | int | bool | None
 """A blessed metric value (golden files hold numbers, booleans or null)."""
 
 
+BLESS_HINT = "bless a baseline once every check passes"
+"""A check without a baseline says how to get one, apart from its fix (the fault's)."""
+
+DEFAULT_MARGIN = Margin()
+"""The config's defaults (``golden.rel_margin`` 0.25, ``golden.threshold_fraction`` 0.05)."""
+
+
 class GoldenRecord(TypedDict, total=False):
     """A blessed baseline as read from the golden folder (:meth:`GoldenStore.load`)."""
 
@@ -44,61 +51,16 @@ class GoldenRecord(TypedDict, total=False):
     provenance: dict[str, object]
     detail_metrics: dict[str, GoldenValue]
     """Per-item baselines (a layer's error), from the check's ``.detail.json``."""
-
-
-@dataclass(frozen=True)
-class Margin:
-    rel_margin: float = 0.25
-    threshold_fraction: float = 0.05
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int) or not isinstance(value, SupportsFloat):
-        return str(value)
-    v = float(value)
-    if v == 0:
-        return "0"
-    if math.isnan(v) or math.isinf(v):
-        return str(v)
-    return f"{v:.4g}"
-
-
-def golden_regression(metric: Metric, expected: object, margin: Margin) -> str | None:
-    """A reason when ``metric`` regressed against the golden value ``expected``, else ``None``."""
-    if not metric.ratchet or metric.bad == "none" or expected is None or metric.value is None:
-        return None
-    if metric.bad == "change":
-        if metric.value != expected:
-            return f"{metric.name} {CHANGED} {_fmt(expected)}, obtained {_fmt(metric.value)}"
-        return None
-    if not isinstance(expected, (int, float)):  # bool included, as a number
-        return None
-    exp, val = float(expected), float(metric.value)
-    if not math.isfinite(exp):
-        return None
-    allowed = margin.rel_margin * abs(exp)
-    if metric.threshold is not None:
-        allowed += margin.threshold_fraction * abs(metric.threshold)
-    if metric.bad == "higher" and val > exp + allowed:
-        return (
-            f"{metric.name} {REGRESSED}: {_fmt(val)} > {_fmt(exp)} "
-            f"(+{_fmt(allowed)} margin)"
-        )
-    if metric.bad == "lower" and val < exp - allowed:
-        return (
-            f"{metric.name} {REGRESSED}: {_fmt(val)} < {_fmt(exp)} "
-            f"(-{_fmt(allowed)} margin)"
-        )
-    return None
+    noise: dict[str, object]
+    """Per-metric noise floors (:mod:`paritygate.regression`), per-item ones included;
+    absent in a baseline blessed before floors were stored."""
 
 
 def judge(
     measurement: Measurement,
     golden: GoldenRecord | None,
     *,
-    margin: Margin = Margin(),
+    margin: Margin = DEFAULT_MARGIN,
     use_golden: bool = True,
     blessing: bool = False,
     probes_sha256: str | None = None,
@@ -141,8 +103,10 @@ def judge(
             reasons.append(Reason("no_golden", NO_GOLDEN))
             no_golden = True
         else:
+            stored = golden.get("noise") if golden is not None else None
             for m in measurement.metrics.values():
-                reason = golden_regression(m, expected.get(m.name), margin)
+                gold = expected.get(m.name)
+                reason = golden_regression(m, gold, margin, judged_noise(m, gold, stored))
                 if reason:
                     reasons.append(Reason("regression", reason, m.name))
                     regressed[m.name] = reason
@@ -181,6 +145,8 @@ def judge(
         details,
         reasons=reasons,
     )
+    if no_golden:
+        result.bless_hint = BLESS_HINT
     if status == "fail":
         result.cause = sentences[0] if sentences else None
         result.fix = fix
@@ -202,7 +168,7 @@ def _own_reasons(measurement: Measurement) -> tuple[list[Reason], list[str], set
         elif m.breaches():
             op = ">" if m.bad == "higher" else "<"
             reasons.append(Reason(
-                "breach", f"{m.name}={_fmt(m.value)} {op} threshold {_fmt(m.threshold)}", m.name))
+                "breach", f"{m.name}={fmt(m.value)} {op} threshold {fmt(m.threshold)}", m.name))
             offending.append(m.name)
             breached.add(m.name)
     return reasons, offending, breached
@@ -224,8 +190,8 @@ def _passing_message(measurement: Measurement, key: str | None) -> str:
     if key is None:
         return "ok"
     km = measurement.metrics[key]
-    limit = f" (threshold {_fmt(km.threshold)})" if km.threshold is not None else ""
-    return f"{key}={_fmt(km.value)}{limit}"
+    limit = f" (threshold {fmt(km.threshold)})" if km.threshold is not None else ""
+    return f"{key}={fmt(km.value)}{limit}"
 
 
 def _probe_set_changed(golden: GoldenRecord | None, current: str | None) -> str | None:
@@ -360,15 +326,15 @@ def _sentences(
     for name in offending:
         m = measurement.metrics[name]
         gold = (expected or {}).get(name)
-        value = _fmt(m.value)
+        value = fmt(m.value)
         if not m.is_finite():
             nonfinite.append(f"{name} is {value}")
             continue
         if name in breached and name not in regressed and _golden_breaches(m, gold):
             side = "above" if m.bad == "higher" else "below"
             out.append(sentence(
-                f"{name} {value} is {side} the threshold {_fmt(m.threshold)}, as is the blessed "
-                f"golden {_fmt(gold)}: the threshold was tightened below what this model has "
+                f"{name} {value} is {side} the threshold {fmt(m.threshold)}, as is the blessed "
+                f"golden {fmt(gold)}: the threshold was tightened below what this model has "
                 "always measured"
             ))
             tightened.append(m)
@@ -376,9 +342,9 @@ def _sentences(
             continue
         numbers = []
         if name in breached:
-            numbers.append(f"threshold {_fmt(m.threshold)}")
+            numbers.append(f"threshold {fmt(m.threshold)}")
         if gold is not None:
-            numbers.append(f"golden {_fmt(gold)}")
+            numbers.append(f"golden {fmt(gold)}")
         if name in tied:
             for finding in tied.pop(name):
                 text = f"{finding.message} ({name} {value}, {', '.join(numbers)})"
@@ -389,13 +355,13 @@ def _sentences(
         hint = measurement.hints.get(name)
         possible = f": {hint}" if hint else ""
         if name in breached and name not in regressed and not hint:
-            plain.append((name, value, _fmt(m.threshold), side))
+            plain.append((name, value, fmt(m.threshold), side))
         elif name in breached and name not in regressed:
-            out.append(sentence(f"{name} {value} is {side} the threshold {_fmt(m.threshold)}"
+            out.append(sentence(f"{name} {value} is {side} the threshold {fmt(m.threshold)}"
                                 f"{possible}"))
         elif name in breached:
-            out.append(sentence(f"{name} {value} is {side} the threshold {_fmt(m.threshold)} "
-                                f"and regressed from the golden {_fmt(gold)}{possible}"))
+            out.append(sentence(f"{name} {value} is {side} the threshold {fmt(m.threshold)} "
+                                f"and regressed from the golden {fmt(gold)}{possible}"))
         else:
             out.append(sentence(regressed[name]))
     if nonfinite:
@@ -410,9 +376,8 @@ def _sentences(
         out += [sentence(f.message) for f in findings]
     if tightened:
         fix = _loosen(measurement.check_id, tightened)
-    if no_golden:
+    if no_golden:  # bookkeeping, not the fault: the bless hint is its own field
         out.append("no golden baseline.")
-        fix = fix or "bless a baseline once every check passes"
     return out, fix
 
 

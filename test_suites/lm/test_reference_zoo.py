@@ -341,3 +341,31 @@ def test_report_names_the_form_and_the_tensors(kl_models: Models, tmp_path: Path
     md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert "| recognised form | k3 |" in md
     assert "differs from initial: " in md
+
+
+@pytest.mark.parametrize("name", ["reference_is_policy", "reference_other_step"])
+def test_root_cause_is_the_same_with_and_without_a_baseline(
+    kl_models: Models, tmp_path: Path, name: str
+) -> None:
+    """A finding names the fault whether or not a baseline exists: blessed on the clean
+    reference, the faulty run's root keeps its kind, finding and fix (never reference_drift),
+    and its fix is the fault's, never the bless hint."""
+    clean = _config(kl_models, tmp_path, _reference(), "kl-stable")
+    blessing = Gate(clean, update_golden=True)
+    blessing.begin_bless()
+    assert blessing.evaluate("reference_parity").status == "pass"
+    blessing.commit_golden()
+    case = next(c for c in FAULTS if c.name == name)
+    faulty = _config(kl_models, tmp_path, case.patch, "kl-stable")
+    with_golden = Gate(faulty).evaluate("reference_parity")
+    assert "reference_digest" in with_golden.failed_metrics  # the baseline sees it moved too
+    without = Gate(_config(kl_models, tmp_path / "none", case.patch, "kl-stable")).evaluate(
+        "reference_parity")
+    assert [r.kind for r in without.reasons][-1] == "no_golden"
+    assert without.bless_hint is not None and with_golden.bless_hint is None
+    roots = [explain([r])[1] for r in (with_golden, without)]
+    assert all(root is not None for root in roots)
+    assert len({(root.kind, root.finding, root.fix) for root in roots if root}) == 1, roots
+    root = roots[0]
+    assert root is not None and root.kind != "reference_drift"
+    assert root.fix is not None and "bless" not in root.fix

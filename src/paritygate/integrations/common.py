@@ -32,6 +32,8 @@ class GateOutcome:
     scalars: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     report_dir: Path | None = None
+    blessed: bool = False
+    """This gate blessed the run's first baseline (``bless_first``) and every check passed."""
 
     @property
     def failed(self) -> bool:
@@ -41,6 +43,8 @@ class GateOutcome:
     def summary(self) -> str:
         """One line for the trainer's log."""
         head = f"paritygate: {self.checkpoint.name} (step {self.step}): {self.status}"
+        if self.blessed:
+            head += ", blessed as the run's golden baseline"
         if self.root_cause_kind:
             head += f", root cause {self.root_cause_check}: {self.root_cause_kind}"
         if self.line:
@@ -55,7 +59,7 @@ class GateOutcome:
                 "exit_code": self.exit_code, "line": self.line,
                 "root_cause_kind": self.root_cause_kind,
                 "root_cause_check": self.root_cause_check, "seconds": self.seconds,
-                **self.scalars}
+                "blessed": self.blessed, **self.scalars}
 
 
 def gate_checkpoint(
@@ -67,12 +71,18 @@ def gate_checkpoint(
     checks: list[str] | None = None,
     timeout_s: float | None = None,
     python: str = sys.executable,
+    bless_first: bool = False,
 ) -> GateOutcome:
     """``paritygate run CONFIG --checkpoint CHECKPOINT --report-dir REPORT_DIR`` in a new
-    process; never raises for what the gate says (bad input, an error, a timeout are outcomes)."""
+    process; never raises for what the gate says (bad input, an error, a timeout are outcomes).
+
+    ``bless_first``: bless this checkpoint as the run's first baseline (``--bless-first --step
+    STEP``); a baseline that exists is the gate's bad input (exit 2 naming the file)."""
     checkpoint, report_dir = Path(checkpoint), Path(report_dir)
     cmd = [python, "-m", "paritygate", "run", str(config), "--checkpoint", str(checkpoint),
            "--report-dir", str(report_dir)]
+    if bless_first:
+        cmd += ["--bless-first", "--step", str(step)]
     for cid in checks or []:
         cmd += ["--check", cid]
     start = time.perf_counter()
@@ -96,7 +106,8 @@ def gate_checkpoint(
     scalars["paritygate/exit_code"] = float(proc.returncode)
     scalars["paritygate/seconds"] = seconds
     return GateOutcome(checkpoint, step, proc.returncode, status, line, cause.get("kind"),
-                       cause.get("check"), scalars, seconds, report_dir)
+                       cause.get("check"), scalars, seconds, report_dir,
+                       blessed=bless_first and status == "pass")
 
 
 class TrackerFiles:

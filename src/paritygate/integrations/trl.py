@@ -17,12 +17,24 @@ transformers logger; ``<output_dir>/paritygate/metrics.jsonl`` and a TensorBoard
 there record every gate. A gate that ends in bad input (exit 2) or an error is logged with its
 one line and training goes on; ``stop_on_fail`` stops training (``control.should_training_stop``)
 on any outcome but a pass.
+
+A run that has no baseline yet starts itself: ``bless_first=True`` blesses the first checkpoint
+it saves (``paritygate run --bless-first``, its step recorded in the baseline's provenance) and
+gates every later one against it; a baseline that already exists is never re-blessed (that
+first gate is bad input naming the file). :meth:`ParityGateCallback.from_trainer` writes the
+config from the trainer before anything is saved::
+
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(output_dir="grpo_out", save_steps=50, ...),
+                          ...)
+    ParityGateCallback.from_trainer(trainer, prompts=["the cat sat on", ...], bless_first=True)
+    trainer.train()
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
@@ -34,6 +46,15 @@ __all__ = ["ParityGateCallback"]
 logger = hf_logging.get_logger("paritygate")
 
 
+class _Trainer(Protocol):
+    """What :meth:`ParityGateCallback.from_trainer` reads: the arguments and the dataset."""
+
+    args: object
+    train_dataset: object
+
+    def add_callback(self, callback: object) -> None: ...
+
+
 class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
     """Gates each saved ``checkpoint-N`` with a paritygate config (see the module docstring).
 
@@ -41,6 +62,7 @@ class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
     and golden baselines are kept). ``checks``: run only these check ids. ``timeout_s``: the
     most one gate may take (then an ``error`` outcome). ``trainer``: where metrics are logged
     (``attach`` sets it); without one they reach only the JSON lines and the event file.
+    ``bless_first``: bless the first checkpoint saved as the run's baseline (none may exist).
     """
 
     def __init__(
@@ -51,12 +73,14 @@ class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
         checks: list[str] | None = None,
         timeout_s: float | None = None,
         trainer: Any = None,
+        bless_first: bool = False,
     ) -> None:
         self.config = Path(config).resolve()
         self.stop_on_fail = stop_on_fail
         self.checks = checks
         self.timeout_s = timeout_s
         self.trainer = trainer
+        self.bless_first = bless_first
         self.outcomes: list[GateOutcome] = []
         self._tracker: TrackerFiles | None = None
 
@@ -67,6 +91,30 @@ class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
         trainer.add_callback(callback)
         return callback
 
+    @classmethod
+    def from_trainer(
+        cls,
+        trainer: _Trainer,
+        *,
+        prompts: Sequence[str] | None = None,
+        folder: str | Path | None = None,
+        name: str | None = None,
+        checks: Sequence[str] | None = None,
+        stop_on_fail: bool = False,
+        timeout_s: float | None = None,
+        bless_first: bool = False,
+    ) -> ParityGateCallback:
+        """Write the gate config from ``trainer`` (its arguments and dataset; see
+        :func:`paritygate.integrations.configs.write_trl_config`: ``<output_dir>/paritygate/
+        gate.yaml`` by default) and attach a callback gating with it (the other arguments are
+        the callback's)."""
+        from paritygate.integrations.configs import LM_CHECKS, write_trl_config
+
+        config = write_trl_config(trainer.args, prompts=prompts, trainer=trainer, folder=folder,
+                                  name=name, checks=checks or LM_CHECKS)
+        return cls.attach(trainer, config, stop_on_fail=stop_on_fail, timeout_s=timeout_s,
+                          bless_first=bless_first)
+
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if not state.is_world_process_zero:
             return control
@@ -76,7 +124,8 @@ class ParityGateCallback(TrainerCallback):  # type: ignore[misc]
             outcome = gate_checkpoint(
                 self.config, checkpoint, step=state.global_step,
                 report_dir=output_dir / "paritygate" / checkpoint.name,
-                checks=self.checks, timeout_s=self.timeout_s)
+                checks=self.checks, timeout_s=self.timeout_s,
+                bless_first=self.bless_first and not self.outcomes)
             self.outcomes.append(outcome)
             if self._tracker is None:
                 self._tracker = TrackerFiles(output_dir / "paritygate")

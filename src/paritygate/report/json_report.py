@@ -11,7 +11,7 @@ from typing import Any
 
 from paritygate.report.model import SCHEMA_VERSION
 from paritygate.result import CheckResult
-from paritygate.rootcause import explain
+from paritygate.rootcause import bless_hint, explain
 
 NOTHING_VERIFIED = "nothing_verified"
 
@@ -123,6 +123,7 @@ def report_json(
         "family": gate.config.family,
         "counts": counts(results),
         "root_cause": cause.to_json() if cause is not None else None,
+        "bless_hint": bless_hint(results),
         "config": relative(config_path, top) if top else config_path.name,
         "config_abs": str(config_path),
         "git_commit": commit,

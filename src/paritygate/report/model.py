@@ -74,6 +74,8 @@ class CheckRecord(_Strict):
     fix: str | None
     consequence_of: str | None = Field(description="id of the check that explains this failure")
     failed_metrics: list[str] = Field(description="metrics that breached, regressed or are NaN")
+    bless_hint: str | None = Field(None, description="how to get the golden baseline the check "
+                                   "lacks; null when it has one (never part of fix)")
     metrics: dict[str, Number]
     golden: dict[str, Any] | None
     thresholds: dict[str, Number]
@@ -115,6 +117,8 @@ class Report(_Strict):
     family: Literal["policy", "causal_lm", "hf_model"]
     counts: Counts
     root_cause: RootCauseRecord | None
+    bless_hint: str | None = Field(None, description="the run's next step when checks lack a "
+                                   "golden baseline (which, and how to bless); null otherwise")
     config: str = Field(description="the config, relative to the repository holding it when "
                                     "inside one, else its file name")
     config_abs: str
