@@ -1,6 +1,7 @@
-"""behaviour_parity's vLLM side with vLLM-shaped fakes: one request per prompt carrying
-``n`` samples, the stop reason read from vLLM's ``finish_reason`` / ``stop_reason`` (vLLM
-leaves a stop string out of the text, so it cannot be found in the tokens)."""
+"""behaviour_parity's vLLM side with vLLM-shaped fakes: one seeded request per sample (seeds
+from the spec's seed, the prompt and the sample index), the stop reason read from vLLM's
+``finish_reason`` / ``stop_reason`` (vLLM leaves a stop string out of the text, so it cannot
+be found in the tokens)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class _FakeLLM:
                 for i, p in enumerate(params)]
 
 
-def test_one_request_per_prompt_with_n_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_seeded_request_per_sample(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_sampling, "_import_vllm",
                         lambda: SimpleNamespace(SamplingParams=lambda **kw: kw))
     engine = VLLMEngine("/m")
@@ -48,12 +49,20 @@ def test_one_request_per_prompt_with_n_samples(monkeypatch: pytest.MonkeyPatch) 
     engine._llm = fake
     gen, reasons = sample_n(engine, [[1, 2], [3]], SamplingSpec(temperature=0.8, seed=5), 4)
     requests, params = fake.calls[0]
-    assert len(fake.calls) == 1 and len(requests) == 2
-    assert [p["n"] for p in params] == [4, 4] and params[0]["temperature"] == 0.8
-    assert [p["seed"] for p in params] == [None, None] and params[0]["logprobs"] is None
+    assert len(fake.calls) == 1 and len(requests) == 8
+    assert [p["n"] for p in params] == [1] * 8 and params[0]["temperature"] == 0.8
+    seeds = [p["seed"] for p in params]
+    assert len(set(seeds)) == 8 and params[0]["logprobs"] is None
+    assert seeds == [vllm_sampling.sample_seed(5, i, k) for i in range(2) for k in range(4)]
     assert gen.prompt_ids == [[1, 2]] * 4 + [[3]] * 4
-    assert gen.output_ids[:2] == [[7, 0, 0], [7, 0, 1]]
-    assert reasons[:4] == ["length", "stop", "eos", "length"]
+    assert reasons[:2] == ["length", "length"]
+
+
+def test_sample_seeds_follow_the_seed() -> None:
+    seeds = {vllm_sampling.sample_seed(s, 0, 0) for s in range(20)}
+    assert len(seeds) == 20
+    assert vllm_sampling.sample_seed(3, 1, 2) == vllm_sampling.sample_seed(3, 1, 2)
+    assert vllm_sampling.sample_seed(None, 1, 2) is None
 
 
 def test_finish_reason_mapping() -> None:

@@ -11,13 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
+from paritygate.engines.generation import (
+    HF_APPLIES,
+    Generation,
+    LogprobsMode,
+    SamplingSpec,
+    refuse_unapplied,
+)
 from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
 from paritygate.errors import InputError, NonFiniteOutput
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+
+def hf_transforms(sampling: SamplingSpec) -> dict[str, object]:
+    """``GenerationConfig`` keywords for the distribution-moving fields HF applies besides the
+    modelled ones (``no_repeat_ngram_size``, ``bad_words_ids``...; see ``HF_APPLIES``)."""
+    return {k: v for k, v in sampling.transforms.items()
+            if k in HF_APPLIES and k not in ("repetition_penalty", "min_new_tokens")}
 
 
 class HFGenerateEngine:
@@ -138,13 +151,17 @@ class HFGenerateEngine:
         )
         if sampling.do_sample and sampling.min_p > 0.0:
             warpers["min_p"] = sampling.min_p
-        # The served generation config's EOS ids end a response, else the tokenizer's.
+        refuse_unapplied(sampling, self.name, HF_APPLIES)
+        # The served generation config's EOS ids end a response, else the tokenizer's; stop
+        # token ids end it too.
         eos = list(sampling.eos_token_ids) or (
             [] if self.eos_token_id is None else [self.eos_token_id]
         )
+        eos += [t for t in sampling.stop_token_ids if t not in eos]
         config = GenerationConfig(
             do_sample=sampling.do_sample,
             **warpers,
+            **hf_transforms(sampling),
             repetition_penalty=sampling.repetition_penalty,
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.min_new_tokens,
