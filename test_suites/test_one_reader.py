@@ -51,6 +51,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("engines/torch_export_engine.py", "torch.export.load"): "a .pt2 needs its path; zip and "
         "members checked first, allow_pickle required",
     ("engines/artifact_graph.py", "zipfile.ZipFile"): "names of a checked artifact's members",
+    ("engines/openai_endpoint.py", "json.loads"): "an HTTP response body (not a file), at most "
+                                                  "MAX_RESPONSE_BYTES",
+    ("report/history.py", "json.loads"): "lines of the callbacks' own metrics.jsonl, read "
+                                         "through read_text; a bad line is skipped",
     ("engines/rollout_dump.py", "pq.ParquetFile"): "footer's declared size bounded, then row "
                                                    "batches streamed",
     ("engines/dump_stream.py", "pq.ParquetFile"): "row batches streamed, file size bounded",

@@ -454,8 +454,8 @@ ADAPTER_ALSO_FAIL: dict[str, tuple[str, ...]] = {
     "adapter_another": ("logits_agreement", "logprob_delta"),
     "adapter_served_alpha_doubled": ("logits_agreement", "logprob_delta", "generation_parity"),
     "adapter_base_dir_served": ("logits_agreement", "logprob_delta"),
-    "adapter_on_other_base": ("logits_agreement", "logprob_delta"),
-    "adapter_lora_on_other_base": ("logits_agreement", "logprob_delta"),
+    "adapter_on_other_base": ("logits_agreement", "logprob_delta", "generation_parity"),
+    "adapter_lora_on_other_base": ("logits_agreement", "logprob_delta", "generation_parity"),
 }
 
 

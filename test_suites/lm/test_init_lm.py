@@ -24,7 +24,8 @@ def test_init_on_the_demo_lm_fill_bless_run(
     monkeypatch.chdir(tmp_path)
     written = write_config(demo_lm, out=Path("configs/lm.yaml"), name="lm-init")
     assert written.todos == ["causal_lm.serving.model_dir", "causal_lm.sampling.training",
-                             "causal_lm.probes", "causal_lm.training.logprob_fn"]
+                             "causal_lm.probes", "causal_lm.training.logprob_fn",
+                             *_reference_todos(demo_lm)]
     data = yaml.safe_load(written.path.read_text(encoding="utf-8"))
     section = data["causal_lm"]
     assert section["training_only_heads"] == ["v_head."]
@@ -46,9 +47,18 @@ def test_init_on_the_demo_lm_fill_bless_run(
     assert (tmp_path / "golden" / "lm-init" / "logprob_delta.json").is_file()
 
 
+def _reference_todos(model_dir: Path) -> list[str]:
+    """The KL reference's TODOs init leaves when it finds a ``reference`` directory beside the
+    checkpoint (the demo builds one for its RL-loop gate)."""
+    if not (model_dir.parent / "reference").is_dir():
+        return []
+    return ["causal_lm.reference.initial", "causal_lm.reference.kl_estimator"]
+
+
 def _fill_lm_todos(path: Path, serving: str | None) -> None:
     """Fill the TODOs init leaves in an LM config: the trainer's sampling YAML and the probes
-    (copied beside the config), the reference log-prob function and, when given, the served
+    (copied beside the config), the reference log-prob function, the KL reference's initial
+    policy and estimator (when init found a reference) and, when given, the served
     directory."""
     shutil.copy(REPO / "configs" / "sampling" / "demo-lm-train.yaml", path.parent / "trainer.yaml")
     shutil.copy(REPO / "golden" / "demo-lm" / "probes.jsonl", path.parent / "probes.jsonl")
@@ -63,6 +73,14 @@ def _fill_lm_todos(path: Path, serving: str | None) -> None:
     for key, value in values.items():
         text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
         assert n == 1, key
+    data = yaml.safe_load(text)
+    reference = data["causal_lm"].get("reference")
+    if reference is not None:  # the demo's initial policy sits beside its KL reference
+        initial = (path.parent / reference["model_dir"]).resolve().parent / "initial"
+        for key, value in (("initial", str(initial)), ("kl_estimator", "k3")):
+            text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text,
+                              count=1)
+            assert n == 1, key
     path.write_text(text, encoding="utf-8")
 
 

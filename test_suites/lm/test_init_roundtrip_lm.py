@@ -70,6 +70,9 @@ def test_hf_model_dir(demo_lm: Path, tmp_path: Path, capfd: Any) -> None:
     shutil.copy(REPO / "configs" / "sampling" / "demo-lm-train.yaml", tmp_path / "trainer.yaml")
     answers = _answers(None, tmp_path / "trainer.yaml",
                        REPO / "golden" / "demo-lm" / "probes.jsonl")
+    if (demo_lm.parent / "reference").is_dir():  # init finds the demo's KL reference beside it
+        answers["causal_lm.reference.initial"] = str(demo_lm.parent / "initial")
+        answers["causal_lm.reference.kl_estimator"] = "k3"
     assert _round_trip(tmp_path, capfd, demo_lm, answers) == 0
 
 

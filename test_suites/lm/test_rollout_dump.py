@@ -109,9 +109,11 @@ def test_batched_audit_equals_one_batch(hf_dump: tuple[Path, dict],
         assert obtained.details.get("delta", {}).get("diagnosis") == (
             expected.details.get("delta", {}).get("diagnosis"))
         assert set(obtained.metrics) == set(expected.metrics)
+        # The trainer's recompute runs on other padded batches: fp32 rounding of its forward
+        # (about 1e-6 relative) is the only difference the batch size may make.
         for name, value in expected.metrics.items():
             assert obtained.metrics[name] == (
-                None if value is None else pytest.approx(value, rel=1e-9, abs=1e-12)), name
+                None if value is None else pytest.approx(value, rel=1e-4, abs=1e-9)), name
 
 
 def test_dump_mixing_logprob_modes_names_the_record(tmp_path: Path) -> None:

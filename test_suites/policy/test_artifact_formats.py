@@ -95,7 +95,7 @@ def test_scripted_inference_model_skips_precision_with_a_reason(clean_demo: Path
 
 
 @pytest.mark.parametrize(("name", "declared", "cause"), [
-    ("policy.pt2", None, "torch.export.load cannot load"),
+    ("policy.pt2", None, "not a torch.export program"),
     ("policy.pt", "torchscript", "torch.jit.load cannot load"),
 ])
 def test_artifact_that_does_not_load_is_bad_input(clean_demo: Path, tmp_path: Path,

@@ -132,3 +132,19 @@ def name_outputs(result: object, declared: list[str]) -> list[tuple[str, object]
     items = list(result) if isinstance(result, (tuple, list)) else [result]
     return [(declared[i] if i < len(declared) else f"output_{i}", v)
             for i, v in enumerate(items)]
+
+
+def run_in_chunks(run_batch: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+                  feeds: Mapping[str, np.ndarray], first_input: str,
+                  fixed_batch: int | None) -> dict[str, np.ndarray]:
+    """``run_batch`` on ``feeds`` in one call, or in chunks of ``fixed_batch`` rows when the
+    artifact's batch axis is fixed (a trace or export that baked the batch size in); a batch
+    that is no multiple of it is a ``ValueError``."""
+    n = len(feeds[first_input])
+    if fixed_batch is None or n == fixed_batch:
+        return run_batch(feeds)
+    if n % fixed_batch:
+        raise ValueError(f"artifact batch axis is fixed to {fixed_batch}; cannot run batch {n}")
+    chunks = [run_batch({k: v[i:i + fixed_batch] for k, v in feeds.items()})
+              for i in range(0, n, fixed_batch)]
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}

@@ -220,7 +220,7 @@ class EndpointEngine:
                 raise InputError(url, None, f"response over {MAX_RESPONSE_BYTES} bytes")
             try:
                 parsed = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise InputError(url, None, "the response is not JSON: "
                                  f"{raw[:80].decode('utf-8', 'replace')!r}") from None
             if not isinstance(parsed, dict):

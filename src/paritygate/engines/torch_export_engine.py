@@ -21,6 +21,7 @@ from paritygate.engines.artifact_graph import (
     ArtifactGraph,
     batchnorm_pairs,
     float_weight,
+    run_in_chunks,
     run_module,
 )
 from paritygate.errors import InputError
@@ -148,12 +149,4 @@ class TorchExportEngine:
         return run_module(self.module, feeds, self.input_names, self.call, self.declared)
 
     def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = len(feeds[self.input_names[0]])
-        step = self.fixed_batch
-        if step is None or n == step:
-            return self.run_batch(feeds)
-        if n % step:
-            raise ValueError(f"artifact batch axis is fixed to {step}; cannot run batch {n}")
-        chunks = [self.run_batch({k: v[i:i + step] for k, v in feeds.items()})
-                  for i in range(0, n, step)]
-        return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+        return run_in_chunks(self.run_batch, feeds, self.input_names[0], self.fixed_batch)

@@ -109,7 +109,7 @@ def _callback_steps(folder: Path) -> dict[str, int]:
     for line in read_text(path, None, what="callback metrics").splitlines():
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         checkpoint, step = record.get("checkpoint"), record.get("step")
         if isinstance(checkpoint, str) and isinstance(step, int):
