@@ -70,3 +70,34 @@ def test_finish_reason_mapping() -> None:
     assert finish_from_vllm("stop", "###") == "stop"
     assert finish_from_vllm("stop", 2) == "eos"
     assert finish_from_vllm("stop", None) == "eos"
+
+
+def test_seeded_requests_go_in_waves_vllm_prefills_whole() -> None:
+    """vLLM's CPU build cannot rewind a seeded request's generator after a partial prefill (its
+    engine dies): waves keep every prompt within one step's token budget, the running-request
+    limit and the KV cache (prompt plus max_tokens, whole blocks)."""
+    from paritygate.engines.vllm_waves import WaveLimits, request_waves
+
+    limits = WaveLimits(step_tokens=100, requests=3, kv_blocks=20, block_size=16)
+    waves = request_waves([40] * 7, [16] * 7, limits)
+    assert [list(w) for w in waves] == [[0, 1], [2, 3], [4, 5], [6]]  # 2 x 40 <= 100 < 3 x 40
+    assert [len(w) for w in request_waves([10] * 7, [16] * 7, limits)] == [3, 3, 1]
+    assert [len(w) for w in request_waves([10] * 7, [300] * 7, limits)] == [1] * 7  # KV cache
+    assert [list(w) for w in request_waves([500, 5], [1, 1], limits)] == [[0], [1]]
+    assert request_waves([40] * 7, [16] * 7, WaveLimits()) == [range(7)]
+    assert WaveLimits.of(_FakeLLM()) == WaveLimits()
+
+
+def test_waves_keep_request_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paritygate.engines import vllm_waves
+
+    monkeypatch.setattr(vllm_waves.WaveLimits, "of",
+                        classmethod(lambda cls, llm: cls(step_tokens=4)))
+    monkeypatch.setattr(vllm_sampling, "_import_vllm",
+                        lambda: SimpleNamespace(SamplingParams=lambda **kw: kw))
+    engine = VLLMEngine("/m")
+    fake = _FakeLLM()
+    engine._llm = fake
+    gen, _ = sample_n(engine, [[1, 2], [3]], SamplingSpec(seed=5), 2)
+    assert [len(r) for r, _ in fake.calls] == [2, 2]  # 2 + 2 prompt tokens, then 1 + 1
+    assert gen.prompt_ids == [[1, 2], [1, 2], [3], [3]]

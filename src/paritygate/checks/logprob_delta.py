@@ -125,8 +125,11 @@ def measure_delta(
     ):
         _temperature_fit(m, ctx, delta.fit, training)
     breached = next((n for n, metric in m.metrics.items() if metric.breaches()), None)
-    if breached is not None and "misalignment" not in stats.labels:
-        _penalty(m, ctx, delta.fit, serving, tier)
+    # Whatever the labels: a strong penalty (presence 1.5) decorrelates the two sides' log-probs
+    # as a misalignment does, and its shape is what tells the two apart.
+    penalised = breached is not None and _penalty(m, ctx, delta.fit, serving, tier)
+    diagnosis = (f"a penalty's shape (penalty_applied), read by the labels as {stats.diagnosis}"
+                 if penalised else stats.diagnosis)
     if breached is not None:  # a plain breach: its diagnosis and worst tokens, for people
         worst = ", ".join(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
@@ -135,7 +138,7 @@ def measure_delta(
         limits_text = ", ".join(
             f"{name} {m.metrics[name].value:.3g} > {_limit(limits, tier_key, name)}"
             for name in DELTA_THRESHOLD_KEYS if m.metrics[name].breaches())
-        m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; "
+        m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {diagnosis}; "
                f"worst: {worst}" + (f" ({limits_text})" if limits_text else "")
                + _truncation_hint(train_mode, engine_mode, serving))
     m.note(f"diagnosis: {stats.diagnosis}")
@@ -321,7 +324,7 @@ def _named_causes(
 
 
 def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSpec,
-             tier: Mapping[str, float]) -> None:
+             tier: Mapping[str, float]) -> bool:
     """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
     the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say. Read on
     the fit sample (an engine's whole generation; a dump's first records)."""
@@ -337,7 +340,7 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
                                       float(tier["delta_max_abs"]))
     m.details["penalty_signature"] = signature.as_details()
     if not signature.penalty:
-        return
+        return False
     stated = [f"{name} {value:g}" for name, value, neutral in (
         ("repetition_penalty", serving.repetition_penalty, 1.0),
         ("presence_penalty", serving.presence_penalty, 0.0),
@@ -347,6 +350,7 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
     m.fail("penalty_applied",
            f"a penalty on repeated tokens: {signature.describe()}; {source}: the engine's "
            "log-probs are of the penalised distribution the trainer's recompute does not apply")
+    return True
 
 
 def _temperature_fit(m: Measurement, ctx: LMContext, fit: FitSample, training: Any) -> None:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from paritygate.engines.generation import VLLM_APPLIES, Generation, SamplingSpec, refuse_unapplied
+from paritygate.engines.vllm_waves import generate_in_waves
 from paritygate.errors import MissingExtra
 
 VLLM_LOGPROBS_MODES: dict[str, str] = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
@@ -404,7 +405,7 @@ class VLLMEngine:
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         lora = self.lora_request()
         extra = {"lora_request": lora} if lora is not None else {}
-        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
+        outputs = generate_in_waves(self.llm, requests, params, sampling.max_new_tokens, **extra)
         return generation_from_outputs(
             outputs,
             prompts,

@@ -10,6 +10,7 @@ import numpy as np
 from paritygate.engines.dump_stream import finish_from_vllm
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.engines.vllm_engine import VLLMEngine, _import_vllm, sampling_params_kwargs
+from paritygate.engines.vllm_waves import generate_in_waves
 
 
 def sample_seed(seed: int | None, prompt: int, sample: int) -> int | None:
@@ -29,9 +30,11 @@ def sample_n(engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingSpe
     out of the text, so the tokens cannot tell).
 
     Each sample is its own request with its own seed (:func:`sample_seed` of the spec's seed,
-    the prompt and the sample index), so the draw reproduces from the seed run to run: one
-    request with ``n`` samples cannot, as vLLM's CPU build does not rewind a request's own
-    generator when it forks ``n`` samples ("CPU Generator does not use offset")."""
+    the prompt and the sample index), so the draw reproduces from the seed run to run and
+    whatever the batch. The requests go in waves vLLM prefills whole
+    (:mod:`paritygate.engines.vllm_waves`): vLLM's CPU build cannot rewind a seeded request's
+    generator after a partial prefill, and its engine dies ("CPU Generator does not use
+    offset")."""
     vllm = _import_vllm()
     params = [vllm.SamplingParams(**{**sampling_params_kwargs(sampling, 0, 0), "n": 1,
                                      "logprobs": None, "seed": sample_seed(sampling.seed, i, k)})
@@ -39,7 +42,7 @@ def sample_n(engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingSpe
     requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts for _ in range(n)]
     lora = engine.lora_request()
     extra = {"lora_request": lora} if lora is not None else {}
-    outputs = engine.llm.generate(requests, params, use_tqdm=False, **extra)
+    outputs = generate_in_waves(engine.llm, requests, params, sampling.max_new_tokens, **extra)
     expanded = [p for p in prompts for _ in range(n)]
     rows = [(list(prompt), [int(t) for t in c.token_ids],
              finish_from_vllm(c.finish_reason, c.stop_reason))
