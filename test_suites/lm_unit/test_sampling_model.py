@@ -94,6 +94,10 @@ def test_noise_and_weights_are_not_a_penalty() -> None:
     assert not penalty_signature(np.where(repeated, -0.3, 0.02), valid, repeated, 1e-3).penalty
     # nor one that raises every token but one (a minimum length masking EOS)
     assert not penalty_signature(np.full(noise.shape, -0.1), valid, repeated, 1e-3).penalty
+    # nor a truncation on one side (min_p): every kept token raised, fresh ones more (measured
+    # on the demo's min_p_one_side: repeated -0.011, fresh -0.024 nats, 3.4 standard errors)
+    truncated = noise * 0.1 + np.where(repeated, -0.011, -0.024)
+    assert not penalty_signature(truncated, valid, repeated, 1e-4).penalty
 
 
 def test_repeated_mask_counts_prompt_and_earlier_tokens() -> None:

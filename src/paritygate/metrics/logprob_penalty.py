@@ -6,7 +6,8 @@ earlier in the completion) is lower than the trainer's (``delta = trainer - engi
 while a fresh token's is higher, always (the mass the penalty took from the seen tokens is
 renormalised onto the others: ``delta < 0`` for every fresh token, by as much as the penalised
 tokens held). Precision noise and different weights do not depend on whether a token was seen
-before and move fresh tokens both ways. :func:`penalty_signature` splits the delta by that.
+before and move fresh tokens both ways; a truncation on one side (min_p, top-k, top-p) raises
+every kept token, the repeated ones too. :func:`penalty_signature` splits the delta by that.
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ class PenaltySignature:
     @property
     def penalty(self) -> bool:
         """Whether the delta has a penalty's shape: repeated tokens lowered on the served side
-        relative to fresh ones, significantly, and nearly every fresh token that moved raised."""
+        (on average, not only relative to fresh ones: a truncation on one side, such as min_p,
+        raises every kept token, repeated or not), significantly more than fresh ones, and
+        nearly every fresh token that moved raised."""
         return (self.repeated_tokens >= MIN_TOKENS and self.fresh_tokens >= MIN_TOKENS
-                and self.separation >= SEPARATION_SIGMAS and self.fresh_raised >= FRESH_RAISED)
+                and self.repeated_mean > 0.0 and self.separation >= SEPARATION_SIGMAS
+                and self.fresh_raised >= FRESH_RAISED)
 
     def describe(self) -> str:
         return (f"repeated tokens (seen before in prompt or completion) score "
