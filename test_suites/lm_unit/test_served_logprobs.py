@@ -71,8 +71,14 @@ class _Ctx:
         return rows
 
 
+def _rows(ctx: _Ctx) -> Any:
+    """What the context's ``vllm_served_rows`` passes."""
+    return vllm_rows(ctx.greedy("vllm"), ctx.teacher_forced, ctx.engine("vllm"),
+                     [p.id for p in ctx.probes])
+
+
 def test_same_model_gives_the_trainers_logits(monkeypatch: pytest.MonkeyPatch) -> None:
-    found = vllm_rows(_Ctx(_FakeLLM(), monkeypatch))  # type: ignore[arg-type]
+    found = _rows(_Ctx(_FakeLLM(), monkeypatch))
     assert not isinstance(found, str)
     reference, candidate, owners = found
     assert reference.shape == candidate.shape == (3, V)
@@ -81,7 +87,7 @@ def test_same_model_gives_the_trainers_logits(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_different_served_model_shows(monkeypatch: pytest.MonkeyPatch) -> None:
-    found = vllm_rows(_Ctx(_FakeLLM(shift=0.05), monkeypatch))  # type: ignore[arg-type]
+    found = _rows(_Ctx(_FakeLLM(shift=0.05), monkeypatch))
     assert not isinstance(found, str)
     reference, candidate, _ = found
     assert np.abs(candidate - reference).max() > 0.05

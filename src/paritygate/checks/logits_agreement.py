@@ -365,9 +365,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         if "vllm" not in ctx.spec.engines:
             return m.skip("logits_agreement needs the served model's logits: the HF engine "
                           "or vLLM's prompt log-probs (engines has neither)")
-        from paritygate.families.causal_lm.served_logprobs import vllm_rows
-
-        found = vllm_rows(ctx)
+        found = ctx.vllm_served_rows()
         if isinstance(found, str):
             return m.skip(found)
         m.details["candidate"] = (f"vLLM prompt log-probs ({ctx.spec.engine.dtype}, teacher-"

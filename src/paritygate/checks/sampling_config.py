@@ -298,7 +298,7 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="remove the field from both sampling configs (sample from the policy's "
                     "own distribution), or make causal_lm.training.logprob_fn apply the same "
                     "transform and declare it: causal_lm.training.logprob_applies: [FIELD]",
-                rank=320),
+                rank=322),
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),

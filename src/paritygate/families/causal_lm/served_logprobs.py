@@ -11,29 +11,32 @@ both engines give one verdict on one served copy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from paritygate.engines.generation import Generation
     from paritygate.engines.vllm_engine import VLLMEngine
-    from paritygate.families.causal_lm.context import LMContext
 
 MAX_ENTRIES = 16_000_000
 """Most (positions x vocabulary) log-probs fetched from vLLM (~64 MB as float32; vLLM builds a
 Python object per entry): beyond it the check is skipped saying so."""
 
 
-def vllm_rows(ctx: LMContext) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
-    """``(reference, candidate, owners)``: the trainer's logits and vLLM's log-probs in the
-    trainer's gauge, ``(N, V)`` each, over the greedy continuation's tokens, with each row's
-    ``probe@position``; or why they cannot be measured."""
-    generation = ctx.greedy("vllm")
-    assert generation is not None  # only a rollout dump may lack a greedy record
+def vllm_rows(generation: Generation, teacher_forced: Callable[[Generation], list[np.ndarray]],
+              engine: object, probe_ids: Sequence[str]
+              ) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
+    """``(reference, candidate, owners)``: the trainer's logits (``teacher_forced`` over the
+    greedy ``generation``) and vLLM's log-probs in the trainer's gauge, ``(N, V)`` each, over
+    the greedy continuation's tokens, with each row's ``probe@position``; or why they cannot be
+    measured. ``engine`` is the gate's vLLM engine."""
     kept = [i for i, output in enumerate(generation.output_ids) if output]
     if not kept:
         return "the engine generated no tokens for any probe"
-    teacher = ctx.teacher_forced(generation)
+    teacher = teacher_forced(generation)
     vocab = int(teacher[kept[0]].shape[-1])
     positions = sum(len(generation.output_ids[i]) for i in kept)
     if positions * vocab > MAX_ENTRIES:
@@ -42,8 +45,7 @@ def vllm_rows(ctx: LMContext) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
                 "(engines: [hf, vllm])")
     from paritygate.engines.vllm_sampling import prompt_logprobs
 
-    engine: VLLMEngine = ctx.engine("vllm")  # type: ignore[assignment]
-    served = prompt_logprobs(engine, [generation.prompt_ids[i] for i in kept],
+    served = prompt_logprobs(cast("VLLMEngine", engine), [generation.prompt_ids[i] for i in kept],
                              [generation.output_ids[i] for i in kept], vocab)
     refs, cands, owners = [], [], []
     for i, logp in zip(kept, served, strict=True):
@@ -53,5 +55,5 @@ def vllm_rows(ctx: LMContext) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
         norm = top + np.log(np.exp(ref - top).sum(-1, keepdims=True))  # (n, 1)
         refs.append(ref)
         cands.append(logp.astype(np.float64) + (norm if logp.shape == ref.shape else 0.0))
-        owners += [f"{ctx.probes[i].id}@{j}" for j in range(n)]
+        owners += [f"{probe_ids[i]}@{j}" for j in range(n)]
     return np.concatenate(refs), np.concatenate(cands), owners
