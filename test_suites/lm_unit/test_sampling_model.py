@@ -103,3 +103,21 @@ def test_noise_and_weights_are_not_a_penalty() -> None:
 def test_repeated_mask_counts_prompt_and_earlier_tokens() -> None:
     mask = repeated_mask([[1, 2]], [[3, 1, 3, 4]], 5)
     assert mask.tolist() == [[False, True, True, False, False]]
+
+
+def test_a_presence_penalty_counts_the_completion_alone() -> None:
+    """vLLM's presence penalty lowers tokens repeated within the completion only; tokens that
+    repeat the prompt alone are raised like fresh ones, which dilutes the prompt-or-completion
+    split below significance: the completion-alone split names it."""
+    from paritygate.metrics.logprob_penalty import read_penalty
+
+    rng = np.random.default_rng(3)
+    prompts = [list(range(60)) for _ in range(16)]  # every completion token repeats the prompt
+    outputs = [list(rng.integers(0, 60, 12)) for _ in range(16)]
+    in_completion = repeated_mask([[] for _ in outputs], outputs, 12)
+    delta = rng.normal(0, 0.002, (16, 12)) + np.where(in_completion, 0.4, -0.02)
+    valid = np.ones((16, 12), bool)
+    assert not penalty_signature(delta, valid, repeated_mask(prompts, outputs, 12), 1e-4).penalty
+    found = read_penalty(delta, valid, prompts, outputs, 1e-4)
+    assert found.penalty and found.seen_in == "completion"
+    assert not read_penalty(rng.normal(0, 0.3, (16, 12)), valid, prompts, outputs, 1e-4).penalty

@@ -328,16 +328,15 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
     """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
     the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say. Read on
     the fit sample (an engine's whole generation; a dump's first records)."""
-    from paritygate.metrics.logprob_penalty import penalty_signature, repeated_mask
+    from paritygate.metrics.logprob_penalty import read_penalty
 
     generation = fit.generation
     logp_train, _, mask = ctx.recompute(generation)
     train, infer = np.asarray(logp_train, np.float64), np.asarray(fit.logp_infer, np.float64)
     valid = np.asarray(mask, bool) & np.isfinite(train) & np.isfinite(infer)
-    repeated = repeated_mask(generation.prompt_ids, generation.output_ids, train.shape[1])
     with np.errstate(invalid="ignore"):
-        signature = penalty_signature(np.where(valid, train - infer, 0.0), valid, repeated,
-                                      float(tier["delta_max_abs"]))
+        signature = read_penalty(np.where(valid, train - infer, 0.0), valid, generation.prompt_ids,
+                                 generation.output_ids, float(tier["delta_max_abs"]))
     m.details["penalty_signature"] = signature.as_details()
     if not signature.penalty:
         return False

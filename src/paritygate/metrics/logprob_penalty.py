@@ -40,6 +40,9 @@ class PenaltySignature:
     """``(repeated_mean - fresh_mean)`` in standard errors of the difference."""
     fresh_raised: float
     """Share of the fresh tokens beyond the noise floor whose served log-prob is the higher."""
+    seen_in: str = "prompt or completion"
+    """Where a repeated token was seen before: ``prompt or completion`` (a repetition penalty)
+    or ``completion`` (vLLM's presence and frequency penalties count the completion only)."""
 
     @property
     def penalty(self) -> bool:
@@ -52,17 +55,18 @@ class PenaltySignature:
                 and self.fresh_raised >= FRESH_RAISED)
 
     def describe(self) -> str:
-        return (f"repeated tokens (seen before in prompt or completion) score "
+        return (f"repeated tokens (seen before in {self.seen_in}) score "
                 f"{self.repeated_mean:+.3g} nats trainer minus engine on average over "
                 f"{self.repeated_tokens} tokens, fresh tokens {self.fresh_mean:+.3g} over "
                 f"{self.fresh_tokens} ({self.separation:.1f} standard errors apart), and "
                 f"{self.fresh_raised:.0%} of the fresh tokens that moved score higher on the "
                 "engine (the mass a penalty takes from repeated tokens goes to the others)")
 
-    def as_details(self) -> dict[str, float]:
+    def as_details(self) -> dict[str, float | str]:
         return {"repeated_tokens": self.repeated_tokens, "fresh_tokens": self.fresh_tokens,
                 "repeated_mean": self.repeated_mean, "fresh_mean": self.fresh_mean,
-                "separation": self.separation, "fresh_raised": self.fresh_raised}
+                "separation": self.separation, "fresh_raised": self.fresh_raised,
+                "seen_in": self.seen_in}
 
 
 def repeated_mask(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
@@ -97,3 +101,21 @@ def penalty_signature(delta: np.ndarray, valid: np.ndarray, repeated: np.ndarray
     separation = gap / stderr if stderr > 0 and gap > floor else 0.0
     return PenaltySignature(int(rep.size), int(fresh.size), float(rep.mean()),
                             float(fresh.mean()), separation, raised)
+
+
+def read_penalty(delta: np.ndarray, valid: np.ndarray, prompts: Sequence[Sequence[int]],
+                 outputs: Sequence[Sequence[int]], floor: float = 0.0) -> PenaltySignature:
+    """The delta's penalty signature with tokens counted as repeated when seen before in the
+    prompt or completion (a repetition penalty), else in the completion alone (a presence or
+    frequency penalty, whose unpenalised prompt repeats would dilute the first split): the
+    first with a penalty's shape, else the first."""
+    width = delta.shape[1]
+    context = penalty_signature(delta, valid, repeated_mask(prompts, outputs, width), floor)
+    if context.penalty:
+        return context
+    alone = penalty_signature(delta, valid, repeated_mask([[] for _ in outputs], outputs, width),
+                              floor)
+    if not alone.penalty:
+        return context
+    return PenaltySignature(alone.repeated_tokens, alone.fresh_tokens, alone.repeated_mean,
+                            alone.fresh_mean, alone.separation, alone.fresh_raised, "completion")
