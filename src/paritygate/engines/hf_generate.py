@@ -33,6 +33,32 @@ def hf_transforms(sampling: SamplingSpec) -> dict[str, object]:
             if k in HF_APPLIES and k not in ("repetition_penalty", "min_new_tokens")}
 
 
+CONTEXT_TRANSFORMS = ("repetition_penalty", "no_repeat_ngram_size",
+                      "encoder_repetition_penalty", "encoder_no_repeat_ngram_size")
+"""HF transforms that read the tokens before each step, pads included: HF's repetition
+penalty would also penalise the pad id of a left-padded row."""
+
+
+def counts_context(sampling: SamplingSpec) -> bool:
+    """Whether ``sampling`` sets a transform that reads the context's tokens (see
+    :data:`CONTEXT_TRANSFORMS`): such prompts are generated in unpadded batches."""
+    return sampling.repetition_penalty != 1.0 or any(
+        name in sampling.transforms for name in CONTEXT_TRANSFORMS[1:])
+
+
+def _chunks(prompts: list[list[int]], size: int, *, unpadded: bool) -> list[range]:
+    """Consecutive batches of at most ``size`` prompts; ``unpadded``: of equal-length prompts
+    only (a prompt's repeated samples stay together), so no pad enters the context."""
+    chunks: list[range] = []
+    start = 0
+    for i in range(1, len(prompts) + 1):
+        if (i == len(prompts) or i - start >= size
+                or (unpadded and len(prompts[i]) != len(prompts[start]))):
+            chunks.append(range(start, i))
+            start = i
+    return chunks
+
+
 class HFGenerateEngine:
     """The serving path as HF ``generate`` with a KV cache."""
 
@@ -180,8 +206,8 @@ class HFGenerateEngine:
         out_lp: list[list[float]] = []
         out_top: list[list[dict[int, float]]] = []
         out_logits: list[np.ndarray] = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = prompts[start : start + self.batch_size]
+        for rows in _chunks(prompts, self.batch_size, unpadded=counts_context(sampling)):
+            start, chunk = rows.start, prompts[rows.start : rows.stop]
             ids, mask = self._pad(chunk)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed + start)
