@@ -123,17 +123,19 @@ def test_a_presence_penalty_counts_the_completion_alone() -> None:
     assert not read_penalty(rng.normal(0, 0.3, (16, 12)), valid, prompts, outputs, 1e-4).penalty
 
 
-def test_context_transforms_generate_in_unpadded_batches() -> None:
+def test_hf_repetition_penalty_leaves_a_rows_pads_out() -> None:
     """HF's repetition penalty reads every token before the step, a left-padded row's pads too
     (transformers 5.19 penalised the pad id: the declared-penalty twin's delta was biased by
-    -2.2e-6 nats, beyond the fp32/fp32 mean bound): with such a transform set, batches hold
-    prompts of one length only (a prompt's samples stay together)."""
-    from paritygate.engines.hf_generate import _chunks, counts_context
+    -2.2e-6 nats, beyond the fp32/fp32 mean bound): the engine's own processor reads each
+    row's tokens only, with HF's arithmetic."""
+    import torch
 
-    prompts = [[1], [1], [2, 3], [2, 3], [2, 3], [4]]
-    assert _chunks(prompts, 2, unpadded=True) == [range(0, 2), range(2, 4), range(4, 5),
-                                                  range(5, 6)]
-    assert _chunks(prompts, 8, unpadded=False) == [range(0, 6)]
-    assert counts_context(SamplingSpec(repetition_penalty=1.3))
-    assert counts_context(SamplingSpec(transforms={"no_repeat_ngram_size": 3}))
-    assert not counts_context(SamplingSpec(temperature=0.7))
+    from paritygate.engines.hf_generate import _repetition_penalty
+
+    ids = torch.tensor([[0, 0, 3, 1], [2, 0, 3, 1]])  # row 0: two left pads (id 0)
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    scores = torch.tensor([[2.0, 2.0, -1.0, 2.0, 1.0]] * 2)
+    out = _repetition_penalty(1.3, mask)(ids, scores.clone())
+    expected = torch.tensor([[2.0, 2.0 / 1.3, -1.0, 2.0 / 1.3, 1.0],  # the pad id untouched
+                             [2.0 / 1.3, 2.0 / 1.3, -1.3, 2.0 / 1.3, 1.0]])  # a real 0 seen
+    assert torch.equal(out, expected)

@@ -33,30 +33,26 @@ def hf_transforms(sampling: SamplingSpec) -> dict[str, object]:
             if k in HF_APPLIES and k not in ("repetition_penalty", "min_new_tokens")}
 
 
-CONTEXT_TRANSFORMS = ("repetition_penalty", "no_repeat_ngram_size",
-                      "encoder_repetition_penalty", "encoder_no_repeat_ngram_size")
-"""HF transforms that read the tokens before each step, pads included: HF's repetition
-penalty would also penalise the pad id of a left-padded row."""
+def _repetition_penalty(penalty: float, mask: torch.Tensor) -> Any:
+    """HF's repetition penalty over each row's own tokens: HF's processor also reads a
+    left-padded row's pads and penalises the pad id (transformers 5.19: the declared-penalty
+    twin's delta biased by -2.2e-6 nats, beyond the fp32/fp32 1e-6 mean bound)."""
+    import torch
+    from transformers import LogitsProcessor
 
+    pads = (mask == 0).sum(-1)  # (B,) left pads per row
 
-def counts_context(sampling: SamplingSpec) -> bool:
-    """Whether ``sampling`` sets a transform that reads the context's tokens (see
-    :data:`CONTEXT_TRANSFORMS`): such prompts are generated in unpadded batches."""
-    return sampling.repetition_penalty != 1.0 or any(
-        name in sampling.transforms for name in CONTEXT_TRANSFORMS[1:])
+    class OwnTokensRepetitionPenalty(LogitsProcessor):  # type: ignore[misc]
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            vocab = scores.shape[-1]
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            ids = input_ids.masked_fill(positions[None, :] < pads[:, None], vocab)  # (B, T)
+            seen = torch.zeros((scores.shape[0], vocab + 1), dtype=torch.bool,
+                               device=scores.device).scatter_(1, ids, True)[:, :vocab]
+            penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+            return torch.where(seen, penalised, scores)
 
-
-def _chunks(prompts: list[list[int]], size: int, *, unpadded: bool) -> list[range]:
-    """Consecutive batches of at most ``size`` prompts; ``unpadded``: of equal-length prompts
-    only (a prompt's repeated samples stay together), so no pad enters the context."""
-    chunks: list[range] = []
-    start = 0
-    for i in range(1, len(prompts) + 1):
-        if (i == len(prompts) or i - start >= size
-                or (unpadded and len(prompts[i]) != len(prompts[start]))):
-            chunks.append(range(start, i))
-            start = i
-    return chunks
+    return OwnTokensRepetitionPenalty()
 
 
 class HFGenerateEngine:
@@ -188,7 +184,7 @@ class HFGenerateEngine:
             do_sample=sampling.do_sample,
             **warpers,
             **hf_transforms(sampling),
-            repetition_penalty=sampling.repetition_penalty,
+            repetition_penalty=1.0,  # applied below, the pads of a row left out
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.min_new_tokens,
             stop_strings=list(sampling.stop) or None,
@@ -206,12 +202,15 @@ class HFGenerateEngine:
         out_lp: list[list[float]] = []
         out_top: list[list[dict[int, float]]] = []
         out_logits: list[np.ndarray] = []
-        for rows in _chunks(prompts, self.batch_size, unpadded=counts_context(sampling)):
-            start, chunk = rows.start, prompts[rows.start : rows.stop]
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = prompts[start : start + self.batch_size]
             ids, mask = self._pad(chunk)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed + start)
-            extra = {"tokenizer": self.tokenizer} if sampling.stop else {}
+            extra: dict[str, Any] = {"tokenizer": self.tokenizer} if sampling.stop else {}
+            if sampling.repetition_penalty != 1.0:
+                extra["logits_processor"] = [_repetition_penalty(sampling.repetition_penalty,
+                                                                 mask)]
             with torch.inference_mode(), quiet_transformers():
                 try:
                     res = self.model.generate(
