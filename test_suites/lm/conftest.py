@@ -25,7 +25,13 @@ class Variants:
         self._results: dict[tuple[str, str], Any] = {}
 
     def gate(self, name: str) -> Any:
-        from lm_zoo import CLEAN_VARIANTS, FAULTS, VLLM_ONLY_FAULTS, variant_config
+        from lm_zoo import (
+            CLEAN_VARIANTS,
+            FAULTS,
+            SAMPLING_VARIANTS,
+            VLLM_ONLY_FAULTS,
+            variant_config,
+        )
 
         from paritygate.config import config_from_dict
         from paritygate.gate import Gate
@@ -35,7 +41,8 @@ class Variants:
                 None
                 if name == "clean"
                 else next(
-                    f for f in FAULTS + CLEAN_VARIANTS + VLLM_ONLY_FAULTS if f.name == name
+                    f for f in FAULTS + CLEAN_VARIANTS + VLLM_ONLY_FAULTS + SAMPLING_VARIANTS
+                    if f.name == name
                 )
             )
             out = self.root / name

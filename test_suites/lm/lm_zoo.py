@@ -526,6 +526,26 @@ def temperature_ignored_sampled(cfg: dict[str, Any], model: Path, out: Path) -> 
     cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:temperature_ignored"
 
 
+def penalty_both(**fields: Any) -> Patch:
+    """Both sides sample under the same penalty: agreed, and still off-policy."""
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        _sampling(cfg, "training", out, **fields)
+        _sampling(cfg, "serving", out, **fields)
+    return patch
+
+
+repetition_penalty_both = penalty_both(repetition_penalty=1.3)
+presence_penalty_both = penalty_both(presence_penalty=1.5)
+
+
+def repetition_penalty_declared(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """The clean twin: the trainer's log-prob function applies the same repetition penalty
+    and the config declares it."""
+    penalty_both(repetition_penalty=1.3)(cfg, model, out)
+    cfg["causal_lm"]["training"]["logprob_fn"] = "lm_zoo_logprobs:repetition_penalised"
+    cfg["causal_lm"]["training"]["logprob_applies"] = ["repetition_penalty"]
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault, the checks it must fail with the cause each names, and the other checks
@@ -788,6 +808,7 @@ def variant_config(model_dir: Path, out: Path, fault: Fault | None) -> dict[str,
 
 
 VLLM_FAULTS: tuple[str, ...] = (
+    "repetition_penalty_both",
     "temperature_differs",
     "temperature_ignored_sampled",
     "stale_serving",
@@ -799,3 +820,14 @@ VLLM_ONLY_FAULTS: tuple[Fault, ...] = (
     Fault("temperature_ignored_sampled", temperature_ignored_sampled, {}),
 )
 """Variants only the vLLM comparison runs (looked up by name with FAULTS)."""
+SAMPLING_VARIANTS: tuple[Fault, ...] = (
+    Fault("repetition_penalty_both", repetition_penalty_both,
+          {"sampling_config": "repetition_penalty (serving 1.3, training 1.3) moves the sampled "
+                              "distribution away from the policy",
+           "logprob_delta": "a penalty on repeated tokens"}),
+    Fault("repetition_penalty_declared", repetition_penalty_declared, {}),
+)
+"""The sampling model's fault and its clean twin (test_sampling_zoo.py on HF,
+test_vllm_real.py on vLLM): both sides agree on a penalty, and the declared trainer function
+that applies it."""
+

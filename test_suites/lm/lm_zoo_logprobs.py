@@ -109,3 +109,27 @@ def mask_not_passed(
     logp = torch.log_softmax(logits[:, :-1] / t, dim=-1)  # (B, T-1, V)
     out = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
     return out * attention_mask[:, 1:]
+
+
+REPETITION_PENALTY = 1.3
+"""The penalty :func:`repetition_penalised` applies (the zoo's penalty variants serve it)."""
+
+
+def repetition_penalised(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any
+) -> torch.Tensor:
+    """Correct log-probs of the penalised distribution an engine samples under
+    ``repetition_penalty: 1.3``: at each position the logits of the tokens already in the
+    sequence (prompt and completion so far, pads left out as vLLM has none) are divided by the
+    penalty where positive and multiplied where negative (HF's and vLLM's rule), then the
+    temperature applies."""
+    logits = _reference_logits(model, input_ids, attention_mask)[:, :-1]  # (B, T-1, V)
+    real = torch.nn.functional.one_hot(input_ids, logits.shape[-1]).bool()  # (B, T, V)
+    real &= attention_mask.bool().unsqueeze(-1)
+    seen = real.cummax(dim=1).values[:, :-1]  # (B, T-1, V): in the sequence up to position t
+    penalised = torch.where(logits > 0, logits / REPETITION_PENALTY, logits * REPETITION_PENALTY)
+    logits = torch.where(seen, penalised, logits)
+    t = kw.get("temperature", 1.0) if kw.get("mode") == "processed" else 1.0
+    logp = torch.log_softmax(logits / t, dim=-1)
+    out = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    return out * (attention_mask[:, 1:] * attention_mask[:, :-1])

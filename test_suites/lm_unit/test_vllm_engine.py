@@ -139,6 +139,9 @@ def test_sampling_params_follow_the_spec() -> None:
     )
     kwargs = sampling_params_kwargs(spec, num_logprobs=3)
     assert kwargs == {
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "ignore_eos": False,
         "n": 1,
         "temperature": 0.7,
         "top_p": 0.9,

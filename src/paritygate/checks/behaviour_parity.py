@@ -2,20 +2,21 @@
 
 Each side's samples come from an engine or a dump. The trainer's sampler is HF ``generate`` on
 the training model with the training sampling config, or ``causal_lm.behaviour.training_dump``;
-the serving side is an endpoint or vLLM where ``engines`` names it (one request per prompt
-with ``n`` samples; an endpoint under ``sampling: server`` samples with the server's own
-defaults), else HF ``generate`` on the served model, or ``serving_dump``. Dumps (a file, a
-glob or a list of shards a distributed engine wrote) are read in streaming batches: O(batch)
-memory. Engines draw ``causal_lm.behaviour.samples`` completions per probe from independent
-seeds. Compared, each with a two-sample test and an effect size: completion length
-(Mann–Whitney), the stop-reason rates (EOS, stop string, length limit: two-proportion z),
-distinct-2 and self-ROUGE-L per prompt (Mann–Whitney), the training model's mean log-prob
-per token and repeat rate (centred scores with exact mean 0 and known variance under the
-trainer's distribution: the most sensitive statistics for a sampling drift and a repetition
-penalty) and, with ``format_regex``, the format hit rate. The family-wise false-alarm rate is
-``alpha`` (Holm's correction). With ``reward_fn``, E[reward] is compared by a bootstrap
-interval of the difference: it fails when the whole interval lies beyond
-``reward_tolerance`` (0.05 by default: a difference above 0.05 means roll back).
+the serving side is an endpoint or vLLM where ``engines`` names it (one seeded request per
+sample, so the draw reproduces from the seed; an endpoint under ``sampling: server`` samples
+with the server's own defaults), else HF ``generate`` on the served model, or ``serving_dump``.
+Dumps (a file, a glob or a list of shards a distributed engine wrote) are read in streaming
+batches: O(batch) memory. Engines draw ``causal_lm.behaviour.samples`` completions per probe
+from independent seeds (a function of the gate's ``seed``). Compared, each with a two-sample
+test and an effect size: completion length (Mann–Whitney), the stop-reason rates (EOS, stop
+string, length limit: two-proportion z), distinct-2 and self-ROUGE-L per prompt
+(Mann–Whitney), the training model's mean log-prob per token and repeat rate (centred scores
+with exact mean 0 and known variance under the trainer's distribution: the most sensitive
+statistics for a sampling drift and a repetition penalty) and, with ``format_regex``, the
+format hit rate. The family-wise false-alarm rate is ``alpha`` (Holm's correction). With
+``reward_fn``, E[reward] is compared by a bootstrap interval of the difference: it fails when
+the whole interval lies beyond ``reward_tolerance`` (0.05 by default: a difference above 0.05
+means roll back).
 """
 
 from __future__ import annotations

@@ -209,7 +209,15 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
 def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     if "hf" not in ctx.spec.engines:
-        return m.skip("logits_agreement needs the HF engine's model (engines has no 'hf')")
+        if "vllm" not in ctx.spec.engines:
+            return m.skip("logits_agreement needs the served model's logits: the HF engine "
+                          "or vLLM's prompt log-probs (engines has neither)")
+        found = ctx.vllm_served_rows()
+        if isinstance(found, str):
+            return m.skip(found)
+        m.details["candidate"] = (f"vLLM prompt log-probs ({ctx.spec.engine.dtype}, teacher-"
+                                  "forced on its greedy continuations, in the trainer's gauge)")
+        return _judge(ctx, m, thresholds, *found)
     generation = ctx.greedy("hf")
     assert generation is not None  # only a rollout dump may lack a greedy record
     kept = [i for i, output in enumerate(generation.output_ids) if output]
@@ -231,8 +239,13 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         owners += [f"{ctx.probes[i].id}@{j}" for j in range(len(output))]
     if not refs:
         return m.skip("the engine generated no tokens for any probe")
-    reference = np.concatenate(refs)  # (N, V)
-    candidate = np.concatenate(cands)  # (N, V)
+    m.details["candidate"] = f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"
+    return _judge(ctx, m, thresholds, np.concatenate(refs), np.concatenate(cands), owners)
+
+
+def _judge(ctx: LMContext, m: Measurement, thresholds: Thresholds, reference: np.ndarray,
+           candidate: np.ndarray, owners: list[str]) -> Measurement:
+    """The trainer's ``(N, V)`` logits against the served ones, by the precision tier."""
     limits = _tier_thresholds(ctx, m, thresholds)
     stats = compare_logits(m, reference, candidate, limits)
     if stats is not None:  # the size of the gap names no cause: the usual ones, for people
@@ -245,7 +258,6 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         row["position"] = owners[row["probe"]]
     m.metric("rows", len(reference), bad="none", ratchet=False)
     m.details["reference"] = f"training model ({ctx.spec.training.dtype}, teacher-forced, no cache)"
-    m.details["candidate"] = f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"
     return m
 
 

@@ -26,7 +26,7 @@ from paritygate.result import Measurement
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from paritygate.engines.generation import SamplingSpec
+    from paritygate.engines.generation import Generation, SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.metrics.tiers import Limits
 
@@ -59,7 +59,7 @@ def _limit(limits: Limits, tier_key: str, name: str) -> str:
     return limits.describe(name)
 
 KINDS: tuple[str, ...] = ("logprob_modes_differ", "sampling_differs", "precision_mismatch",
-                          "temperature_mismatch")
+                          "temperature_mismatch", "penalty_applied")
 """Finding kinds of a token log-prob delta (shared by logprob_delta and vllm_delta)."""
 
 # Defaults are the strictest tier (fp32/fp32, sources in paritygate.metrics.tiers); at run time
@@ -125,6 +125,11 @@ def measure_delta(
     ):
         _temperature_fit(m, ctx, delta.fit, training)
     breached = next((n for n, metric in m.metrics.items() if metric.breaches()), None)
+    # Whatever the labels: a strong penalty (presence 1.5) decorrelates the two sides' log-probs
+    # as a misalignment does, and its shape is what tells the two apart.
+    penalised = breached is not None and _penalty(m, ctx, delta.fit, serving, tier)
+    diagnosis = (f"a penalty's shape (penalty_applied), read by the labels as {stats.diagnosis}"
+                 if penalised else stats.diagnosis)
     if breached is not None:  # a plain breach: its diagnosis and worst tokens, for people
         worst = ", ".join(
             f"seq {w['seq']} pos {w['pos']} {w.get('text', '')!r} delta {w['delta']:+.3g}"
@@ -133,7 +138,7 @@ def measure_delta(
         limits_text = ", ".join(
             f"{name} {m.metrics[name].value:.3g} > {_limit(limits, tier_key, name)}"
             for name in DELTA_THRESHOLD_KEYS if m.metrics[name].breaches())
-        m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {stats.diagnosis}; "
+        m.hint(breached, f"log-probs disagree beyond the {tier_key} tier: {diagnosis}; "
                f"worst: {worst}" + (f" ({limits_text})" if limits_text else "")
                + _truncation_hint(train_mode, engine_mode, serving))
     m.note(f"diagnosis: {stats.diagnosis}")
@@ -318,6 +323,35 @@ def _named_causes(
             )
 
 
+def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSpec,
+             tier: Mapping[str, float]) -> bool:
+    """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
+    the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say. Read on
+    the fit sample (an engine's whole generation; a dump's first records)."""
+    from paritygate.metrics.logprob_penalty import read_penalty
+
+    generation = fit.generation
+    logp_train, _, mask = ctx.recompute(generation)
+    train, infer = np.asarray(logp_train, np.float64), np.asarray(fit.logp_infer, np.float64)
+    valid = np.asarray(mask, bool) & np.isfinite(train) & np.isfinite(infer)
+    with np.errstate(invalid="ignore"):
+        signature = read_penalty(np.where(valid, train - infer, 0.0), valid, generation.prompt_ids,
+                                 generation.output_ids, float(tier["delta_max_abs"]))
+    m.details["penalty_signature"] = signature.as_details()
+    if not signature.penalty:
+        return False
+    stated = [f"{name} {value:g}" for name, value, neutral in (
+        ("repetition_penalty", serving.repetition_penalty, 1.0),
+        ("presence_penalty", serving.presence_penalty, 0.0),
+        ("frequency_penalty", serving.frequency_penalty, 0.0)) if value != neutral]
+    source = (f"the serving config sets {', '.join(stated)} (see sampling_config)" if stated
+              else "no penalty in the serving config: does the engine add one?")
+    m.fail("penalty_applied",
+           f"a penalty on repeated tokens: {signature.describe()}; {source}: the engine's "
+           "log-probs are of the penalised distribution the trainer's recompute does not apply")
+    return True
+
+
 def _temperature_fit(m: Measurement, ctx: LMContext, fit: FitSample, training: Any) -> None:
     """Name a temperature mismatch: rescaling the trainer's logits by one factor explains the
     engine's log-probs (the shared teacher-forced forward, only on a breach)."""
@@ -381,6 +415,14 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="pin the served precision's tier (causal_lm.precision_tier) or serve in "
                     "the pinned precision",
                 rank=280),
+    Explanation("logprob_delta", "penalty_applied", ("penalty_applied",),
+                ("behaviour_parity", "vllm_delta"),
+                "the engine lowers the log-probs of tokens already in the context (a "
+                "penalty) where the trainer's recompute does not",
+                fix="serve without the penalty (repetition_penalty 1, presence_penalty and "
+                    "frequency_penalty 0), or apply it in causal_lm.training.logprob_fn and "
+                    "declare it in causal_lm.training.logprob_applies",
+                rank=325),
 )
 
 POSITION = 130

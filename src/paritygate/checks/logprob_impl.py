@@ -109,6 +109,11 @@ def _judge_position_shift(
         )
 
 
+_PLAIN_SOFTMAX = ("categorical_max_abs", "temperature_max_abs")
+"""Metrics that measure agreement with the plain softmax: not judged for a function declared
+to apply a transform (``causal_lm.training.logprob_applies``)."""
+
+
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.imports import import_callable
 
@@ -132,13 +137,22 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     temperature = t_cfg if t_cfg not in (0.0, 1.0) else TEST_TEMPERATURE
     limits = {key: thresholds[key] for key in DEFAULTS}
     floor_pending = ctx.spec.training.dtype != "float32"
+    applies = ctx.spec.training.logprob_applies
+    if applies:
+        m.note(f"{user_name} applies {', '.join(applies)} (causal_lm.training.logprob_applies): "
+               "its log-probs are of the transformed distribution, so only its padding, batch "
+               "and mask semantics are checked, not its agreement with the plain softmax")
     floors: dict[str, float] = {}
     for prefix, name, fn in subjects:
         floor_run = floor_pending and name == REFERENCE_FN
+        own = tol
+        if floor_run:
+            own = Tolerances(tol.categorical, math.inf)
+        elif applies and not prefix:
+            own = Tolerances(math.inf, tol.padding)
         res = run_suite(
             fn, model, seqs, pad, eos=eos, temperature=temperature, helpers=helpers,
-            logits_level=getattr(fn, "convention", "model") == "logits",
-            tol=Tolerances(tol.categorical, math.inf) if floor_run else tol,
+            logits_level=getattr(fn, "convention", "model") == "logits", tol=own,
         )
         if floor_run:
             floor_pending = False
@@ -155,10 +169,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         floors = values if prefix else floors
         for key in DEFAULTS:
             if key in values:
+                transformed = own.categorical == math.inf and key in _PLAIN_SOFTMAX
                 m.metric(
                     prefix + key,
                     values[key],
-                    threshold=limits[key],
+                    threshold=None if transformed else limits[key],
+                    bad="none" if transformed else "higher",
                     key=(key == "categorical_max_abs" and not prefix),
                     ratchet=key not in NEW_METRICS,
                     limit_key=key,

@@ -231,6 +231,37 @@ def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
                "--generation-config or --override-generation-config)")
 
 
+def _off_policy(
+    m: Measurement, training: SamplingFile, serving: SamplingFile, applied: set[str]
+) -> None:
+    """Fail ``off_policy_transform`` for each field that moves a side's sampled distribution
+    away from the policy's softmax (a penalty, a bias, banned tokens, a minimum length), even
+    when both sides agree: the trainer's log-probs score the plain policy, so the ratio of a
+    sample drawn under the transform is off-policy. A field the trainer's log-prob function
+    applies too (``causal_lm.training.logprob_applies``) is noted instead."""
+    sides = {"serving": serving.off_policy(), "training": training.off_policy()}
+    for name in dict.fromkeys([*sides["serving"], *sides["training"]]):
+        where = ", ".join(f"{label} {found[name]!r}" for label, found in sides.items()
+                          if name in found)
+        if name in applied:
+            m.note(f"{name} ({where}) moves the sampled distribution; the trainer's log-prob "
+                   "function applies it too (causal_lm.training.logprob_applies)")
+            continue
+        m.fail("off_policy_transform",
+               f"{name} ({where}) moves the sampled distribution away from the policy: the "
+               "trainer's log-probs score the plain softmax, so samples drawn under it are "
+               "off-policy even where both sides agree (remove it, or declare "
+               f"causal_lm.training.logprob_applies: [{name}] if the trainer's log-prob "
+               "function applies the same transform)")
+    m.details["off_policy"] = {label: {k: _jsonable(v) for k, v in found.items()}
+                               for label, found in sides.items()}
+
+
+def _jsonable(value: object) -> object:
+    return value if isinstance(value, (int, float, str, bool, list)) or value is None else (
+        {str(k): v for k, v in value.items()} if isinstance(value, dict) else str(value))
+
+
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
     training, serving = ctx.training_sampling, ctx.serving_sampling
@@ -277,6 +308,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
             f"({training.source(d.field)} vs {serving.source(d.field)})"
         )
+    _off_policy(m, training, serving, set(ctx.spec.training.logprob_applies))
     for d in diffs:
         if d.allowed_reason is not None:
             m.note(f"{d.field} differs (allowed: {d.allowed_reason})")
@@ -320,8 +352,8 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    kinds=("unknown_allow_field", "wrong_format", "field_differs", KIND,
-           "server_max_model_len", "server_default_differs"),
+    kinds=("unknown_allow_field", "wrong_format", "field_differs", "off_policy_transform",
+           KIND, "server_max_model_len", "server_default_differs"),
 )
 
 CAUSES: tuple[Explanation, ...] = (
@@ -348,6 +380,15 @@ CAUSES: tuple[Explanation, ...] = (
                     "served directory's generation config (vLLM: --generation-config auto), or "
                     "make every client send the field (causal_lm.endpoint.sampling: request)",
                 rank=325),
+    Explanation("sampling_config", "off_policy_transform", ("off_policy_transform",),
+                ("logprob_delta", "vllm_delta", "behaviour_parity", "generation_parity",
+                 "logits_agreement"),
+                "the served distribution is the policy's moved by a penalty, bias, banned "
+                "tokens or a minimum length, which the trainer's log-probs do not apply",
+                fix="remove the field from both sampling configs (sample from the policy's "
+                    "own distribution), or make causal_lm.training.logprob_fn apply the same "
+                    "transform and declare it: causal_lm.training.logprob_applies: [FIELD]",
+                rank=322),
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),

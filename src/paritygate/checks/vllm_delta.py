@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks.logprob_delta import KINDS
 from paritygate.metrics.tiers import PRECISION_TIERS
@@ -66,6 +67,16 @@ CHECK = CheckSpec(
     marks=("vllm", "gpu"),
     kinds=KINDS,
     unasked=unasked,
+)
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("vllm_delta", "penalty_applied", ("penalty_applied",), ("behaviour_parity",),
+                "vLLM lowers the log-probs of tokens already in the context (a penalty) "
+                "where the trainer's recompute does not",
+                fix="serve without the penalty (repetition_penalty 1, presence_penalty and "
+                    "frequency_penalty 0), or apply it in causal_lm.training.logprob_fn and "
+                    "declare it in causal_lm.training.logprob_applies",
+                rank=326),
 )
 
 POSITION = 140

@@ -39,6 +39,16 @@ class SamplingSpec:
     eos_token_ids: list[int] = field(default_factory=list)
     """Token ids that end a response (a generation config's ``eos_token_id``); empty: the
     serving tokenizer's EOS."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a response besides the EOS ids (vLLM ``stop_token_ids``)."""
+    ignore_eos: bool = False
+    transforms: dict[str, object] = field(default_factory=dict)
+    """Other fields that move the sampled distribution, with their non-neutral values as
+    written (``logit_bias``, ``bad_words_ids``, ``no_repeat_ngram_size``...): an engine
+    applies those of its own API and refuses the rest by name
+    (:func:`refuse_unapplied`)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingSpec:
@@ -132,6 +142,44 @@ class Generation:
         if start < len(self.output_ids):
             out.append((start, len(self.output_ids)))
         return out
+
+
+HF_APPLIES: frozenset[str] = frozenset({
+    "repetition_penalty", "min_new_tokens", "min_length", "bad_words_ids",
+    "no_repeat_ngram_size", "sequence_bias", "suppress_tokens", "begin_suppress_tokens",
+    "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty",
+    "typical_p", "epsilon_cutoff", "eta_cutoff", "encoder_no_repeat_ngram_size",
+    "encoder_repetition_penalty", "stop_token_ids",
+})
+"""Distribution-moving fields HF ``generate`` applies (``GenerationConfig`` fields); the
+others (presence/frequency penalties, ``logit_bias``, ``allowed_token_ids``, ``ignore_eos``...)
+are refused by name on the HF engine."""
+VLLM_APPLIES: frozenset[str] = frozenset({
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "min_new_tokens",
+    "logit_bias", "allowed_token_ids", "bad_words", "ignore_eos", "stop_token_ids",
+})
+"""Distribution-moving fields vLLM's ``SamplingParams`` applies; HF-only ones
+(``no_repeat_ngram_size``, ``bad_words_ids``, ``typical_p``...) are refused by name."""
+
+
+def refuse_unapplied(sampling: SamplingSpec, engine: str, applied: frozenset[str]) -> None:
+    """Bad input naming the first field of ``sampling`` that moves the sampled distribution
+    and that ``engine`` cannot apply (``applied``: the fields it implements): sampling
+    without it would judge another distribution than the one the config states."""
+    from paritygate.errors import InputError
+
+    stated: dict[str, object] = dict(sampling.transforms)
+    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                          ("ignore_eos", False), ("stop_token_ids", [])):
+        if getattr(sampling, name) != neutral:
+            stated[name] = getattr(sampling, name)
+    for name, value in stated.items():
+        if name not in applied:
+            raise InputError(
+                None, f"sampling {name}",
+                f"engine {engine} does not apply {name} (value {value!r}); sampling without "
+                f"it would judge another distribution than the config states: remove it, or "
+                f"gate with an engine that applies it")
 
 
 def is_processing_trivial(sampling: SamplingSpec) -> bool:

@@ -11,13 +11,48 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.engines.generation import Generation, LogprobsMode, SamplingSpec
+from paritygate.engines.generation import (
+    HF_APPLIES,
+    Generation,
+    LogprobsMode,
+    SamplingSpec,
+    refuse_unapplied,
+)
 from paritygate.engines.hf_loading import load_causal_lm, quiet_transformers
 from paritygate.errors import InputError, NonFiniteOutput
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+
+def hf_transforms(sampling: SamplingSpec) -> dict[str, object]:
+    """``GenerationConfig`` keywords for the distribution-moving fields HF applies besides the
+    modelled ones (``no_repeat_ngram_size``, ``bad_words_ids``...; see ``HF_APPLIES``)."""
+    return {k: v for k, v in sampling.transforms.items()
+            if k in HF_APPLIES and k not in ("repetition_penalty", "min_new_tokens")}
+
+
+def _repetition_penalty(penalty: float, mask: torch.Tensor) -> Any:
+    """HF's repetition penalty over each row's own tokens: HF's processor also reads a
+    left-padded row's pads and penalises the pad id (transformers 5.19: the declared-penalty
+    twin's delta biased by -2.2e-6 nats, beyond the fp32/fp32 1e-6 mean bound)."""
+    import torch
+    from transformers import LogitsProcessor
+
+    pads = (mask == 0).sum(-1)  # (B,) left pads per row
+
+    class OwnTokensRepetitionPenalty(LogitsProcessor):  # type: ignore[misc]
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            vocab = scores.shape[-1]
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            ids = input_ids.masked_fill(positions[None, :] < pads[:, None], vocab)  # (B, T)
+            seen = torch.zeros((scores.shape[0], vocab + 1), dtype=torch.bool,
+                               device=scores.device).scatter_(1, ids, True)[:, :vocab]
+            penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+            return torch.where(seen, penalised, scores)
+
+    return OwnTokensRepetitionPenalty()
 
 
 class HFGenerateEngine:
@@ -138,14 +173,18 @@ class HFGenerateEngine:
         )
         if sampling.do_sample and sampling.min_p > 0.0:
             warpers["min_p"] = sampling.min_p
-        # The served generation config's EOS ids end a response, else the tokenizer's.
+        refuse_unapplied(sampling, self.name, HF_APPLIES)
+        # The served generation config's EOS ids end a response, else the tokenizer's; stop
+        # token ids end it too.
         eos = list(sampling.eos_token_ids) or (
             [] if self.eos_token_id is None else [self.eos_token_id]
         )
+        eos += [t for t in sampling.stop_token_ids if t not in eos]
         config = GenerationConfig(
             do_sample=sampling.do_sample,
             **warpers,
-            repetition_penalty=sampling.repetition_penalty,
+            **hf_transforms(sampling),
+            repetition_penalty=1.0,  # applied below, the pads of a row left out
             max_new_tokens=sampling.max_new_tokens,
             min_new_tokens=sampling.min_new_tokens,
             stop_strings=list(sampling.stop) or None,
@@ -168,7 +207,10 @@ class HFGenerateEngine:
             ids, mask = self._pad(chunk)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed + start)
-            extra = {"tokenizer": self.tokenizer} if sampling.stop else {}
+            extra: dict[str, Any] = {"tokenizer": self.tokenizer} if sampling.stop else {}
+            if sampling.repetition_penalty != 1.0:
+                extra["logits_processor"] = [_repetition_penalty(sampling.repetition_penalty,
+                                                                 mask)]
             with torch.inference_mode(), quiet_transformers():
                 try:
                     res = self.model.generate(

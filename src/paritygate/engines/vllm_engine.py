@@ -55,7 +55,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from paritygate.engines.generation import Generation, SamplingSpec
+from paritygate.engines.generation import VLLM_APPLIES, Generation, SamplingSpec, refuse_unapplied
+from paritygate.engines.vllm_waves import generate_in_waves
 from paritygate.errors import MissingExtra
 
 VLLM_LOGPROBS_MODES: dict[str, str] = {"raw": "raw_logprobs", "processed": "processed_logprobs"}
@@ -194,7 +195,18 @@ def sampling_params_kwargs(
     ``seed + request`` (vLLM seeds each request's own generator); ``num_logprobs`` is the
     number of top log-probs returned besides the sampled token's.
     """
+    refuse_unapplied(sampling, "vllm", VLLM_APPLIES)
+    stop_ids = [int(t) for t in sampling.eos_token_ids]
+    stop_ids += [int(t) for t in sampling.stop_token_ids if int(t) not in stop_ids]
+    applied = {k: v for k, v in sampling.transforms.items() if k in VLLM_APPLIES}
+    bias = applied.get("logit_bias")
+    if isinstance(bias, dict):  # YAML may key token ids as strings
+        applied["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
     return {
+        **applied,
+        "presence_penalty": float(sampling.presence_penalty),
+        "frequency_penalty": float(sampling.frequency_penalty),
+        "ignore_eos": bool(sampling.ignore_eos),
         "n": 1,
         "temperature": float(sampling.temperature) if sampling.do_sample else 0.0,
         "top_p": float(sampling.top_p),
@@ -204,7 +216,7 @@ def sampling_params_kwargs(
         "max_tokens": int(sampling.max_new_tokens),
         "min_tokens": int(sampling.min_new_tokens),
         "stop": list(sampling.stop) or None,
-        "stop_token_ids": [int(t) for t in sampling.eos_token_ids] or None,
+        "stop_token_ids": stop_ids or None,
         "seed": None if sampling.seed is None else int(sampling.seed) + request,
         "logprobs": max(0, int(num_logprobs)),
     }
@@ -338,8 +350,9 @@ class VLLMEngine:
         }
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
-        if self.top_logprobs > 20:  # vLLM's default max_logprobs
-            kwargs["max_logprobs"] = self.top_logprobs
+        # -1: up to the whole vocabulary, for logits_agreement's prompt log-probs (vLLM
+        # returns only what a request asks for).
+        kwargs["max_logprobs"] = -1
         kv_bytes = self.kv_cache_memory_bytes
         if kv_bytes is None and platform == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             kv_bytes = CPU_KV_CACHE_BYTES
@@ -392,7 +405,7 @@ class VLLMEngine:
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         lora = self.lora_request()
         extra = {"lora_request": lora} if lora is not None else {}
-        outputs = self.llm.generate(requests, params, use_tqdm=False, **extra)
+        outputs = generate_in_waves(self.llm, requests, params, sampling.max_new_tokens, **extra)
         return generation_from_outputs(
             outputs,
             prompts,

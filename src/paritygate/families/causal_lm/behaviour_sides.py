@@ -164,12 +164,16 @@ class SideReducer:
 
 
 def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
-    """The side's sampling config with a seed independent of the other side's."""
+    """The side's sampling config with a seed independent of the other side's, drawn from the
+    gate's ``seed`` and the side's sampling-file ``seed``: a new gate seed is a fresh draw
+    (re-check a suspected false alarm on other samples), the same seed the same draw."""
+    import hashlib
+
     from paritygate.engines.generation import SamplingSpec
 
     sampling = (ctx.training_sampling if side == "training" else ctx.serving_sampling).spec()
-    seed = (sampling.seed if sampling.seed is not None else ctx.config.seed) + (
-        _SERVING_SEED_OFFSET if side == "serving" else 0)
+    key = f"{ctx.config.seed}:{sampling.seed}:{side}".encode()
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
 
 
@@ -191,7 +195,7 @@ def stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Decoder) -> list[
 def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: str,
               scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
     """The side's samples from an engine: every prompt ``samples`` times in one batch (vLLM:
-    one request per prompt with ``n`` samples); ``scored[i]`` is the prompt the trainer scores
+    one seeded request per sample); ``scored[i]`` is the prompt the trainer scores
     prompt ``i``'s samples after (the training side's rendering of the probe)."""
     from paritygate.engines.hf_generate import HFGenerateEngine
 

@@ -117,10 +117,26 @@ class TrainingSide(StrictModel):
     logprobs_mode: Literal["raw", "processed"] = "processed"
     """``processed``: the trainer scores tokens under the sampling distribution (temperature,
     top-k/top-p applied); ``raw``: under the model's plain softmax."""
+    logprob_applies: list[str] = Field(default_factory=list)
+    """Distribution-moving sampling fields (penalties, ``logit_bias``, ``min_new_tokens``...)
+    that ``logprob_fn`` applies exactly as the engine does, so log-probs of samples drawn
+    under them are the trainer's own: ``sampling_config`` then does not name them
+    ``off_policy_transform``."""
     dtype: Dtype = "float32"
     device_map: Literal["auto"] | None = None
     """``auto``: the recompute model is dispatched over every visible device by accelerate
     (``pip install accelerate``), for models larger than one device."""
+
+    @field_validator("logprob_applies")
+    @classmethod
+    def _off_policy_fields(cls, value: list[str]) -> list[str]:
+        from paritygate.families.causal_lm.sampling_fields import OFF_POLICY
+
+        unknown = [name for name in value if name not in OFF_POLICY]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not a distribution-moving sampling field "
+                             f"(one of {', '.join(OFF_POLICY)})")
+        return value
 
 
 MAX_TOP_LOGPROBS = 20

@@ -423,6 +423,12 @@ class LMContext:
 
         return helpers
 
+    def vllm_served_rows(self) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
+        """vLLM's prompt log-probs in the trainer's gauge, or why not (:mod:`.served_logprobs`)."""
+        from paritygate.families.causal_lm.served_logprobs import vllm_rows
+        return vllm_rows(self.greedy("vllm"), self.teacher_forced, self.engine("vllm"),
+                         [p.id for p in self.probes])
+
     def recompute(self, generation: Generation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
         from paritygate.families.causal_lm.recompute import recompute

@@ -16,7 +16,7 @@ from typing import Any
 
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
-from paritygate.families.causal_lm.sampling_fields import NOT_COMPARED
+from paritygate.families.causal_lm.sampling_fields import NOT_COMPARED, OFF_POLICY, is_neutral
 from paritygate.reading import MAX_CONFIG_BYTES, read_text
 from paritygate.reading_text import parse_json, parse_yaml
 
@@ -49,7 +49,9 @@ MAX_STOP_STRINGS = 1024
 matched against every generated token's text."""
 MAX_STOP_CHARS = 1024
 """A stop string is at most 1,024 characters (longer is no stop marker but a document)."""
-ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop_strings": "stop"}
+ALIASES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens", "stop_strings": "stop",
+           "response_length": "max_new_tokens"}
+"""Other engines' names of compared fields (``response_length``: verl's rollout config)."""
 IGNORED = {
     "bos_token_id",
     "pad_token_id",
@@ -176,7 +178,32 @@ class SamplingFile:
             do_sample=bool(v["do_sample"]),
             min_p=float(v["min_p"]),
             eos_token_ids=list(v["eos_token_id"]),
+            presence_penalty=float(v["presence_penalty"]),
+            frequency_penalty=float(v["frequency_penalty"]),
+            stop_token_ids=[int(t) for t in v["stop_token_ids"]],
+            ignore_eos=bool(v["ignore_eos"]),
+            transforms={name: value for name, value in self.off_policy().items()
+                        if name not in COMPARED_FIELDS},
         )
+
+    def off_policy(self) -> dict[str, object]:
+        """This side's fields that move the sampled distribution away from the policy's
+        softmax, with their values (see :data:`~paritygate.families.causal_lm.sampling_fields.
+        OFF_POLICY`), compared fields first."""
+        found: dict[str, object] = {}
+        for name in OFF_POLICY:
+            value = self.values.get(name) if name in COMPARED_FIELDS else next(
+                (v for k, v in self.not_compared.items()
+                 if _plain(k) == name), None)
+            if not is_neutral(name, value):
+                found[name] = value
+        return found
+
+
+def _plain(raw_key: str) -> str:
+    """A listed field's gate name (a TRL ``generation_kwargs.<key>`` by its key)."""
+    key = raw_key.removeprefix("generation_kwargs.")
+    return ALIASES.get(key, key)
 
 
 _RANGES = {

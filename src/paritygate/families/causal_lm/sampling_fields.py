@@ -49,3 +49,49 @@ NOT_COMPARED: dict[str, str] = {
     },
 }
 """Known fields that ``sampling_config`` lists in its report as not compared."""
+
+OFF_POLICY: dict[str, object] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_new_tokens": 0,
+    "min_length": 0,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+    "bad_words_ids": None,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "encoder_repetition_penalty": 1.0,
+    "sequence_bias": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "logits_processors": None,
+    "guided_decoding": None,
+    "structured_outputs": None,
+}
+"""Fields that move the served distribution away from the policy's softmax (penalties, biases,
+banned or forced tokens, a minimum length, truncations other than temperature/top-k/top-p/
+min-p), with each one's neutral value: a field set to anything else samples off-policy even
+when both sides agree, unless the trainer's log-prob function applies the same transform
+(``causal_lm.training.logprob_applies``)."""
+
+
+def is_neutral(name: str, value: object) -> bool:
+    """``value`` leaves the distribution as the field's neutral value does (empty lists,
+    mappings and ``None`` are all neutral for the list/mapping fields)."""
+    neutral = OFF_POLICY.get(name)
+    if value is None or value == neutral:
+        return True
+    if neutral is None:
+        return isinstance(value, (list, dict, tuple)) and not value
+    try:
+        return float(value) == float(neutral)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
