@@ -379,7 +379,7 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="start the server without --override-generation-config and with the "
                     "served directory's generation config (vLLM: --generation-config auto), or "
                     "make every client send the field (causal_lm.endpoint.sampling: request)",
-                rank=325),
+                rank=323),
     Explanation("sampling_config", "off_policy_transform", ("off_policy_transform",),
                 ("logprob_delta", "vllm_delta", "behaviour_parity", "generation_parity",
                  "logits_agreement"),
