@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from paritygate.result import CheckResult, Measurement, declare_kinds
 
@@ -74,6 +74,15 @@ class Rendered:
     files: list[str] = field(default_factory=list)
 
 
+class Renderer(Protocol):
+    """A check's report fragment: ``render(result, report_dir, figures=...)`` writes its extra
+    files into ``report_dir`` and returns what to embed; ``figures`` is true only when a
+    report format that shows them (report.html) was asked, so figures cost nothing otherwise."""
+
+    def __call__(self, result: CheckResult, report_dir: Path, *, figures: bool = True
+                 ) -> Rendered: ...
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     """One checklist item.
@@ -90,7 +99,7 @@ class CheckSpec:
     measures: Mapping[str, Measure]
     defaults: Mapping[str, float] = field(default_factory=dict)
     marks: tuple[str, ...] = ("fast",)
-    render: Callable[[CheckResult, Path], Rendered] | None = None
+    render: Renderer | None = None
     """Optional: write extra artifacts (CSV, PNG) into the report dir and return fragments."""
     feeds_probes: bool = False
     """The check runs the models on the family's model-input probes: its record says how

@@ -112,6 +112,8 @@ def _cmd_run_all(args: argparse.Namespace) -> int:
             cmd += ["--bless-first", "--step", str(step)]
         if args.markexpr:
             cmd += ["-m", args.markexpr]
+        if args.report_formats is not None:
+            cmd += ["--report-format", args.report_formats]
         for cid in args.check_ids or []:
             cmd += ["--check", cid]
         if args.allow_skips:
@@ -164,6 +166,10 @@ def _run_one(args: argparse.Namespace) -> int:
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
+    if args.report_formats is not None:  # refused before any model loads
+        from paritygate.config import parse_report_formats
+
+        gate.config.set_report_formats(parse_report_formats(args.report_formats))
     if args.bless_first:
         _bless_first(args, gate)
     gate.check_writable(args.report_dir)
@@ -251,6 +257,8 @@ def _pytest_args(gate: Gate, args: argparse.Namespace, selected: list[str] | Non
     ]
     if args.report_dir is not None:
         pytest_args += ["--report-dir", str(args.report_dir.resolve())]
+    if args.report_formats is not None:
+        pytest_args += ["--report-format", args.report_formats]
     if args.update_golden:
         pytest_args.append("--update-golden")
     if args.markexpr:

@@ -72,6 +72,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="where report.json/.md/.html and junit.xml go (default reports/<name>)",
     )
     group.addoption(
+        "--report-format",
+        default=None,
+        help="report files, comma-separated from json,md,html,junit (default: the config's "
+        "report_formats, else json,md,junit); figures only with html",
+    )
+    group.addoption(
         "--update-golden",
         action="store_true",
         default=False,
@@ -229,6 +235,11 @@ def _get_gate(config: pytest.Config) -> Gate:
                 report_dir=report_dir,
             )
             gate.check_writable(Path(report_dir) if report_dir else None)
+            formats = config.getoption("--report-format")
+            if formats is not None:
+                from paritygate.config import parse_report_formats
+
+                gate.config.set_report_formats(parse_report_formats(formats))
             if not hasattr(config, "workerinput"):
                 gate.begin_bless()  # xdist workers bless under their controller's lock
             gate.context  # noqa: B018 - build and validate every input once

@@ -102,7 +102,7 @@ def test_per_layer_numbers_stay_out_of_the_report_tables(tmp_path: Path) -> None
     config.write_text(yaml.safe_dump(data))
     gate = Gate.from_path(config, report_dir=tmp_path / "report")
     results = gate.run()
-    write_reports(gate, results, tmp_path / "report")
+    write_reports(gate, results, tmp_path / "report", formats=frozenset({"json", "md", "html", "junit"}))
     (result,) = results
     assert not [n for n in result.metrics if n.count("/") >= 2], result.metrics
     assert "onnx/output_rel_l2" in result.metrics

@@ -208,10 +208,10 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def _render(result: CheckResult, report_dir: Path) -> Rendered:
+def _render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
     from paritygate.precision.render import render_precision
 
-    return render_precision(result, report_dir)
+    return render_precision(result, report_dir, figures=figures)
 
 
 CHECK = CheckSpec(

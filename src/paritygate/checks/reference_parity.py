@@ -306,7 +306,7 @@ def _judge_estimator(
                metric="kl_estimator_max_abs")
 
 
-def render(result: CheckResult, report_dir: Path) -> Rendered:
+def render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
     """The estimator's form and the tensors that differ from the initial policy."""
     from paritygate.fragments import table
 

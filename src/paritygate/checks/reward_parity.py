@@ -356,7 +356,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-def render(result: CheckResult, report_dir: Path) -> Rendered:
+def render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
     """The samples whose serving score moved most (or all, when none moved), for the report."""
     from paritygate.fragments import table
 
