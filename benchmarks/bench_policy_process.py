@@ -153,10 +153,12 @@ with torch.inference_mode():
     serving(x)
 for h in hooks:
     h.remove()
+def rel(a, b):
+    return torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)
 for dtype in (torch.float16, torch.bfloat16):
     low = {}
     def cmp(mod, args, out):
-        low[mod] = torch.linalg.vector_norm(out.float() - outputs[mod]) / torch.linalg.vector_norm(outputs[mod])
+        low[mod] = rel(out.float(), outputs[mod])
     hooks = [layer.register_forward_hook(cmp) for layer in layers]
     with torch.inference_mode():
         serving.to(dtype)(x.to(dtype))
@@ -164,7 +166,7 @@ for dtype in (torch.float16, torch.bfloat16):
             h.remove()
         for layer in layers:
             local = layer(inputs[layer].to(dtype)).float()
-            torch.linalg.vector_norm(local - outputs[layer]) / torch.linalg.vector_norm(outputs[layer])
+            rel(local, outputs[layer])
     serving.float()
 """
 
@@ -173,7 +175,6 @@ def build_subject(root: Path) -> Path:
     """Train, save and export the subject into ``root``; write its gate config."""
     import json
 
-    import numpy as np
     import torch
     import yaml
     from safetensors.torch import save_file
@@ -193,7 +194,8 @@ def build_subject(root: Path) -> Path:
     for step in range(60):
         x = m.norm_torch(m.probes(128, step), stats_path=root / "stats.json")
         out = model(x)
-        loss = (out["logits"].logsumexp(-1) - out["logits"][:, 0]).mean() + out["value"].pow(2).mean()
+        logits = out["logits"]
+        loss = (logits.logsumexp(-1) - logits[:, 0]).mean() + out["value"].pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -207,8 +209,7 @@ def build_subject(root: Path) -> Path:
                       output_names=["logits"])
     write_manifest(art, root / "policy.safetensors", opset=18)
     config = {
-        "name": "bench-process", "family": "policy", "seed": 0,
-        "golden": {"dir": "golden"},
+        "name": "bench-process", "family": "policy", "seed": 0, "golden": {"dir": "golden"},
         "policy": {
             "training_factory": "bench_subject:training_model",
             "inference_factory": "bench_subject:serving_model",

@@ -219,7 +219,8 @@ def test_lm_delta_plots_embedded(tmp_path: Path) -> None:
     m.details["per_token"] = [{"seq": s, "pos": p, "delta": 0.01 * ((s + p) % 5 - 2)}
                               for s in range(4) for p in range(12)]
     r = judge(m, None, use_golden=False)
-    write_reports(_gate(tmp_path), [r], tmp_path / "r", formats=frozenset({"json", "md", "html", "junit"}))
+    write_reports(_gate(tmp_path), [r], tmp_path / "r",
+        formats=frozenset({"json", "md", "html", "junit"}))
     html = (tmp_path / "r" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2
     assert "delta histogram" in html and "delta per position" in html

@@ -30,9 +30,10 @@ from paritygate.families.policy.config import PolicySpec
 from paritygate.precision.config import PrecisionSpec
 from paritygate.trainer_output import CHECKPOINT_ENV, TrainerCheckpoint, pick_checkpoint
 
-REPORT_FORMATS = ("json", "md", "html", "junit")
+ReportFormat = Literal["json", "md", "html", "junit"]
+REPORT_FORMATS: tuple[ReportFormat, ...] = ("json", "md", "html", "junit")
 """Report files by format name: report.json, report.md, report.html, junit.xml."""
-DEFAULT_REPORT_FORMATS = ("json", "md", "junit")
+DEFAULT_REPORT_FORMATS: tuple[ReportFormat, ...] = ("json", "md", "junit")
 """Written unless a config or run asks otherwise: everything but the HTML page (whose figures
 cost matplotlib's import and drawing on every run)."""
 
@@ -72,7 +73,7 @@ class GateConfig(StrictModel):
     """Per check and metric; ``null`` makes the metric informational (reported, never judged)."""
     golden: GoldenSettings = GoldenSettings()
     report_dir: str | None = None
-    report_formats: list[Literal["json", "md", "html", "junit"]] = list(DEFAULT_REPORT_FORMATS)
+    report_formats: list[ReportFormat] = list(DEFAULT_REPORT_FORMATS)
     """Report files to write: report.json always (the contract), report.md, junit.xml and
     report.html on request. Figures (PNG, matplotlib) are drawn only for report.html, so a
     run without it never imports matplotlib. ``paritygate run --report-format`` overrides."""

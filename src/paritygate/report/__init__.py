@@ -9,12 +9,11 @@ leads with the failure that explains the others.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritygate.check import Rendered
+from paritygate.check import Rendered, Renderer
 from paritygate.checks import get_check
 from paritygate.files import atomic_write_many, dump_json
 from paritygate.report.behaviour import render_behaviour
@@ -61,7 +60,7 @@ class WrittenReport:
     root_cause: str | None = None
 
 
-RENDERERS: dict[str, Callable[[CheckResult, Path], Rendered]] = {
+RENDERERS: dict[str, Renderer] = {
     "rollout_parity": render_rollout,
     "behaviour_parity": render_behaviour,
 }
