@@ -24,9 +24,17 @@ from paritygate.errors import InputError
 if TYPE_CHECKING:
     from paritygate.gate import Gate
 
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_NOTHING_VERIFIED = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
-"""Ctrl-C (SIGINT, KeyboardInterrupt) and SIGTERM: no report is written, golden unchanged."""
+from paritygate.exit_codes import (
+    EXIT_FAIL,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING_VERIFIED,
+    EXIT_PASS,
+    EXIT_TERMINATED,
+)
+
+__all__ = ["EXIT_FAIL", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_NOTHING_VERIFIED", "EXIT_PASS",
+           "EXIT_TERMINATED", "main", "text_table"]
 
 
 
@@ -56,7 +64,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from paritygate.trainer_output import BLESS_FIRST_ENV, CHECKPOINT_ENV
 
     if args.all_checkpoints:
-        return _cmd_run_all(args)
+        from paritygate.cli_series import run_all
+
+        return run_all(args, refuse_existing_baseline=_refuse_existing_baseline, entry=main)
     previous = os.environ.get(CHECKPOINT_ENV)
     if args.checkpoint is not None:
         os.environ[CHECKPOINT_ENV] = args.checkpoint  # the pytest session and its workers
@@ -71,64 +81,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             os.environ.pop(CHECKPOINT_ENV, None)
         else:
             os.environ[CHECKPOINT_ENV] = previous
-
-
-def _cmd_run_all(args: argparse.Namespace) -> int:
-    """``run --all``: one ``paritygate run --checkpoint PATH`` process per checkpoint-N."""
-    import subprocess
-
-    from paritygate.config import load_config
-
-    if args.checkpoint is not None or args.update_golden or args.step is not None:
-        raise InputError(None, "--all", "--all gates every checkpoint: it takes neither "
-                         "--checkpoint, --step nor --update-golden (bless one checkpoint, "
-                         "or the first with --bless-first)")
-    config = load_config(args.config)
-    record = config.trainer_checkpoint
-    from paritygate.trainer_output import MAX_ALL_CHECKPOINTS, checkpoint_series, saved_zips
-
-    # read before any gate runs: gaps, unreadable trainer_state.json, no saves are exit 2
-    if record is not None and record.output_dir is not None:
-        series = checkpoint_series(record.output_dir)
-    elif config.policy is not None:
-        series = saved_zips(config.resolve(config.policy.checkpoint), config.path)
-    else:
-        raise InputError(config.path, "--all", "the config's model directory is not a trainer "
-                         "output_dir (no checkpoint-N folders)")
-    if len(series) > MAX_ALL_CHECKPOINTS:
-        where = record.output_dir if record is not None and record.output_dir else config.path
-        raise InputError(where, "--all", f"{len(series)} saved checkpoints, more than "
-                         f"{MAX_ALL_CHECKPOINTS} (MAX_ALL_CHECKPOINTS; one gate process each): "
-                         "gate chosen ones with --checkpoint PATH")
-    base = args.report_dir or config.default_report_dir()
-    worst = EXIT_PASS
-    rank = {EXIT_PASS: 0, EXIT_NOTHING_VERIFIED: 1, EXIT_FAIL: 2, EXIT_INPUT: 3}
-    if args.bless_first:
-        _refuse_existing_baseline(args)
-    for index, (step, folder) in enumerate(series):
-        cmd = [sys.executable, "-m", "paritygate", "run", str(args.config), "--checkpoint",
-               str(folder), "--report-dir", str(base / folder.stem)]
-        if args.bless_first and index == 0:
-            cmd += ["--bless-first", "--step", str(step)]
-        if args.markexpr:
-            cmd += ["-m", args.markexpr]
-        if args.report_formats is not None:
-            cmd += ["--report-format", args.report_formats]
-        for cid in args.check_ids or []:
-            cmd += ["--check", cid]
-        if args.allow_skips:
-            cmd.append("--allow-skips")
-        print(f"paritygate: {folder.name} (step {step}): gating", flush=True)
-        code = subprocess.run(cmd, check=False).returncode
-        if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-            raise KeyboardInterrupt
-        word = {EXIT_PASS: "pass", EXIT_FAIL: "fail", EXIT_INPUT: "bad input",
-                EXIT_NOTHING_VERIFIED: "nothing verified"}.get(code, f"exit {code}")
-        print(f"paritygate: {folder.name} (step {step}): {word}; reports in "
-              f"{base / folder.stem}", flush=True)
-        if rank.get(code, 3) > rank.get(worst, 3):
-            worst = code
-    return worst
 
 
 def _refuse_existing_baseline(args: argparse.Namespace, gate: Gate | None = None) -> None:
@@ -401,9 +353,11 @@ def _cmd_precision(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import threading
     import warnings
 
     args = build_parser().parse_args(argv)
+    args.fresh_process = "torch" not in sys.modules and threading.active_count() == 1
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
     handlers = {
         "run": _cmd_run,
