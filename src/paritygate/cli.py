@@ -119,9 +119,7 @@ def _run_one(args: argparse.Namespace) -> int:
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
     if args.report_formats is not None:  # refused before any model loads
-        from paritygate.config import parse_report_formats
-
-        gate.config.set_report_formats(parse_report_formats(args.report_formats))
+        gate.config.set_report_formats(args.report_formats)
     if args.bless_first:
         _bless_first(args, gate)
     gate.check_writable(args.report_dir)

@@ -176,9 +176,10 @@ class GateConfig(StrictModel):
         """The run's ``--report-dir`` (overrides the config's ``report_dir``)."""
         self._report_dir = Path(path).expanduser().resolve()
 
-    def set_report_formats(self, formats: tuple[str, ...]) -> None:
-        """The run's ``--report-format`` (overrides the config's ``report_formats``)."""
-        self._report_formats = formats
+    def set_report_formats(self, text: str) -> None:
+        """The run's ``--report-format LIST`` (overrides the config's ``report_formats``); an
+        unknown format is bad input."""
+        self._report_formats = parse_report_formats(text)
 
     def formats(self) -> frozenset[str]:
         """The report files this run writes (``json`` always among them)."""
