@@ -340,3 +340,35 @@ def test_registration_is_one_module_per_check() -> None:
             assert set(edge.explains) <= set(CHECK_IDS), edge
     ranks = [edge.rank for edge in GRAPH]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_a_check_registers_in_its_own_module() -> None:
+    """``POSITION`` and ``CAUSES`` are assigned in the check's module, not imported into it
+    from a module that exists to make room: registration sits beside the check."""
+    package = SRC / "checks"
+    for path in sorted(package.glob("[!_]*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assigned = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    if isinstance(t, ast.Name)}
+        imported = {a.asname or a.name for node in tree.body
+                    if isinstance(node, ast.ImportFrom) for a in node.names}
+        assert "POSITION" in assigned, f"{path.name}: POSITION is not assigned in the module"
+        assert not {"POSITION", "CAUSES", "CHECK"} & imported, \
+            f"{path.name} imports its registration"
+
+
+def test_one_renderer_registry_and_checks_build_no_report_content() -> None:
+    """Report tables and figures are drawn in one place, ``paritygate.report.RENDERERS``,
+    keyed by check id: a check module imports nothing that builds report content."""
+    from paritygate.check import CheckSpec
+    from paritygate.checks import CHECK_IDS
+    from paritygate.report import RENDERERS
+
+    assert set(RENDERERS) <= set(CHECK_IDS)
+    assert "render" not in CheckSpec.__dataclass_fields__
+    drawing = ("paritygate.report", "paritygate.fragments", "paritygate.precision.render",
+               "paritygate.precision.plot")
+    wrong = sorted(f"{src} -> {dst}" for src, dsts in import_graph().items() for dst in dsts
+                   if src.startswith("paritygate.checks") and dst.startswith(drawing))
+    assert wrong == [], "a check measures; report/ renders its records"

@@ -186,6 +186,17 @@ def test_config_wrong_type_named(tmp_path: Path) -> None:
     assert "policy.probes.count" in line and "'many'" in line
 
 
+def test_config_paths_resolve_once_and_an_empty_one_is_refused(tmp_path: Path) -> None:
+    data = json.loads(json.dumps(POLICY))
+    data["policy"]["checkpoint"] = "ckpt/step_8.pt"
+    config = config_from_dict(data, tmp_path / "sub" / "gate.yaml")
+    assert config.policy is not None
+    assert config.policy.checkpoint == (tmp_path / "sub" / "ckpt" / "step_8.pt").resolve()
+    data["policy"]["checkpoint"] = ""  # Path("") would be the config's own folder
+    line = _bad(data, tmp_path)
+    assert "policy.checkpoint" in line and "empty path" in line
+
+
 def test_config_missing_section_and_unknown_threshold(tmp_path: Path) -> None:
     assert "policy" in _bad({"name": "x", "family": "policy"}, tmp_path)
     data = json.loads(json.dumps(POLICY))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from paritygate.result import CheckResult, Measurement, declare_kinds
+from paritygate.result import Measurement, declare_kinds
 
 
 @dataclass(frozen=True)
@@ -65,24 +64,6 @@ that family's context (``PolicyContext``, ``LMContext``, ``HFModelContext``); th
 it the context built for the config's family."""
 
 
-@dataclass
-class Rendered:
-    """Extra report content a check contributes: files it wrote and fragments to embed."""
-
-    markdown: str = ""
-    html: str = ""
-    files: list[str] = field(default_factory=list)
-
-
-class Renderer(Protocol):
-    """A check's report fragment: ``render(result, report_dir, figures=...)`` writes its extra
-    files into ``report_dir`` and returns what to embed; ``figures`` is true only when a
-    report format that shows them (report.html) was asked, so figures cost nothing otherwise."""
-
-    def __call__(self, result: CheckResult, report_dir: Path, *, figures: bool = True
-                 ) -> Rendered: ...
-
-
 @dataclass(frozen=True)
 class CheckSpec:
     """One checklist item.
@@ -99,8 +80,6 @@ class CheckSpec:
     measures: Mapping[str, Measure]
     defaults: Mapping[str, float] = field(default_factory=dict)
     marks: tuple[str, ...] = ("fast",)
-    render: Renderer | None = None
-    """Optional: write extra artifacts (CSV, PNG) into the report dir and return fragments."""
     feeds_probes: bool = False
     """The check runs the models on the family's model-input probes: its record says how
     many probe rows the context left out of them (NaN/Inf observations) and why."""

@@ -49,7 +49,7 @@ def run_all(
     if record is not None and record.output_dir is not None:
         series = checkpoint_series(record.output_dir)
     elif config.policy is not None:
-        series = saved_zips(config.resolve(config.policy.checkpoint), config.path)
+        series = saved_zips(config.policy.checkpoint, config.path)
     else:
         raise InputError(config.path, "--all", "the config's model directory is not a trainer "
                          "output_dir (no checkpoint-N folders)")

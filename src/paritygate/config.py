@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from paritygate.config_base import StrictModel
+from paritygate.config_base import ConfigPath, StrictModel
 from paritygate.errors import InputError, shorten
 from paritygate.families.causal_lm.config import CausalLMSpec
 from paritygate.families.hf_model.config import HFModelSpec
@@ -51,7 +51,7 @@ def parse_report_formats(text: str) -> tuple[str, ...]:
 class GoldenSettings(StrictModel):
     """Where baselines live and how much worse than golden a metric may get."""
 
-    dir: str = "golden"
+    dir: ConfigPath = Field(Path("golden"), validate_default=True)
     """Relative to the config file; baselines live in ``<dir>/<baseline>/<check_id>.json``."""
     baseline: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     """Baseline name (default: the config's ``name``): many candidate configs can gate against
@@ -72,7 +72,7 @@ class GateConfig(StrictModel):
     thresholds: dict[str, dict[str, float | None]] = {}
     """Per check and metric; ``null`` makes the metric informational (reported, never judged)."""
     golden: GoldenSettings = GoldenSettings()
-    report_dir: str | None = None
+    report_dir: ConfigPath | None = None
     report_formats: list[ReportFormat] = list(DEFAULT_REPORT_FORMATS)
     """Report files to write: report.json always (the contract), report.md, junit.xml and
     report.html on request. Figures (PNG, matplotlib) are drawn only for report.html, so a
@@ -85,7 +85,7 @@ class GateConfig(StrictModel):
     allow_pickle: bool = False
     """Allow checkpoint formats that unpickle arbitrary objects (runs code from the file)."""
     trust_remote_code: bool = False
-    python_path: list[str] = []
+    python_path: list[ConfigPath] = []
     """Folders (relative to the config file) where ``module:callable`` names are imported from,
     searched before ``sys.path``."""
     policy: PolicySpec | None = None
@@ -115,6 +115,15 @@ class GateConfig(StrictModel):
                 )
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _golden_defaults(cls, data: object) -> object:
+        """An omitted ``golden:`` section is validated as an empty one, so its default folder
+        is resolved against the config file's like a written one."""
+        if isinstance(data, dict) and "golden" not in data:
+            return {**data, "golden": {}}
+        return data
+
     @model_validator(mode="after")
     def _family_section(self) -> GateConfig:
         section = {"policy": self.policy, "causal_lm": self.causal_lm, "hf_model": self.hf_model}[
@@ -139,7 +148,9 @@ class GateConfig(StrictModel):
         return self._path.parent
 
     def resolve(self, value: str | Path) -> Path:
-        """A path from the config, relative to the config file's folder."""
+        """A path relative to the config file's folder. The config's path keys are resolved
+        when it loads (:data:`~paritygate.config_base.ConfigPath`); this serves values that
+        are paths only by name (``factory_path_kwargs``) and keys not yet typed as paths."""
         p = Path(value).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
@@ -157,6 +168,8 @@ class GateConfig(StrictModel):
             elif isinstance(value, list):
                 for i, v in enumerate(value):
                     walk(v, f"{key}[{i}]")
+            elif isinstance(value, Path):
+                named[key] = value
             elif isinstance(value, str) and value and key not in ("name", "family"):
                 named[key] = self.resolve(value)
 
@@ -170,7 +183,7 @@ class GateConfig(StrictModel):
         return name_config_key(error, self.named_paths(), self.path)
 
     def golden_dir(self) -> Path:
-        return self.resolve(self.golden.dir) / (self.golden.baseline or self.name)
+        return self.golden.dir / (self.golden.baseline or self.name)
 
     def set_report_dir(self, path: str | Path) -> None:
         """The run's ``--report-dir`` (overrides the config's ``report_dir``)."""
@@ -190,7 +203,7 @@ class GateConfig(StrictModel):
         if self._report_dir is not None:
             return self._report_dir
         if self.report_dir:
-            return self.resolve(self.report_dir)
+            return self.report_dir
         return Path.cwd() / "reports" / self.name
 
 
@@ -243,7 +256,7 @@ def config_from_dict(data: object, path: Path) -> GateConfig:
     if not isinstance(data, dict):
         raise InputError(path, None, "config must be a YAML mapping")
     try:
-        config = GateConfig.model_validate(data)
+        config = GateConfig.model_validate(data, context={"base_dir": Path(path).resolve().parent})
     except ValidationError as exc:
         problems = [_describe_error(err) for err in exc.errors()]
         key, cause = problems[0]
@@ -256,7 +269,7 @@ def config_from_dict(data: object, path: Path) -> GateConfig:
     _refuse_special_files(config)
     from paritygate.imports import register_python_path
 
-    register_python_path(config.path, [config.resolve(p) for p in config.python_path])
+    register_python_path(config.path, list(config.python_path))
     return config
 
 
@@ -271,13 +284,13 @@ def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateCon
     by_folder = field == "model_dir"
     selector = getattr(section, "checkpoint", None) if by_folder else None
     new_value, record = pick_checkpoint(
-        getattr(section, field), override=override, base=config.resolve, where=config.path,
+        str(getattr(section, field)), override=override, base=config.resolve, where=config.path,
         key=f"{section_name}.{'checkpoint' if selector is not None else field}",
         selector=selector, earlier=config.trainer_checkpoint, accepts_output_dir=by_folder)
     if new_value is None:
         return config
     updated = config.model_copy(
-        update={section_name: section.model_copy(update={field: new_value})}
+        update={section_name: section.model_copy(update={field: config.resolve(new_value)})}
     )
     updated._trainer_checkpoint = record
     return updated

@@ -186,7 +186,8 @@ class Gate:
         ctx = self.context
         # Hash of the validated config, so comments and formatting do not count as changes;
         # the thread count is where the gate runs, not what it checks.
-        dumped = self.config.model_dump_json(exclude={"threads"})
+        dumped = self.config.model_dump_json(exclude={"threads"},
+                                             context={"base_dir": self.config.base_dir})
         config_hash = hashlib.sha256(dumped.encode()).hexdigest()
         return {
             "checkpoint_sha256": ctx.checkpoint_sha256,

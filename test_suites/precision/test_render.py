@@ -6,13 +6,13 @@ import csv
 import json
 from pathlib import Path
 
-from paritygate.checks.precision_per_layer import CHECK
+from paritygate.report import RENDERERS
 from paritygate.verdict import judge
 
 
 def test_render_writes_csv_json_png_and_fragments(clean_measurement, tmp_path: Path) -> None:
     result = judge(clean_measurement, None, use_golden=False)
-    rendered = CHECK.render(result, tmp_path)
+    rendered = RENDERERS["precision_per_layer"](result, tmp_path)
     names = sorted(Path(f).name for f in rendered.files)
     assert names == ["precision.json", "precision.png", "precision_layers.csv"]
     report = clean_measurement.details["precision"]
@@ -35,7 +35,7 @@ def test_a_reader_polling_the_report_folder_never_sees_a_partial_png(
     import threading
 
     result = judge(clean_measurement, None, use_golden=False)
-    CHECK.render(result, tmp_path)
+    RENDERERS["precision_per_layer"](result, tmp_path)
     png = tmp_path / "precision.png"
     done = threading.Event()
     reads: list[bytes] = []
@@ -51,7 +51,7 @@ def test_a_reader_polling_the_report_folder_never_sees_a_partial_png(
     reader.start()
     try:
         for _ in range(4):
-            CHECK.render(result, tmp_path)
+            RENDERERS["precision_per_layer"](result, tmp_path)
     finally:
         done.set()
         reader.join()

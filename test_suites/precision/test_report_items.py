@@ -14,9 +14,9 @@ import pytest
 import yaml
 from precision_zoo import FakeContext, clean_policy, measure, rescaled_policy, subject
 
-from paritygate.checks.precision_per_layer import CHECK
 from paritygate.precision.plot import _series, _worst
 from paritygate.precision.report import PrecisionReport
+from paritygate.report import RENDERERS
 from paritygate.result import Measurement
 from paritygate.verdict import judge
 
@@ -51,14 +51,14 @@ def test_onnx_output_reported_as_served_and_as_read_in_the_marked_copy(
     if abs(served - marked) > 0.01 * served:
         assert note and "marked as graph outputs" in note and "as served" in note
         assert note in m.notes
-    markdown = CHECK.render(judge(m, None, use_golden=False), tmp_path)
+    markdown = RENDERERS["precision_per_layer"](judge(m, None, use_golden=False), tmp_path)
     assert "as served" in markdown.markdown and "intermediates marked" in markdown.markdown
 
 
 def test_csv_has_onnx_columns_and_plot_names_the_worst_layer(
     overflow: Measurement, tmp_path: Path
 ) -> None:
-    rendered = CHECK.render(judge(overflow, None, use_golden=False), tmp_path)
+    rendered = RENDERERS["precision_per_layer"](judge(overflow, None, use_golden=False), tmp_path)
     with open(tmp_path / "precision_layers.csv") as handle:
         rows = list(csv.DictReader(handle))
     up = [r for r in rows if r["layer"] == "blocks.1.up"]

@@ -8,13 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.causes import (
+    ROLLOUT,
+    TARGET_SERVED,
+    TARGET_SERVED_FIX,
+    Explanation,
+    artifact_tier_only,
+)
 from paritygate.check import CheckSpec, Thresholds
-from paritygate.checks._registration.export_integrity import CAUSES as CAUSES
-from paritygate.checks._registration.export_integrity import POSITION as POSITION
+from paritygate.checks._artifact_origin import (
+    another_checkpoint,
+    describe_matches,
+    precision_finding,
+    target_network_finding,
+    why_differs,
+)
 from paritygate.engines.base import take_rows
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement
@@ -54,80 +66,6 @@ def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
         if diff < best[0]:
             best = (diff, against)
     return best
-
-
-def _match_text(matches: InitializerMatch) -> str:
-    n = matches.comparable
-    if not n:
-        return "no weight initializer to match against the checkpoint"
-    text = f"{matches.matched}/{n} weight initializers match checkpoint tensors"
-    if matches.folded:
-        text += f", {matches.folded} more up to a per-channel scale (BatchNorm folded)"
-    return text
-
-
-def _another_checkpoint(matches: InitializerMatch) -> bool:
-    """Most initializers have their role tensor's shape and values a little off (relative
-    drift at most 5%): the same graph exported from another checkpoint of this model."""
-    drifted = matches.drifted
-    return (not matches.misplaced and len(drifted) * 2 > matches.comparable
-            and 0 < matches.max_rel_drift <= 0.05)
-
-
-def _why_differs(matches: InitializerMatch, match_text: str) -> str:
-    """What the initializers say about outputs that differ although most weights match."""
-    unmatched = matches.unmatched
-    if unmatched and all(n.endswith((".running_mean", ".running_var")) for n in unmatched):
-        return (f"{match_text}; those that do not: {unmatched[:4]} are BatchNorm statistics "
-                "(see batchnorm_export)")
-    if unmatched:
-        return (f"{match_text}; those that do not hold other values than the checkpoint's "
-                f"tensors of their name: {unmatched[:4]} (a layer exported from another "
-                "checkpoint, or changed after export)")
-    return f"{match_text} (the graph around them differs: see logits_agreement)"
-
-
-def _target_network_finding(m: Measurement, matches: InitializerMatch) -> dict[str, str]:
-    """Name an artifact built from a target network: initializers whose values only a target
-    network's tensors hold (``q_net_target``, ``actor_target``); its mapping, empty if none."""
-    targets: dict[str, str] = dict(matches.target_network)
-    if not targets:
-        return targets
-    nets = list(matches.target_networks)
-    pairs = ", ".join(f"{k!r} = {v!r}" for k, v in list(targets.items())[:3])
-    m.fail("target_network_served",
-           f"the artifact was built from the target network {', '.join(nets)}: "
-           f"{len(targets)}/{matches.comparable} of its weight initializers hold that "
-           f"network's tensors, not the policy's ({pairs}); a target network is a "
-           "training-only copy that lags behind the policy", metric="stale_checkpoint")
-    return targets
-
-
-def _precision_finding(m: Measurement, precision: Any) -> bool:
-    """Name the artifact's weight precision; a conversion the config does not declare (or a
-    declared one the artifact does not have) is a finding. Returns whether it was one."""
-    stored, declared = precision.stored, precision.declared
-    cast = (f"{precision.share()} weight initializers are this checkpoint's tensors cast to "
-            f"{stored}")
-    if not precision.undeclared:
-        if stored != "float32":
-            m.note(f"precision conversion: the artifact stores {stored} weights, as "
-                   f"policy.artifact_dtype declares ({cast})")
-        return False
-    if stored != "float32":
-        m.fail("undeclared_precision",
-               f"precision conversion: the artifact stores its weights in {stored} ({cast}, "
-               f"provenance proven against the cast checkpoint), but policy.artifact_dtype is "
-               f"{declared}: set policy.artifact_dtype: {stored} so the gate judges the "
-               f"artifact by its precision tier, or export the artifact in {declared}",
-               metric="undeclared_precision")
-    else:
-        m.fail("precision_not_stored",
-               f"policy.artifact_dtype declares {declared}, but the artifact's weight "
-               f"initializers are float32: set policy.artifact_dtype: float32 (the gate would "
-               f"judge a float32 artifact by the looser {declared} tier)",
-               metric="undeclared_precision")
-    return True
 
 
 def _swapped_inputs(ctx: PolicyContext, limit: float) -> list[tuple[str, str]]:
@@ -256,7 +194,7 @@ def _no_manifest(m: Measurement, ctx: PolicyContext, matches: InitializerMatch,
                  cast_proven: bool) -> int:
     """Provenance without a manifest: proven numerically, by the initializers, or failed by
     what the initializers show; return 1 when the artifact is another checkpoint's."""
-    match_text = _match_text(matches)
+    match_text = describe_matches(matches)
     precision = ctx.artifact_precision
     stale = 0
     where = f"no manifest at {ctx.manifest_path}"
@@ -273,7 +211,7 @@ def _no_manifest(m: Measurement, ctx: PolicyContext, matches: InitializerMatch,
     elif diff <= limit:
         m.note(f"no manifest: provenance proven numerically, max diff {diff:.3g} against "
                f"{against} ({match_text})")
-    elif _another_checkpoint(matches):
+    elif another_checkpoint(matches):
         stale = 1
         m.fail(
             "not_from_checkpoint",
@@ -308,7 +246,7 @@ def _no_manifest(m: Measurement, ctx: PolicyContext, matches: InitializerMatch,
         m.fail(
             "provenance_unproven",
             f"{where} and provenance unproven: the artifact's outputs differ by up to "
-            f"{diff:.3g} from {against} although {_why_differs(matches, match_text)}")
+            f"{diff:.3g} from {against} although {why_differs(matches, match_text)}")
     return stale
 
 
@@ -348,7 +286,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     matches = ctx.initializer_match
     m.details["initializers"] = dataclasses.asdict(matches)
     precision = ctx.artifact_precision
-    undeclared = _precision_finding(m, precision)
+    undeclared = precision_finding(m, precision)
     cast_proven = (precision.stored != "float32" and matches.comparable > 0
                    and not matches.unmatched and not matches.misplaced)
     limits, tier_note = ctx.artifact_limits(thresholds,
@@ -360,7 +298,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         m.note(tier_note)
     if manifest is None and factor > 1:
         m.note(scaled_note({"provenance_max_abs_diff": limit}, factor))
-    targets = _target_network_finding(m, matches)
+    targets = target_network_finding(m, matches)
     stale = int(bool(targets))
     if manifest is None:
         stale = _no_manifest(m, ctx, matches, provenance, limit, targets=bool(targets),
@@ -419,3 +357,43 @@ CHECK = CheckSpec(
            "declared_output_differs", "declared_output_nonfinite", "declared_output_unmatched",
            "target_network_served"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("export_integrity", "undeclared_precision",
+                ("undeclared_precision",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact stores its weights in a lower precision than the config "
+                "declares, so its outputs are held to the float32 limits",
+                fix="declare the artifact's precision (policy.artifact_dtype) or export it "
+                    "in float32",
+                only_if=ROLLOUT,
+                rank=120),
+    Explanation("export_integrity", "stale_artifact",
+                ("stale_manifest", "artifact_modified", "not_from_checkpoint"),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact was not exported from the checkpoint under test",
+                fix="re-export the artifact from the gated checkpoint "
+                    "(paritygate export CONFIG)",
+                only_if=ROLLOUT,
+                rank=130),
+    Explanation("export_integrity", "target_network_served", ("target_network_served",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                TARGET_SERVED, fix=TARGET_SERVED_FIX,
+                only_if=ROLLOUT,
+                rank=140),
+    Explanation("export_integrity", "misplaced_tensor", ("misplaced_tensor",),
+                ("logits_agreement", "batchnorm_export", "precision_per_layer", "rollout_parity"),
+                "the artifact carries a checkpoint tensor in another layer's place",
+                fix="load the state_dict into the export model by key name, strictly, "
+                    "and re-export",
+                only_if=(("precision_per_layer", artifact_tier_only), *ROLLOUT),
+                rank=150),
+    Explanation("export_integrity", "batch_axis", ("batch_axis_baked", "batch_sizes_fail"),
+                ("batchnorm_export", "logits_agreement"),
+                "the artifact only runs at its baked batch size",
+                fix="export with a dynamic batch axis",
+                rank=160),
+)
+
+POSITION = 100
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
-from paritygate.checks._registration.logits_agreement import CAUSES as CAUSES
-from paritygate.checks._registration.logits_agreement import POSITION as POSITION
+from paritygate.checks._continuous_policy import TRANSFORM_KINDS, measure_action, measure_gaussian
 from paritygate.metrics import (
     LogitsComparison,
     diff_stats,
@@ -18,20 +18,12 @@ from paritygate.metrics import (
     magnitude_factor,
     scaled_note,
 )
-from paritygate.metrics.gaussian import (
-    Gaussian,
-    behaviour_logprob_delta,
-    gaussian,
-    kl_per_row,
-    scale_bias,
-)
 from paritygate.metrics.tiers import tier_thresholds
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.engines.hf_generate import HFGenerateEngine
     from paritygate.families.causal_lm.context import LMContext
-    from paritygate.families.policy.config import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
 
 DEFAULTS = {
@@ -214,151 +206,6 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-_TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing",
-                    "action_clip_differs")
-
-
-def _held(values: np.ndarray) -> str:
-    """The value(s) a clip holds actions at: one, or their range."""
-    lo, hi = float(values.min()), float(values.max())
-    return f"{lo:.4g}" if hi - lo <= 1e-6 * max(1.0, abs(hi)) else f"{lo:.4g} to {hi:.4g}"
-
-
-def _clip_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
-                    tol: float) -> tuple[str, str] | None:
-    """Name a clip bound that differs: the served actions are the mean clipped at the values
-    they are held at (per dimension) instead of the declared ``bias -/+ scale``."""
-    scale, bias = scale_bias(dist, mean.shape[-1])
-    declared = (f"the declared clip is [{_held(bias - np.abs(scale))}, "
-                f"{_held(bias + np.abs(scale))}] (bias -/+ scale, squash: clip)")
-    if np.max(np.abs(served - mean)) <= tol:
-        return "action_clip_differs", f"the artifact does not clip the action where {declared}"
-    if np.max(np.abs(np.clip(mean, served.min(0), served.max(0)) - served)) > tol:
-        return None
-    upper, lower = served[served < mean - tol], served[served > mean + tol]
-    held = [f"at {_held(upper)} from above"] if upper.size else []
-    held += [f"at {_held(lower)} from below"] if lower.size else []
-    return ("action_clip_differs", f"the action clip bound differs: the artifact clips the "
-            f"mean {' and '.join(held)} where {declared}")
-
-
-def _action_transform(dist: DistributionSpec, mean: np.ndarray, served: np.ndarray,
-                      tol: float) -> tuple[str, str] | None:
-    """Name an env-action transform the artifact skipped or changed: ``(kind, text)`` or
-    ``None``."""
-    if dist.squash == "clip":
-        return _clip_transform(dist, mean, served, tol)
-    scale, bias = scale_bias(dist, mean.shape[-1])
-    unit = np.tanh(mean) if dist.squash == "tanh" else mean
-    hypotheses = [("action_scale_missing", bias + unit, "the action scale is not applied "
-                   "(action = bias + squash(mean))"),
-                  ("action_bias_missing", scale * unit, "the action bias is not applied "
-                   "(action = scale * squash(mean))")]
-    if dist.squash == "tanh":
-        hypotheses.insert(0, ("squash_missing", bias + scale * mean,
-                              "the tanh squash is missing on the serving side "
-                              "(action = bias + scale * mean)"))
-    hypotheses.append(("action_scale_missing", unit, "neither the action scale nor the bias is "
-                       "applied (action = squash(mean))"))
-    for kind, expected, text in hypotheses:
-        if np.max(np.abs(expected - served)) <= tol:
-            return kind, text
-    return None
-
-
-def _clamp_cause(reference: Gaussian, candidate: np.ndarray, differs: np.ndarray,
-                 declared: list[float] | None) -> str | None:
-    """Another log-std clamp on one side, where the two log-stds differ: the artifact's held
-    at one value the training model's goes past (a tighter serving clamp), or the training
-    model's held at its clamp while the artifact's goes past it (a looser or missing one)."""
-    held, past = candidate[differs], reference.raw_log_std[differs]
-    side = f"declared log_std_clamp {declared}"
-    if held.size and float(np.ptp(held)) <= 1e-6:
-        beyond = float(past.min() if past.min() < held[0] else past.max())
-        return (f"log_std clamp differs: the artifact's log_std is held at {held[0]:.4g} "
-                f"where the training model's is {beyond:.4g} ({side})")
-    clamped = reference.log_std[differs]
-    if clamped.size and float(np.ptp(clamped)) <= 1e-6:
-        beyond = float(held.min() if held.min() < clamped[0] else held.max())
-        return (f"log_std clamp differs: the training model's log_std is held at "
-                f"{clamped[0]:.4g} where the artifact's goes to {beyond:.4g}, so the serving "
-                f"clamp is looser or missing ({side})")
-    return None
-
-
-def measure_action(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
-                   mean: np.ndarray, candidate: np.ndarray,
-                   limits: Mapping[str, float | None]) -> str | None:
-    """The deterministic env actions of both sides (``action_max_abs_diff``) and, when the
-    artifact serves actions, a missing squash, scale or bias named by its kind (returned)."""
-    mean = np.asarray(mean, np.float64)
-    scale, _ = scale_bias(dist, mean.shape[-1])
-    action_limit = float(limits.get("action_max_abs_diff") or 0.0) * max(
-        1.0, float(np.max(np.abs(scale)))) * magnitude_factor(mean)
-    ref_action = ctx.deterministic_action(mean)
-    cand_action = ctx.deterministic_action(candidate, served=True)
-    action_diff = float(np.max(np.abs(ref_action - cand_action))) if ref_action.size else 0.0
-    m.metric("action_max_abs_diff", action_diff, threshold=limits.get("action_max_abs_diff")
-             and action_limit)
-    if dist.serving_output != "action" or action_diff <= action_limit:
-        return None
-    found = _action_transform(dist, mean, np.asarray(candidate, np.float64), 10 * action_limit)
-    if found is None:
-        return None
-    m.fail(found[0], f"deterministic actions differ by up to {action_diff:.3g}: {found[1]}",
-           metric="action_max_abs_diff")
-    return found[0]
-
-
-def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
-                     candidate: np.ndarray, limits: Mapping[str, float | None]
-                     ) -> str | None:
-    """The distribution metrics of a continuous policy; the kind of a named action-transform
-    fault, or ``None``."""
-    ref: Gaussian = ctx.reference_gaussian()
-    kind = measure_action(m, ctx, dist, ref.mean, candidate, limits)
-    found = (kind, "") if kind is not None else None
-    cand_log_std = ctx.candidate_log_std()
-    if cand_log_std is None:
-        m.note("the artifact serves no log_std: the std, KL and log-prob metrics need it")
-        return found[0] if found else None
-    bad = finite_report("candidate log_std", cand_log_std)
-    if bad:
-        m.fail("nonfinite_output", bad)
-        return found[0] if found else None
-    cand_mean = ref.mean if dist.serving_output == "action" else candidate
-    # The declared clamp is the training side's (its raw output needs it); a log-std the
-    # artifact serves is compared as served, so a serving clamp that differs shows.
-    cand = gaussian(dist, cand_mean, cand_log_std, clamp=dist.log_std == "parameter")
-    std_gap = np.abs(ref.std - cand.std)
-    std_limit = float(limits.get("std_max_abs_diff") or 0.0)
-    m.metric("std_max_abs_diff", float(std_gap.max()) if std_gap.size else 0.0,
-             threshold=limits.get("std_max_abs_diff"))
-    if std_gap.size and std_gap.max() > std_limit:
-        clamp = _clamp_cause(ref, cand.log_std, std_gap > std_limit, dist.log_std_clamp)
-        if clamp is not None:
-            m.fail("log_std_clamp_differs",
-                   f"{clamp}; std differs by up to {float(std_gap.max()):.3g}",
-                   metric="std_max_abs_diff")
-            found = found or ("log_std_clamp_differs", "")
-    if dist.serving_output == "action":
-        m.note("the artifact serves actions: KL and the behaviour log-prob need its mean")
-        return found[0] if found else None
-    kl = kl_per_row(ref, cand)
-    m.metric("gaussian_kl_max", float(kl.max()) if kl.size else 0.0,
-             threshold=limits.get("gaussian_kl_max"))
-    m.metric("gaussian_kl_mean", float(kl.mean()) if kl.size else 0.0, bad="none",
-             ratchet=False)
-    delta = behaviour_logprob_delta(dist, cand, ref, ctx.config.seed)
-    m.metric("logprob_delta_max_abs", float(np.abs(delta).max()) if delta.size else 0.0,
-             threshold=limits.get("logprob_delta_max_abs"))
-    m.metric("logprob_delta_mean", float(delta.mean()) if delta.size else 0.0, bad="none",
-             ratchet=False)
-    m.details["distribution"] = {"squash": dist.squash, "log_std": dist.log_std,
-                                 "samples_per_probe": dist.samples}
-    return found[0] if found else None
-
-
 def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     m = Measurement("logits_agreement")
     if "hf" not in ctx.spec.engines:
@@ -423,6 +270,62 @@ CHECK = CheckSpec(
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",
-           "undeclared_precision", *_TRANSFORM_KINDS,
+           "undeclared_precision", *TRANSFORM_KINDS,
            "log_std_clamp_differs", "target_network_served", "normaliser_missing"),
 )
+
+CAUSES: tuple[causes.Explanation, ...] = (
+    causes.Explanation(
+        "logits_agreement", "served_output_shape", ("output_shape",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "batch_invariance", "serving_replay"),
+        "the artifact serves an output of another shape than the training policy output (another "
+        "head, such as the value head, or another action count)",
+        fix="export the output policy.policy_output names (the actor's logits or mean), "
+            "under the name the artifact declares",
+        rank=175),
+    causes.Explanation(
+        "logits_agreement", "action_transform",
+        ("squash_missing", "action_scale_missing", "action_bias_missing",
+         "action_clip_differs", "log_std_clamp_differs"),
+        ("head_removal", "batchnorm_export", "export_integrity", "precision_per_layer",
+         "rollout_parity"),
+        "the serving side turns the policy output (a Gaussian's mean or a deterministic "
+        "actor's) into actions differently from training (policy.distribution)",
+        fix="apply the declared squash (clip bounds), action scale and bias and log_std clamp "
+            "in the served actor, or declare what it serves in policy.distribution",
+        only_if=causes.ROLLOUT, rank=180),
+    causes.Explanation(
+        "logits_agreement", "target_network_served", ("target_network_served",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity"),
+        causes.TARGET_SERVED, fix=causes.TARGET_SERVED_FIX,
+        only_if=(("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT),
+        rank=230),
+    causes.Explanation(
+        "logits_agreement", "normaliser_missing", ("normaliser_missing",),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "serving_replay", "batch_invariance"),
+        "the artifact computes the network on raw observations: the training model's "
+        "observation normaliser is not applied in it (a preprocessing fault)",
+        fix="export the module whose forward applies the normaliser (its mean and variance "
+            "buffers stored and used), or apply the same normalisation in serving "
+            "preprocessing (policy.preprocessing.serving) and export the network alone",
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
+                 *causes.REPLAY),
+        rank=235),
+    causes.Explanation(
+        "logits_agreement", "artifact_outputs_differ",
+        ("stale_artifact", "artifact_outputs_differ", "undeclared_precision"),
+        ("batchnorm_export", "export_integrity", "precision_per_layer", "rollout_parity",
+         "serving_replay"),
+        "the artifact's outputs differ from torch eval (measured by logits_agreement)",
+        fix=causes.REEXPORT_FIX,
+        only_if=(("export_integrity", causes.same_output_gap),
+                 ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
+                 *causes.REPLAY),
+        breaches=("max_abs_diff",), rank=240),
+)
+
+POSITION = 80
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

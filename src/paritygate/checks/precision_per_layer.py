@@ -17,12 +17,9 @@ from paritygate.check import CheckSpec
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
-    from paritygate.check import Rendered
     from paritygate.families.base import Context
     from paritygate.precision.report import DtypeSummary, OnnxReport
-    from paritygate.result import CheckResult
 
 CHECK_ID = "precision_per_layer"
 
@@ -208,19 +205,12 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     return m
 
 
-def _render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
-    from paritygate.precision.render import render_precision
-
-    return render_precision(result, report_dir, figures=figures)
-
-
 CHECK = CheckSpec(
     id=CHECK_ID,
     summary="fp16/bf16 error per layer is within budget and no worse than golden",
     measures={"policy": measure, "causal_lm": measure, "hf_model": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    render=_render,
     kinds=("first_divergent_layer", "lowp_nonfinite", "onnx_uncomparable",
            "onnx_divergent_layer", "onnx_nonfinite", "not_checkpoint_weights",
            "reference_nonfinite"),

@@ -18,13 +18,12 @@ trainer batches them (prompts left-padded, completions right-padded after EOS):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
-from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks._kl_reduction import judge_reduction
-from paritygate.result import CheckResult, Measurement
+from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
@@ -306,30 +305,12 @@ def _judge_estimator(
                metric="kl_estimator_max_abs")
 
 
-def render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
-    """The estimator's form and the tensors that differ from the initial policy."""
-    from paritygate.fragments import table
-
-    d = result.details
-    rows = [["KL estimator", str(d.get("kl_estimator", "-"))],
-            ["recognised form", str(d.get("kl_form", "-"))],
-            ["per-sequence reduction", str(d.get("kl_reduction", "- (per token)"))],
-            ["reference log-prob function", str(d.get("logprob_fn", "-"))],
-            ["reference dtype", str(d.get("reference_dtype", "-"))],
-            ["reference digest (sha256)", str(d.get("reference_digest_sha256", "-"))[:16]]]
-    diffs = (d.get("initial_comparison") or {}).get("value_diffs") or {}
-    rows += [[f"differs from initial: {name}", f"max abs {value:.3g}"]
-             for name, value in list(diffs.items())[:8]]
-    return table("reference_parity", ["what", "value"], rows)
-
-
 CHECK = CheckSpec(
     id="reference_parity",
     summary="KL reference: the frozen initial policy, not the policy, scored the trainer's way",
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    render=render,
     kinds=("reference_not_initial", "reference_precision_undeclared", "nonfinite_reference",
            "reference_is_policy", "reference_logprobs_shape", "reference_mask_ignored",
            "reference_pads_scored", "reference_logprobs_differ", "kl_estimator_shape",

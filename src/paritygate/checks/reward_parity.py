@@ -23,13 +23,12 @@ the share of pair rankings it flips are reported.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
-from paritygate.check import CheckSpec, Rendered, Thresholds
+from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks._reward_function import compare_with_model
-from paritygate.result import CheckResult, Measurement
+from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
@@ -356,18 +355,6 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-def render(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
-    """The samples whose serving score moved most (or all, when none moved), for the report."""
-    from paritygate.fragments import table
-
-    rows = sorted(result.details.get("samples") or [], key=lambda r: -float(r["moved"]))[:12]
-    cells = [[str(r["id"]), f"{r['training']:.4g}", f"{r['serving']:.4g}", f"{r['moved']:.3g}",
-              r["cut"].strip() or "-", "yes" if r["read_at_pad"] else "-"] for r in rows]
-    header = ["sample", "training score", "serving score", "moved", "cut by", "read at a pad"]
-    return table("reward_parity: samples", header, cells,
-                 note="the samples whose serving score moved most")
-
-
 CHECK = CheckSpec(
     id="reward_parity",
     summary="reward: scored at serving as in training (padding, truncation, span, dtype, "
@@ -375,7 +362,6 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    render=render,
     kinds=("stale_reward_model", "reward_precision_undeclared", "pad_token_missing",
            "scoring_failed", "nonfinite_reward", "score_read_at_pad", "padding_side_differs",
            "truncation_differs", "scored_span_differs", "chat_template_differs", "eos_differs",

@@ -303,7 +303,7 @@ def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     layers = dump_layers(m, ctx.dump_records(), ctx.reference_model(), layout, tie,
                          pad_id=ctx.training_tokenizer.pad_token_id or 0,
                          required=ctx.spec.routing is not None and ctx.spec.routing.dump_experts,
-                         dump_path=ctx.config.resolve(ctx.spec.engine.dump or ""))
+                         dump_path=ctx.spec.engine.dump or ctx.config.base_dir)
     if layers is None:
         return False
     _record(m, layers, limits, prefix="dump_")

@@ -122,7 +122,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     if ctx.spec.recurrent is not None:
         return m.skip("a recurrent policy's serving log would need its state per record; "
                       "replay covers feed-forward policies (see recurrent_parity)")
-    path = ctx.config.resolve(log.path)
+    path = log.path
     finite_raw = {n: v[np.isfinite(v.reshape(len(v), -1)).all(1)] for n, v in
                   ctx.raw_inputs.items()}
     tally = _Tally({n: v.min(0) for n, v in finite_raw.items()},

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from paritygate.causes import (
+    DOWNSTREAM_LM,
+    DOWNSTREAM_POLICY,
+    Explanation,
+    not_loaded_explains_provenance,
+)
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
-from paritygate.checks._registration.weights_load import CAUSES as CAUSES
-from paritygate.checks._registration.weights_load import POSITION as POSITION
-from paritygate.checks._weights_adapter import (
-    adapter_difference,
-    named_adapter_fault,
-    on_other_base,
-)
+from paritygate.checks._served_copy import compare_served_copy
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
         m.note(f"tied weights not stored separately (fine): {tied}")
 
     # Inference side: the served weights must be this checkpoint's, tensor by tensor.
-    serving = _serving_side(m, ctx, state)
+    serving = compare_served_copy(m, ctx, state)
     engine_values = _engine_values(m, ctx, state) if "hf" in ctx.spec.engines else []
 
     m.metric("missing_keys", len(missing), key=True, ratchet=False)
@@ -258,108 +258,6 @@ def _engine_values(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> 
         m.fail("engine_values_altered", f"inference model: {len(engine_values)} tensors differ "
                f"from the served directory's file after loading: {engine_values[:5]}")
     return engine_values
-
-def _serving_side(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
-    """Compare the served directory's tensors with the checkpoint's; name every cause."""
-    from paritygate.metrics.tiers import canonical_dtype, tier_for
-
-    served_dir = ctx.engine_model_dir
-    if ctx.serves_training_files():
-        m.note(f"served model: the training directory {served_dir} (no serving model_dir set)")
-    else:
-        m.note(f"served model: {served_dir} (from {ctx.served_from})")
-    diff = ctx.serving_weights_diff(dict(state))
-    where = f"served copy {served_dir}"
-    if ctx.serving_adapter is not None:
-        where = f"served base {served_dir} + adapter {ctx.serving_adapter.directory}"
-        m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
-               "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
-               "memory)")
-    fit = served = None
-    if ctx.adapter is not None:
-        m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "
-               "merged in memory (peft merge_and_unload)")
-        m.details["adapter"] = {"directory": str(ctx.adapter.directory),
-                                "base": str(ctx.model_dir), "r": ctx.adapter.r,
-                                "lora_alpha": ctx.adapter.alpha,
-                                "targets": len(ctx.adapter.target_weights())}
-        if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
-            served = ctx.adapter_served(state, sorted(diff.value_diffs))
-            fit = served.fit if served is not None else None
-    if diff.missing:
-        m.fail(
-            "served_tensors_missing",
-            f"{where} lacks {len(diff.missing)} checkpoint tensors: {diff.missing[:5]}",
-            metric="serving_tensors_missing",
-        )
-    if diff.extra:
-        m.fail(
-            "served_tensors_extra",
-            f"{where} holds {len(diff.extra)} tensors the checkpoint does not have: "
-            f"{diff.extra[:5]}",
-            metric="serving_tensors_extra",
-        )
-    equal = {k: v for k, v in diff.untied.items() if k not in diff.value_diffs}
-    if equal:
-        pairs = ", ".join(f"{k} = {v}" for k, v in list(equal.items())[:5])
-        m.note(
-            f"{where} stores {len(equal)} tied tensors separately, each equal to the checkpoint "
-            f"tensor it is tied to ({pairs}): the same model"
-        )
-    for key, (t_shape, s_shape) in list(diff.shape.items())[:5]:
-        m.fail(
-            "served_shape_mismatch",
-            f"{where}: shape of {key!r} differs: checkpoint {t_shape} vs served {s_shape}")
-    for key in diff.nonfinite[:5]:
-        m.fail("served_nonfinite", f"{where}: tensor {key!r} has NaN/Inf values")
-    if fit is not None and fit.kind == "merged_in_served_dtype":
-        m.note(f"{where} differs from the merged policy on {len(diff.value_diffs)} of the "
-               f"adapter's target tensors only within the rounding of merging in "
-               f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
-               "once): the adapter merged in the served precision, judged by its tier")
-        m.details["adapter_merged_in_served_dtype"] = sorted(diff.value_diffs)
-    elif fit is not None and ctx.adapter is not None:
-        named_adapter_fault(m, fit, diff, where, ctx.adapter)
-    elif diff.low_rank and ctx.adapter is None:
-        adapter_difference(m, diff, where)
-    elif diff.value_diffs and not on_other_base(m, ctx, served, diff, where):
-        worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
-        named = ", ".join(
-            f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "
-            f"(max diff {v:.3g})"
-            for k, v in worst[:5]
-        )
-        cast = " after casting to the served dtype" if diff.dtype_changes else ""
-        m.fail(
-            "stale_served_weights",
-            f"serving weights differ from the checkpoint under test{cast} (stale or different "
-            f"checkpoint): {len(worst)} of {diff.compared} tensors: {named}"
-        )
-    if diff.dtype_changes:
-        train_dtype = canonical_dtype(ctx.spec.training.dtype)
-        stored = sorted(diff.served_dtypes())
-        try:
-            implied = tier_for(train_dtype, canonical_dtype(stored[0]))[0]
-        except ValueError:
-            implied = f"{train_dtype}/{stored[0]}"
-        engine_dtype = canonical_dtype(ctx.spec.engine.dtype)
-        declared = {canonical_dtype(d) for d in stored} == {engine_dtype}
-        text = (
-            f"precision change: the served copy stores {len(diff.dtype_changes)} tensors in "
-            f"{', '.join(stored)} (checkpoint {next(iter(diff.dtype_changes.values()))[0]}): "
-            f"precision tier {implied}"
-        )
-        if declared:
-            m.note(f"{text}, as the serving dtype {ctx.spec.engine.dtype} declares")
-        else:
-            m.fail(
-                "precision_change",
-                f"{text}, but the serving dtype is {ctx.spec.engine.dtype}: set "
-                f"causal_lm.serving.dtype to {stored[0]} so the gate judges tier {implied}, or "
-                "serve the full-precision weights"
-            )
-    return diff
-
 
 def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Measurement:
     """Every model tensor comes from the checkpoint and every checkpoint key is used."""
@@ -403,3 +301,92 @@ CHECK = CheckSpec(
            "precision_change",
            "checkpoint_coverage"),
 )
+
+CAUSES: tuple[Explanation, ...] = (
+    Explanation("weights_load", "nonfinite_checkpoint", ("nonfinite_checkpoint",),
+                DOWNSTREAM_POLICY + DOWNSTREAM_LM + ("export_integrity", "reference_parity"),
+                "the checkpoint's NaN/Inf tensors propagate into every output",
+                fix="do not release this checkpoint: resume from the last finite one",
+                rank=10),
+    Explanation("weights_load", "served_precision_change",
+                ("precision_change",),
+                DOWNSTREAM_LM,
+                "the served copy stores its weights in a lower precision than the gate judges",
+                fix="declare the served dtype (causal_lm.serving.dtype) or serve the "
+                    "full-precision weights",
+                rank=30),
+    Explanation("weights_load", "served_copy_incomplete",
+                ("served_tensors_missing", "served_tensors_extra", "served_shape_mismatch"),
+                DOWNSTREAM_LM,
+                "the served copy is not this checkpoint's tensors",
+                fix="re-export the serving copy from the checkpoint under test "
+                    "(paritygate export CONFIG)",
+                rank=40),
+    Explanation("weights_load", "adapter_difference",
+                ("adapter_difference",),
+                DOWNSTREAM_LM,
+                "the served copy differs from the checkpoint by a low-rank update of its "
+                "projection weights (an adapter merged otherwise)",
+                fix="merge the adapter the checkpoint was trained with into the served copy at "
+                    "its training scale (peft: merge_and_unload under the training LoraConfig's "
+                    "r and lora_alpha), or serve the checkpoint under test",
+                rank=50),
+    Explanation("weights_load", "adapter_not_merged",
+                ("adapter_not_merged",),
+                DOWNSTREAM_LM,
+                "the served copy is the base model: the training adapter is not merged",
+                fix="serve the base with the adapter merged (peft: PeftModel.from_pretrained("
+                    "base, adapter).merge_and_unload(), then save_pretrained), or serve the "
+                    "adapter through the engine's LoRA support",
+                rank=60),
+    Explanation("weights_load", "adapter_scale_differs",
+                ("adapter_scale_differs",),
+                DOWNSTREAM_LM,
+                "the served copy applies the training adapter's B @ A at another scale than "
+                "the declared lora_alpha / r (details.adapter_scale_differs.served_scale: 1 "
+                "when lora_alpha / r was ignored, alpha'/r when lora_alpha was edited)",
+                fix="re-merge the adapter once from the base at its training scale "
+                    "(merge_and_unload under the adapter's own adapter_config.json)",
+                rank=70),
+    Explanation("weights_load", "adapter_on_other_base",
+                ("adapter_on_other_base",),
+                DOWNSTREAM_LM,
+                "the served copy holds the training adapter's update over another base's "
+                "weights",
+                fix="merge the adapter into the base it was trained on (its adapter_config.json "
+                    "base_model_name_or_path), and name that base as causal_lm.model_dir",
+                rank=75),
+    Explanation("weights_load", "adapter_mismatch",
+                ("adapter_mismatch",),
+                DOWNSTREAM_LM,
+                "the served copy differs only on the adapter's target modules, by another "
+                "update: another adapter was merged",
+                fix="merge the adapter under test (causal_lm.adapter) into the served copy",
+                rank=80),
+    Explanation("weights_load", "stale_engine_weights",
+                ("stale_served_weights",),
+                DOWNSTREAM_LM,
+                "the inference engine serves other weights than the checkpoint under test",
+                fix="point the engine at the checkpoint under test",
+                rank=90),
+    Explanation("weights_load", "weights_not_loaded",
+                ("wrapper_prefix", "key_renamed", "missing_keys", "unexpected_keys",
+                 "shape_mismatch", "values_altered", "load_error"),
+                DOWNSTREAM_POLICY + DOWNSTREAM_LM + ("export_integrity",),
+                "part of the model runs on tensors the checkpoint did not provide "
+                "(random init)",
+                fix="save the state_dict under the model's key names (strip wrapper "
+                    "prefixes) and load it strictly",
+                only_if=(("export_integrity", not_loaded_explains_provenance),),
+                rank=100),
+    Explanation("weights_load", "weights_not_loaded",
+                ("checkpoint_coverage",),
+                ("precision_per_layer",),
+                "the model's tensors are not all the checkpoint's, and precision is never "
+                "measured on such a model",
+                fix="gate a complete save, loaded by the model class it was saved from",
+                rank=110),
+)
+
+POSITION = 10
+"""The check's place in the checklist (and in every report): the registry sorts by it."""

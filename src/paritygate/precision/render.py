@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from paritygate.check import Rendered
 from paritygate.files import atomic_write_bytes
+from paritygate.fragments import Rendered
 from paritygate.precision.report import LayerRow, PrecisionReport
 from paritygate.precision.stats import json_number
 from paritygate.result import CheckResult

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from paritygate.check import Rendered, Renderer
-from paritygate.checks import get_check
 from paritygate.files import atomic_write_many, dump_json
+from paritygate.fragments import Rendered
+from paritygate.precision.render import render_precision
 from paritygate.report.behaviour import render_behaviour
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
@@ -25,7 +25,9 @@ from paritygate.report.json_report import (
 )
 from paritygate.report.junit import junit_xml
 from paritygate.report.model import SCHEMA_VERSION, validate_report
+from paritygate.report.reference import render_reference
 from paritygate.report.render import report_html, report_markdown
+from paritygate.report.reward import render_reward
 from paritygate.report.rollout import render_rollout
 from paritygate.report.table import ICON, key_row, summary_table
 from paritygate.result import CheckResult
@@ -60,11 +62,25 @@ class WrittenReport:
     root_cause: str | None = None
 
 
+class Renderer(Protocol):
+    """A check's report fragment: ``render(result, report_dir, figures=...)`` writes its extra
+    files into ``report_dir`` and returns what to embed; ``figures`` is true only when a
+    report format that shows them (report.html) was asked, so figures cost nothing otherwise."""
+
+    def __call__(self, result: CheckResult, report_dir: Path, *, figures: bool = True
+                 ) -> Rendered: ...
+
+
 RENDERERS: dict[str, Renderer] = {
     "rollout_parity": render_rollout,
+    "precision_per_layer": render_precision,
+    "reference_parity": render_reference,
+    "reward_parity": render_reward,
     "behaviour_parity": render_behaviour,
 }
-"""Report fragments drawn here from a check's records (``details``), by check id."""
+"""The one registry of report renderers, by check id: each draws a check's tables and figures
+from its records (``details``) and returns the fragments embedded in report.md and
+report.html. Checks measure; they build no table or figure."""
 
 
 def write_reports(
@@ -88,7 +104,7 @@ def write_reports(
     extras: dict[str, Rendered] = {}
     files: list[str] = []
     for r in results:
-        render = get_check(r.id).render or RENDERERS.get(r.id)
+        render = RENDERERS.get(r.id)
         if render is not None and r.status in ("pass", "fail"):
             extras[r.id] = render(r, directory, figures="html" in chosen)
             files += extras[r.id].files

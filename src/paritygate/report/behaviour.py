@@ -10,7 +10,8 @@ import html
 from collections.abc import Mapping
 from pathlib import Path
 
-from paritygate.check import Rendered
+from paritygate.fragments import Rendered
+from paritygate.report.render import section
 from paritygate.result import CheckResult
 
 SIDES = ("training", "serving")
@@ -62,8 +63,6 @@ def plot_behaviour(lengths: dict[str, dict[str, int]], stops: dict[str, dict[str
 def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = True
                      ) -> Rendered:
     """The statistics table, the sample-size guidance and behaviour.png (with ``figures``)."""
-    from paritygate.fragments import table
-
     d = result.details
     stats = d.get("statistics")
     if not isinstance(stats, Mapping) or not stats:
@@ -81,10 +80,10 @@ def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = T
                      "yes" if row.get("rejected") else "no"])
     note = (f"Holm at alpha {d.get('alpha')} over the tests, "
             f"{d.get('samples_per_prompt')} samples per prompt per side")
-    main = table("behaviour_parity", ["statistic", "test", "p (or 95% interval)", "effect",
+    main = section("behaviour_parity", ["statistic", "test", "p (or 95% interval)", "effect",
                                       "training", "serving", "differs"], rows, note)
     guide = d.get("samples_to_detect")
-    extra = table("behaviour_parity: samples per side to detect an effect (90% power)",
+    extra = section("behaviour_parity: samples per side to detect an effect (90% power)",
                   ["effect", "samples per side"],
                   [[str(k), str(v)] for k, v in guide.items()] if isinstance(guide, Mapping)
                   else [])

@@ -18,6 +18,7 @@ import types
 import typing
 from dataclasses import dataclass
 from functools import cache
+from pathlib import PurePath
 
 from pydantic import BaseModel
 
@@ -178,6 +179,8 @@ def _default(model: type[BaseModel], name: str) -> str:
         return "(section)"
     if isinstance(value, enum.Enum):
         value = value.value
+    if isinstance(value, PurePath):  # a path key's default, as the config writes it
+        value = str(value)
     return f"`{json.dumps(value)}`"
 
 
@@ -237,7 +240,9 @@ def family_reference(family: str) -> str:
         f"Every key of a `family: {family}` gate config, generated from the config models "
         "(`python -m paritygate.report.docgen`); a test keeps this page equal to the code.",
         "A default's *defined in* column names the model whose field declares it; `required` "
-        "keys have none, `(section)` is a section whose keys are listed below it.",
+        "keys have none, `(section)` is a section whose keys are listed below it. A `Path` is "
+        "written as a string, relative to the config file's folder (an absolute path stays as "
+        "it is); it is resolved once, when the config loads.",
         "",
         "## Top-level keys", "", *_table(top), "",
         f"## `{family}:`", "", *_table(own), "",

@@ -7,7 +7,7 @@ import json
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import Rendered
+from paritygate.fragments import Rendered
 from paritygate.report.plots import lm_delta_plots
 from paritygate.report.table import ICON, fmt
 from paritygate.result import CheckResult
@@ -48,6 +48,19 @@ def table_markdown(header: list[str], rows: list[list[str]]) -> str:
 def table_html(header: list[str], rows: list[list[str]]) -> str:
     """``rows`` under ``header`` as an HTML ``<table>`` (cells escaped)."""
     return render_fragment("table.html.j2", header=header, rows=rows)
+
+
+def section(title: str, header: list[str], cells: list[list[str]], note: str = "") -> Rendered:
+    """``cells`` under ``header`` as a Markdown table and an HTML ``<section>`` titled
+    ``title``; ``note`` is a sentence shown above the table. No cells, no fragment."""
+    if not cells:
+        return Rendered()
+    lead = f"{title}: {note}" if note else f"{title}:"
+    markdown = table_markdown([_md_cell(h) for h in header],
+                              [[_md_cell(c) for c in row] for row in cells])
+    fragment = render_fragment("section.html.j2", title=title, note=note,
+                               table=table_html(header, cells))
+    return Rendered(markdown=f"{lead}\n\n{markdown}", html=fragment)
 
 
 def _md_cell(text: object, limit: int = 0) -> str:

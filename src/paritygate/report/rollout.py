@@ -6,7 +6,7 @@ import base64
 from collections.abc import Mapping
 from pathlib import Path
 
-from paritygate.check import Rendered
+from paritygate.fragments import Rendered
 from paritygate.report.plots import rollout_figure
 from paritygate.report.render import render_fragment, table_html, table_markdown
 from paritygate.result import CheckResult

@@ -73,7 +73,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
     dirs = _model_dirs(config, spec, reference_dir, adapter, adapter_key, served_from)
     toks = {side: _tokenizer(config, spec, side, dirs.reference) for side in SIDES}
     with keyed("causal_lm.probes"):
-        probes = load_probes(config.resolve(spec.probes))
+        probes = load_probes(spec.probes)
     _check_probes(config, spec, probes, toks, dirs.reference)
     dtype_source = declared[0] if declared else "causal_lm.engine.dtype (default)"
     reference_sampling = _sampling_file(config, spec, "training", toks["training"],
@@ -120,7 +120,7 @@ def build_lm_context(config: GateConfig) -> LMContext:
 
 def _reference_dir(config: GateConfig, spec: CausalLMSpec) -> Path:
     """``causal_lm.model_dir``, checked to be a directory holding ``config.json``."""
-    model_dir = config.resolve(spec.model_dir)
+    model_dir = spec.model_dir
     if not model_dir.is_dir():
         raise InputError(config.path, "causal_lm.model_dir",
                          f"model directory not found: {model_dir}")
@@ -147,7 +147,7 @@ def _model_dirs(
 
         check_fits(adapter, model_dir, adapter_key)
         trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
-    engine_dir = config.resolve(spec.engine.model_dir) if spec.engine.model_dir else model_dir
+    engine_dir = spec.engine.model_dir if spec.engine.model_dir else model_dir
     if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
         check_input(engine_dir, served_from, what="model directory", expect="dir")
     if not (engine_dir / "config.json").is_file():
@@ -159,7 +159,7 @@ def _model_dirs(
     if spec.serving.adapter is not None:
         from paritygate.families.causal_lm.adapter import check_fits, read_adapter
 
-        serving_adapter = read_adapter(config.resolve(spec.serving.adapter),
+        serving_adapter = read_adapter(spec.serving.adapter,
                                        "causal_lm.serving.adapter")
         check_fits(serving_adapter, engine_dir, "causal_lm.serving.adapter")
     elif served_from == "causal_lm.model_dir" and adapter is not None:
@@ -173,8 +173,8 @@ def _tokenizer(config: GateConfig, spec: CausalLMSpec, side: str, model_dir: Pat
     template = getattr(spec.tokenizer, f"{side}_chat_template")
     with keyed(f"causal_lm.tokenizer.{side}"):
         return load_tokenizer(
-            config.resolve(directory) if directory else model_dir,
-            config.resolve(template) if template else None,
+            directory if directory else model_dir,
+            template if template else None,
             trust_remote_code=config.trust_remote_code,
         )
 
@@ -198,7 +198,7 @@ def _check_probes(
         # either side nothing can be generated (one side empty is tokenizer_parity's finding).
         if not any(encoded):
             raise InputError(
-                config.resolve(spec.probes),
+                spec.probes,
                 f"probe {probe.id!r}",
                 "encodes to no tokens with either tokenizer (empty text, no BOS): "
                 "nothing to condition on",

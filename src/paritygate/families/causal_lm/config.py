@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from paritygate.config_base import StrictModel
+from paritygate.config_base import ConfigPath, StrictModel
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -41,15 +41,15 @@ class AllowEntry(StrictModel):
 class TokenizerSpec(StrictModel):
     """Training and serving tokenizers (HF tokenizer directories) and chat templates."""
 
-    training: str | None = None
+    training: ConfigPath | None = None
     """Defaults to ``model_dir``."""
-    serving: str | None = None
+    serving: ConfigPath | None = None
     """Defaults to the served directory's own tokenizer (``serving.model_dir``, else
     ``model_dir``); one declared elsewhere that differs from it fails ``tokenizer_parity``
     (``serving_file_contradicts_served_dir``)."""
-    training_chat_template: str | None = None
+    training_chat_template: ConfigPath | None = None
     """A Jinja file overriding the training tokenizer's template."""
-    serving_chat_template: str | None = None
+    serving_chat_template: ConfigPath | None = None
     allow: list[AllowEntry] = Field(default_factory=list)
     """Accepted differences: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``,
     ``padding_side``, ``truncation_side``, ``chat_template``, ``token_ids``; ``served_dir``: a
@@ -84,9 +84,9 @@ class SamplingFiles(StrictModel):
 class ServingSpec(StrictModel):
     """What is served: absent fields come from the served directory's own files."""
 
-    model_dir: str | None = None
+    model_dir: ConfigPath | None = None
     """The served HF directory (default: ``causal_lm.model_dir``)."""
-    tokenizer: str | None = None
+    tokenizer: ConfigPath | None = None
     """The served tokenizer directory (default: the served ``model_dir``'s own)."""
     generation_config: str | None = None
     """The served sampling config (default: ``<served model_dir>/generation_config.json``)."""
@@ -95,7 +95,7 @@ class ServingSpec(StrictModel):
     dtype: Dtype | None = None
     """The dtype the engine computes in (same as ``engine.dtype``; default: the served
     ``config.json``'s ``dtype``, else float32)."""
-    adapter: str | None = None
+    adapter: ConfigPath | None = None
     """A PEFT adapter served on ``model_dir`` (the served base): vLLM serves it through its
     LoRA support (``enable_lora``, one ``LoRARequest`` per request); the HF engine and
     ``weights_load`` merge it in memory with peft, as the training side is merged."""
@@ -131,7 +131,7 @@ limit; each is held per generated token."""
 class EngineSpec(StrictModel):
     """The inference engine's settings (for every engine in ``engines``)."""
 
-    model_dir: str | None = None
+    model_dir: ConfigPath | None = None
     """The directory the engine loads (same as ``serving.model_dir``); defaults to ``model_dir``."""
     dtype: Dtype = "float32"
     logprobs_mode: Literal["raw", "processed"] = "processed"
@@ -142,7 +142,7 @@ class EngineSpec(StrictModel):
     """vLLM only."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM only: GPUs the served model is sharded over (vLLM ``tensor_parallel_size``)."""
-    dump: str | None = None
+    dump: ConfigPath | None = None
     """``engines: [dump]``: the rollout dump file (JSONL or Parquet) to audit."""
     collate: str | None = None
     """``module:callable(rows, pad_token_id, padding_side) -> {"input_ids", "attention_mask",
@@ -223,7 +223,7 @@ class BehaviourSpec(StrictModel):
 class ReferenceSpec(StrictModel):
     """The KL reference model of the RL loop (``reference_parity``)."""
 
-    model_dir: str
+    model_dir: ConfigPath
     """The reference model's HF directory, as the trainer loads it."""
     initial: str
     """The initial policy the reference must equal: its HF directory, or a sha256 recorded at
@@ -267,13 +267,13 @@ class RewardScoring(StrictModel):
 class RewardSpec(StrictModel):
     """The reward of the RL loop (``reward_parity``): a reward model and/or a reward function."""
 
-    model_dir: str | None = None
+    model_dir: ConfigPath | None = None
     """HF ``AutoModelForSequenceClassification`` directory with one label (TRL ``RewardTrainer``
     output): the copy that scores at evaluation or serving."""
-    trained_dir: str | None = None
+    trained_dir: ConfigPath | None = None
     """The reward model as training used it (default: ``model_dir``): the scoring copy's
     tensors must be its tensors."""
-    tokenizer: str | None = None
+    tokenizer: ConfigPath | None = None
     """The reward model's tokenizer (default: ``model_dir``)."""
     dtype: Dtype | None = None
     """The dtype the scoring copy is stored and run in, when lower than the trained one's."""
@@ -324,12 +324,12 @@ class RoutingSpec(StrictModel):
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
-    model_dir: str
+    model_dir: ConfigPath
     """An HF model directory, or a trainer ``output_dir`` of ``checkpoint-N`` folders."""
     checkpoint: int | Literal["latest", "final"] | None = None
     """With a trainer ``output_dir`` as ``model_dir``: the step N of ``checkpoint-N`` to gate,
     ``latest`` (the default) or ``final`` (the model saved at the output_dir's top)."""
-    adapter: str | None = None
+    adapter: ConfigPath | None = None
     """A PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) trained
     on ``model_dir``: the training side is the base with the adapter merged in memory (peft).
     ``model_dir`` may instead name the adapter directory itself; its base is then
@@ -339,7 +339,7 @@ class CausalLMSpec(StrictModel):
     serving: ServingSpec = ServingSpec()
     tokenizer: TokenizerSpec = TokenizerSpec()
     sampling: SamplingFiles
-    probes: str
+    probes: ConfigPath
     """JSONL: one object per line, ``{"id", "text"}`` or ``{"id", "messages": [...]}``."""
     max_prompt_tokens: int = Field(128, ge=1)
     engines: list[Literal["hf", "vllm", "dump", "endpoint"]] = Field(

@@ -120,7 +120,7 @@ class LMContext:
     @cached_property
     def probes_sha256(self) -> str:
         """Digest of the probe prompts file."""
-        return sha256_file(self.config.resolve(self.spec.probes))
+        return sha256_file(self.spec.probes)
 
     # -- weights -----------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Tensor]:
@@ -314,7 +314,7 @@ class LMContext:
         tok_dir = self.spec.tokenizer.serving
         return vllm_engine(
             self.spec, self.vllm_model_dir(), self.serving_adapter,
-            tokenizer_dir=self.config.resolve(tok_dir) if tok_dir else None,
+            tokenizer_dir=tok_dir if tok_dir else None,
             seed=self.config.seed,
             max_new_tokens=self.serving_sampling.spec().max_new_tokens,
             trust_remote_code=self.config.trust_remote_code,

@@ -97,7 +97,7 @@ def export_serving_copy(config: GateConfig, out_dir: Path) -> Path:
 
     spec = config.causal_lm
     assert spec is not None
-    source = config.resolve(spec.model_dir)
+    source = spec.model_dir
     shards = safetensors_files(source)
     if not shards:
         raise InputError(source, "causal_lm.model_dir", "no safetensors weights in the directory")

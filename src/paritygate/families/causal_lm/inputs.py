@@ -49,8 +49,8 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
 
     if spec.adapter is not None:
         key = "causal_lm.adapter"
-        return spec, read_adapter(config.resolve(spec.adapter), key), key
-    model_dir = config.resolve(spec.model_dir)
+        return spec, read_adapter(spec.adapter, key), key
+    model_dir = spec.model_dir
     if (model_dir / "config.json").is_file() or not is_adapter_dir(model_dir):
         return spec, None, "causal_lm.adapter"
     key = "causal_lm.model_dir"
@@ -63,7 +63,7 @@ def resolve_adapter(config: GateConfig, spec: CausalLMSpec,
             f"a PEFT adapter directory whose base_model_name_or_path is {named}, which the gate "
             "cannot fetch: set causal_lm.model_dir to the base model's local copy and "
             f"causal_lm.adapter to {model_dir}")
-    update = {"model_dir": str(base), "adapter": str(model_dir)}
+    update = {"model_dir": base, "adapter": model_dir}
     return spec.model_copy(update=update), adapter, key
 
 
@@ -77,7 +77,7 @@ def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> Dum
     if not spec.engine.dump:
         raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
     with keyed("causal_lm.engine.dump"):
-        return summarise_dump(config.resolve(spec.engine.dump),
+        return summarise_dump(spec.engine.dump,
                               vocab_size=config_vocab_size(model_dir),
                               num_experts=config_num_experts(model_dir))
 
@@ -117,7 +117,7 @@ def served_dir_contradictions(
     )
 
     found: list[Contradiction | None] = []
-    declared_tok = config.resolve(spec.tokenizer.serving) if spec.tokenizer.serving else None
+    declared_tok = spec.tokenizer.serving if spec.tokenizer.serving else None
     if ("tokenizer" in sources and declared_tok is not None
             and declared_tok.resolve() != served_dir.resolve() and has_tokenizer(served_dir)):
         with keyed(sources["tokenizer"]):
@@ -132,7 +132,7 @@ def served_dir_contradictions(
                                        served_dir, tuple(fields)))
     if spec.tokenizer.serving_chat_template:
         found.append(chat_template_contradiction(
-            config.resolve(spec.tokenizer.serving_chat_template),
+            spec.tokenizer.serving_chat_template,
             "causal_lm.tokenizer.serving_chat_template", served_dir))
     own = served_dir / "generation_config.json"
     if "sampling" in sources and own.is_file():
@@ -165,8 +165,8 @@ def encode_checked(
             raise
         directory = getattr(spec.tokenizer, side)
         override = getattr(spec.tokenizer, f"{side}_chat_template")
-        where = template_file(config.resolve(directory) if directory else model_dir,
-                              config.resolve(override) if override else None)
+        where = template_file(directory if directory else model_dir,
+                              override if override else None)
         key = (f"causal_lm.tokenizer.{side}_chat_template" if override
                else f"causal_lm.tokenizer.{side}")
         raise InputError(where, f"{key}: {exc.key}", exc.cause) from None

@@ -210,7 +210,7 @@ def _same_architecture(config: GateConfig, directory: Path, policy_dir: Path, ke
             )
 
 
-def _model_dir(config: GateConfig, value: str, key: str, policy_dir: Path) -> Path:
+def _model_dir(config: GateConfig, value: str | Path, key: str, policy_dir: Path) -> Path:
     from paritygate.engines.hf_loading import check_model_dir
 
     directory = config.resolve(value)

@@ -309,19 +309,19 @@ def load_reward(
     tok = None
     pad_id: int | None = None
     if block.model_dir is not None:
-        model_dir = config.resolve(block.model_dir)
+        model_dir = block.model_dir
         data = _check_classifier(config, model_dir, f"{KEY}.model_dir")
         pad_id = data.get("pad_token_id")
         trained_dir = model_dir
         if block.trained_dir is not None:
-            trained_dir = config.resolve(block.trained_dir)
+            trained_dir = block.trained_dir
             trained = _check_classifier(config, trained_dir, f"{KEY}.trained_dir")
             for name in ("model_type", "architectures", "hidden_size", "num_hidden_layers"):
                 if trained.get(name) != data.get(name):
                     raise InputError(config.path, f"{KEY}.trained_dir",
                                      f"{name} {trained.get(name)!r} differs from the scoring "
                                      f"copy's {data.get(name)!r}")
-        tok_dir = config.resolve(block.tokenizer) if block.tokenizer else model_dir
+        tok_dir = block.tokenizer if block.tokenizer else model_dir
         with keyed(f"{KEY}.tokenizer" if block.tokenizer else f"{KEY}.model_dir"):
             tok = load_tokenizer(tok_dir, trust_remote_code=config.trust_remote_code)
         for side in ("training", "serving"):

@@ -8,7 +8,7 @@ for one part are bad input naming both keys. Absent, the training directory is s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from paritygate.errors import InputError
 
@@ -17,15 +17,19 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.config import CausalLMSpec
 
 
+_V = TypeVar("_V")
+
+
 def _pick(
-    cfg: Path, pairs: list[tuple[str, str | None]], what: str
-) -> tuple[str | None, str | None]:
+    cfg: Path, pairs: list[tuple[str, _V | None]], what: str
+) -> tuple[str | None, _V | None]:
     """The one value set among ``(key, value)`` pairs; two different values are an error."""
     chosen = [(k, v) for k, v in pairs if v is not None]
     for key, value in chosen[1:]:
         if value != chosen[0][1]:
             raise InputError(
-                cfg, key, f"{what} {value!r} contradicts {chosen[0][0]} = {chosen[0][1]!r}"
+                cfg, key,
+                f"{what} {str(value)!r} contradicts {chosen[0][0]} = {str(chosen[0][1])!r}"
             )
     return chosen[0] if chosen else (None, None)
 
@@ -52,13 +56,11 @@ def resolve_serving(
         "serving model_dir",
     )
     served_from = dir_key or "causal_lm.model_dir"
-    dtype_key, dtype = _pick(
-        cfg,
-        [("causal_lm.serving.dtype", srv.dtype),
-         ("causal_lm.engine.dtype",
-          spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)],
-        "serving dtype",
-    )
+    dtypes: list[tuple[str, str | None]] = [
+        ("causal_lm.serving.dtype", srv.dtype),
+        ("causal_lm.engine.dtype",
+         spec.engine.dtype if "dtype" in spec.engine.model_fields_set else None)]
+    dtype_key, dtype = _pick(cfg, dtypes, "serving dtype")
     tok_key, tok = _pick(
         cfg,
         [("causal_lm.serving.tokenizer", srv.tokenizer),
@@ -71,7 +73,7 @@ def resolve_serving(
          ("causal_lm.sampling.serving", spec.sampling.serving)],
         "serving sampling config",
     )
-    served_dir = config.resolve(served) if served else config.resolve(spec.model_dir)
+    served_dir = served if served else spec.model_dir
     if served and not served_dir.is_dir():  # before anything is looked for inside it
         raise InputError(cfg, dir_key, f"serving model directory not found: {served_dir}")
     if gen is None:

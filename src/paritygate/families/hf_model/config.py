@@ -14,19 +14,19 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from paritygate.config_base import StrictModel
+from paritygate.config_base import ConfigPath, StrictModel
 
 
 class HFModelSpec(StrictModel):
     """Which model directory, which class loads it, and the inputs it is measured on."""
 
-    model_dir: str
+    model_dir: ConfigPath
     auto_class: str | None = Field(default=None, pattern=r"^[A-Z][A-Za-z0-9]*$")
     """A transformers class (``AutoModel``, ``AutoModelForMaskedLM``, ``BertModel``); default:
     the first of ``architectures`` in the directory's config.json."""
-    tokenizer: str | None = None
+    tokenizer: ConfigPath | None = None
     """Tokenizer directory for text probes (default: ``model_dir``)."""
-    probes: str
+    probes: ConfigPath
     """``.txt`` (one text a line), ``.jsonl`` (objects with ``text``), or ``.npz`` holding
     ``input_ids`` (integer, (N, T)) and optionally ``attention_mask``."""
     max_tokens: int = Field(default=128, ge=1)

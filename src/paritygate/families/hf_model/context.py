@@ -62,7 +62,7 @@ class HFModelContext:
     @property
     def probes_sha256(self) -> str:
         """Digest of the probe file."""
-        return sha256_file(self.config.resolve(self.spec.probes))
+        return sha256_file(self.spec.probes)
 
     @cached_property
     def _loaded(self) -> tuple[nn.Module, dict[str, Any]]:
@@ -204,7 +204,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         import transformers
     except ImportError as exc:
         raise MissingExtra(exc.name or "transformers", "lm") from None
-    model_dir = config.resolve(spec.model_dir)
+    model_dir = spec.model_dir
     if not model_dir.is_dir():
         raise InputError(
             config.path, "hf_model.model_dir", f"model directory not found: {model_dir}"
@@ -216,7 +216,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         check_model_dir(model_dir, trust_remote_code=config.trust_remote_code)
         files = safetensors_files(model_dir)
         model_class, reason = _model_class(config, spec, model_dir)
-    probes = config.resolve(spec.probes)
+    probes = spec.probes
     if not probes.is_file():
         raise InputError(config.path, "hf_model.probes", f"probe file not found: {probes}")
     if probes.suffix == ".npz":
@@ -231,7 +231,7 @@ def build_hf_model_context(config: GateConfig) -> HFModelContext:
         with keyed("hf_model.probes"):
             batches = npz_batches(probes, getattr(hf_config, "vocab_size", None), spec.batch_size)
     else:
-        tok_dir = config.resolve(spec.tokenizer) if spec.tokenizer else model_dir
+        tok_dir = spec.tokenizer if spec.tokenizer else model_dir
         require_tokenizer_files(tok_dir, "hf_model.tokenizer")
         try:
             with quiet_transformers():

@@ -42,7 +42,7 @@ def build_policy_context(
     from paritygate.checkpoints import load_checkpoint_state, read_checkpoint
 
     torch.manual_seed(config.seed)
-    ckpt = config.resolve(spec.checkpoint)
+    ckpt = spec.checkpoint
     with keyed("policy.checkpoint"):
         data, sha = read_checkpoint(ckpt)  # one read: the digest and the tensors
         stat_before = stamp(ckpt)
@@ -79,7 +79,7 @@ def build_policy_context(
     if spec.artifact is not None and not force_export:
         from paritygate.reading import check_input
 
-        given = check_input(config.resolve(spec.artifact), "policy.artifact", what="artifact")
+        given = check_input(spec.artifact, "policy.artifact", what="artifact")
     if stamp(ckpt) != stat_before:
         raise InputError(ckpt, None, "checkpoint changed while the gate was reading it")
     ctx = PolicyContext(

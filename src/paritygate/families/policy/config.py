@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from paritygate.config_base import StrictModel
+from paritygate.config_base import ConfigPath, StrictModel
 
 EDGE_CASE_KINDS: tuple[str, ...] = ("missing", "extremes", "empty", "long")
 
@@ -16,7 +16,7 @@ class ProbeSpec(StrictModel):
 
     generator: str | None = None
     """``module:callable(count, seed) -> np.ndarray`` of raw observations (N, ...)."""
-    file: str | None = None
+    file: ConfigPath | None = None
     count: int = Field(64, ge=1)
     seed: int = 0
     edge_cases: bool | list[str] = True
@@ -62,7 +62,7 @@ class PreprocessingSpec(StrictModel):
     """``module:callable(raw, **kwargs)`` used by the trainer (may return a torch tensor)."""
     serving: str
     """``module:callable(raw, **kwargs)`` used by the serving stack."""
-    stats: str | None = None
+    stats: ConfigPath | None = None
     """Normalisation statistics file, passed to both as ``stats_path`` (relative to the config)."""
     kwargs: dict[str, Any] = {}
     discrete_features: list[int] = []
@@ -87,7 +87,7 @@ class StateSpec(StrictModel):
     output: str
     shape: list[int] = Field(min_length=1)
     """Per-row shape without the batch axis (the batch axis is axis 0 on both sides)."""
-    initial: float | str = 0.0
+    initial: float | ConfigPath = 0.0
     """The state at an episode start: a constant, or a ``.npy`` file of ``shape``."""
     training_output: str | int | None = None
     """Element of the training forward's result holding the new state (dict key or tuple
@@ -183,7 +183,7 @@ class ServingLogSpec(StrictModel):
     """``serving_replay``: a log of what serving received and returned, replayed through the
     training path (schema: README, "Serving-log replay")."""
 
-    path: str
+    path: ConfigPath
     """An ``.npz``, Parquet (``.parquet``) or JSON-lines (``.jsonl``) file, relative to the
     config."""
     served: Literal["output", "action"] = "output"
@@ -274,20 +274,20 @@ class PolicySpec(StrictModel):
     """Names of ``factory_kwargs`` whose values are file paths: resolved relative to the
     config's folder, like ``checkpoint`` (absolute paths stay as they are). Other values
     are passed as written."""
-    checkpoint: str
+    checkpoint: ConfigPath
     state_dict_key: str | None = Field(None, min_length=1)
     """Where the state dict sits inside a training checkpoint (``{"model": ..., "optimizer":
     ..., "step": N}``): a key, dotted when nested (``agent.actor``). Unset: a flat file is the
     state dict, and a training checkpoint's is found under a common name (``state_dict``,
     ``model_state_dict``, ``model``, ...); the key used is noted on ``weights_load``."""
-    artifact: str | None = None
+    artifact: ConfigPath | None = None
     """The artifact to check (ONNX, TorchScript or a torch.export program: see
     ``artifact_format``); omitted: ``paritygate export`` runs on the fly."""
     artifact_format: Literal["onnx", "torchscript", "torch_export"] | None = None
     """The artifact's format; omitted: told by the file (``.onnx``: ONNX; a zip of
     ``torch.jit.save``: TorchScript; ``.pt2`` / a ``torch.export.save`` archive: torch.export,
     read only with ``allow_pickle: true``)."""
-    manifest: str | None = None
+    manifest: ConfigPath | None = None
     """Defaults to ``manifest.json`` beside the artifact."""
     artifact_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     """The precision the artifact stores its weights in. A float16/bfloat16 artifact (e.g.

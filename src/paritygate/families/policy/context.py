@@ -207,7 +207,7 @@ class PolicyContext:
     @property
     def manifest_path(self) -> Path:
         if self.spec.manifest:
-            return self.config.resolve(self.spec.manifest)
+            return self.spec.manifest
         return self.artifact_path.parent / "manifest.json"
 
     def manifest(self) -> dict[str, Any] | None:
@@ -442,5 +442,5 @@ class PolicyContext:
                 out = self.deterministic_action(out)
             layout = Layout(inputs, tuple(out.shape[1:]) or (1,))
         with keyed("policy.serving_log"):
-            yield from read_chunks(self.config.resolve(log.path), layout, log.chunk,
+            yield from read_chunks(log.path, layout, log.chunk,
                                    log.max_records)

@@ -21,7 +21,7 @@ def load_probes(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:
     probes = spec.probes
     names = [i.name for i in spec.observation_inputs]
     if probes.file is not None:
-        found: Any = load_arrays(config.resolve(probes.file), "policy.probes.file",
+        found: Any = load_arrays(probes.file, "policy.probes.file",
                                  what="probe file")
     else:
         gen = import_callable(probes.generator or "", config.path, "policy.probes.generator")
@@ -91,7 +91,7 @@ def _per_input(
 def _probe_source(config: GateConfig, spec: PolicySpec) -> tuple[Any, str]:
     """The file and key the probes came from (a probe file, else the generator's config)."""
     if spec.probes.file is not None:
-        return config.resolve(spec.probes.file), "policy.probes.file"
+        return spec.probes.file, "policy.probes.file"
     return config.path, "policy.probes.generator"
 
 
@@ -141,13 +141,13 @@ def preprocess(
             isinstance(exc, (OSError, UnicodeDecodeError)) or "JSONDecodeError" in why
         ):
             raise InputError(
-                config.resolve(pre.stats),
+                pre.stats,
                 f"{section}.stats",
                 f"training preprocessing cannot read the stats: {why}",
             ) from None
         if spec.probes.file is not None:
             raise InputError(
-                config.resolve(spec.probes.file),
+                spec.probes.file,
                 "policy.probes.file",
                 f"training preprocessing ({pre.training}) fails on these probes"
                 f"{label} of shape {raw.shape}: {why}",
@@ -174,7 +174,7 @@ def input_preprocessors(config: GateConfig, spec: PolicySpec
         section = spec.preprocessing_key(spec_in.name)
         kwargs = dict(pre.kwargs)
         if pre.stats is not None:
-            stats = check_input(config.resolve(pre.stats), f"{section}.stats",
+            stats = check_input(pre.stats, f"{section}.stats",
                                 what="preprocessing stats file")
             kwargs["stats_path"] = stats
         training = import_callable(pre.training, config.path, f"{section}.training")

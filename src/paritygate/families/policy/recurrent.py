@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,10 +22,10 @@ def initial_states(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray
         return out
     for i, state in enumerate(spec.recurrent.states):
         key = f"policy.recurrent.states[{i}].initial"
-        if isinstance(state.initial, str):
+        if isinstance(state.initial, Path):
             from paritygate.reading import load_arrays
 
-            path = config.resolve(state.initial)
+            path = state.initial
             loaded = load_arrays(path, key, what="initial state")
             if isinstance(loaded, dict):
                 raise InputError(path, key, "an initial state is one .npy array, not an .npz")

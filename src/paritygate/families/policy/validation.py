@@ -50,25 +50,25 @@ def check_files(config: GateConfig, spec: PolicySpec) -> None:
     from paritygate.reading import check_array_file, check_input, check_zip_members
 
     with keyed("policy.checkpoint"):
-        ckpt = check_input(config.resolve(spec.checkpoint), None, what="checkpoint")
+        ckpt = check_input(spec.checkpoint, None, what="checkpoint")
         # an SB3 zip or a torch zip file: its members' declared sizes (torch stores them)
         check_zip_members(ckpt, None, what="member", max_bytes=memory_bytes())
     if spec.probes.file is not None:
-        check_array_file(config.resolve(spec.probes.file), "policy.probes.file",
+        check_array_file(spec.probes.file, "policy.probes.file",
                          what="probe file")
     for i, state in enumerate(spec.recurrent.states if spec.recurrent else []):
-        if isinstance(state.initial, str):
-            check_array_file(config.resolve(state.initial),
+        if isinstance(state.initial, Path):
+            check_array_file(state.initial,
                              f"policy.recurrent.states[{i}].initial", what="initial state")
-    if spec.artifact is not None and config.resolve(spec.artifact).exists():
+    if spec.artifact is not None and spec.artifact.exists():
         with keyed("policy.artifact"):  # a TorchScript or .pt2 zip: no member a zip bomb
-            artifact = check_input(config.resolve(spec.artifact), None, what="artifact")
+            artifact = check_input(spec.artifact, None, what="artifact")
             check_zip_members(artifact, None, what="member", max_bytes=memory_bytes())
     if spec.serving_log is not None:
         from paritygate.families.policy.serving_log import scan_serving_log
 
         with keyed("policy.serving_log"):
-            scan_serving_log(check_input(config.resolve(spec.serving_log.path), None,
+            scan_serving_log(check_input(spec.serving_log.path, None,
                                          what="serving log"), spec.serving_log.max_records)
 
 
