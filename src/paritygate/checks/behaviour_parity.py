@@ -77,8 +77,9 @@ def _source(ctx: LMContext, spec: BehaviourSpec, side: str, kept: set[int]
     where = f"{engine} generate"
     if engine == "endpoint" and ctx.spec.endpoint is not None:
         ep = ctx.spec.endpoint
-        where = (f"endpoint {ep.base_url}" + (", the server's sampling defaults"
-                                              if ep.sampling == "server" else ""))
+        where = (f"endpoint {ep.base_url}" + (" with its own sampling defaults, the serving "
+                                              "config's being" if ep.sampling == "server"
+                                              else ""))
     return behaviour_samples(ctx, side, prompts, engine, scored), where
 
 
@@ -177,7 +178,8 @@ def _configs(ctx: LMContext, origins: dict[str, str]) -> str:
     return (f"(training {origins['training']}: temperature {train.temperature}, top_p "
             f"{train.top_p}, max_new_tokens {train.max_new_tokens}, stop {train.stop}, "
             f"repetition_penalty {train.repetition_penalty}; serving {origins['serving']}: "
-            f"{serve.temperature}, {serve.top_p}, {serve.max_new_tokens}, {serve.stop}, "
+            f"temperature {serve.temperature}, top_p {serve.top_p}, max_new_tokens "
+            f"{serve.max_new_tokens}, stop {serve.stop}, repetition_penalty "
             f"{serve.repetition_penalty})")
 
 

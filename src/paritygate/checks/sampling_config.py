@@ -61,15 +61,18 @@ def effective_stops(side: SamplingFile) -> tuple[list[str], list[int]]:
 
 
 def diff_sampling(
-    training: SamplingFile, serving: SamplingFile, allow: dict[str, str]
+    training: SamplingFile, serving: SamplingFile, allow: dict[str, str],
+    skip: frozenset[str] = frozenset(),
 ) -> list[FieldDiff]:
-    """Fields whose values differ; ``use_cache`` only when both sides state it; stop strings
-    and stop token ids compared without EOS (see :func:`effective_stops`); EOS ids not when
-    both sides ignore EOS."""
+    """Fields whose values differ, but those in ``skip``; ``use_cache`` only when both sides
+    state it; stop strings and stop token ids compared without EOS (see
+    :func:`effective_stops`); EOS ids not when both sides ignore EOS."""
     diffs: list[FieldDiff] = []
     t_stops, s_stops = effective_stops(training), effective_stops(serving)
     both_ignore_eos = bool(training.values.get("ignore_eos") and serving.values.get("ignore_eos"))
     for name in training.compared_fields:
+        if name in skip:
+            continue
         t, s = training.values.get(name), serving.values.get(name)
         if name == "stop":
             t, s = t_stops[0], s_stops[0]
@@ -99,6 +102,19 @@ def declared_dtype_reason(spec: CausalLMSpec, key: str, dtype: str) -> str:
             "and generation_parity")
 
 
+PADDING_FIELDS = frozenset({"padding_side", "truncation_side"})
+"""Fields that matter only where the serving engine pads or truncates a batch (HF generate)."""
+
+
+def unpadded_fields(ctx: LMContext) -> frozenset[str]:
+    """:data:`PADDING_FIELDS` the serving side defaults from its tokenizer (its sampling file
+    does not state them) when every serving engine runs each prompt unpadded (``vllm``,
+    ``endpoint``): a tokenizer's ``padding_side`` there is no part of the protocol."""
+    if not ctx.spec.engines or not set(ctx.spec.engines) <= {"vllm", "endpoint"}:
+        return frozenset()
+    return PADDING_FIELDS - set(ctx.serving_sampling.explicit)
+
+
 def record_contradictions(
     m: Measurement, ctx: LMContext, part: str, allow: Mapping[str, str]
 ) -> None:
@@ -123,8 +139,9 @@ SERVER_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k
 def record_server(m: Measurement, ctx: LMContext) -> None:
     """``engines: [endpoint]``: the server's own limits and defaults against the serving
     config: a ``max_model_len`` that cuts the longest probe's completion
-    (``server_max_model_len``), and a sampling default the server overrides
-    (``server_default_differs``, where the server exposes its configuration)."""
+    (``server_max_model_len``), and a sampling default that is not the serving config's
+    (``server_default_differs``: read where the server exposes its configuration, measured
+    by seeded requests under ``sampling: server``)."""
     from paritygate.engines.openai_endpoint import EndpointEngine, server_defaults
 
     engine = ctx.engine("endpoint")
@@ -144,10 +161,22 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
                f"the server's max_model_len {info.max_model_len} ({engine.url('models')}) is "
                f"under the longest probe plus max_new_tokens ({need} tokens): it truncates "
                "completions the trainer samples in full")
+    named = record_dev_defaults(m, ctx, defaults)
+    if engine.sampling == "server":
+        record_probe(m, ctx, named)
+    else:
+        m.note("sampling: request sends the serving config's values: the server's own "
+               "defaults are not measured")
+
+
+def record_dev_defaults(m: Measurement, ctx: LMContext, defaults: dict[str, object] | None
+                        ) -> set[str]:
+    """The fields ``--override-generation-config`` sets to another value than the serving
+    config's, where the server exposes its configuration (vLLM dev mode); the fields named."""
     if defaults is None:
-        m.note(f"{engine.base_url} does not expose its sampling defaults (vLLM: "
-               "VLLM_SERVER_DEV_MODE=1 serves /server_info); behaviour_parity samples with them")
-        return
+        return set()
+    serving = ctx.serving_sampling.spec()
+    named: set[str] = set()
     override = defaults.get("override")
     for name, value in (override.items() if isinstance(override, dict) else []):
         field = SERVER_FIELDS.get(str(name))
@@ -155,10 +184,51 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
             continue
         expected = getattr(serving, field)
         if float(value) != float(expected):
+            named.add(field)
             m.fail("server_default_differs",
                    f"the server overrides {name}: {value!r} (--override-generation-config) "
                    f"vs serving {expected!r} ({ctx.serving_sampling.path.name}); requests "
                    f"that leave {name} out get the server's")
+    return named
+
+
+def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
+    """The server's defaults measured by seeded requests with and without each field
+    (:mod:`paritygate.engines.endpoint_defaults`): a field whose default changes the samples
+    fails ``server_default_differs`` (once: ``named`` fields were already failed)."""
+    from paritygate.engines.endpoint_defaults import probe_defaults
+    from paritygate.engines.openai_endpoint import EndpointEngine
+
+    engine = ctx.engine("endpoint")
+    assert isinstance(engine, EndpointEngine)
+    serving = ctx.serving_sampling.spec()
+    if not serving.do_sample or serving.temperature <= 0:
+        m.note("the serving config decodes greedily: the server's sampling defaults are not "
+               "measured")
+        return
+    probe = probe_defaults(engine, ctx.prompts(), serving)
+    m.details["server_defaults_probe"] = {
+        "differing": list(probe.differing), "sent": probe.sent, "prompts": probe.prompts,
+        "tokens": probe.tokens, "inconclusive": probe.inconclusive, "combined": probe.combined}
+    source = ctx.serving_sampling.path.name
+    if probe.inconclusive:
+        m.note(f"the server's sampling defaults are not measured: {probe.inconclusive}")
+        return
+    if not probe.differing:
+        m.note(f"the server's sampling defaults agree with {source} on {probe.prompts} seeded "
+               f"probe(s) of {probe.tokens} tokens (each request with and without "
+               f"{', '.join(probe.sent)})")
+        return
+    for name in probe.differing:
+        if name in named:
+            continue
+        how = ("together with the other fields" if probe.combined else "alone")
+        m.fail("server_default_differs",
+               f"the server's default {name} is not {source}'s {probe.sent[name]!r}: seeded "
+               f"requests that leave {name} out ({how}) sample other tokens than requests "
+               f"that send it ({probe.prompts} probe(s), {probe.tokens} tokens): clients "
+               "that do not set it sample with the server's default (vLLM: its "
+               "--generation-config or --override-generation-config)")
 
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
@@ -194,7 +264,12 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             "not compared: "
             + ", ".join(f"{k} ({training.not_compared_reason(k)})" for k in not_compared)
         )
-    diffs = diff_sampling(training, serving, allow)
+    unpadded = unpadded_fields(ctx)
+    if unpadded:
+        m.note(f"not compared: {', '.join(sorted(unpadded))} (the serving engines, "
+               f"{', '.join(ctx.spec.engines)}, send every prompt alone: no batch is padded or "
+               "truncated, and the serving sampling config does not state them)")
+    diffs = diff_sampling(training, serving, allow, unpadded)
     unexplained = [d for d in diffs if d.allowed_reason is None]
     for d in unexplained:
         m.fail(
@@ -258,6 +333,21 @@ CAUSES: tuple[Explanation, ...] = (
                 fix="remove the declared serving path (the served directory's own file is "
                     "the default), or ship the declared file",
                 rank=300),
+    Explanation("sampling_config", "server_context", ("server_max_model_len",),
+                ("logprob_delta", "generation_parity", "behaviour_parity", "batch_invariance"),
+                "the server's context (max_model_len) is under the longest probe plus "
+                "max_new_tokens, so it cuts completions the trainer samples in full",
+                fix="start the server with --max-model-len of at least the longest prompt "
+                    "plus max_new_tokens (or serve shorter prompts: max_prompt_tokens)",
+                rank=305),
+    Explanation("sampling_config", "server_defaults", ("server_default_differs",),
+                ("logprob_delta", "generation_parity", "behaviour_parity"),
+                "the server samples a request that leaves a field out with its own default, "
+                "not the serving config's value",
+                fix="start the server without --override-generation-config and with the "
+                    "served directory's generation config (vLLM: --generation-config auto), or "
+                    "make every client send the field (causal_lm.endpoint.sampling: request)",
+                rank=325),
     Explanation("sampling_config", "sampling_protocol", None,
                 ("logprob_delta", "vllm_delta", "generation_parity", "logits_agreement",
                  "behaviour_parity"),
