@@ -88,7 +88,7 @@ def test_each_saved_zip_is_gated_and_logged(blessed: Path, tmp_path: Path) -> No
     lines = (saves / "paritygate" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(ln)["step"] for ln in lines] == [128, 256]
     page = (saves / "paritygate" / "history.html").read_text(encoding="utf-8")  # after each gate
-    assert "Every gated step passed (2)" in page and 'href="ppo_128_steps/report.html"' in page
+    assert "Every gated step passed (2)" in page and 'href="ppo_128_steps/report.md"' in page
 
 
 @pytest.mark.parametrize("stop_on_fail", [False, True])

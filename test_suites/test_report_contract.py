@@ -193,7 +193,8 @@ def test_html_and_markdown_lead_with_the_root_cause(tmp_path: Path, monkeypatch)
     monkeypatch.setenv("GITHUB_REPOSITORY", "acme/train")
     monkeypatch.setenv("GITHUB_RUN_ID", "42")
     out = tmp_path / "reports"
-    written = write_reports(_gate(tmp_path), [_passing(), _logits(8e-4), _stale()], out)
+    written = write_reports(_gate(tmp_path), [_passing(), _logits(8e-4), _stale()], out,
+                            formats=frozenset({"json", "md", "html", "junit"}))
     assert written.root_cause == "export_integrity"
     html = (out / "report.html").read_text()
     assert html.index("Root cause") < html.index("<table>")
@@ -218,7 +219,8 @@ def test_lm_delta_plots_embedded(tmp_path: Path) -> None:
     m.details["per_token"] = [{"seq": s, "pos": p, "delta": 0.01 * ((s + p) % 5 - 2)}
                               for s in range(4) for p in range(12)]
     r = judge(m, None, use_golden=False)
-    write_reports(_gate(tmp_path), [r], tmp_path / "r")
+    write_reports(_gate(tmp_path), [r], tmp_path / "r",
+        formats=frozenset({"json", "md", "html", "junit"}))
     html = (tmp_path / "r" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2
     assert "delta histogram" in html and "delta per position" in html

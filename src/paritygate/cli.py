@@ -118,6 +118,8 @@ def _run_one(args: argparse.Namespace) -> int:
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
     )
+    if args.report_formats is not None:  # refused before any model loads
+        gate.config.set_report_formats(args.report_formats)
     if args.bless_first:
         _bless_first(args, gate)
     gate.check_writable(args.report_dir)
@@ -205,6 +207,8 @@ def _pytest_args(gate: Gate, args: argparse.Namespace, selected: list[str] | Non
     ]
     if args.report_dir is not None:
         pytest_args += ["--report-dir", str(args.report_dir.resolve())]
+    if args.report_formats is not None:
+        pytest_args += ["--report-format", args.report_formats]
     if args.update_golden:
         pytest_args.append("--update-golden")
     if args.markexpr:

@@ -68,6 +68,15 @@ def _add_run(sub: Subparsers) -> None:
         help="bless the obtained metrics as golden baselines (atomic)",
     )
     run.add_argument(
+        "--report-format",
+        dest="report_formats",
+        default=None,
+        metavar="LIST",
+        help="report files to write, comma-separated from json,md,html,junit (default: the "
+        "config's report_formats, else json,md,junit); report.json is always written, figures "
+        "only with html",
+    )
+    run.add_argument(
         "-m",
         dest="markexpr",
         default=None,

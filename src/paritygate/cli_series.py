@@ -71,6 +71,8 @@ def run_all(
             cmd += ["--bless-first", "--step", str(step)]
         if args.markexpr:
             cmd += ["-m", args.markexpr]
+        if args.report_formats is not None:
+            cmd += ["--report-format", args.report_formats]
         for cid in args.check_ids or []:
             cmd += ["--check", cid]
         if args.allow_skips:

@@ -30,6 +30,23 @@ from paritygate.families.policy.config import PolicySpec
 from paritygate.precision.config import PrecisionSpec
 from paritygate.trainer_output import CHECKPOINT_ENV, TrainerCheckpoint, pick_checkpoint
 
+ReportFormat = Literal["json", "md", "html", "junit"]
+REPORT_FORMATS: tuple[ReportFormat, ...] = ("json", "md", "html", "junit")
+"""Report files by format name: report.json, report.md, report.html, junit.xml."""
+DEFAULT_REPORT_FORMATS: tuple[ReportFormat, ...] = ("json", "md", "junit")
+"""Written unless a config or run asks otherwise: everything but the HTML page (whose figures
+cost matplotlib's import and drawing on every run)."""
+
+
+def parse_report_formats(text: str) -> tuple[str, ...]:
+    """``--report-format md,html``: the named formats; an unknown one is bad input."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    for name in names:
+        if name not in REPORT_FORMATS:
+            raise InputError(None, "--report-format", f"unknown report format {name!r}; "
+                             f"choose from {', '.join(REPORT_FORMATS)}")
+    return names
+
 
 class GoldenSettings(StrictModel):
     """Where baselines live and how much worse than golden a metric may get."""
@@ -56,6 +73,10 @@ class GateConfig(StrictModel):
     """Per check and metric; ``null`` makes the metric informational (reported, never judged)."""
     golden: GoldenSettings = GoldenSettings()
     report_dir: ConfigPath | None = None
+    report_formats: list[ReportFormat] = list(DEFAULT_REPORT_FORMATS)
+    """Report files to write: report.json always (the contract), report.md, junit.xml and
+    report.html on request. Figures (PNG, matplotlib) are drawn only for report.html, so a
+    run without it never imports matplotlib. ``paritygate run --report-format`` overrides."""
     seed: int = 0
     threads: int | None = Field(default=None, ge=1)
     """Intra-op threads for torch and ONNX Runtime (default: the cores the process is given,
@@ -74,6 +95,7 @@ class GateConfig(StrictModel):
 
     _path: Path = PrivateAttr(default=Path("gate.yaml"))
     _report_dir: Path | None = PrivateAttr(default=None)
+    _report_formats: tuple[str, ...] | None = PrivateAttr(default=None)
     _trainer_checkpoint: TrainerCheckpoint | None = PrivateAttr(default=None)
 
     @field_validator("checks", "skip_checks")
@@ -166,6 +188,16 @@ class GateConfig(StrictModel):
     def set_report_dir(self, path: str | Path) -> None:
         """The run's ``--report-dir`` (overrides the config's ``report_dir``)."""
         self._report_dir = Path(path).expanduser().resolve()
+
+    def set_report_formats(self, text: str) -> None:
+        """The run's ``--report-format LIST`` (overrides the config's ``report_formats``); an
+        unknown format is bad input."""
+        self._report_formats = parse_report_formats(text)
+
+    def formats(self) -> frozenset[str]:
+        """The report files this run writes (``json`` always among them)."""
+        chosen = self._report_formats if self._report_formats is not None else self.report_formats
+        return frozenset({"json", *chosen})
 
     def default_report_dir(self) -> Path:
         if self._report_dir is not None:

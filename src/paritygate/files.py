@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import filelock
-
 if TYPE_CHECKING:
+    import filelock
     from matplotlib.figure import Figure
 
 STALE_TMP_S = 60.0
@@ -196,6 +195,8 @@ class FileLock:
         """Take the lock or raise :class:`LockHeld`; ``OSError`` when it cannot be created."""
         if self._lock is not None:
             return self
+        import filelock  # only a blessing run locks: no import cost for the others
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(str(self.path), timeout=0, thread_local=False)
         try:

@@ -57,8 +57,6 @@ EXIT_STOPPED = pytest.ExitCode.USAGE_ERROR
 pytest's usage-error code, 4, and one line on stderr. ``paritygate run`` says 2."""
 
 
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("paritygate", "paritygate release gate")
     group.addoption(
@@ -71,6 +69,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="where report.json/.md/.html and junit.xml go (default reports/<name>)",
     )
+    group.addoption("--report-format", default=None, help="report files, comma-separated from "
+                    "json,md,html,junit (default: the config's report_formats)")
     group.addoption(
         "--update-golden",
         action="store_true",
@@ -229,6 +229,8 @@ def _get_gate(config: pytest.Config) -> Gate:
                 report_dir=report_dir,
             )
             gate.check_writable(Path(report_dir) if report_dir else None)
+            if config.getoption("--report-format") is not None:
+                gate.config.set_report_formats(config.getoption("--report-format"))
             if not hasattr(config, "workerinput"):
                 gate.begin_bless()  # xdist workers bless under their controller's lock
             gate.context  # noqa: B018 - build and validate every input once

@@ -35,9 +35,11 @@ PEAK_MB = 2048
 HANG_GUARD_S = 300
 DEEP = 200_000
 WRAP = (
-    "import json, resource, subprocess, sys\n"
+    "import json, resource, subprocess, sys, time\n"
+    "t = time.perf_counter()\n"
     "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
     "print(json.dumps({'code': p.returncode, 'out': p.stdout[-3000:], 'err': p.stderr[-3000:],"
+    " 'wall': time.perf_counter() - t,"
     " 'kb': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
     " 'cpu': resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime"
     " + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime}))\n"
@@ -133,6 +135,22 @@ def lm_cases(model: Path) -> dict[str, Edit]:
         cfg["causal_lm"]["model_dir"] = str(f / "out")
         return "out", "--all"
 
+    def config_value(name: str, value: str) -> Callable[..., tuple[str, str | None]]:
+        def build(cfg: dict[str, Any], f: Path) -> tuple[str, str | None]:
+            copy = f / "model"
+            copy.mkdir()
+            for src in model.iterdir():
+                if src.name != "config.json":
+                    (copy / src.name).symlink_to(src)
+            data = json.loads((model / "config.json").read_text(encoding="utf-8"))
+            data[name] = "@VALUE@"
+            (copy / "config.json").write_text(
+                json.dumps(data).replace('"@VALUE@"', value), encoding="utf-8")
+            cfg["causal_lm"]["model_dir"] = str(copy)
+            cfg["causal_lm"]["tokenizer"] = {"training": str(copy), "serving": str(copy)}
+            return "config.json", name
+        return build
+
     def samples(cfg: dict[str, Any], f: Path) -> tuple[str, str | None]:
         cfg["causal_lm"]["behaviour"] = {"samples": 10**12}
         return "gate.yaml", "causal_lm.behaviour.samples"
@@ -165,6 +183,8 @@ def lm_cases(model: Path) -> dict[str, Edit]:
         "behaviour-dump-binary-line": behaviour_dump(bytes(range(128, 256)) + b"\n"),
         "behaviour-dump-deep-line": behaviour_dump(_deep_json().encode() + b"\n"),
         "stop-list-5000": stop_list,
+        "config-json-hidden-size-nan": config_value("hidden_size", "NaN"),
+        "config-json-vocab-10^12": config_value("vocab_size", str(10**12)),
     }
 
 
@@ -267,7 +287,8 @@ def test_exhausting_inputs_are_bad_input_in_bounded_memory(
 
 
 PRE_LOAD = ("completions-random-bytes", "behaviour-dump-token-10^9", "trl-yaml-alias-bomb",
-            "reward-config-json-200k-deep", "serving-log-bad-last-of-10^5")
+            "reward-config-json-200k-deep", "serving-log-bad-last-of-10^5",
+            "config-json-hidden-size-nan", "config-json-vocab-10^12")
 
 
 def test_refused_before_any_model_loads(demo_lm: Path, demo_policy: Path, tmp_path: Path,

@@ -407,7 +407,8 @@ def test_report_lists_the_samples_that_moved(rewards: Rewards, tmp_path: Path) -
     case = next(c for c in FAULTS if c.name == "right_padding")
     gate = _gate(rewards, tmp_path, case.patch)
     results = [gate.evaluate("reward_parity", golden=False)]
-    write_reports(gate, results, tmp_path / "report")
+    write_reports(gate, results, tmp_path / "report",
+        formats=frozenset({"json", "md", "html", "junit"}))
     md = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     html = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
     assert "reward_parity: samples" in md and "| sample | training score |" in md

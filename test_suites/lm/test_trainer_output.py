@@ -142,7 +142,7 @@ def test_cli_gates_latest_then_each_checkpoint_without_unpickling(
     assert history.returncode == 0, history.stderr
     page = (root / "all" / "history.html").read_text(encoding="utf-8")
     assert "Every gated step passed (2)" in page
-    assert 'href="checkpoint-2/report.html"' in page and 'href="checkpoint-4/report.html"' in page
+    assert 'href="checkpoint-2/report.md"' in page and 'href="checkpoint-4/report.md"' in page
     assert (root / "all" / "history" / "logprob_delta.png").is_file()
 
     missing = _cli("run", str(config), "--checkpoint", "3", cwd=root)

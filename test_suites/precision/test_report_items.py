@@ -102,7 +102,8 @@ def test_per_layer_numbers_stay_out_of_the_report_tables(tmp_path: Path) -> None
     config.write_text(yaml.safe_dump(data))
     gate = Gate.from_path(config, report_dir=tmp_path / "report")
     results = gate.run()
-    write_reports(gate, results, tmp_path / "report")
+    write_reports(gate, results, tmp_path / "report",
+        formats=frozenset({"json", "md", "html", "junit"}))
     (result,) = results
     assert not [n for n in result.metrics if n.count("/") >= 2], result.metrics
     assert "onnx/output_rel_l2" in result.metrics
@@ -114,3 +115,63 @@ def test_per_layer_numbers_stay_out_of_the_report_tables(tmp_path: Path) -> None
     assert section.index("<img") < section.index("<th>metric</th>")
     table = section[section.index("<th>metric</th>"):]
     assert len(re.findall(r"<tr><td>", table[: table.index("</table>")])) <= 12
+
+
+def test_figures_only_when_the_html_page_is_asked(tmp_path: Path) -> None:
+    """The default formats (json, md, junit) write no report.html and draw no figure, and the
+    process never imports matplotlib; asking for html draws precision.png and embeds it; a
+    later run without html removes both, so the folder holds no page of another run."""
+    import json
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_policy_export_and_paths import _tiny_policy
+
+    config = _tiny_policy(tmp_path / "gate")
+    out = tmp_path / "report"
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from paritygate.gate import Gate\n"
+        "from paritygate.report import write_reports\n"
+        "gate = Gate.from_path(sys.argv[1])\n"
+        "formats = frozenset(sys.argv[3].split(',')) if len(sys.argv) > 3 else None\n"
+        "written = write_reports(gate, gate.run(), Path(sys.argv[2]), formats=formats)\n"
+        "print(json.dumps({'files': [Path(f).name for f in written.files],\n"
+        "                  'matplotlib': 'matplotlib' in sys.modules}))\n"
+    )
+
+    def run(*formats: str) -> dict[str, object]:
+        proc = subprocess.run([sys.executable, "-c", script, str(config), str(out), *formats],
+                              capture_output=True, text=True, check=True)
+        done: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+        return done
+
+    lean = run()
+    assert sorted(lean["files"]) == sorted(  # type: ignore[arg-type]
+        ["precision_layers.csv", "precision.json", "report.json", "report.md", "junit.xml"])
+    assert lean["matplotlib"] is False
+    full = run("json,md,html")
+    assert {"precision.png", "report.html"} <= set(full["files"])  # type: ignore[arg-type]
+    assert "junit.xml" not in full["files"]  # type: ignore[operator]
+    assert "data:image/png;base64" in (out / "report.html").read_text(encoding="utf-8")
+    run()
+    assert not (out / "report.html").exists() and not (out / "precision.png").exists()
+    assert (out / "junit.xml").is_file()
+
+
+def test_unknown_report_format_is_bad_input(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_policy_export_and_paths import _tiny_policy
+
+    from paritygate.cli import main
+
+    config = _tiny_policy(tmp_path / "gate")
+    assert main(["run", str(config), "--report-format", "md,pdf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["paritygate: error: --report-format: unknown report format 'pdf'; choose "
+                   "from json, md, html, junit"]

@@ -131,17 +131,68 @@ def check_model_dir(directory: Path, *, trust_remote_code: bool = False) -> None
             "opt in)" if custom else f"model_type {model_type!r} is not a transformers "
             "architecture (missing, misspelled, or newer than this transformers)",
         )
+    check_config_values(path, data)
+    rows: dict[str, int] = {}
     for file in safetensors_files(directory):
         check_input(file, None, what="safetensors file")  # no FIFO, device or sparse shard
         try:
             from safetensors import safe_open
 
             with safe_open(str(file), framework="pt") as fh:
-                fh.keys()
+                for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    if name.endswith(EMBEDDING_NAMES):
+                        rows[name] = int(fh.get_slice(name).get_shape()[0])
         except Exception as exc:
             raise InputError(
                 file, None, f"unreadable safetensors (truncated or corrupt?): {exc}"
             ) from None
+    vocab = _config_int(directory, ("vocab_size",))
+    for name, count in rows.items():
+        if vocab is not None and count != vocab:
+            raise InputError(path, "vocab_size", f"{vocab} but the checkpoint's {name} has "
+                             f"{count} rows: the model cannot load these weights")
+
+
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "head_dim", "num_experts",
+    "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+)  # fmt: skip
+"""config.json sizes that must be positive integers where present (top level or
+``text_config``): a model built from anything else fails inside transformers, late."""
+
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight",
+                   "embed_in.weight")
+"""Checkpoint tensors holding the input embedding, one row per token id: their rows must be
+``vocab_size`` (transformers refuses the mismatch only after building the model)."""
+
+
+def check_config_values(path: Path, data: dict[str, Any]) -> None:
+    """Refuse a ``config.json`` value no model can be built from, naming its key: NaN or
+    Inf anywhere, a size in :data:`SIZE_KEYS` that is not a positive integer."""
+    import math
+
+    def walk(node: object, key: str) -> None:
+        if isinstance(node, float) and not math.isfinite(node):
+            raise InputError(path, key, f"{node} is not a finite number")
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(value, f"{key}.{name}" if key else str(name))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{key}[{i}]")
+
+    walk(data, "")
+    for prefix, node in (("", data), ("text_config.", data.get("text_config"))):
+        if not isinstance(node, dict):
+            continue
+        for name in SIZE_KEYS:
+            value = node.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(path, prefix + name,
+                                 f"{value!r} is not a positive integer")
 
 
 def _config_int(directory: Path, names: tuple[str, ...]) -> int | None:

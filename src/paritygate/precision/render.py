@@ -191,27 +191,36 @@ def html_tables(report: PrecisionReport) -> str:
     return "".join(out)
 
 
-def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
-    """Write precision_layers.csv, precision.json and precision.png; return the fragments."""
+def render_precision(result: CheckResult, report_dir: Path, *, figures: bool = True
+                     ) -> Rendered:
+    """Write precision_layers.csv, precision.json and (with ``figures``) precision.png;
+    return the fragments."""
     data = result.details.get("precision")
     if not data:
         return Rendered()
     report = PrecisionReport.from_json(data)
-    from paritygate.precision.plot import plot_precision
-
     report_dir = Path(report_dir)
     csv_path = write_csv(report, report_dir / "precision_layers.csv")
     json_path = write_json(report, report_dir / "precision.json")
-    png_path = plot_precision(report, report_dir / "precision.png")
+    written = [csv_path, json_path]
+    image = ""
+    if figures:
+        from paritygate.precision.plot import plot_precision
+
+        png_path = plot_precision(report, report_dir / "precision.png")
+        written.append(png_path)
+        encoded = base64.b64encode(png_path.read_bytes()).decode()
+        image = f'<img alt="per-layer precision error" src="data:image/png;base64,{encoded}"/>'
+    else:  # an earlier run's figure would not be this run's
+        (report_dir / "precision.png").unlink(missing_ok=True)
     table = markdown_table(report)
     notes = [str(n) for n in report.notes]
     if notes:
         table += "\n\n" + "\n".join(f"- {n}" for n in notes)
-    encoded = base64.b64encode(png_path.read_bytes()).decode()
-    names = ", ".join(Path(p).name for p in (csv_path, json_path, png_path))
+    names = ", ".join(Path(p).name for p in written)
     fragment = (
         '<section class="precision"><h3>Per-layer precision</h3>'
-        f'<img alt="per-layer precision error" src="data:image/png;base64,{encoded}"/>'
+        f"{image}"
         f"{html_tables(report)}"
         + ("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>" if notes else "")
         + f"<p>{html.escape(report.budget_formula)}</p>"
@@ -221,5 +230,5 @@ def render_precision(result: CheckResult, report_dir: Path) -> Rendered:
     return Rendered(
         markdown=table,
         html=fragment,
-        files=[str(csv_path), str(json_path), str(png_path)],
+        files=[str(p) for p in written],
     )

@@ -9,10 +9,9 @@ leads with the failure that explains the others.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from paritygate.files import atomic_write_many, dump_json
 from paritygate.fragments import Rendered
@@ -63,7 +62,16 @@ class WrittenReport:
     root_cause: str | None = None
 
 
-RENDERERS: dict[str, Callable[[CheckResult, Path], Rendered]] = {
+class Renderer(Protocol):
+    """A check's report fragment: ``render(result, report_dir, figures=...)`` writes its extra
+    files into ``report_dir`` and returns what to embed; ``figures`` is true only when a
+    report format that shows them (report.html) was asked, so figures cost nothing otherwise."""
+
+    def __call__(self, result: CheckResult, report_dir: Path, *, figures: bool = True
+                 ) -> Rendered: ...
+
+
+RENDERERS: dict[str, Renderer] = {
     "rollout_parity": render_rollout,
     "precision_per_layer": render_precision,
     "reference_parity": render_reference,
@@ -81,38 +89,62 @@ def write_reports(
     directory: Path,
     *,
     not_run: list[str] | None = None,
+    formats: frozenset[str] | None = None,
 ) -> WrittenReport:
-    """Write every report artifact into ``directory`` and return what was written.
+    """Write the report artifacts into ``directory`` and return what was written.
 
-    Each file is rendered first, then the four are staged and renamed into place, report.json
-    last: a reader (or a run interrupted while writing) never finds a report.json newer than
-    its siblings, and a write that fails changes none of them.
+    ``formats`` (default: the gate config's, see ``report_formats``) names the files besides
+    report.json; figures are drawn only when report.html is among them. Each file is rendered
+    first, then staged and renamed into place, report.json last: a reader (or a run
+    interrupted while writing) never finds a report.json newer than its siblings, and a write
+    that fails changes none of them.
     """
+    chosen = formats if formats is not None else _config_formats(gate)
     directory.mkdir(parents=True, exist_ok=True)
     extras: dict[str, Rendered] = {}
     files: list[str] = []
     for r in results:
         render = RENDERERS.get(r.id)
         if render is not None and r.status in ("pass", "fail"):
-            extras[r.id] = render(r, directory)
+            extras[r.id] = render(r, directory, figures="html" in chosen)
             files += extras[r.id].files
     data = report_json(gate, results, not_run=not_run)
     if os.environ.get(VALIDATE_ENV) == "1":
         validate_report(data)
-    md = report_markdown(data, extras)
+    md = report_markdown(data, extras) if "md" in chosen or _summary_path() else ""
     texts = {
-        "report.md": md,
-        "report.html": report_html(data, extras),
-        "junit.xml": junit_xml(data),
+        "report.md": md if "md" in chosen else None,
+        "report.html": report_html(data, extras) if "html" in chosen else None,
+        "junit.xml": junit_xml(data) if "junit" in chosen else None,
         "report.json": dump_json(data),
     }
     # staged together and renamed in this order: a failed write (a full disk) leaves the
     # previous report whole
-    atomic_write_many({directory / name: text.encode("utf-8") for name, text in texts.items()})
-    files += ["report.json", "report.md", "report.html", "junit.xml"]
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    atomic_write_many({directory / name: text.encode("utf-8")
+                       for name, text in texts.items() if text is not None})
+    files += [name for name in ("report.json", "report.md", "report.html", "junit.xml")
+              if texts[name] is not None]
+    for name, text in texts.items():  # an earlier run's page would contradict this report
+        if text is None:
+            (directory / name).unlink(missing_ok=True)
+    summary = _summary_path()
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write(md)
     root = (data.get("root_cause") or {}).get("check")
     return WrittenReport(directory, data["status"], results, files, root)
+
+
+def _config_formats(gate: Any) -> frozenset[str]:
+    config = getattr(gate, "config", None)
+    if config is None or not hasattr(config, "formats"):
+        from paritygate.config import DEFAULT_REPORT_FORMATS
+
+        return frozenset(DEFAULT_REPORT_FORMATS)
+    chosen: frozenset[str] = config.formats()
+    return chosen
+
+
+def _summary_path() -> str | None:
+    """``$GITHUB_STEP_SUMMARY``: report.md is appended there whatever the formats."""
+    return os.environ.get("GITHUB_STEP_SUMMARY") or None

@@ -60,8 +60,9 @@ def plot_behaviour(lengths: dict[str, dict[str, int]], stops: dict[str, dict[str
     return atomic_savefig(fig, path, dpi=90)
 
 
-def render_behaviour(result: CheckResult, report_dir: Path) -> Rendered:
-    """The statistics table, the sample-size guidance and behaviour.png."""
+def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = True
+                     ) -> Rendered:
+    """The statistics table, the sample-size guidance and behaviour.png (with ``figures``)."""
     d = result.details
     stats = d.get("statistics")
     if not isinstance(stats, Mapping) or not stats:
@@ -86,8 +87,10 @@ def render_behaviour(result: CheckResult, report_dir: Path) -> Rendered:
                   ["effect", "samples per side"],
                   [[str(k), str(v)] for k, v in guide.items()] if isinstance(guide, Mapping)
                   else [])
-    png = plot_behaviour(_counts(d.get("length_histogram")), _counts(d.get("stop_reasons")),
-                         Path(report_dir) / "behaviour.png")
+    png = (plot_behaviour(_counts(d.get("length_histogram")), _counts(d.get("stop_reasons")),
+                          Path(report_dir) / "behaviour.png") if figures else None)
+    if not figures:  # an earlier run's figure would not be this run's
+        (Path(report_dir) / "behaviour.png").unlink(missing_ok=True)
     image = ""
     if png is not None:
         encoded = base64.b64encode(png.read_bytes()).decode()

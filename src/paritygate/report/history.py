@@ -236,7 +236,7 @@ def write_history(output_dir: str | Path, out: str | Path | None = None) -> Path
         plots.append({"check": check, "file": png.relative_to(page.parent).as_posix(),
                       "png": base64.b64encode(buffer.getvalue()).decode()})
     rows = [{"step": s.step, "status": s.status, "root": s.root or "",
-             "link": _link(s.folder / "report.html", page.parent), "name": s.folder.name,
+             "link": _link(_page_of(s.folder), page.parent), "name": s.folder.name,
              "first": s is history.first_failure} for s in history.steps]
     first = history.first_failure
     atomic_write_text(page, render_page(
@@ -245,6 +245,15 @@ def write_history(output_dir: str | Path, out: str | Path | None = None) -> Path
                                                         "status": first.status},
         no_plots=matplotlib_missing))
     return page
+
+
+def _page_of(folder: Path) -> Path:
+    """A step's report.html, else its report.md (a run that asked for no HTML page), else
+    report.json."""
+    for name in ("report.html", "report.md"):
+        if (folder / name).is_file():
+            return folder / name
+    return folder / "report.json"
 
 
 def _link(target: Path, base: Path) -> str:

@@ -9,7 +9,8 @@ from paritygate.report.render import section
 from paritygate.result import CheckResult
 
 
-def render_reference(result: CheckResult, report_dir: Path) -> Rendered:
+def render_reference(result: CheckResult, report_dir: Path, *, figures: bool = True
+                     ) -> Rendered:
     """The estimator's recognised form and reduction, the reference's log-prob function,
     dtype and digest, and the tensors that differ from the initial policy (eight at most)."""
     d = result.details

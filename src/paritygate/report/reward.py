@@ -11,7 +11,8 @@ from paritygate.result import CheckResult
 HEADER = ["sample", "training score", "serving score", "moved", "cut by", "read at a pad"]
 
 
-def render_reward(result: CheckResult, report_dir: Path) -> Rendered:
+def render_reward(result: CheckResult, report_dir: Path, *, figures: bool = True
+                  ) -> Rendered:
     """The twelve samples of ``details.samples`` whose serving score moved most (all of
     them, in order, when none moved)."""
     rows = sorted(result.details.get("samples") or [], key=lambda r: -float(r["moved"]))[:12]

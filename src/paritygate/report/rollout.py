@@ -32,15 +32,18 @@ def episode_cells(rows: list[Mapping[str, object]]) -> list[list[str]]:
     ] for r in rows]
 
 
-def render_rollout(result: CheckResult, report_dir: Path) -> Rendered:
-    """rollout_parity.png (per-step action difference and cumulative return of both paths)
-    and a table per episode, for report.md and report.html."""
+def render_rollout(result: CheckResult, report_dir: Path, *, figures: bool = True) -> Rendered:
+    """rollout_parity.png (per-step action difference and cumulative return of both paths;
+    with ``figures``) and a table per episode, for report.md and report.html."""
     rows = result.details.get("episodes")
     if not rows:
         return Rendered()
     cells = episode_cells(rows)
     title = f"rollout_parity: {result.details.get('env', '')}"
-    png = rollout_figure(result.details.get("curves") or [], Path(report_dir) / PLOT, title)
+    png = (rollout_figure(result.details.get("curves") or [], Path(report_dir) / PLOT, title)
+           if figures else None)
+    if not figures:  # an earlier run's figure would not be this run's
+        (Path(report_dir) / PLOT).unlink(missing_ok=True)
     encoded = base64.b64encode(png.read_bytes()).decode() if png is not None else ""
     fragment = render_fragment("rollout.html.j2", png=encoded, table=table_html(HEADER, cells))
     return Rendered(markdown=table_markdown(HEADER, cells), html=fragment,
