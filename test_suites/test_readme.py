@@ -22,6 +22,7 @@ STUB_POLICY = {
     "checkpoint": "c.safetensors",
     "probes": {"generator": "m:p"},
 }
+STUB_LM = {"model_dir": "model", "sampling": {"training": "training.yaml"}, "probes": "p.jsonl"}
 
 
 def test_readme_yaml_examples_validate(tmp_path: Path) -> None:
@@ -31,7 +32,10 @@ def test_readme_yaml_examples_validate(tmp_path: Path) -> None:
     assert len(blocks) >= 4
     for block in blocks:
         data = yaml.safe_load(block)
-        if "name" not in data:  # a fragment: complete it with a stub policy gate
+        if "name" not in data and "causal_lm" in data:  # an LM fragment: a stub LM gate
+            data = {"name": "readme", "family": "causal_lm", **data}
+            data["causal_lm"] = {**STUB_LM, **data["causal_lm"]}
+        elif "name" not in data:  # a fragment: complete it with a stub policy gate
             data = {"name": "readme", "family": "policy", **data}
             data.setdefault("policy", STUB_POLICY)
         config = config_from_dict(data, tmp_path / "gate.yaml")

@@ -338,7 +338,7 @@ def _bad_tokenizer(block: dict[str, Any], models: Models, out: Path) -> None:
     ("edit", "key", "words"),
     [
         (_bad_architecture, "causal_lm.reference.model_dir", "num_hidden_layers 3"),
-        (_bad_vocab, "causal_lm.reference.initial", "vocab_size 1024"),
+        (_bad_vocab, "causal_lm.reference.initial: vocab_size", "1024 but the checkpoint's"),
         (_bad_tokenizer, "causal_lm.reference.model_dir", "pad_token_id"),
         (lambda b, m, o: b.update(initial="not-a-dir-or-sha"), "causal_lm.reference.initial",
          "neither a model directory nor a sha256"),

@@ -70,7 +70,7 @@ def test_output_dir_resolves_to_latest_and_records_the_step(grpo_run: Path, tmp_
     config = config_from_dict(trl_run.gate_config(grpo_run), tmp_path / "gate.yaml")
     record = config.trainer_checkpoint
     assert record.path == grpo_run / "grpo_out" / "checkpoint-4"
-    assert config.causal_lm.model_dir == str(record.path)
+    assert config.causal_lm.model_dir == record.path
     assert (record.step, record.step_source) == (4, "trainer_state.json global_step")
     assert record.steps == (2, 4) and record.chosen_by == "the latest"
     assert set(TRAINER_PICKLES) | {"trainer_state.json"} == set(record.trainer_files)

@@ -55,7 +55,8 @@ def gate_dir(clean_demo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def serial_report(gate_dir: Path) -> dict[str, Any]:
-    proc = paritygate_run(gate_dir / "clean.yaml", "--report-dir", str(gate_dir / "serial"))
+    proc = paritygate_run(gate_dir / "clean.yaml", "--report-dir", str(gate_dir / "serial"),
+                          "--report-format", "json,md,junit,html")  # every report
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     return json.loads((gate_dir / "serial" / "report.json").read_text(encoding="utf-8"))

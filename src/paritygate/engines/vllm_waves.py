@@ -66,7 +66,7 @@ def request_waves(prompt_lengths: Sequence[int], max_tokens: Sequence[int],
     return waves
 
 
-def generate_in_waves(llm: Any, requests: Sequence[dict[str, Any]], params: Sequence[Any],
+def generate_in_waves(llm: Any, requests: Sequence[dict[str, list[int]]], params: Sequence[Any],
                       max_tokens: int, **extra: Any) -> list[Any]:
     """``llm.generate`` over ``requests`` (each ``{"prompt_token_ids": [...]}``) with their
     ``params`` (each generating up to ``max_tokens``), wave by wave (:func:`request_waves`):
