@@ -150,3 +150,24 @@ def test_edge_case_kinds(clean_demo: Path, tmp_path: Path) -> None:
         _gate(clean_demo, tmp_path, {"policy": {"probes": {"edge_cases": ["nan"]}}})
     assert err.value.key == "policy.probes.edge_cases" and "unknown edge-case kinds" in \
         err.value.cause
+
+
+@pytest.mark.parametrize(("serving", "passes"), [("normalize_serving_unclipped", True),
+                                                 ("normalize_serving_unclipped_epsilon", False)])
+def test_an_unclipped_normaliser_written_otherwise_is_rounding_at_the_extremes(
+    clean_demo: Path, tmp_path: Path, serving: str, passes: bool
+) -> None:
+    """No clip: at the extreme inputs (1e4) outputs reach thousands, where float32's ulp is
+    ~5e-4, so two writings of one normaliser differ by more than the 1e-5 threshold; that is
+    rounding (ROUNDING_ULPS of the value) and passes, while another epsilon still fails."""
+    gate = _gate(clean_demo, tmp_path, {"policy": {
+        "preprocessing": {"training": f"{_F}:normalize_training_unclipped",
+                          "serving": f"{_F}:normalize_serving_{serving.split('serving_')[1]}"},
+        "probes": {"edge_cases": ["extremes"]}}}, name=serving.replace("_", "-"))
+    result = gate.evaluate("preprocessing_parity", golden=False)
+    if passes:
+        assert result.status == "pass", result.message
+        assert result.metrics["max_abs_diff"] == 0.0
+    else:
+        assert result.status == "fail" and "max_abs_diff" in result.failed_metrics, result.message
+
