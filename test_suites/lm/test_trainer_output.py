@@ -76,7 +76,7 @@ def test_output_dir_resolves_to_latest_and_records_the_step(grpo_run: Path, tmp_
     assert set(TRAINER_PICKLES) | {"trainer_state.json"} == set(record.trainer_files)
     pinned = config_from_dict(trl_run.gate_config(grpo_run, checkpoint=2), tmp_path / "g.yaml")
     assert pinned.trainer_checkpoint.step == 2
-    assert pinned.causal_lm.model_dir.endswith("checkpoint-2")
+    assert pinned.causal_lm.model_dir.name == "checkpoint-2"
     overridden = apply_checkpoint(config_from_dict(trl_run.gate_config(grpo_run),
                                                    tmp_path / "gate.yaml"), "2")
     assert overridden.trainer_checkpoint.step == 2
