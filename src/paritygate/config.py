@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from paritygate.config_base import ConfigPath, StrictModel
-from paritygate.errors import InputError, shorten
+from paritygate.errors import InputError, dotted_leaves, shorten
 from paritygate.families.causal_lm.config import CausalLMSpec
 from paritygate.families.hf_model.config import HFModelSpec
 from paritygate.families.policy.config import PolicySpec
@@ -160,20 +160,11 @@ class GateConfig(StrictModel):
         (:func:`paritygate.errors.name_config_key`). Values that are not paths (names,
         ``module:callable``) resolve to paths no error is about and match nothing."""
         named: dict[str, Path] = {}
-
-        def walk(value: object, key: str) -> None:
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    walk(v, f"{key}.{k}" if key else str(k))
-            elif isinstance(value, list):
-                for i, v in enumerate(value):
-                    walk(v, f"{key}[{i}]")
-            elif isinstance(value, Path):
+        for key, value in dotted_leaves(self.model_dump(exclude_none=True)):
+            if isinstance(value, Path):
                 named[key] = value
             elif isinstance(value, str) and value and key not in ("name", "family"):
                 named[key] = self.resolve(value)
-
-        walk(self.model_dump(exclude_none=True), "")
         return named
 
     def key_error(self, error: InputError) -> InputError:

@@ -122,3 +122,17 @@ def keyed(key: str) -> Iterator[None]:
         raise  # about the environment, not the file
     except InputError as exc:
         raise exc.under(key) from None
+
+
+def dotted_leaves(node: object, key: str = "") -> Iterator[tuple[str, object]]:
+    """Every leaf of nested dicts and lists with the key an error names it by
+    (``causal_lm.sampling.training``, ``layers[2]``): what a config or ``config.json``
+    check walks to find the value it refuses."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from dotted_leaves(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from dotted_leaves(value, f"{key}[{i}]")
+    else:
+        yield key, node

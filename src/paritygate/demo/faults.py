@@ -250,16 +250,7 @@ def normalize_serving_unclipped(raw: np.ndarray, *, stats_path: str | Path) -> n
 
 def normalize_serving_unclipped_epsilon(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:
     """The same, with epsilon 1e-5 instead of the trainer's (the fault of the pair)."""
-    s = dict(load_stats(stats_path))
-    s["epsilon"] = 1e-5
-    x = np.asarray(raw, dtype=np.float32).copy()
-    mean = np.asarray(s["mean"], dtype=np.float32)
-    var = np.asarray(s["var"], dtype=np.float32)
-    missing = np.isnan(x)
-    x[missing] = np.broadcast_to(mean, x.shape)[missing]
-    z = (x - mean) / np.sqrt(var + np.float32(s["epsilon"]))
-    z[:, s["discrete"]] = x[:, s["discrete"]]
-    return z.astype(np.float32)
+    return _serve(raw, load_stats(stats_path), epsilon=1e-5, clip=np.inf)
 
 
 def normalize_serving_stale(raw: np.ndarray, *, stats_path: str | Path) -> np.ndarray:

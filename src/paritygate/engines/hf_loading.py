@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.errors import InputError
+from paritygate.errors import InputError, dotted_leaves
 from paritygate.reading import check_input
 from paritygate.reading_text import check_json_file, json_or_none, read_json
 
@@ -172,17 +172,9 @@ def check_config_values(path: Path, data: dict[str, Any]) -> None:
     Inf anywhere, a size in :data:`SIZE_KEYS` that is not a positive integer."""
     import math
 
-    def walk(node: object, key: str) -> None:
-        if isinstance(node, float) and not math.isfinite(node):
-            raise InputError(path, key, f"{node} is not a finite number")
-        if isinstance(node, dict):
-            for name, value in node.items():
-                walk(value, f"{key}.{name}" if key else str(name))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{key}[{i}]")
-
-    walk(data, "")
+    for key, value in dotted_leaves(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(path, key, f"{value} is not a finite number")
     for prefix, node in (("", data), ("text_config.", data.get("text_config"))):
         if not isinstance(node, dict):
             continue
