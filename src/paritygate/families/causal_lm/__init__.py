@@ -22,7 +22,13 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
 
 
-def build_context(config: GateConfig) -> LMContext:
+def build_context(config: GateConfig, *, config_only: bool = False) -> LMContext:
+    """Every input validated and composed; ``config_only``: only the sampling configs and
+    ``config.json`` files (see :mod:`~paritygate.families.causal_lm.config_only`)."""
+    if config_only:
+        from paritygate.families.causal_lm.config_only import build_config_only_context
+
+        return build_config_only_context(config)
     from paritygate.families.causal_lm.build import build_lm_context
 
     return build_lm_context(config)
