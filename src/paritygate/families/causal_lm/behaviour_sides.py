@@ -217,9 +217,19 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: 
         assert isinstance(endpoint, EndpointEngine)
         gen, reasons = endpoint.sample_n(prompts, sampling, spec.samples)
     else:
-        hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
-            ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
-            top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
+        import copy
+
+        # A prompt's samples share one unpadded batch unless the config sets the batch size.
+        batch = (ctx.spec.engine.batch_size if "batch_size" in ctx.spec.engine.model_fields_set
+                 else spec.samples)
+        if side == "serving":
+            served = ctx.engine("hf")
+            assert isinstance(served, HFGenerateEngine)
+            hf = copy.copy(served)
+        else:
+            hf = HFGenerateEngine.for_tokenizer(ctx.reference_model(), ctx.training_tokenizer,
+                                                logprobs_mode="raw", top_logprobs=0)
+        hf.batch_size = batch
         gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
         reasons = stop_reasons(gen, sampling, tok)
     after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
