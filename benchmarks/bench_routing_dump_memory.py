@@ -113,8 +113,10 @@ def build(root: Path, base: int = 32) -> tuple[Path, list[dict[str, object]], in
 
 
 def measure(cmd: list[str]) -> tuple[float, float, int]:
-    """Peak RSS (MiB), CPU seconds and exit code of one whole process."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Peak RSS (MiB), CPU seconds and exit code of one whole process (one torch thread, as
+    the floor runs: CPU seconds of spinning thread pools on a loaded machine compare badly)."""
+    env = {**os.environ, "PARITYGATE_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read().decode() if proc.stderr else ""
     code = os.waitstatus_to_exitcode(status)
