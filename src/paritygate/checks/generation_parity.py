@@ -106,7 +106,7 @@ def greedy_engine(ctx: LMContext) -> tuple[str | None, str | None]:
         return engine_name, None
     from paritygate.engines.vllm_engine import vllm_unavailable_reason
 
-    reason = vllm_unavailable_reason(ctx.engine_model_dir)
+    reason = vllm_unavailable_reason(ctx.serving.model_dir)
     if reason is not None:
         return None, f"generation_parity with engines: [vllm] needs vLLM: {reason}"
     return "vllm", None
@@ -179,7 +179,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         return m.skip(reason or "no engine configured")
     if engine_name == "dump" and ctx.dump_summary().greedy.records == 0:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
-    training = ctx.training_sampling.spec()
+    training = ctx.training.sampling.spec()
     limits = ctx.served_limits(
         {"near_tie_margin": ctx.spec.near_tie_margin},
         ctx.spec.model_fields_set & {"near_tie_margin"},
@@ -188,9 +188,9 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     shown = f"{tol:g}" if limits.tier is None else limits.describe("near_tie_margin")
     if limits.note() is not None:
         m.note(str(limits.note()))
-    rules = GreedyRules(ctx.serving_tokenizer, training.max_new_tokens, training.min_new_tokens,
+    rules = GreedyRules(ctx.serving.tokenizer, training.max_new_tokens, training.min_new_tokens,
                         list(training.stop), list(training.eos_token_ids))
-    setup = _Setup(rules, tol, shown, training, ctx.serving_sampling.spec())
+    setup = _Setup(rules, tol, shown, training, ctx.serving.sampling.spec())
     tally = _Tally(cap=engine_name == "dump")
     if engine_name == "dump":
         _compare_dump(m, ctx, setup, tally)
@@ -234,7 +234,7 @@ def _compare(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally, names
              engine_out: Generation, teacher: list[np.ndarray]) -> None:
     """Each sequence's training path against the engine's tokens: first divergence, excused
     at a near-tie, else a failure of its kind."""
-    model, tok, training, serving = (ctx.reference_model(), ctx.serving_tokenizer,
+    model, tok, training, serving = (ctx.training.model(), ctx.serving.tokenizer,
                                      setup.training, setup.serving)
     for name, prompt, cand, forced in zip(
         names, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True

@@ -251,7 +251,7 @@ def _judge(ctx: LMContext, m: Measurement, thresholds: Thresholds, reference: np
     if stats is not None:  # the size of the gap names no cause: the usual ones, for people
         m.hint("max_abs_diff",
                f"cached engine logits differ from the trainer's forward (engine "
-               f"{ctx.engine_model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
+               f"{ctx.serving.model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
                f"{ctx.spec.training.dtype}); possible causes: stale checkpoint, lower precision "
                "or a cache bug")
     for row in m.details.get("worst_probes", []):

@@ -109,7 +109,7 @@ def measure_delta(
     tier_key, tier, limits = effective_tier(ctx, thresholds, engine_dtype)
     if limits.note() is not None:
         m.note(str(limits.note()))
-    training = ctx.training_sampling.spec()
+    training = ctx.training.sampling.spec()
     delta = (_dump_delta(ctx, tier) if engine_name == "dump"
              else _engine_delta(ctx, engine_name, tier))
     stats, serving = delta.stats, delta.serving
@@ -118,8 +118,8 @@ def measure_delta(
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
     engine_mode = delta.mode
     _named_causes(m, ctx, training, serving, (train_mode, engine_mode), tier_key)
-    if ctx.engine_model_dir != ctx.model_dir:
-        m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
+    if ctx.serving.model_dir != ctx.training.model_dir:
+        m.note(f"engine loads {ctx.serving.model_dir}, trainer loads {ctx.training.model_dir}")
     if any(metric.breaches() for metric in m.metrics.values()) and (
         "misalignment" not in stats.labels
     ):
@@ -191,7 +191,7 @@ def _engine_delta(ctx: LMContext, engine_name: str, tier: Mapping[str, float]) -
 
     generation, serving = ctx.sampled(engine_name)
     logp_train, logp_infer, mask = ctx.recompute(generation)
-    tok = ctx.serving_tokenizer
+    tok = ctx.serving.tokenizer
 
     def token_text(seq: int, pos: int) -> str:
         return str(tok.decode([generation.output_ids[seq][pos]]))
@@ -233,7 +233,7 @@ def _dump_delta(ctx: LMContext, tier: Mapping[str, float]) -> EngineDelta:
             engine = generation.engine
             fit = _fit_sample(generation, logp_infer, FIT_LOGITS // vocab)
     assert fit is not None  # the part holds records
-    tok = ctx.serving_tokenizer
+    tok = ctx.serving.tokenizer
     stats = acc.result(token_text=lambda token: str(tok.decode([token])))
     note = ""
     if part.records > DETAIL_ROWS:

@@ -342,7 +342,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     if setup.generated:  # the greedy generation other LM checks share
         greedy = ctx.greedy("hf")
         assert greedy is not None  # the HF engine always generates (only a dump may not)
-        setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training_tokenizer)
+        setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training.tokenizer)
         m.note(f"samples: the HF engine's greedy continuations of {len(setup.samples)} probes")
         if not setup.samples:
             return m.skip("every greedy continuation of the probes is empty: nothing to score")

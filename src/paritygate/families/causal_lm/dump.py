@@ -32,5 +32,5 @@ def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
         ctx.close()  # vLLM's engine processes end here, not in its exit-time finalizers
     records = dump_records(generation, sampling)
     if greedy is not None:
-        records += dump_records(greedy, ctx.serving_sampling.spec().greedy())
+        records += dump_records(greedy, ctx.serving.sampling.spec().greedy())
     return write_dump(out, records)
