@@ -24,7 +24,7 @@ def test_checks_share_generations_and_forwards(demo_lm: Path, tmp_path: Path) ->
     gate = _gate(demo_lm, tmp_path)
     ctx = gate.context
     model = ctx.training.model()
-    assert ctx.serves_reference() and ctx.engine("hf").model is model  # loaded once
+    assert ctx.serves_training_model() and ctx.engine("hf").model is model  # loaded once
     calls: list[tuple[int, ...]] = []
     handle = model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True

@@ -209,7 +209,7 @@ class LMContext:
         """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
         return []
 
-    def serves_reference(self) -> bool:
+    def serves_training_model(self) -> bool:
         """The HF engine would load exactly the training model (same directory and dtype, one
         device): it then runs on the loaded training model instead of a second copy."""
         return (
@@ -243,7 +243,7 @@ class LMContext:
         from paritygate.families.causal_lm.engines import hf_engine
 
         tok = self.serving.tokenizer
-        if self.serves_reference():
+        if self.serves_training_model():
             return hf_engine(self.spec.engine, tok, model=self.training.model())
         if self.serving.adapter is not None:
             return hf_engine(self.spec.engine, tok, model=self.serving.model())
@@ -375,4 +375,4 @@ class LMContext:
             prompts=self.training.prompts, pad_id=self.training.tokenizer.pad_token_id,
             streaming=self.config.precision.streaming,
             trust_remote_code=self.config.trust_remote_code,
-            reference=lambda: (self.training.model(), self.training.loading_info()))
+            training=lambda: (self.training.model(), self.training.loading_info()))
