@@ -34,9 +34,9 @@ def test_checks_share_generations_and_forwards(demo_lm: Path, tmp_path: Path) ->
         after_logits = len(calls)
         assert gate.evaluate("generation_parity", golden=False).status == "pass"
         assert len(calls) == after_logits, "generation_parity ran forwards of its own"
-        greedy = ctx.greedy("hf")
-        assert ctx.teacher_forced(greedy) is ctx.teacher_forced(greedy)
-        assert ctx.greedy("hf") is greedy
+        greedy = ctx.generations.greedy("hf")
+        assert ctx.generations.teacher_forced(greedy) is ctx.generations.teacher_forced(greedy)
+        assert ctx.generations.greedy("hf") is greedy
     finally:
         handle.remove()
     # The greedy generation (its KV-cache logits kept) and one batched teacher-forced forward:
@@ -53,8 +53,8 @@ def test_batched_paths_match_the_per_sequence_ones(demo_lm: Path, tmp_path: Path
 
     ctx = _gate(demo_lm, tmp_path).context
     model = ctx.training.model()
-    greedy = ctx.greedy("hf")
-    teacher = ctx.teacher_forced(greedy)
+    greedy = ctx.generations.greedy("hf")
+    teacher = ctx.generations.teacher_forced(greedy)
     cached = ctx.engine("hf").cached_logits(greedy.prompt_ids, greedy.output_ids)
     training = ctx.training.sampling.spec()
     rules = GreedyRules(ctx.serving.tokenizer, training.max_new_tokens, training.min_new_tokens,

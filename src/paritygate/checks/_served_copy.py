@@ -36,8 +36,7 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
                "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
                "memory)")
     fit = served = None
-    adapter = ctx.training.adapter
-    if adapter is not None:
+    if (adapter := ctx.training.adapter) is not None:
         m.note(f"training side: the base {ctx.training.model_dir} with the "
                f"{adapter.describe()} merged in memory (peft merge_and_unload)")
         m.details["adapter"] = {"directory": str(adapter.directory),

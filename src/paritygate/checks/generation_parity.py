@@ -177,7 +177,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     engine_name, reason = greedy_engine(ctx)
     if engine_name is None:
         return m.skip(reason or "no engine configured")
-    if engine_name == "dump" and ctx.dump_summary().greedy.records == 0:
+    if engine_name == "dump" and ctx.generations.dump_summary.greedy.records == 0:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
     training = ctx.training.sampling.spec()
     limits = ctx.served_limits(
@@ -195,11 +195,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     if engine_name == "dump":
         _compare_dump(m, ctx, setup, tally)
     else:
-        engine_out = ctx.greedy(engine_name)
+        engine_out = ctx.generations.greedy(engine_name)
         probes: list[str] = [p.id for p in ctx.probes]
         if len(probes) != len(engine_out.prompt_ids):  # stand-ins naming the rollouts
             probes = [f"rollout {i}" for i in range(len(engine_out.prompt_ids))]
-        teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
+        teacher = ctx.generations.teacher_forced(engine_out)  # one batched forward, shared
         _compare(m, ctx, setup, tally, probes, engine_out, teacher)
     tally.close(m)
     m.metric(
@@ -221,11 +221,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
 def _compare_dump(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally) -> None:
     """A dump's greedy records batch by batch: each batch's teacher-forced logits are
     dropped once its rows are compared (never memoised on the context)."""
-    vocab = max(1, ctx.dump_summary().vocab_size or 1)
-    for batch in ctx.dump_batches(greedy=True):
+    vocab = max(1, ctx.generations.dump_summary.vocab_size or 1)
+    for batch in ctx.generations.dump_batches(greedy=True):
         for start, stop in batch.spans(TEACHER_LOGITS // vocab):
             part = batch.rows(start, stop)
-            teacher = ctx.teacher_forced_once(part)
+            teacher = ctx.generations.teacher_forced_once(part)
             names = [f"rollout {tally.sequences + i}" for i in range(stop - start)]
             _compare(m, ctx, setup, tally, names, part, teacher)
 

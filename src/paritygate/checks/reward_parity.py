@@ -340,7 +340,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     block = ctx.spec.reward
     slope_max = block.length_slope_max if block is not None else None
     if setup.generated:  # the greedy generation other LM checks share
-        greedy = ctx.greedy("hf")
+        greedy = ctx.generations.greedy("hf")
         assert greedy is not None  # the HF engine always generates (only a dump may not)
         setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training.tokenizer)
         m.note(f"samples: the HF engine's greedy continuations of {len(setup.samples)} probes")

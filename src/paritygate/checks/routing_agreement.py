@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from paritygate.causes import DOWNSTREAM_LM, Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.result import Measurement
+from paritygate.sections.routing_agreement import RoutingSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -78,7 +79,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     training = ctx.training.model()
     layout = moe_layout(training)
     if layout is None:
-        if ctx.spec.routing is not None:
+        if RoutingSpec.of(ctx.spec) is not None:
             raise InputError(ctx.config.path, "causal_lm.routing",
                              f"the model in {ctx.training.model_dir} has no MoE layers "
                              "(no module with a gate router beside experts): drop the "
@@ -86,7 +87,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("dense model: no MoE layer (no module with a gate router beside experts)")
     tier_key, _ = resolve_tier(ctx.spec.precision_tier, ctx.spec.training.dtype,
                                ctx.spec.engine.dtype)
-    spec = ctx.spec.routing
+    spec = RoutingSpec.of(ctx.spec)
     tie = spec.tie_margin if spec is not None and spec.tie_margin else tie_tolerance(tier_key)
     limits = _limits(tier_key, thresholds)
     m.details["layout"] = {"routers": list(layout.routers), "num_experts": layout.num_experts,
@@ -117,8 +118,8 @@ VLLM_ROUTING = (
 
 def _sequences(ctx: LMContext) -> list[list[int]]:
     seqs = [list(p) for p in ctx.training.prompts]
-    if ctx.spec.routing is not None and ctx.spec.routing.samples:
-        generation, _ = ctx.sampled("hf")
+    if (routing := RoutingSpec.of(ctx.spec)) is not None and routing.samples:
+        generation, _ = ctx.generations.sampled("hf")
         seqs += [list(p) + list(o)
                  for p, o in zip(generation.prompt_ids, generation.output_ids, strict=True)]
     return seqs
@@ -300,9 +301,10 @@ def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     """A dump's recorded ``routed_experts`` against the trainer's recompute on its tokens."""
     from paritygate.metrics.routed_dump import dump_layers
 
-    layers = dump_layers(m, ctx.dump_records(), ctx.training.model(), layout, tie,
+    routing = RoutingSpec.of(ctx.spec)
+    layers = dump_layers(m, ctx.generations.dump_records(), ctx.training.model(), layout, tie,
                          pad_id=ctx.training.tokenizer.pad_token_id or 0,
-                         required=ctx.spec.routing is not None and ctx.spec.routing.dump_experts,
+                         required=routing is not None and routing.dump_experts,
                          dump_path=ctx.spec.engine.dump or ctx.config.base_dir)
     if layers is None:
         return False

@@ -15,11 +15,12 @@ Paths are relative to the gate config file. Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from paritygate.config_base import ConfigPath, StrictModel
+from paritygate.sections import compose
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -321,22 +322,6 @@ class RewardSpec(StrictModel):
         return self
 
 
-class RoutingSpec(StrictModel):
-    """``routing_agreement``: the experts a mixture-of-experts policy's engine routes each token
-    to, against the trainer's. The block's presence says the model is an MoE: a model without
-    MoE layers is then bad input, not a skip."""
-
-    samples: bool = False
-    """Also teacher-force the HF engine's sampled completions (``generation_samples`` per
-    probe; one generation more unless ``logprob_delta`` already sampled them)."""
-    dump_experts: bool = False
-    """Every record of ``engine.dump`` must carry ``routed_experts``: the experts the engine
-    routed each token to, audited against the trainer's recompute."""
-    tie_margin: float | None = Field(None, gt=0, lt=1)
-    """Relative router margin under which a flipped expert set is a near tie (default: the
-    precision tier's, :data:`paritygate.metrics.routing.ROUTER_TIE_REL`)."""
-
-
 class CausalLMSpec(StrictModel):
     """A Hugging Face causal LM checked against its serving path."""
 
@@ -382,9 +367,6 @@ class CausalLMSpec(StrictModel):
     """The reward model and/or function (``reward_parity``; skipped when absent)."""
     behaviour: BehaviourSpec | None = None
     """``behaviour_parity``'s settings; the check is skipped without them."""
-    routing: RoutingSpec | None = None
-    """``routing_agreement``'s settings (an MoE policy); without the block a dense model skips
-    the check."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""
@@ -393,3 +375,9 @@ class CausalLMSpec(StrictModel):
         from paritygate.metrics.tiers import tier_for
 
         return tier_for(self.training.dtype, engine_dtype or self.engine.dtype)[0]
+
+
+# The checks' own blocks (paritygate.sections, one module per check) follow the fields above; a
+# check reads its block with ``Section.of(spec)``, so the type checker sees the fields above alone.
+if not TYPE_CHECKING:
+    CausalLMSpec = compose(CausalLMSpec, "causal_lm")

@@ -15,23 +15,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paritygate.engines.base import GenerationEngine
-from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.errors import InputError, keyed
 from paritygate.families.causal_lm.probes import Probe
 from paritygate.families.causal_lm.served_files import Contradiction
 from paritygate.provenance import sha256_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Mapping
+    from collections.abc import Callable, Collection, Mapping
     from types import ModuleType
 
-    import numpy as np
     from torch import Tensor
 
     from paritygate.config import GateConfig
     from paritygate.engines.dump_audit import DumpSummary
-    from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.families.causal_lm.generations import Generations
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
     from paritygate.families.causal_lm.sides import LMSide
@@ -72,7 +70,7 @@ class LMContext:
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
     dump: DumpSummary | None = None
     """``engines: [dump]``: the dump, validated and counted when the context was built (its
-    records are read again in batches by :meth:`dump_batches`)."""
+    records are read again in batches by :meth:`.Generations.dump_batches`)."""
     kl_reference: ReferenceSetup | None = None
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
     reward: RewardSetup | None = None
@@ -182,33 +180,6 @@ class LMContext:
         return compare_states(train, serve, list(self.spec.training_only_heads), tied)
 
     # -- models ------------------------------------------------------------------
-    def teacher_forced(self, generation: Generation) -> list[np.ndarray]:
-        """The training model's logits over each row of ``generation`` (one batched forward,
-        no cache, computed once per generation): row ``i`` is ``(len(output_i) + 1, V)``,
-        the next-token logits at the last prompt position, each generated token and after the
-        last one. ``logits_agreement``, ``generation_parity`` and ``logprob_delta`` share it."""
-        from paritygate.families.causal_lm.recompute import teacher_forced_rows
-
-        done = self._teacher_forced
-        for seen, rows in done:
-            if seen is generation:
-                return rows
-        rows = teacher_forced_rows(self.training.model(), generation, self.training.pad_id)
-        done.append((generation, rows))
-        return rows
-
-    def teacher_forced_once(self, generation: Generation) -> list[np.ndarray]:
-        """:meth:`teacher_forced` without keeping the rows: a dump's audit forces one bounded
-        batch at a time and drops it."""
-        from paritygate.families.causal_lm.recompute import teacher_forced_rows
-
-        return teacher_forced_rows(self.training.model(), generation, self.training.pad_id)
-
-    @cached_property
-    def _teacher_forced(self) -> list[tuple[Generation, list[np.ndarray]]]:
-        """``(generation, rows)`` of every generation teacher-forced so far (by identity)."""
-        return []
-
     def serves_training_model(self) -> bool:
         """The HF engine would load exactly the training model (same directory and dtype, one
         device): it then runs on the loaded training model instead of a second copy."""
@@ -287,84 +258,29 @@ class LMContext:
 
         return servable_copy(self.serving.model_dir, list(self.spec.training_only_heads))
 
-    # -- prompts and generations ------------------------------------------------
-    def dump_summary(self) -> DumpSummary:
-        """The validated dump of ``engine.dump`` (``engines: [dump]``): its parts' counts."""
-        if self.dump is None:
-            from paritygate.families.causal_lm.inputs import read_lm_dump
-
-            self.dump = read_lm_dump(self.config, self.spec, self.training.model_dir)
-        return self.dump
-
-    def dump_records(self) -> list[DumpRecord]:
-        """Every record of ``engine.dump`` in memory (``routing_agreement``'s one pass)."""
-        from paritygate.engines.rollout_dump import read_dump
-        dump = self.dump_summary()
-        return read_dump(dump.path, vocab_size=dump.vocab_size, num_experts=dump.num_experts)
-
-    def dump_batches(self, greedy: bool) -> Iterator[Generation]:
-        """The dump's greedy (or sampled) records as generations of a bounded batch, in file
-        order: a dump's audit holds one batch at a time, whatever the dump's size."""
-        from paritygate.engines.dump_audit import dump_batches
-
-        return dump_batches(self.dump_summary(), greedy=greedy)
-
-    def sampled(self, engine: str = "hf") -> tuple[Generation, SamplingSpec]:
-        """Sampled continuations (``generation_samples`` per probe) under the serving config
-        (a dump's records stream instead: :meth:`dump_batches`)."""
-        if engine not in self._samples:
-            self._samples[engine] = self._sample(engine)  # an unknown engine: engine() says so
-        return self._samples[engine]
-
+    # -- generations ---------------------------------------------------------------
     @cached_property
-    def _samples(self) -> dict[str, tuple[Generation, SamplingSpec]]:
-        """Each engine's sampled generation, memoised (the checks share it)."""
-        return {}
+    def generations(self) -> Generations:
+        """The probes' greedy and sampled continuations and the training model's forwards
+        over them, each computed once and shared by the checks."""
+        from paritygate.families.causal_lm.generations import Generations
 
-    @cached_property
-    def _greedies(self) -> dict[str, Generation]:
-        """Each engine's greedy generation, memoised (the checks share it)."""
-        return {}
+        return Generations(self.training, self.serving, self.engine, self.config.seed,
+                           self.spec.generation_samples, self.logprob_fn,
+                           self.spec.training.logprobs_mode, self._read_dump)
 
-    def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
-        sampling = self.serving.sampling.spec()
-        if sampling.seed is None:
-            sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
-        prompts = [p for p in self.serving.prompts for _ in range(self.spec.generation_samples)]
-        return self.engine(engine).generate(prompts, sampling), sampling
+    def _read_dump(self) -> DumpSummary:
+        from paritygate.families.causal_lm.inputs import read_lm_dump
 
-    def greedy(self, engine: str = "hf") -> Generation:
-        """Greedy continuations of every probe under the serving config's length and stops
-        (a dump's records stream instead: :meth:`dump_batches`)."""
-        if engine not in self._greedies:
-            self._greedies[engine] = self._greedy(engine)
-        return self._greedies[engine]
-
-    def _greedy(self, engine: str) -> Generation:
-        sampling = self.serving.sampling.spec().greedy()
-        extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
-        return self.engine(engine).generate(self.serving.prompts, sampling, **extra)
+        if self.dump is not None:
+            return self.dump
+        return read_lm_dump(self.config, self.spec, self.training.model_dir)
 
     def logprob_variants(self) -> ModuleType:
         """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
         import paritygate.families.causal_lm.logprobs as helpers
 
         return helpers
-
-    def vllm_served_rows(self) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
-        """vLLM's prompt log-probs in the trainer's gauge, or why not (:mod:`.served_logprobs`)."""
-        from paritygate.families.causal_lm.served_logprobs import vllm_rows
-        return vllm_rows(self.greedy("vllm"), self.teacher_forced, self.engine("vllm"),
-                         [p.id for p in self.probes])
-
-    def recompute(self, generation: Generation) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
-        from paritygate.families.causal_lm.recompute import recompute
-
-        return recompute(self.training.model(), self.logprob_fn, generation,
-                         sampling=self.training.sampling.spec(),
-                         mode=self.spec.training.logprobs_mode,
-                         pad_id=self.training.tokenizer.pad_token_id)
 
     def precision_subject(self) -> PrecisionSubject:
         """The HF model in fp32 eval on the probe prompts (see :mod:`.precision`)."""
