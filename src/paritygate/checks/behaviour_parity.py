@@ -33,10 +33,10 @@ from paritygate.result import Measurement
 if TYPE_CHECKING:
     from paritygate.engines.dump_stream import Draw
     from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
-    from paritygate.families.causal_lm.config import BehaviourSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.causal_lm.sides import LMSide
     from paritygate.metrics.behaviour import StatRow
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.
 DEFAULTS: dict[str, float] = {"rejected_tests": 0.0}
@@ -131,7 +131,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.metrics.behaviour import compare
 
     m = Measurement("behaviour_parity")
-    spec = ctx.spec.behaviour
+    from paritygate.sections.behaviour_parity import BehaviourSpec
+
+    spec = BehaviourSpec.of(ctx.spec)
     if spec is None:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
     dumps = spec.training_dump is not None and spec.serving_dump is not None

@@ -337,7 +337,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     setup = ctx.reward
     if setup is None:
         return m.skip("no causal_lm.reward block: the reward is not gated")
-    block = ctx.spec.reward
+    from paritygate.sections.reward_parity import RewardSpec
+
+    block = RewardSpec.of(ctx.spec)
     slope_max = block.length_slope_max if block is not None else None
     if setup.generated:  # the greedy generation other LM checks share
         greedy = ctx.generations.greedy("hf")

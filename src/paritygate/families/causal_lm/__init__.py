@@ -40,8 +40,9 @@ def behaviour_samples(ctx: LMContext, side: LMSide, engine: str, prompts: list[l
     """One side's sampled completions in batches (behaviour_parity's engine source): the
     trainer's side from HF ``generate`` on its own model, the served side from ``engine``."""
     from paritygate.families.causal_lm.behaviour_sides import generated, trainer_sampler
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
-    spec = ctx.spec.behaviour
+    spec = BehaviourSpec.of(ctx.spec)
     assert spec is not None
     sampler = (trainer_sampler(side, ctx.spec.engine.batch_size) if side.trainer
                else ctx.engine(engine))

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     from paritygate.engines.base import GenerationEngine
     from paritygate.engines.generation import Generation, SamplingSpec
-    from paritygate.families.causal_lm.config import BehaviourSpec
     from paritygate.families.causal_lm.sides import LMSide
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
 _SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
 Reward = Callable[[str, str], float]

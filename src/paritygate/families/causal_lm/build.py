@@ -257,5 +257,8 @@ def _check_callables(config: GateConfig, spec: CausalLMSpec) -> None:
     """A bad ``module:callable`` name is bad input before any check runs."""
     if spec.engine.collate:
         import_callable(spec.engine.collate, config.path, "causal_lm.engine.collate")
-    if spec.behaviour is not None and spec.behaviour.reward_fn:
-        import_callable(spec.behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")
+    from paritygate.sections.behaviour_parity import BehaviourSpec
+
+    behaviour = BehaviourSpec.of(spec)
+    if behaviour is not None and behaviour.reward_fn:
+        import_callable(behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")

@@ -88,8 +88,9 @@ def scan_behaviour_dumps(config: GateConfig, spec: CausalLMSpec, model_dir: Path
     any tokenizer or model loads: a bad last line is refused in seconds."""
     from paritygate.engines.dump_stream import expand, stream_draws
     from paritygate.engines.hf_loading import config_vocab_size
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
-    block = spec.behaviour
+    block = BehaviourSpec.of(spec)
     if block is None:
         return
     vocab = config_vocab_size(model_dir)
