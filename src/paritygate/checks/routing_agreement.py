@@ -301,11 +301,8 @@ def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     """A dump's recorded ``routed_experts`` against the trainer's recompute on its tokens."""
     from paritygate.metrics.routed_dump import dump_layers
 
-    routing = RoutingSpec.of(ctx.spec)
-    layers = dump_layers(m, ctx.generations.dump_records(), ctx.training.model(), layout, tie,
-                         pad_id=ctx.training.tokenizer.pad_token_id or 0,
-                         required=routing is not None and routing.dump_experts,
-                         dump_path=ctx.spec.engine.dump or ctx.config.base_dir)
+    layers = dump_layers(m, ctx.generations.dump_summary, ctx.training.model(), layout, tie,
+                         pad_id=ctx.training.tokenizer.pad_token_id or 0)
     if layers is None:
         return False
     _record(m, layers, limits, prefix="dump_")

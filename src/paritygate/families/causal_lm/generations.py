@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     from paritygate.engines.base import GenerationEngine
     from paritygate.engines.dump_audit import DumpSummary
-    from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.sides import LMSide
 
 
@@ -121,13 +120,6 @@ class Generations:
     def dump_summary(self) -> DumpSummary:
         """The validated dump of ``engine.dump`` (``engines: [dump]``): its parts' counts."""
         return self.read_dump()
-
-    def dump_records(self) -> list[DumpRecord]:
-        """Every record of ``engine.dump`` in memory (``routing_agreement``'s one pass)."""
-        from paritygate.engines.rollout_dump import read_dump
-
-        dump = self.dump_summary
-        return read_dump(dump.path, vocab_size=dump.vocab_size, num_experts=dump.num_experts)
 
     def dump_batches(self, greedy: bool) -> Iterator[Generation]:
         """The dump's greedy (or sampled) records as generations of a bounded batch, in file
