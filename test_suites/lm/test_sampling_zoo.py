@@ -35,8 +35,9 @@ def test_agreed_penalty_is_named_and_is_the_root(lm_variants) -> None:
     for check_id, cause in fault.causes.items():
         assert cause in lm_variants.evaluate(fault.name, check_id).message
     assert "repetition_penalty 1.3" in delta.message
-    signature = delta.details["penalty_signature"]
-    assert signature["fresh_raised"] >= 0.9 and signature["separation"] >= 3
+    fit = delta.details["penalty_fit"]  # the penalty predicts the engine's log-probs
+    assert fit["kind"] == "repetition_penalty" and fit["strength"] == pytest.approx(1.3, rel=0.01)
+    assert fit["explained"] > 0.99, fit
     explained, root = explain([config, delta])
     assert root is not None and (root.check, root.kind) == ("sampling_config",
                                                             "off_policy_transform")
@@ -51,9 +52,8 @@ def test_declared_penalty_is_the_clean_twin(lm_variants) -> None:
 
 @pytest.mark.parametrize("fault", ["stale_checkpoint", "min_p_one_side"])
 def test_other_faults_are_not_a_penalty(lm_variants, fault: str) -> None:
-    """Stale weights move repeated and fresh tokens alike; a min_p on the serving side alone
-    raises every kept token, repeated ones too (fresh ones more, 3.4 standard errors apart on
-    the demo): neither is a penalty's shape."""
+    """Stale weights move the logits of every token; a min_p on the serving side alone
+    raises every kept token: no penalty strength predicts either delta."""
     delta = lm_variants.evaluate(fault, "logprob_delta")
     assert delta.status == "fail" and "penalty_applied" not in delta.finding_kinds(), (
         delta.message)
