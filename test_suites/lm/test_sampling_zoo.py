@@ -92,3 +92,31 @@ def _behaviour(demo_lm: Path, out: Path, seed: int) -> Any:
     data["name"] = "bp-seed"
     return Gate(config_from_dict(data, out / "gate.yaml")).evaluate("behaviour_parity",
                                                                     golden=False)
+
+
+def test_served_generation_config_as_vllm_applies_it(demo_lm: Path, tmp_path: Path) -> None:
+    """A served generation_config.json under vLLM: a temperature it states is vLLM's default
+    (fault: field_differs), while top_k and do_sample it leaves out are not applied (clean
+    twin: the trainer's top_k -1 agrees). HF reads the same twin file with its own defaults
+    (top_k 50, greedy) and the gate says so under engine hf."""
+    from lm_zoo import served_hf_defaults_vllm, served_temperature_vllm
+
+    (tmp_path / "fault").mkdir()
+    fault = _gate(demo_lm, tmp_path / "fault", served_temperature_vllm).evaluate(
+        "sampling_config", golden=False)
+    assert fault.finding_kinds() == ["field_differs"], fault.message
+    assert "temperature differs: training 1.0 vs serving 0.7" in fault.message
+    (tmp_path / "twin").mkdir()
+    twin = _gate(demo_lm, tmp_path / "twin", served_hf_defaults_vllm).evaluate(
+        "sampling_config", golden=False)
+    assert twin.status == "pass", twin.message
+
+    def both(cfg: Any, model: Path, out: Path) -> None:
+        served_hf_defaults_vllm(cfg, model, out)
+        cfg["causal_lm"]["engines"] = ["hf", "vllm"]
+
+    (tmp_path / "hf").mkdir()
+    hf = _gate(demo_lm, tmp_path / "hf", both).evaluate("sampling_config", golden=False)
+    assert set(hf.finding_kinds()) == {"field_differs"}, hf.message
+    assert "top_k differs: training 0 vs serving 50" in hf.message
+    assert "under engine hf" in hf.message and "under engine vllm" not in hf.message

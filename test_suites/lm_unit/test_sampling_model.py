@@ -180,3 +180,22 @@ def test_hf_repetition_penalty_leaves_a_rows_pads_out() -> None:
     expected = torch.tensor([[2.0, 2.0 / 1.3, -1.0, 2.0 / 1.3, 1.0],  # the pad id untouched
                              [2.0 / 1.3, 2.0 / 1.3, -1.3, 2.0 / 1.3, 1.0]])  # a real 0 seen
     assert torch.equal(out, expected)
+
+
+def test_vllm_applies_the_stated_non_default_fields(tmp_path: Path) -> None:
+    """vLLM takes a generation_config.json's stated temperature, top-k, top-p, min-p,
+    penalties and max_new_tokens as its defaults; do_sample, min_new_tokens and stop strings
+    it ignores, and a field left out takes vLLM's default, not HF's."""
+    from paritygate.families.causal_lm.engine_sampling import applied_by
+
+    path = tmp_path / "generation_config.json"
+    path.write_text('{"transformers_version": "5.19.0", "temperature": 0.7, "do_sample": false,'
+                    ' "min_new_tokens": 3, "stop_strings": ["."], "max_new_tokens": 24}')
+    side = load_sampling_file(path, trainer=False, side_defaults={})
+    assert side.values["top_k"] == 50 and not side.values["do_sample"]  # HF's reading
+    vllm = applied_by("vllm", side)
+    assert vllm.values["temperature"] == 0.7 and vllm.values["max_new_tokens"] == 24
+    assert vllm.values["top_k"] == 0 and vllm.values["do_sample"]
+    assert vllm.values["min_new_tokens"] == 0 and vllm.values["stop"] == []
+    assert "vLLM's default" in vllm.source("top_k")
+    assert applied_by("hf", side) is side and applied_by("endpoint", side).values == vllm.values

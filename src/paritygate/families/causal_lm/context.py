@@ -18,6 +18,7 @@ from paritygate.engines.base import GenerationEngine
 from paritygate.engines.generation import Generation, SamplingSpec
 from paritygate.engines.hf_loading import load_causal_lm
 from paritygate.errors import InputError, keyed
+from paritygate.families.causal_lm.engine_sampling import applied_by
 from paritygate.families.causal_lm.probes import Probe
 from paritygate.families.causal_lm.sampling import SamplingFile
 from paritygate.families.causal_lm.served_files import Contradiction
@@ -247,8 +248,7 @@ class LMContext:
         return rows
 
     def teacher_forced_once(self, generation: Generation) -> list[np.ndarray]:
-        """:meth:`teacher_forced` without keeping the rows: a dump's audit forces one bounded
-        batch at a time and drops it."""
+        """:meth:`teacher_forced` without keeping the rows (a dump's audit, batch by batch)."""
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
         pad = self.training_tokenizer.pad_token_id
@@ -399,7 +399,7 @@ class LMContext:
         return {}
 
     def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
-        sampling = self.serving_sampling.spec()
+        sampling = applied_by(engine, self.serving_sampling).spec()  # as the engine reads it
         if sampling.seed is None:
             sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
         prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
@@ -413,7 +413,7 @@ class LMContext:
         return self._greedies[engine]
 
     def _greedy(self, engine: str) -> Generation:
-        sampling = self.serving_sampling.spec().greedy()
+        sampling = applied_by(engine, self.serving_sampling).spec().greedy()
         extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
         return self.engine(engine).generate(self.prompts(), sampling, **extra)
 
