@@ -262,3 +262,32 @@ def _patched(patch: Any) -> Any:
     from lm_zoo import Fault
 
     return Fault("patched", patch, {})
+
+
+def test_vllm_reads_a_served_generation_config_as_the_gate_does(demo_lm: Path,
+                                                                 tmp_path: Path) -> None:
+    """vLLM's own reading of the zoo's served generation_config.json files (its
+    ``ModelConfig.get_diff_sampling_param``; no engine started) is the gate's
+    (``engine_sampling.vllm_applies``): the fault's temperature 0.7 taken; the twin's top_k and
+    do_sample left out, so vLLM's defaults (no top-k, sampling)."""
+    from lm_zoo import clean_config, served_hf_defaults_vllm, served_temperature_vllm
+    from vllm.config import ModelConfig
+
+    from paritygate.families.causal_lm.engine_sampling import VLLM_TAKES, vllm_applies
+    from paritygate.families.causal_lm.sampling import VLLM_DEFAULTS, load_sampling_file
+
+    for name, patch in (("fault", served_temperature_vllm), ("twin", served_hf_defaults_vllm)):
+        (tmp_path / name).mkdir()
+        cfg = clean_config(demo_lm)
+        patch(cfg, demo_lm, tmp_path / name)
+        served = Path(cfg["causal_lm"]["serving"]["model_dir"])
+        side = load_sampling_file(served / "generation_config.json", trainer=False,
+                                  side_defaults={})
+        gate = vllm_applies(side).values
+        taken = ModelConfig(model=str(served), dtype="float32").get_diff_sampling_param()
+        for field in VLLM_TAKES:
+            value = taken.get("max_tokens" if field == "max_new_tokens" else field,
+                              VLLM_DEFAULTS[field])
+            value = 0 if field == "top_k" and value in (-1, None) else value
+            assert gate[field] == value, (name, field, gate[field], taken)
+    assert "top_k" not in taken and "temperature" in taken

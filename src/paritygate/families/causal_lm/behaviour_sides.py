@@ -163,15 +163,18 @@ class SideReducer:
             repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
 
 
-def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
-    """The side's sampling config with a seed independent of the other side's, drawn from the
-    gate's ``seed`` and the side's sampling-file ``seed``: a new gate seed is a fresh draw
-    (re-check a suspected false alarm on other samples), the same seed the same draw."""
+def side_sampling(ctx: LMContext, side: str, engine: str = "hf") -> SamplingSpec:
+    """The side's sampling config (the serving one as ``engine`` applies it) with a seed
+    independent of the other side's, drawn from the gate's ``seed`` and the side's
+    sampling-file ``seed``: a new gate seed is a fresh draw (re-check a suspected false alarm
+    on other samples), the same seed the same draw."""
     import hashlib
 
     from paritygate.engines.generation import SamplingSpec
+    from paritygate.families.causal_lm.engine_sampling import applied_by
 
-    sampling = (ctx.training_sampling if side == "training" else ctx.serving_sampling).spec()
+    sampling = (ctx.training_sampling if side == "training"
+                else applied_by(engine, ctx.serving_sampling)).spec()
     key = f"{ctx.config.seed}:{sampling.seed}:{side}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
@@ -201,7 +204,7 @@ def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: 
 
     spec = ctx.spec.behaviour
     assert spec is not None
-    sampling = side_sampling(ctx, side)
+    sampling = side_sampling(ctx, side, engine_name)
     tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
     if engine_name == "vllm":
         from paritygate.engines.vllm_engine import VLLMEngine
