@@ -108,12 +108,10 @@ def engine_diffs(ctx: LMContext, allow: dict[str, str], skip: frozenset[str]
     engine applies it (:mod:`~paritygate.families.causal_lm.engine_sampling`: vLLM reads a
     generation_config.json otherwise than HF), once, with the engines it holds for ('' when
     every configured engine) and the serving side it was read from."""
-    from paritygate.families.causal_lm.engine_sampling import applied_by
-
     engines = list(dict.fromkeys(ctx.spec.engines)) or ["hf"]
     found: dict[tuple[str, str, str], tuple[FieldDiff, list[str], SamplingFile]] = {}
     for engine in engines:
-        side = applied_by(engine, ctx.serving_sampling)
+        side = ctx.serving_applied(engine)
         for d in diff_sampling(ctx.training_sampling, side, allow, skip):
             key = (d.field, repr(d.training), repr(d.serving))
             found.setdefault(key, (d, [], side))[1].append(engine)
@@ -277,14 +275,16 @@ def _off_policy(
 
 
 def _note_vllm_reading(m: Measurement, ctx: LMContext) -> None:
-    """Say how a served generation_config.json is read where vLLM serves it."""
-    from paritygate.families.causal_lm.engine_sampling import ENGINES_READING_VLLM, VLLM_TAKES
-
-    engines = [e for e in ctx.spec.engines if e in ENGINES_READING_VLLM]
-    if engines and ctx.serving_sampling.format == "hf_generation_config":
-        m.note(f"{ctx.serving_sampling.path.name} compared as vLLM applies it under engine "
-               f"{', '.join(engines)}: only the fields it states of {', '.join(VLLM_TAKES)} "
-               "(and its EOS ids); every other field takes vLLM's default")
+    """Say which fields of a served generation_config.json an engine does not take from it
+    (vLLM: :mod:`~paritygate.families.causal_lm.engine_sampling`)."""
+    for engine in dict.fromkeys(ctx.spec.engines):
+        side = ctx.serving_applied(engine)
+        if side is ctx.serving_sampling:
+            continue
+        ignored = sorted(n for n, src in side.default_sources.items() if src.startswith("vLLM"))
+        m.note(f"{side.path.name} compared as engine {engine} applies it: {', '.join(ignored)} "
+               "take vLLM's defaults (vLLM takes only the sampling fields the file states of "
+               "temperature, top_k, top_p, min_p, the penalties and max_new_tokens)")
 
 
 def _jsonable(value: object) -> object:

@@ -171,10 +171,9 @@ def side_sampling(ctx: LMContext, side: str, engine: str = "hf") -> SamplingSpec
     import hashlib
 
     from paritygate.engines.generation import SamplingSpec
-    from paritygate.families.causal_lm.engine_sampling import applied_by
 
     sampling = (ctx.training_sampling if side == "training"
-                else applied_by(engine, ctx.serving_sampling)).spec()
+                else ctx.serving_applied(engine)).spec()
     key = f"{ctx.config.seed}:{sampling.seed}:{side}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})

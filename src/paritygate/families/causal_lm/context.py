@@ -62,11 +62,9 @@ class LMContext:
     serving_sampling: SamplingFile
     logprob_fn: Callable[..., Tensor]
     declared_dtype: tuple[str, str] | None = None
-    """``(config key, dtype)`` when the config states the serving dtype: a deliberate
-    precision change, judged by its precision tier rather than as a sampling difference."""
+    """``(config key, dtype)`` when the config states the serving dtype (judged by its tier)."""
     served_from: str = "causal_lm.model_dir"
-    """The config key the served directory came from (``causal_lm.model_dir`` when no serving
-    directory is configured: the training directory is served)."""
+    """The config key of the served directory (``causal_lm.model_dir``: none configured)."""
     family: str = "causal_lm"
     served_config_dtype: str | None = None
     """The dtype the served directory's ``config.json`` states (``None``: none)."""
@@ -233,9 +231,8 @@ class LMContext:
 
     def teacher_forced(self, generation: Generation) -> list[np.ndarray]:
         """The training model's logits over each row of ``generation`` (one batched forward,
-        no cache, computed once per generation): row ``i`` is ``(len(output_i) + 1, V)``,
-        the next-token logits at the last prompt position, each generated token and after the
-        last one. ``logits_agreement``, ``generation_parity`` and ``logprob_delta`` share it."""
+        no cache, once per generation): row ``i`` is ``(len(output_i) + 1, V)``, the logits at
+        the last prompt position, each generated token and after the last one (shared)."""
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
         done = self._teacher_forced
@@ -270,9 +267,8 @@ class LMContext:
 
     def close(self) -> None:
         """Shut down the engines this context started that hold processes (vLLM's engine
-        core and its workers). Called when the run ends, so the shutdown happens while the
-        streams vLLM's loggers write to are open, not in vLLM's exit-time finalizers (which
-        log to a stream the test runner has closed: "--- Logging error ---" tracebacks)."""
+        core and its workers), when the run ends: while the streams vLLM's loggers write to are
+        open, not in vLLM's exit-time finalizers ("--- Logging error ---" tracebacks)."""
         engine = self.__dict__.pop("_vllm_engine", None)
         close = getattr(engine, "close", None)
         if callable(close):
@@ -398,8 +394,12 @@ class LMContext:
         """Each engine's greedy generation, memoised (the checks share it)."""
         return {}
 
+    def serving_applied(self, engine: str) -> SamplingFile:
+        """The serving sampling config as ``engine`` applies it (:mod:`.engine_sampling`)."""
+        return applied_by(engine, self.serving_sampling)
+
     def _sample(self, engine: str) -> tuple[Generation, SamplingSpec]:
-        sampling = applied_by(engine, self.serving_sampling).spec()  # as the engine reads it
+        sampling = self.serving_applied(engine).spec()
         if sampling.seed is None:
             sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.config.seed})
         prompts = [p for p in self.prompts() for _ in range(self.spec.generation_samples)]
@@ -413,7 +413,7 @@ class LMContext:
         return self._greedies[engine]
 
     def _greedy(self, engine: str) -> Generation:
-        sampling = applied_by(engine, self.serving_sampling).spec().greedy()
+        sampling = self.serving_applied(engine).spec().greedy()
         extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
         return self.engine(engine).generate(self.prompts(), sampling, **extra)
 
