@@ -300,10 +300,8 @@ def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     """A dump's recorded ``routed_experts`` against the trainer's recompute on its tokens."""
     from paritygate.metrics.routed_dump import dump_layers
 
-    layers = dump_layers(m, ctx.dump_records(), ctx.reference_model(), layout, tie,
-                         pad_id=ctx.training_tokenizer.pad_token_id or 0,
-                         required=ctx.spec.routing is not None and ctx.spec.routing.dump_experts,
-                         dump_path=ctx.spec.engine.dump or ctx.config.base_dir)
+    layers = dump_layers(m, ctx.dump_summary(), ctx.reference_model(), layout, tie,
+                         pad_id=ctx.training_tokenizer.pad_token_id or 0)
     if layers is None:
         return False
     _record(m, layers, limits, prefix="dump_")

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
     from paritygate.config import GateConfig
     from paritygate.engines.dump_audit import DumpSummary
-    from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
@@ -363,12 +362,6 @@ class LMContext:
 
             self.dump = read_lm_dump(self.config, self.spec, self.model_dir)
         return self.dump
-
-    def dump_records(self) -> list[DumpRecord]:
-        """Every record of ``engine.dump`` in memory (``routing_agreement``'s one pass)."""
-        from paritygate.engines.rollout_dump import read_dump
-        dump = self.dump_summary()
-        return read_dump(dump.path, vocab_size=dump.vocab_size, num_experts=dump.num_experts)
 
     def dump_batches(self, greedy: bool) -> Iterator[Generation]:
         """The dump's greedy (or sampled) records as generations of a bounded batch, in file
