@@ -546,6 +546,31 @@ def repetition_penalty_declared(cfg: dict[str, Any], model: Path, out: Path) -> 
     cfg["causal_lm"]["training"]["logprob_applies"] = ["repetition_penalty"]
 
 
+def _served_generation_config(**fields: Any) -> Patch:
+    """Serve the demo's export under vLLM with its own generation_config.json (the serving
+    config by default): the demo's (EOS ids, ``max_new_tokens``) with ``fields`` set
+    (``None``: left out)."""
+    def patch(cfg: dict[str, Any], model: Path, out: Path) -> None:
+        served = _serving_copy(model, out, lambda state: None)
+        path = served / "generation_config.json"
+        data = {**json.loads(path.read_text()), **fields}
+        path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+        cfg["causal_lm"]["serving"] = {"model_dir": str(served)}
+        cfg["causal_lm"]["sampling"].pop("serving")
+        cfg["causal_lm"]["engines"] = ["vllm"]
+    return patch
+
+
+served_temperature_vllm = _served_generation_config(temperature=0.7)
+"""Fault: the served generation_config.json samples at 0.7, which vLLM applies as its default
+(the trainer samples at 1.0)."""
+served_hf_defaults_vllm = _served_generation_config(top_k=None, do_sample=None,
+                                                    min_new_tokens=0)
+"""Clean twin: the served file leaves ``top_k`` and ``do_sample`` out (HF would apply top-k 50
+and decode greedily) and states HF's default ``min_new_tokens``: vLLM applies none of them, no
+top-k (the trainer's ``top_k: -1``), sampling at the stated temperature 1.0."""
+
+
 @dataclass(frozen=True)
 class Fault:
     """A fault, the checks it must fail with the cause each names, and the other checks

@@ -35,8 +35,9 @@ def test_agreed_penalty_is_named_and_is_the_root(lm_variants) -> None:
     for check_id, cause in fault.causes.items():
         assert cause in lm_variants.evaluate(fault.name, check_id).message
     assert "repetition_penalty 1.3" in delta.message
-    signature = delta.details["penalty_signature"]
-    assert signature["fresh_raised"] >= 0.9 and signature["separation"] >= 3
+    fit = delta.details["penalty_fit"]  # the penalty predicts the engine's log-probs
+    assert fit["kind"] == "repetition_penalty" and fit["strength"] == pytest.approx(1.3, rel=0.01)
+    assert fit["explained"] > 0.99, fit
     explained, root = explain([config, delta])
     assert root is not None and (root.check, root.kind) == ("sampling_config",
                                                             "off_policy_transform")
@@ -51,9 +52,8 @@ def test_declared_penalty_is_the_clean_twin(lm_variants) -> None:
 
 @pytest.mark.parametrize("fault", ["stale_checkpoint", "min_p_one_side"])
 def test_other_faults_are_not_a_penalty(lm_variants, fault: str) -> None:
-    """Stale weights move repeated and fresh tokens alike; a min_p on the serving side alone
-    raises every kept token, repeated ones too (fresh ones more, 3.4 standard errors apart on
-    the demo): neither is a penalty's shape."""
+    """Stale weights move the logits of every token; a min_p on the serving side alone
+    raises every kept token: no penalty strength predicts either delta."""
     delta = lm_variants.evaluate(fault, "logprob_delta")
     assert delta.status == "fail" and "penalty_applied" not in delta.finding_kinds(), (
         delta.message)
@@ -92,3 +92,31 @@ def _behaviour(demo_lm: Path, out: Path, seed: int) -> Any:
     data["name"] = "bp-seed"
     return Gate(config_from_dict(data, out / "gate.yaml")).evaluate("behaviour_parity",
                                                                     golden=False)
+
+
+def test_served_generation_config_as_vllm_applies_it(demo_lm: Path, tmp_path: Path) -> None:
+    """A served generation_config.json under vLLM: a temperature it states is vLLM's default
+    (fault: field_differs), while top_k and do_sample it leaves out are not applied (clean
+    twin: the trainer's top_k -1 agrees). HF reads the same twin file with its own defaults
+    (top_k 50, greedy) and the gate says so under engine hf."""
+    from lm_zoo import served_hf_defaults_vllm, served_temperature_vllm
+
+    (tmp_path / "fault").mkdir()
+    fault = _gate(demo_lm, tmp_path / "fault", served_temperature_vllm).evaluate(
+        "sampling_config", golden=False)
+    assert fault.finding_kinds() == ["field_differs"], fault.message
+    assert "temperature differs: training 1.0 vs serving 0.7" in fault.message
+    (tmp_path / "twin").mkdir()
+    twin = _gate(demo_lm, tmp_path / "twin", served_hf_defaults_vllm).evaluate(
+        "sampling_config", golden=False)
+    assert twin.status == "pass", twin.message
+
+    def both(cfg: Any, model: Path, out: Path) -> None:
+        served_hf_defaults_vllm(cfg, model, out)
+        cfg["causal_lm"]["engines"] = ["hf", "vllm"]
+
+    (tmp_path / "hf").mkdir()
+    hf = _gate(demo_lm, tmp_path / "hf", both).evaluate("sampling_config", golden=False)
+    assert set(hf.finding_kinds()) == {"field_differs"}, hf.message
+    assert "top_k differs: training 0 vs serving 50" in hf.message
+    assert "under engine hf" in hf.message and "under engine vllm" not in hf.message

@@ -198,10 +198,10 @@ def test_penalty_clean_twin_passes(vllm_variants) -> None:
 
 def test_presence_penalty_named_on_vllm_refused_on_hf(demo_lm: Path, tmp_path: Path) -> None:
     """presence_penalty 1.5 on both sides: vLLM applies it, so sampling_config names it
-    off-policy and vllm_delta fails; HF generate has no presence penalty, so sampling with it
-    there is refused naming the field and the engine. (vllm_delta does not yet read this
-    penalty's shape from the delta: at 1.5 nats the sides decorrelate and the split by repeated
-    tokens reads as noise; the cause is sampling_config's.)"""
+    off-policy and vllm_delta names the penalty: a presence penalty of 1.5 on the tokens
+    already in the completion, applied to the trainer's logits, predicts vLLM's log-probs
+    (the residual collapses). HF generate has no presence penalty, so sampling with it there
+    is refused naming the field and the engine."""
     from lm_zoo import presence_penalty_both
 
     from paritygate.errors import InputError
@@ -212,7 +212,10 @@ def test_presence_penalty_named_on_vllm_refused_on_hf(demo_lm: Path, tmp_path: P
     assert "off_policy_transform" in config.finding_kinds(), config.message
     delta = gate.evaluate("vllm_delta", golden=False)
     _record("presence_penalty_both", "vllm_delta", delta)
-    assert delta.status == "fail", delta.message
+    assert "penalty_applied" in delta.finding_kinds(), delta.message
+    fit = delta.details["penalty_fit"]
+    assert fit["kind"] == "presence_penalty" and fit["strength"] == pytest.approx(1.5, rel=0.02)
+    assert fit["explained"] > 0.95, fit
     hf = _gate(demo_lm, tmp_path, "presence_hf", _patched(presence_penalty_both),
                engines=["hf"])
     with pytest.raises(InputError) as err:
@@ -259,3 +262,32 @@ def _patched(patch: Any) -> Any:
     from lm_zoo import Fault
 
     return Fault("patched", patch, {})
+
+
+def test_vllm_reads_a_served_generation_config_as_the_gate_does(demo_lm: Path,
+                                                                 tmp_path: Path) -> None:
+    """vLLM's own reading of the zoo's served generation_config.json files (its
+    ``ModelConfig.get_diff_sampling_param``; no engine started) is the gate's
+    (``engine_sampling.vllm_applies``): the fault's temperature 0.7 taken; the twin's top_k and
+    do_sample left out, so vLLM's defaults (no top-k, sampling)."""
+    from lm_zoo import clean_config, served_hf_defaults_vllm, served_temperature_vllm
+    from vllm.config import ModelConfig
+
+    from paritygate.families.causal_lm.engine_sampling import VLLM_TAKES, vllm_applies
+    from paritygate.families.causal_lm.sampling import VLLM_DEFAULTS, load_sampling_file
+
+    for name, patch in (("fault", served_temperature_vllm), ("twin", served_hf_defaults_vllm)):
+        (tmp_path / name).mkdir()
+        cfg = clean_config(demo_lm)
+        patch(cfg, demo_lm, tmp_path / name)
+        served = Path(cfg["causal_lm"]["serving"]["model_dir"])
+        side = load_sampling_file(served / "generation_config.json", trainer=False,
+                                  side_defaults={})
+        gate = vllm_applies(side).values
+        taken = ModelConfig(model=str(served), dtype="float32").get_diff_sampling_param()
+        for field in VLLM_TAKES:
+            value = taken.get("max_tokens" if field == "max_new_tokens" else field,
+                              VLLM_DEFAULTS[field])
+            value = 0 if field == "top_k" and value in (-1, None) else value
+            assert gate[field] == value, (name, field, gate[field], taken)
+    assert "top_k" not in taken and "temperature" in taken

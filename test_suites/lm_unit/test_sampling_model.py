@@ -5,6 +5,7 @@ delta."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ from paritygate.engines.generation import HF_APPLIES, VLLM_APPLIES, SamplingSpec
 from paritygate.engines.vllm_engine import sampling_params_kwargs
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.sampling import TRAINER_DEFAULTS, load_sampling_file
-from paritygate.metrics.logprob_penalty import penalty_signature, repeated_mask
 
 
 def _load(tmp_path: Path, text: str, name: str = "s.yaml", trainer: bool = False) -> SamplingSpec:
@@ -70,57 +70,98 @@ def test_verl_response_length_is_max_new_tokens(tmp_path: Path) -> None:
     assert spec.max_new_tokens == 24
 
 
-def _penalised(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    prompts = [list(rng.integers(0, 50, 6)) for _ in range(16)]
-    outputs = [list(rng.integers(0, 50, 12)) for _ in range(16)]
-    repeated = repeated_mask(prompts, outputs, 12)
-    noise = rng.normal(0, 0.01, (16, 12))
-    return repeated, np.ones((16, 12), bool), noise
+def _engine_logprobs(logits: np.ndarray, prompt: list[int], output: list[int], *,
+                     repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0,
+                     temperature: float = 1.0) -> np.ndarray:
+    """vLLM's sampler written out per step: repetition on prompt + completion so far, then
+    frequency and presence on the completion so far, then the temperature."""
+    out = []
+    for j, token in enumerate(output):
+        z = logits[j].astype(np.float64).copy()
+        seen = np.zeros(z.size, bool)
+        seen[list(prompt) + output[:j]] = True
+        counts = np.bincount(np.asarray(output[:j], np.int64), minlength=z.size)
+        z = np.where(seen, np.where(z > 0, z / repetition, z * repetition), z)
+        z = z - frequency * counts - presence * (counts > 0)
+        z = z / temperature
+        out.append(z[token] - np.log(np.exp(z - z.max()).sum()) - z.max())
+    return np.array(out)
 
 
-def test_penalty_shape_is_named() -> None:
-    repeated, valid, noise = _penalised(np.random.default_rng(0))
-    delta = noise + np.where(repeated, 0.3, -0.05)  # served lowered repeated tokens
-    assert penalty_signature(delta, valid, repeated, 1e-3).penalty
+def _trainer_sample(seed: int, vocab: int = 40, rows: int = 12, length: int = 16
+                    ) -> tuple[list[np.ndarray], list[list[int]], list[list[int]]]:
+    """Logits over a small vocabulary with a repetitive completion (tokens drawn from a few)."""
+    rng = np.random.default_rng(seed)
+    logits = [rng.normal(0, 2.0, (length + 1, vocab)) for _ in range(rows)]
+    prompts = [list(rng.integers(0, vocab, 5)) for _ in range(rows)]
+    outputs = [list(rng.integers(0, 12, length)) for _ in range(rows)]
+    return logits, prompts, outputs
 
 
-def test_noise_and_weights_are_not_a_penalty() -> None:
-    rng = np.random.default_rng(1)
-    repeated, valid, noise = _penalised(rng)
-    assert not penalty_signature(noise, valid, repeated, 1e-3).penalty
-    other_weights = rng.normal(0, 0.3, noise.shape)
-    assert not penalty_signature(other_weights, valid, repeated, 1e-3).penalty
-    # an engine that raises repeated tokens is not a penalty either
-    assert not penalty_signature(np.where(repeated, -0.3, 0.02), valid, repeated, 1e-3).penalty
-    # nor one that raises every token but one (a minimum length masking EOS)
-    assert not penalty_signature(np.full(noise.shape, -0.1), valid, repeated, 1e-3).penalty
-    # nor a truncation on one side (min_p): every kept token raised, fresh ones more (measured
-    # on the demo's min_p_one_side: repeated -0.011, fresh -0.024 nats, 3.4 standard errors)
-    truncated = noise * 0.1 + np.where(repeated, -0.011, -0.024)
-    assert not penalty_signature(truncated, valid, repeated, 1e-4).penalty
+def _fit(logits: list[np.ndarray], prompts: list[list[int]], outputs: list[list[int]],
+         engine: list[np.ndarray], applied: dict[str, float] | None = None,
+         trainer: list[np.ndarray] | None = None, temperature: float = 1.0) -> Any:
+    from paritygate.metrics.logprob_penalty import fit_penalty, seen_tokens
+
+    trainer = trainer or [_engine_logprobs(z, p, o, temperature=temperature, **{
+        k.split("_")[0]: v for k, v in (applied or {}).items()})
+        for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    valid = np.ones((len(outputs), len(outputs[0])), bool)
+    delta = np.concatenate([t - e for t, e in zip(trainer, engine, strict=True)])
+    seen = seen_tokens(logits, prompts, outputs, valid, temperature)
+    return fit_penalty(seen, delta, applied)
 
 
-def test_repeated_mask_counts_prompt_and_earlier_tokens() -> None:
-    mask = repeated_mask([[1, 2]], [[3, 1, 3, 4]], 5)
-    assert mask.tolist() == [[False, True, True, False, False]]
+@pytest.mark.parametrize("kind,value", [("presence", 1.5), ("frequency", 0.7),
+                                        ("repetition", 1.3), ("presence", 0.3)])
+def test_the_penalty_that_predicts_the_delta_is_named(kind: str, value: float) -> None:
+    """A penalty the engine applies, whatever its strength (presence 1.5 decorrelates the two
+    sides, which a sign split over repeated tokens read as noise): the fitted penalty predicts
+    the engine's log-probs and the residual collapses."""
+    logits, prompts, outputs = _trainer_sample(0)
+    engine = [_engine_logprobs(z, p, o, temperature=0.8, **{kind: value})
+              for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    found = _fit(logits, prompts, outputs, engine, temperature=0.8)
+    assert found.penalty and found.kind == f"{kind}_penalty", found
+    assert found.strength == pytest.approx(value, rel=1e-3)
+    assert found.explained > 0.999 and found.residual_rms < 1e-3 * found.delta_rms
 
 
-def test_a_presence_penalty_counts_the_completion_alone() -> None:
-    """vLLM's presence penalty lowers tokens repeated within the completion only; tokens that
-    repeat the prompt alone are raised like fresh ones, which dilutes the prompt-or-completion
-    split below significance: the completion-alone split names it."""
-    from paritygate.metrics.logprob_penalty import read_penalty
+def test_a_declared_penalty_is_the_base() -> None:
+    """The trainer applies presence 1.5 (declared): no delta, no penalty; the engine at 2.0
+    while the trainer applies 1.5 is named with strength 2.0 over a base of 1.5."""
+    logits, prompts, outputs = _trainer_sample(1)
+    same = [_engine_logprobs(z, p, o, presence=1.5)
+            for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    applied = {"presence_penalty": 1.5}
+    agreed = _fit(logits, prompts, outputs, same, applied)
+    assert not agreed.penalty
+    more = [_engine_logprobs(z, p, o, presence=2.0)
+            for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    found = _fit(logits, prompts, outputs, more, applied)
+    assert found.penalty and found.strength == pytest.approx(2.0, rel=1e-3) and found.base == 1.5
 
-    rng = np.random.default_rng(3)
-    prompts = [list(range(60)) for _ in range(16)]  # every completion token repeats the prompt
-    outputs = [list(rng.integers(0, 60, 12)) for _ in range(16)]
-    in_completion = repeated_mask([[] for _ in outputs], outputs, 12)
-    delta = rng.normal(0, 0.002, (16, 12)) + np.where(in_completion, 0.4, -0.02)
-    valid = np.ones((16, 12), bool)
-    assert not penalty_signature(delta, valid, repeated_mask(prompts, outputs, 12), 1e-4).penalty
-    found = read_penalty(delta, valid, prompts, outputs, 1e-4)
-    assert found.penalty and found.seen_in == "completion"
-    assert not read_penalty(rng.normal(0, 0.3, (16, 12)), valid, prompts, outputs, 1e-4).penalty
+
+def test_other_weights_noise_and_truncation_are_not_a_penalty() -> None:
+    """Other weights (the engine's logits moved by noise), precision noise and a truncation on
+    the engine side (min_p: kept tokens raised, repeated ones too) are predicted by no penalty
+    strength: most of the delta stays."""
+    logits, prompts, outputs = _trainer_sample(2)
+    rng = np.random.default_rng(5)
+    stale = [_engine_logprobs(z + rng.normal(0, 0.5, z.shape), p, o)
+             for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    assert not _fit(logits, prompts, outputs, stale).penalty
+    clean = [_engine_logprobs(z, p, o) for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    noisy = [c + rng.normal(0, 1e-6, c.shape) for c in clean]
+    assert not _fit(logits, prompts, outputs, noisy).penalty
+
+    def min_p(z: np.ndarray) -> np.ndarray:
+        prob = np.exp(z - z.max(-1, keepdims=True))
+        return np.where(prob >= 0.05 * prob.max(-1, keepdims=True), z, -1e9)
+
+    truncated = [_engine_logprobs(min_p(z), p, o)
+                 for z, p, o in zip(logits, prompts, outputs, strict=True)]
+    assert not _fit(logits, prompts, outputs, truncated).penalty
 
 
 def test_hf_repetition_penalty_leaves_a_rows_pads_out() -> None:
@@ -139,3 +180,22 @@ def test_hf_repetition_penalty_leaves_a_rows_pads_out() -> None:
     expected = torch.tensor([[2.0, 2.0 / 1.3, -1.0, 2.0 / 1.3, 1.0],  # the pad id untouched
                              [2.0 / 1.3, 2.0 / 1.3, -1.3, 2.0 / 1.3, 1.0]])  # a real 0 seen
     assert torch.equal(out, expected)
+
+
+def test_vllm_applies_the_stated_non_default_fields(tmp_path: Path) -> None:
+    """vLLM takes a generation_config.json's stated temperature, top-k, top-p, min-p,
+    penalties and max_new_tokens as its defaults; do_sample, min_new_tokens and stop strings
+    it ignores, and a field left out takes vLLM's default, not HF's."""
+    from paritygate.families.causal_lm.engine_sampling import applied_by
+
+    path = tmp_path / "generation_config.json"
+    path.write_text('{"transformers_version": "5.19.0", "temperature": 0.7, "do_sample": false,'
+                    ' "min_new_tokens": 3, "stop_strings": ["."], "max_new_tokens": 24}')
+    side = load_sampling_file(path, trainer=False, side_defaults={})
+    assert side.values["top_k"] == 50 and not side.values["do_sample"]  # HF's reading
+    vllm = applied_by("vllm", side)
+    assert vllm.values["temperature"] == 0.7 and vllm.values["max_new_tokens"] == 24
+    assert vllm.values["top_k"] == 0 and vllm.values["do_sample"]
+    assert vllm.values["min_new_tokens"] == 0 and vllm.values["stop"] == []
+    assert "vLLM's default" in vllm.source("top_k")
+    assert applied_by("hf", side) is side and applied_by("endpoint", side).values == vllm.values

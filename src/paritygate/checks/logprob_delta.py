@@ -126,8 +126,8 @@ def measure_delta(
         _temperature_fit(m, ctx, delta.fit, training)
     breached = next((n for n, metric in m.metrics.items() if metric.breaches()), None)
     # Whatever the labels: a strong penalty (presence 1.5) decorrelates the two sides' log-probs
-    # as a misalignment does, and its shape is what tells the two apart.
-    penalised = breached is not None and _penalty(m, ctx, delta.fit, serving, tier)
+    # as a misalignment does; that a penalty predicts the delta is what tells the two apart.
+    penalised = breached is not None and _penalty(m, ctx, delta.fit, serving, engine_mode)
     diagnosis = (f"a penalty's shape (penalty_applied), read by the labels as {stats.diagnosis}"
                  if penalised else stats.diagnosis)
     if breached is not None:  # a plain breach: its diagnosis and worst tokens, for people
@@ -324,21 +324,29 @@ def _named_causes(
 
 
 def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSpec,
-             tier: Mapping[str, float]) -> bool:
-    """Name a penalty from the delta's shape: served log-probs lowered on the tokens already in
-    the context (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say. Read on
+             engine_mode: str) -> bool:
+    """Name a penalty when one predicts the delta: the trainer's logits with a fitted
+    repetition, presence or frequency penalty on the tokens already seen give the engine's
+    log-probs (:mod:`paritygate.metrics.logprob_penalty`), whatever the configs say. Read on
     the fit sample (an engine's whole generation; a dump's first records)."""
-    from paritygate.metrics.logprob_penalty import read_penalty
+    from paritygate.metrics.logprob_penalty import fit_penalty, seen_tokens
 
+    if engine_mode != "processed":
+        return False  # raw log-probs are read before any penalty
     generation = fit.generation
     logp_train, _, mask = ctx.generations.recompute(generation)
     train, infer = np.asarray(logp_train, np.float64), np.asarray(fit.logp_infer, np.float64)
     valid = np.asarray(mask, bool) & np.isfinite(train) & np.isfinite(infer)
-    with np.errstate(invalid="ignore"):
-        signature = read_penalty(np.where(valid, train - infer, 0.0), valid, generation.prompt_ids,
-                                 generation.output_ids, float(tier["delta_max_abs"]))
-    m.details["penalty_signature"] = signature.as_details()
-    if not signature.penalty:
+    if not valid.any():
+        return False
+    training = ctx.training.sampling.spec()
+    applied = {name: float(getattr(training, name))
+               for name in ctx.spec.training.logprob_applies if hasattr(training, name)}
+    seen = seen_tokens(ctx.generations.teacher_forced(generation), generation.prompt_ids,
+                       generation.output_ids, valid, serving.temperature)
+    found = fit_penalty(seen, (train - infer)[valid], applied)
+    m.details["penalty_fit"] = found.as_details()
+    if not found.penalty:
         return False
     stated = [f"{name} {value:g}" for name, value, neutral in (
         ("repetition_penalty", serving.repetition_penalty, 1.0),
@@ -347,7 +355,7 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
     source = (f"the serving config sets {', '.join(stated)} (see sampling_config)" if stated
               else "no penalty in the serving config: does the engine add one?")
     m.fail("penalty_applied",
-           f"a penalty on repeated tokens: {signature.describe()}; {source}: the engine's "
+           f"a penalty on repeated tokens: {found.describe()}; {source}: the engine's "
            "log-probs are of the penalised distribution the trainer's recompute does not apply")
     return True
 

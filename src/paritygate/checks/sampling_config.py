@@ -102,6 +102,23 @@ def declared_dtype_reason(spec: CausalLMSpec, key: str, dtype: str) -> str:
             "and generation_parity")
 
 
+def engine_diffs(ctx: LMContext, allow: dict[str, str], skip: frozenset[str]
+                 ) -> list[tuple[FieldDiff, str, SamplingFile]]:
+    """Each difference between the training config and the serving config as a serving
+    engine applies it (:mod:`~paritygate.families.causal_lm.engine_sampling`: vLLM reads a
+    generation_config.json otherwise than HF), once, with the engines it holds for ('' when
+    every configured engine) and the serving side it was read from."""
+    engines = list(dict.fromkeys(ctx.spec.engines)) or ["hf"]
+    found: dict[tuple[str, str, str], tuple[FieldDiff, list[str], SamplingFile]] = {}
+    for engine in engines:
+        side = ctx.serving_applied(engine)
+        for d in diff_sampling(ctx.training.sampling, side, allow, skip):
+            key = (d.field, repr(d.training), repr(d.serving))
+            found.setdefault(key, (d, [], side))[1].append(engine)
+    return [(d, "" if len(names) == len(engines) else ", ".join(names), side)
+            for d, names, side in found.values()]
+
+
 PADDING_FIELDS = frozenset({"padding_side", "truncation_side"})
 """Fields that matter only where the serving engine pads or truncates a batch (HF generate)."""
 
@@ -257,6 +274,19 @@ def _off_policy(
                                for label, found in sides.items()}
 
 
+def _note_vllm_reading(m: Measurement, ctx: LMContext) -> None:
+    """Say which fields of a served generation_config.json an engine does not take from it
+    (vLLM: :mod:`~paritygate.families.causal_lm.engine_sampling`)."""
+    for engine in dict.fromkeys(ctx.spec.engines):
+        side = ctx.serving_applied(engine)
+        if side is ctx.serving.sampling:
+            continue
+        ignored = sorted(n for n, src in side.default_sources.items() if src.startswith("vLLM"))
+        m.note(f"{side.path.name} compared as engine {engine} applies it: {', '.join(ignored)} "
+               "take vLLM's defaults (vLLM takes only the sampling fields the file states of "
+               "temperature, top_k, top_p, min_p, the penalties and max_new_tokens)")
+
+
 def _jsonable(value: object) -> object:
     return value if isinstance(value, (int, float, str, bool, list)) or value is None else (
         {str(k): v for k, v in value.items()} if isinstance(value, dict) else str(value))
@@ -300,15 +330,17 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         m.note(f"not compared: {', '.join(sorted(unpadded))} (the serving engines, "
                f"{', '.join(ctx.spec.engines)}, send every prompt alone: no batch is padded or "
                "truncated, and the serving sampling config does not state them)")
-    diffs = diff_sampling(training, serving, allow, unpadded)
+    found = engine_diffs(ctx, allow, unpadded)
+    diffs = [d for d, _, _ in found]
     unexplained = [d for d in diffs if d.allowed_reason is None]
-    for d in unexplained:
-        m.fail(
-            "field_differs",
-            f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
-            f"({training.source(d.field)} vs {serving.source(d.field)})"
-        )
+    for d, engines, side in found:
+        if d.allowed_reason is None:
+            m.fail("field_differs",
+                   f"{d.field} differs: training {d.training!r} vs serving {d.serving!r} "
+                   f"({training.source(d.field)} vs {side.source(d.field)})"
+                   + (f" under engine {engines}" if engines else ""))
     _off_policy(m, training, serving, set(ctx.spec.training.logprob_applies))
+    _note_vllm_reading(m, ctx)
     for d in diffs:
         if d.allowed_reason is not None:
             m.note(f"{d.field} differs (allowed: {d.allowed_reason})")

@@ -1,121 +1,184 @@
-"""A penalty's signature in a token log-prob delta: served log-probs lowered on repeated tokens.
+"""A penalty read from a token log-prob delta: the penalty that predicts it, fitted.
 
-A repetition, presence or frequency penalty lowers the served logits of tokens already in the
-context, so the engine's log-prob of a sampled token that appeared before (in the prompt or
-earlier in the completion) is lower than the trainer's (``delta = trainer - engine > 0``),
-while a fresh token's is higher, always (the mass the penalty took from the seen tokens is
-renormalised onto the others: ``delta < 0`` for every fresh token, by as much as the penalised
-tokens held). Precision noise and different weights do not depend on whether a token was seen
-before and move fresh tokens both ways; a truncation on one side (min_p, top-k, top-p) raises
-every kept token, the repeated ones too. :func:`penalty_signature` splits the delta by that.
+A repetition, presence or frequency penalty moves known logits by a known rule before the
+temperature (vLLM's sampler and HF's processors alike): repetition ``r`` divides a positive
+logit (multiplies a negative one) of every token already in the prompt or completion;
+presence ``p`` subtracts ``p`` from each token already in the completion, frequency ``f``
+subtracts ``f`` times its count there. From the trainer's own logits the engine's log-prob of
+each sampled token under a penalty of strength ``s`` is therefore computable, renormalisation
+included. :func:`fit_penalty` fits ``s`` for each kind to the observed delta (trainer minus
+engine) and reports the share of the squared delta the best one removes: a penalty leaves
+almost no residual, different weights, precision noise or a truncation on one side leave most
+of it (no penalty strength predicts them).
+
+Only the tokens a penalty touches enter the renormalisation, so each evaluation reads the
+seen tokens' logits per position, not the vocabulary: a penalty's sum over the seen tokens
+``S`` is ``lse' = lse + log(1 + sum_{v in S} p_v (exp((z'_v - z_v) / T) - 1))``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-SEPARATION_SIGMAS = 3.0
-"""The repeated tokens' mean delta must exceed the fresh tokens' by this many standard errors."""
-FRESH_RAISED = 0.9
-"""Share of the fresh tokens that moved (beyond the noise floor) whose served log-prob rose: a
-penalty raises every one of them; noise and other weights raise about half."""
-MIN_TOKENS = 4
-"""Tokens each group needs before the split is read."""
+PENALTY_EXPLAINED = 0.8
+"""A penalty is named when its fitted strength removes this share of the squared delta."""
+
+KINDS: dict[str, tuple[float, float, float]] = {
+    # kind: (neutral value, largest fitted value, smallest change that counts)
+    "repetition_penalty": (1.0, 4.0, 0.02),
+    "presence_penalty": (0.0, 4.0, 0.05),
+    "frequency_penalty": (0.0, 4.0, 0.05),
+}
+"""The penalties fitted: the neutral value, the bound of the fit and the least change named."""
+
+SEEN_IN = {"repetition_penalty": "prompt or completion", "presence_penalty": "completion",
+           "frequency_penalty": "completion"}
 
 
 @dataclass(frozen=True)
-class PenaltySignature:
-    """The delta split by "the sampled token appeared before in prompt + completion"."""
+class PenaltyFit:
+    """The penalty that best predicts the delta, and how much of it it explains."""
 
-    repeated_tokens: int
-    fresh_tokens: int
-    repeated_mean: float
-    """Mean ``trainer - engine`` log-prob over repeated tokens (a penalty makes it > 0)."""
-    fresh_mean: float
-    separation: float
-    """``(repeated_mean - fresh_mean)`` in standard errors of the difference."""
-    fresh_raised: float
-    """Share of the fresh tokens beyond the noise floor whose served log-prob is the higher."""
-    seen_in: str = "prompt or completion"
-    """Where a repeated token was seen before: ``prompt or completion`` (a repetition penalty)
-    or ``completion`` (vLLM's presence and frequency penalties count the completion only)."""
+    kind: str
+    strength: float
+    """The fitted value (``repetition_penalty`` 1.3, ``presence_penalty`` 1.5, ...)."""
+    base: float
+    """The value the trainer's recompute applies (the neutral one unless declared)."""
+    explained: float
+    """``1 - SSE(fitted) / SSE(base)``: the share of the squared delta the penalty removes."""
+    tokens: int
+    delta_rms: float
+    residual_rms: float
 
     @property
     def penalty(self) -> bool:
-        """Whether the delta has a penalty's shape: repeated tokens lowered on the served side
-        (on average, not only relative to fresh ones: a truncation on one side, such as min_p,
-        raises every kept token, repeated or not), significantly more than fresh ones, and
-        nearly every fresh token that moved raised."""
-        return (self.repeated_tokens >= MIN_TOKENS and self.fresh_tokens >= MIN_TOKENS
-                and self.repeated_mean > 0.0 and self.separation >= SEPARATION_SIGMAS
-                and self.fresh_raised >= FRESH_RAISED)
+        """Whether a penalty explains the delta: most of it removed by a strength that differs
+        from the trainer's."""
+        least = KINDS[self.kind][2]
+        return self.explained >= PENALTY_EXPLAINED and abs(self.strength - self.base) > least
 
     def describe(self) -> str:
-        return (f"repeated tokens (seen before in {self.seen_in}) score "
-                f"{self.repeated_mean:+.3g} nats trainer minus engine on average over "
-                f"{self.repeated_tokens} tokens, fresh tokens {self.fresh_mean:+.3g} over "
-                f"{self.fresh_tokens} ({self.separation:.1f} standard errors apart), and "
-                f"{self.fresh_raised:.0%} of the fresh tokens that moved score higher on the "
-                "engine (the mass a penalty takes from repeated tokens goes to the others)")
+        return (f"{self.kind} {self.strength:.3g} on the tokens already in the "
+                f"{SEEN_IN[self.kind]} (the trainer's recompute applies {self.base:g}) predicts "
+                f"the engine's log-probs from the trainer's logits: it explains "
+                f"{self.explained:.0%} of the squared delta over {self.tokens} tokens (rms "
+                f"{self.delta_rms:.3g} -> {self.residual_rms:.3g} nats)")
 
-    def as_details(self) -> dict[str, float | str]:
-        return {"repeated_tokens": self.repeated_tokens, "fresh_tokens": self.fresh_tokens,
-                "repeated_mean": self.repeated_mean, "fresh_mean": self.fresh_mean,
-                "separation": self.separation, "fresh_raised": self.fresh_raised,
-                "seen_in": self.seen_in}
+    def as_details(self) -> dict[str, float | str | int]:
+        return {"kind": self.kind, "strength": self.strength, "base": self.base,
+                "explained": self.explained, "tokens": self.tokens,
+                "delta_rms": self.delta_rms, "residual_rms": self.residual_rms,
+                "seen_in": SEEN_IN[self.kind]}
 
 
-def repeated_mask(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-                  width: int) -> np.ndarray:
-    """``(B, width)``: token ``j`` of completion ``i`` already appeared in prompt ``i`` or in
-    the completion's first ``j`` tokens."""
-    mask = np.zeros((len(outputs), width), dtype=bool)
+@dataclass(frozen=True)
+class SeenTokens:
+    """Per compared token ``n``: the sampled token's scaled logit, the softmax's log-normaliser,
+    and the tokens seen before it (padded to one width, ``mask`` marking the real ones) with
+    their scaled logits, probabilities, completion counts and whether the token is the sampled
+    one."""
+
+    temperature: float
+    token_logit: np.ndarray  # (N,) z_t (unscaled)
+    lse: np.ndarray  # (N,) logsumexp(z / T)
+    logits: np.ndarray  # (N, S) z_v (unscaled)
+    probs: np.ndarray  # (N, S) softmax(z / T)_v
+    counts: np.ndarray  # (N, S) occurrences in the completion so far
+    is_token: np.ndarray  # (N, S) v is the sampled token
+    mask: np.ndarray  # (N, S)
+
+    def logprobs(self, values: Mapping[str, float]) -> np.ndarray:
+        """The sampled tokens' log-probs under the penalties ``values`` (kind -> strength)."""
+        rep = values.get("repetition_penalty", 1.0)
+        z = np.where(self.logits > 0, self.logits / rep, self.logits * rep)
+        z = z - values.get("frequency_penalty", 0.0) * self.counts
+        z = z - values.get("presence_penalty", 0.0) * (self.counts > 0)
+        shift = np.where(self.mask, (z - self.logits) / self.temperature, 0.0)
+        with np.errstate(over="ignore"):
+            moved = (self.probs * np.expm1(shift)).sum(-1)
+        lse = self.lse + np.log1p(np.maximum(moved, -1.0 + 1e-300))
+        token_shift = (shift * self.is_token).sum(-1)
+        return (self.token_logit / self.temperature + token_shift) - lse
+
+
+def seen_tokens(rows: Sequence[np.ndarray], prompts: Sequence[Sequence[int]],
+                outputs: Sequence[Sequence[int]], valid: np.ndarray,
+                temperature: float) -> SeenTokens:
+    """Gather, for every ``valid[i, j]`` token, what :class:`SeenTokens` holds. ``rows[i]`` are
+    the trainer's next-token logits over completion ``i`` (row ``j`` predicts token ``j``)."""
+    t = temperature if temperature > 0 else 1.0
+    items: list[tuple[float, float, np.ndarray, np.ndarray, np.ndarray, int]] = []
     for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
-        seen = set(prompt)
-        for j, token in enumerate(output[:width]):
-            mask[i, j] = token in seen
-            seen.add(token)
-    return mask
+        counts: dict[int, int] = {}
+        in_prompt = set(int(x) for x in prompt)
+        for j, token in enumerate(output[: valid.shape[1]]):
+            if valid[i, j]:
+                z = np.asarray(rows[i][j], np.float64)
+                scaled = z / t
+                top = float(scaled.max())
+                lse = top + math.log(float(np.exp(scaled - top).sum()))
+                ids = np.fromiter(sorted(in_prompt | counts.keys()), np.int64)
+                cnt = np.array([counts.get(int(v), 0) for v in ids], np.float64)
+                items.append((float(z[int(token)]), lse, ids, z[ids], cnt, int(token)))
+            counts[int(token)] = counts.get(int(token), 0) + 1
+    width = max((len(item[2]) for item in items), default=0)
+    n = len(items)
+    logits, probs, cnts = (np.zeros((n, width)) for _ in range(3))
+    is_token, mask = np.zeros((n, width), bool), np.zeros((n, width), bool)
+    for k, (_, lse, ids, z_seen, cnt, token) in enumerate(items):
+        m = len(ids)
+        logits[k, :m], cnts[k, :m], mask[k, :m] = z_seen, cnt, True
+        probs[k, :m] = np.exp(z_seen / t - lse)
+        is_token[k, :m] = ids == token
+    return SeenTokens(t, np.array([it[0] for it in items]), np.array([it[1] for it in items]),
+                      logits, probs, cnts, is_token, mask)
 
 
-def penalty_signature(delta: np.ndarray, valid: np.ndarray, repeated: np.ndarray,
-                      floor: float = 0.0) -> PenaltySignature:
-    """Split ``delta`` (``(B, L)`` trainer minus engine log-probs) over the ``valid`` tokens by
-    ``repeated`` (:func:`repeated_mask`); fresh tokens within ``floor`` of zero (the precision
-    tier's noise) are not counted as moved."""
-    rep = delta[valid & repeated].astype(np.float64)
-    fresh = delta[valid & ~repeated].astype(np.float64)
-    moved = fresh[np.abs(fresh) > floor]
-    raised = float((moved < 0).mean()) if moved.size else 0.0
-    if rep.size < 2 or fresh.size < 2:
-        return PenaltySignature(int(rep.size), int(fresh.size),
-                                float(rep.mean()) if rep.size else 0.0,
-                                float(fresh.mean()) if fresh.size else 0.0, 0.0, raised)
-    gap = float(rep.mean() - fresh.mean())
-    stderr = math.sqrt(rep.var(ddof=1) / rep.size + fresh.var(ddof=1) / fresh.size)
-    # a gap within the noise floor is no evidence, however small the spread
-    separation = gap / stderr if stderr > 0 and gap > floor else 0.0
-    return PenaltySignature(int(rep.size), int(fresh.size), float(rep.mean()),
-                            float(fresh.mean()), separation, raised)
+def fit_penalty(seen: SeenTokens, delta: np.ndarray,
+                applied: Mapping[str, float] | None = None) -> PenaltyFit:
+    """The penalty kind and strength that best predict ``delta`` (trainer minus engine
+    log-prob of each token :func:`seen_tokens` gathered, same order), the trainer's recompute
+    applying ``applied`` (kind -> value it declares) and the engine the same with one kind's
+    value fitted. Golden-section search per kind over ``[neutral, bound]``."""
+    base_values = {kind: (applied or {}).get(kind, KINDS[kind][0]) for kind in KINDS}
+    observed = np.asarray(delta, np.float64)
+    base = seen.logprobs(base_values)
+    total = float(np.square(observed).sum())
+    best: PenaltyFit | None = None
+    for kind, (neutral, bound, _) in KINDS.items():
+
+        def sse(value: float, kind: str = kind) -> float:
+            predicted = base - seen.logprobs({**base_values, kind: value})
+            return float(np.square(observed - predicted).sum())
+
+        value = _golden(sse, neutral, bound)
+        residual = sse(value)
+        explained = 1.0 - residual / total if total > 0 else 0.0
+        fit = PenaltyFit(kind, value, base_values[kind], explained, observed.size,
+                         math.sqrt(total / max(1, observed.size)),
+                         math.sqrt(residual / max(1, observed.size)))
+        if best is None or fit.explained > best.explained:
+            best = fit
+    assert best is not None
+    return best
 
 
-def read_penalty(delta: np.ndarray, valid: np.ndarray, prompts: Sequence[Sequence[int]],
-                 outputs: Sequence[Sequence[int]], floor: float = 0.0) -> PenaltySignature:
-    """The delta's penalty signature with tokens counted as repeated when seen before in the
-    prompt or completion (a repetition penalty), else in the completion alone (a presence or
-    frequency penalty, whose unpenalised prompt repeats would dilute the first split): the
-    first with a penalty's shape, else the first."""
-    width = delta.shape[1]
-    context = penalty_signature(delta, valid, repeated_mask(prompts, outputs, width), floor)
-    if context.penalty:
-        return context
-    alone = penalty_signature(delta, valid, repeated_mask([[] for _ in outputs], outputs, width),
-                              floor)
-    if not alone.penalty:
-        return context
-    return PenaltySignature(alone.repeated_tokens, alone.fresh_tokens, alone.repeated_mean,
-                            alone.fresh_mean, alone.separation, alone.fresh_raised, "completion")
+def _golden(fn: Callable[[float], float], lo: float, hi: float, steps: int = 48) -> float:
+    """The minimiser of the one-dimensional ``fn`` on ``[lo, hi]`` (golden-section search)."""
+    g = (math.sqrt(5) - 1) / 2
+    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
+    fc, fd = fn(c), fn(d)
+    for _ in range(steps):
+        if fc < fd:
+            hi, d, fd = d, c, fc
+            c = hi - g * (hi - lo)
+            fc = fn(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + g * (hi - lo)
+            fd = fn(d)
+    return (lo + hi) / 2

@@ -169,15 +169,17 @@ class SideReducer:
             repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
 
 
-def side_sampling(side: LMSide, gate_seed: int) -> SamplingSpec:
-    """The side's sampling config with a seed independent of the other side's, drawn from the
-    gate's ``seed`` and the side's sampling-file ``seed``: a new gate seed is a fresh draw
-    (re-check a suspected false alarm on other samples), the same seed the same draw."""
+def side_sampling(side: LMSide, gate_seed: int, engine: str = "hf") -> SamplingSpec:
+    """The side's sampling config (the serving one as ``engine`` applies it) with a seed
+    independent of the other side's, drawn from the gate's ``seed`` and the side's
+    sampling-file ``seed``: a new gate seed is a fresh draw (re-check a suspected false alarm
+    on other samples), the same seed the same draw."""
     import hashlib
 
     from paritygate.engines.generation import SamplingSpec
+    from paritygate.families.causal_lm.engine_sampling import applied_by
 
-    sampling = side.sampling.spec()
+    sampling = (side.sampling if side.trainer else applied_by(engine, side.sampling)).spec()
     key = f"{gate_seed}:{sampling.seed}:{side.name}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
@@ -215,7 +217,9 @@ def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_
     from paritygate.engines.openai_endpoint import EndpointEngine
     from paritygate.engines.vllm_engine import VLLMEngine
 
-    sampling = side_sampling(side, gate_seed)
+    name = ("vllm" if isinstance(engine, VLLMEngine)
+            else "endpoint" if isinstance(engine, EndpointEngine) else "hf")
+    sampling = side_sampling(side, gate_seed, name)
     if isinstance(engine, VLLMEngine):
         from paritygate.engines.vllm_sampling import sample_n
 

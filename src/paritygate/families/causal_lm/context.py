@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from paritygate.engines.base import GenerationEngine
 from paritygate.errors import InputError, keyed
+from paritygate.families.causal_lm.engine_sampling import applied_by
 from paritygate.families.causal_lm.probes import Probe
 from paritygate.families.causal_lm.served_files import Contradiction
 from paritygate.provenance import sha256_file
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.generations import Generations
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
+    from paritygate.families.causal_lm.sampling import SamplingFile
     from paritygate.families.causal_lm.sides import LMSide
     from paritygate.families.causal_lm.weights import AdapterServed, WeightsDiff
     from paritygate.metrics.tiers import Limits
@@ -257,6 +259,10 @@ class LMContext:
                              BASE_SERVED.format(what="vLLM"))
 
         return servable_copy(self.serving.model_dir, list(self.spec.training_only_heads))
+
+    def serving_applied(self, engine: str) -> SamplingFile:
+        """The serving sampling config as ``engine`` applies it (:mod:`.engine_sampling`)."""
+        return applied_by(engine, self.serving.sampling)
 
     # -- generations ---------------------------------------------------------------
     @cached_property

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from paritygate.engines.generation import Generation, SamplingSpec
+from paritygate.families.causal_lm.engine_sampling import applied_by
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,7 +64,7 @@ class Generations:
         """Sampled continuations (``samples`` per probe) under the serving config (a dump's
         records stream instead: :meth:`dump_batches`)."""
         if engine not in self._samples:
-            sampling = self.serving.sampling.spec()
+            sampling = applied_by(engine, self.serving.sampling).spec()
             if sampling.seed is None:
                 sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.seed})
             prompts = [p for p in self.serving.prompts for _ in range(self.samples)]
@@ -75,7 +76,7 @@ class Generations:
         """Greedy continuations of every probe under the serving config's length and stops
         (a dump's records stream instead: :meth:`dump_batches`)."""
         if engine not in self._greedies:
-            sampling = self.serving.sampling.spec().greedy()
+            sampling = applied_by(engine, self.serving.sampling).spec().greedy()
             extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
             self._greedies[engine] = self.engine(engine).generate(
                 self.serving.prompts, sampling, **extra)
