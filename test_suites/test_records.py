@@ -50,14 +50,14 @@ def test_episode_row_dict_has_action_keys_only_where_the_actions_parted() -> Non
     row = EpisodeRow(episode=0, seed=7, training_return=10.0, artifact_return=10.0,
                      training_length=10, artifact_length=10, first_divergent_step=None,
                      margin=None, verdict="agree", observation_max_abs_diff=0.0)
-    assert list(row.as_dict()) == [
+    assert list(row.to_json()) == [
         "episode", "seed", "training_return", "artifact_return", "training_length",
         "artifact_length", "first_divergent_step", "margin", "verdict",
         "observation_max_abs_diff"]
     parted = dataclasses.replace(row, first_divergent_step=3, margin=0.5, verdict="diverged",
                                  training_action="0", artifact_action="1")
-    assert parted.as_dict()["training_action"] == "0"
-    assert list(parted.as_dict())[-2:] == ["training_action", "artifact_action"]
+    assert parted.to_json()["training_action"] == "0"
+    assert list(parted.to_json())[-2:] == ["training_action", "artifact_action"]
 
 
 def test_episode_table_renders_from_report_json_rows() -> None:
@@ -68,7 +68,7 @@ def test_episode_table_renders_from_report_json_rows() -> None:
                      training_length=10, artifact_length=8, first_divergent_step=4,
                      margin=1.5, verdict="diverged", observation_max_abs_diff=0.0,
                      training_action="1", artifact_action="0")
-    cells = episode_cells([row.as_dict()])
+    cells = episode_cells([row])
     assert cells == [["1", "3", "9.5 / 7.25", "10 / 8", "4", "1.5", "1 / 0", "diverged"]]
     assert table_markdown(HEADER, cells).splitlines()[-1] == (
         "| 1 | 3 | 9.5 / 7.25 | 10 / 8 | 4 | 1.5 | 1 / 0 | diverged |")

@@ -331,6 +331,7 @@ def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
 def _cmd_precision(args: argparse.Namespace) -> int:
     from paritygate.gate import Gate
     from paritygate.report import summary_table, write_reports
+    from paritygate.verdict import Notes
 
     gate = Gate.from_path(args.config, update_golden=args.update_golden)
     gate.command = "precision"  # its own blessing: paritygate precision CONFIG --update-golden
@@ -344,7 +345,8 @@ def _cmd_precision(args: argparse.Namespace) -> int:
         gate.discard_golden()
     written = write_reports(gate, [result], out)
     print("\n".join(summary_table([result])))
-    for note in result.details.get("notes") or []:
+    notes = Notes.read(result.details)
+    for note in notes.notes if notes is not None else []:
         print(f"note: {note}")
     print(f"reports: {written.directory} ({', '.join(written.files)})")
     return EXIT_PASS if result.status in ("pass", "skip") else EXIT_FAIL

@@ -4,9 +4,11 @@ tokens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paritygate.errors import InputError
+from paritygate.records import Record
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -18,6 +20,13 @@ if TYPE_CHECKING:
     from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.metrics.routing import LayerRouting
     from paritygate.result import Measurement
+
+
+@dataclass(frozen=True)
+class DumpAudited(Record):
+    """How many of the dump's records carried their routing."""
+
+    dump_records_audited: int
 
 
 def dump_layers(
@@ -68,5 +77,5 @@ def dump_layers(
         out.append(compare_layer(router, trainer,
                                  {"logits": None, "experts": engine[:, li, :], "weights": None},
                                  tie))
-    m.details["dump_records_audited"] = len(carried)
+    m.record(DumpAudited(len(carried)))
     return out

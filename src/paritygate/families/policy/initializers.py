@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.records import Record
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -18,7 +20,7 @@ None)``."""
 
 
 @dataclass(frozen=True)
-class InitializerMatch:
+class InitializerMatch(Record):
     """How the artifact's weight initializers match the checkpoint (:func:`match_initializers`
     says what each field means)."""
 
@@ -30,9 +32,10 @@ class InitializerMatch:
     drifted: list[str]
     max_rel_drift: float
     not_in_model: list[str]
-    converted: dict[str, int]
-    target_network: dict[str, str]
-    target_networks: list[str]
+    converted: dict[str, int] = field(default_factory=dict)
+    target_network: dict[str, str] = field(default_factory=dict)
+    target_networks: list[str] = field(default_factory=list)
+    """(The last three default to empty: a report of an earlier version lacks them.)"""
 
 
 @dataclass
