@@ -156,7 +156,8 @@ def measure_delta(
     details = stats.to_details()
     details.pop("per_token", None)
     m.record(DeltaRecord({"name": tier_key, **tier}, details))
-    m.record(PerToken([TokenDelta(int(t["seq"]), int(t["pos"]), t["delta"]) for t in delta.per_token]))
+    m.record(PerToken([TokenDelta(int(t["seq"]), int(t["pos"]), t["delta"])
+                       for t in delta.per_token]))
     if delta.note:
         m.note(delta.note)
     m.record(EngineRecord(EngineInfo(delta.engine, engine_mode, engine_dtype)))
