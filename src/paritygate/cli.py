@@ -227,8 +227,8 @@ def _pytest_args(gate: Gate, args: argparse.Namespace, selected: list[str] | Non
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from paritygate.config import load_config
     from paritygate.families import export
+    from paritygate.load import load_config
     from paritygate.progress import stage
 
     config = load_config(args.config)
@@ -243,8 +243,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
-    from paritygate.config import load_config
     from paritygate.families.causal_lm.dump import dump_rollouts
+    from paritygate.load import load_config
 
     path = dump_rollouts(load_config(args.config), args.out, engine=args.engine)
     print(f"paritygate: wrote rollout dump {path}")

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec, Thresholds, selects_by_marks
 from paritygate.checks import checks_for, get_check
-from paritygate.config import GateConfig, load_config
+from paritygate.config import GateConfig
 from paritygate.errors import InputError, NonFiniteOutput, write_failed
 from paritygate.files import unwritable_reason
 from paritygate.golden import BlessInProgress, GoldenStore, regression_check
+from paritygate.load import load_config
 from paritygate.provenance import environment
 from paritygate.records import Record
 from paritygate.result import CheckResult, Measurement

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paritygate.families.causal_lm.config import BehaviourSpec
+from paritygate.config.causal_lm import BehaviourSpec
 from paritygate.metrics.behaviour import (
     SideSample,
     compare,

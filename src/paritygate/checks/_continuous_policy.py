@@ -22,7 +22,7 @@ from paritygate.metrics.gaussian import (
 from paritygate.records import Record
 
 if TYPE_CHECKING:
-    from paritygate.families.policy.config import DistributionSpec
+    from paritygate.config.policy import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
     from paritygate.result import Measurement
 

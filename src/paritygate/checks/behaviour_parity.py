@@ -34,9 +34,9 @@ from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
+    from paritygate.config.causal_lm import BehaviourSpec
     from paritygate.engines.dump_stream import Draw
     from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
-    from paritygate.families.causal_lm.config import BehaviourSpec
     from paritygate.families.causal_lm.context import LMContext
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.

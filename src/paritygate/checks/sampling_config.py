@@ -28,7 +28,7 @@ from paritygate.checks._sampling_records import (
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.causal_lm.sampling import SamplingFile
 

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from paritygate.config import GateConfig
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.dump_audit import DumpSummary
     from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.families.causal_lm.adapter import AdapterInfo
-    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
     from paritygate.families.causal_lm.weights import AdapterServed, WeightsDiff

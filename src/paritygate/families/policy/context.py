@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
     from paritygate.check import Thresholds
     from paritygate.config import GateConfig
+    from paritygate.config.policy import PolicySpec
     from paritygate.engines.artifact_graph import ArtifactGraph
     from paritygate.engines.torch_engine import TorchEngine
-    from paritygate.families.policy.config import PolicySpec
     from paritygate.families.policy.export import ArtifactPrecision
     from paritygate.families.policy.initializers import InitializerMatch
     from paritygate.families.policy.normaliser import SkippedNormaliser

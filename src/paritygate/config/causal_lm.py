@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from paritygate.config.sampling_fields import OFF_POLICY
 from paritygate.config_base import ConfigPath, StrictModel
 
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -130,8 +131,6 @@ class TrainingSide(StrictModel):
     @field_validator("logprob_applies")
     @classmethod
     def _off_policy_fields(cls, value: list[str]) -> list[str]:
-        from paritygate.families.causal_lm.sampling_fields import OFF_POLICY
-
         unknown = [name for name in value if name not in OFF_POLICY]
         if unknown:
             raise ValueError(f"{unknown[0]!r} is not a distribution-moving sampling field "
