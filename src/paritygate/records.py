@@ -53,7 +53,8 @@ class Record:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Record) or callable(getattr(value, "to_json", None)):
+    if isinstance(value, Record) or (dataclasses.is_dataclass(value) and not isinstance(
+            value, type) and callable(getattr(value, "to_json", None))):
         return value.to_json()  # a record, or another typed record (a precision report)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]

@@ -71,6 +71,16 @@ class NumericsChanged(Record):
     numerics_changed: list[str]
 
 
+def _noted(result: CheckResult, notes: list[str], changed: list[str] | None = None
+           ) -> CheckResult:
+    """``result`` with the notes and the changed settings recorded (when there are any)."""
+    if notes:
+        result.record(Notes(notes))
+    if changed:
+        result.record(NumericsChanged(changed))
+    return result
+
+
 def judge(
     measurement: Measurement,
     golden: GoldenRecord | None,
@@ -98,19 +108,9 @@ def judge(
         expected = {**golden.get("metrics", {}), **golden.get("detail_metrics", {})}
 
     if measurement.skipped is not None:
-        skipped = CheckResult(
-            measurement.check_id,
-            "skip",
-            measurement.skipped,
-            metrics,
-            _headline(expected, measurement, golden),
-            thresholds,
-            key,
-            details,
-        )
-        if notes:
-            skipped.record(Notes(notes))
-        return skipped
+        return _noted(CheckResult(measurement.check_id, "skip", measurement.skipped, metrics,
+                                  _headline(expected, measurement, golden), thresholds, key,
+                                  details), notes)
 
     reasons, offending, breached = _own_reasons(measurement)
     regressed: dict[str, str] = {}
@@ -161,10 +161,7 @@ def judge(
         details,
         reasons=reasons,
     )
-    if notes:
-        result.record(Notes(notes))
-    if changed:
-        result.record(NumericsChanged(changed))
+    _noted(result, notes, changed)
     if no_golden:
         result.bless_hint = BLESS_HINT
     if status == "fail":
