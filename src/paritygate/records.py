@@ -14,7 +14,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar, get_args, get_origin
+from typing import TypeVar, get_args, get_origin
 
 R = TypeVar("R", bound="Record")
 
@@ -27,9 +27,9 @@ check writes only when it measured it)."""
 class Record:
     """Base of every detail record (subclasses are frozen dataclasses)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """``{key: value}`` for each field, nested records as their own ``to_json``."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None and f.metadata.get("omit_none"):
@@ -38,11 +38,11 @@ class Record:
         return out
 
     @classmethod
-    def read(cls: type[R], details: Mapping[str, Any]) -> R | None:
+    def read(cls: type[R], details: Mapping[str, object]) -> R | None:
         """The record as a check wrote it into ``details``, or ``None`` when a key without a
         default is absent (the check did not record it)."""
         hints = typing.get_type_hints(cls)
-        values: dict[str, Any] = {}
+        values: dict[str, object] = {}
         for f in dataclasses.fields(cls):
             key = f.metadata.get("key", f.name)
             if key in details:
@@ -52,10 +52,11 @@ class Record:
         return cls(**values)
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Record) or (dataclasses.is_dataclass(value) and not isinstance(
-            value, type) and callable(getattr(value, "to_json", None))):
-        return value.to_json()  # a record, or another typed record (a precision report)
+def _plain(value: object) -> object:
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json) and (isinstance(value, Record) or (
+            dataclasses.is_dataclass(value) and not isinstance(value, type))):
+        return to_json()  # a record, or a precision report
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -63,7 +64,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _typed(hint: Any, value: Any) -> Any:
+def _typed(hint: object, value: object) -> object:
     """``value`` (JSON, or as the check left it) as the field's type: nested records rebuilt,
     sequences of records rebuilt item by item; anything else as it is."""
     if isinstance(hint, type) and issubclass(hint, Record):
@@ -91,5 +92,5 @@ class Keyed(Record):
     record: object
     """A record, a list of records or a plain value."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {self.key: _plain(self.record)}

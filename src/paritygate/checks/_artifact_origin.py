@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import provenance_only
-from paritygate.families.policy.initializers import InitializerMatch
+from paritygate.provenance import InitializerMatch
 from paritygate.records import Record
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.initializers import InitializerMatch
+    from paritygate.provenance import InitializerMatch
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.records import Record
+from paritygate.provenance import InitializerMatch
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -17,25 +17,6 @@ if TYPE_CHECKING:
 Weight = tuple[str, np.ndarray, "str | None"]
 """One stored tensor of an artifact: ``(name, float32 array, stored low-precision dtype or
 None)``."""
-
-
-@dataclass(frozen=True)
-class InitializerMatch(Record):
-    """How the artifact's weight initializers match the checkpoint (:func:`match_initializers`
-    says what each field means)."""
-
-    comparable: int
-    matched: int
-    folded: int
-    unmatched: list[str]
-    misplaced: dict[str, str]
-    drifted: list[str]
-    max_rel_drift: float
-    not_in_model: list[str]
-    converted: dict[str, int] = field(default_factory=dict)
-    target_network: dict[str, str] = field(default_factory=dict)
-    target_networks: list[str] = field(default_factory=list)
-    """(The last three default to empty: a report of an earlier version lacks them.)"""
 
 
 @dataclass
