@@ -5,7 +5,7 @@ and hands each to :meth:`~paritygate.result.Measurement.record`. A record serial
 fields under their names (``field(metadata={"key": ...})`` names another key) into the check's
 ``details`` in report.json; renderers, the root-cause step and the CLI read it back with
 :meth:`Record.read` and use attributes, whether the details are the live ones or a report's
-read back from JSON (pytest-xdist workers, ``paritygate report``).
+read back from JSON (a pytest-xdist worker's results, a page rendered from report.json).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A check measures; it never decides. It returns a :class:`Measurement` holding
 named :class:`Metric` values (each knowing which direction is bad and its
 absolute threshold), :class:`Finding` records (named causes that fail the check
 whatever the numbers say: a declared ``kind`` that code acts on and a ``message``
-that users read), and free-form *details* (tables for the report).
+that users read), and *details*: the typed records the check declares beside itself
+(:mod:`paritygate.records`), serialised under their fields' names.
 :mod:`paritygate.verdict` turns a measurement plus the golden baseline into a
 :class:`CheckResult`, whose :class:`Reason` records say which rule failed.
 """
