@@ -68,9 +68,9 @@ def main() -> None:
         ctx = Gate(config_from_dict(data, Path(tmp) / "gate.yaml")).context
         eng = ctx.engine("hf")
         runner = HFBatchRunner(eng.model, collate_padded, eng.pad_token_id, eng.padding_side)
-        prompts = ctx.prompts()
-        steps = ctx.serving_sampling.spec().max_new_tokens
-        eos = {ctx.serving_tokenizer.eos_token_id}
+        prompts = ctx.serving.prompts
+        steps = ctx.serving.sampling.spec().max_new_tokens
+        eos = {ctx.serving.tokenizer.eos_token_id}
         completions = [t for t, _ in runner.greedy(prompts, steps, eos)]
         measure(ctx, Thresholds(DEFAULTS))  # warm-up
 

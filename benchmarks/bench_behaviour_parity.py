@@ -63,16 +63,16 @@ def paired(demo: Path, out: Path, repeats: int) -> None:
 
     ctx: Any = Gate(_config(demo, out, {})).context
     n = ctx.spec.behaviour.samples
-    kept = [i for i, (a, b) in enumerate(zip(ctx.prompts("training"), ctx.prompts("serving"),
+    kept = [i for i, (a, b) in enumerate(zip(ctx.training.prompts, ctx.serving.prompts,
                                              strict=True)) if a and b]
     training = HFGenerateEngine.for_tokenizer(
-        ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw", top_logprobs=0,
+        ctx.training.model(), ctx.training.tokenizer, logprobs_mode="raw", top_logprobs=0,
         batch_size=ctx.spec.engine.batch_size)
 
     def floor() -> None:
-        for side, engine in (("training", training), ("serving", ctx.engine("hf"))):
-            prompts = [ctx.prompts(side)[i] for i in kept for _ in range(n)]
-            engine.generate(prompts, side_sampling(ctx, side))
+        for side, engine in ((ctx.training, training), (ctx.serving, ctx.engine("hf"))):
+            prompts = [side.prompts[i] for i in kept for _ in range(n)]
+            engine.generate(prompts, side_sampling(side, ctx.config.seed))
 
     def check() -> None:
         m = measure(ctx, dict(DEFAULTS))
@@ -120,7 +120,7 @@ def dump_audit(demo: Path, out: Path, records: int, batch: int) -> None:
     ctx: Any = Gate(_config(demo, out, {
         "training_dump": [str(p) for p in shards["training"]],
         "serving_dump": [str(p) for p in shards["serving"]], "batch_size": batch})).context
-    model = ctx.reference_model()
+    model = ctx.training.model()
     start = time.perf_counter()
     for side in ("training", "serving"):
         for draws in stream_draws(shards[side], batch=batch):

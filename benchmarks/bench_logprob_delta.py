@@ -52,10 +52,10 @@ def main() -> None:
         config = config_from_dict(data, repo / "configs" / "demo-lm.yaml")
         ctx = build_lm_context(config)
         engine = ctx.engine("hf")
-        reference = ctx.reference_model()
-        sampling = ctx.serving_sampling.spec()
-        prompts = [p for p in ctx.prompts() for _ in range(ctx.spec.generation_samples)]
-        pad = ctx.training_tokenizer.pad_token_id
+        reference = ctx.training.model()
+        sampling = ctx.serving.sampling.spec()
+        prompts = [p for p in ctx.serving.prompts for _ in range(ctx.spec.generation_samples)]
+        pad = ctx.training.tokenizer.pad_token_id
         thresholds = Thresholds(CHECK.defaults)
 
         def minimal() -> None:

@@ -84,7 +84,7 @@ def test_src_layout_is_on_python_path_and_imports_without_installing(
         text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
         assert n == 1, key
     written.path.write_text(text, encoding="utf-8")
-    check = ("from paritygate.config import load_config\n"
+    check = ("from paritygate.load import load_config\n"
              "from paritygate.imports import import_callable\n"
              "c = load_config('p.yaml')\n"
              "print(import_callable('srcpkg:build', c.path, 'k')(),"

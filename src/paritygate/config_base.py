@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -17,6 +17,9 @@ from pydantic import (
     WithJsonSchema,
 )
 from pydantic_core import PydanticCustomError
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+"""A model's dtype, as a config names it."""
 
 
 class StrictModel(BaseModel):

@@ -98,7 +98,8 @@ def test_base_plus_adapter_against_its_merged_copy_passes(lm_variants, name: str
     else:
         assert weights.metrics["serving_tensors_differing"] == 0
     ctx = lm_variants.gate(name).context
-    assert ctx.adapter is not None and ctx.checkpoint_path == ctx.adapter.directory
+    adapter = ctx.training.adapter
+    assert adapter is not None and ctx.checkpoint_path == adapter.directory
 
 
 # -- bad input -------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def test_short_max_model_len_and_another_generation_config_fail_with_their_cause
 
     data = _config(demo_lm, tmp_path, "http://127.0.0.1:1/v1")
     ctx = build_context(config_from_dict(data, tmp_path / "gate.yaml"))
-    longest = max(len(p) for p in ctx.prompts())
+    longest = max(len(p) for p in ctx.serving.prompts)
     folder = tmp_path / "generation"
     folder.mkdir()
     generation = json.loads((served_copy / "generation_config.json").read_text())

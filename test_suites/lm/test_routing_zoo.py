@@ -108,11 +108,40 @@ def test_dump_routing_audited(moe_model: Path, tmp_path: Path) -> None:
             assert kind in result.finding_kinds(), result.message
 
 
+def test_dump_audit_streams_in_batches(moe_model: Path, tmp_path: Path) -> None:
+    """The dump's routing audited one record at a time equals one pass over all records."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from paritygate.engines.dump_audit import summarise_dump
+    from paritygate.engines.hf_routing import moe_layout
+    from paritygate.metrics.routed_dump import dump_layers
+    from paritygate.result import Measurement
+
+    dump = summarise_dump(write_routing_dump(moe_model, tmp_path / "d.jsonl", router_noise=0.5))
+    assert dump.routed.records == 4
+    model = AutoModelForCausalLM.from_pretrained(moe_model, dtype=torch.float32).eval()
+    layout = moe_layout(model)
+    assert layout is not None
+    runs = [dump_layers(Measurement("routing_agreement"), dump, model, layout, 1e-4, pad_id=0,
+                        batch=b) for b in (1, None)]
+    one, whole = runs
+    assert one is not None and whole is not None
+    for a, b in zip(one, whole, strict=True):
+        assert a.n_tokens == b.n_tokens > 20
+        assert a.flip_frac == pytest.approx(b.flip_frac)
+        assert a.flip_beyond_tie_frac == pytest.approx(b.flip_beyond_tie_frac)
+        assert a.margin_min_rel == pytest.approx(b.margin_min_rel)
+        assert a.load_training == pytest.approx(b.load_training)
+        assert a.load_serving == pytest.approx(b.load_serving)
+    assert max(r.flip_frac for r in whole) > 0  # the moved router shows in the merged audit
+
+
 def test_dump_bad_input_names_the_field(moe_model: Path, tmp_path: Path) -> None:
     dropped = write_routing_dump(moe_model, tmp_path / "dropped.jsonl", drop=True)
     cfg = base_config(moe_model, engines=["dump"], engine={"dump": str(dropped)},
                       routing={"dump_experts": True})
-    with pytest.raises(InputError, match="routed_experts"):
+    with pytest.raises(InputError, match="line 2: routed_experts: required field missing"):
         _gate(cfg, tmp_path).evaluate("routing_agreement", golden=False)
     bad = write_routing_dump(moe_model, tmp_path / "bad.jsonl", bad_id=True)
     cfg = base_config(moe_model, engines=["dump"], engine={"dump": str(bad)})

@@ -23,8 +23,8 @@ def _gate(demo_lm: Path, out: Path) -> Any:
 def test_checks_share_generations_and_forwards(demo_lm: Path, tmp_path: Path) -> None:
     gate = _gate(demo_lm, tmp_path)
     ctx = gate.context
-    model = ctx.reference_model()
-    assert ctx.serves_reference() and ctx.engine("hf").model is model  # loaded once
+    model = ctx.training.model()
+    assert ctx.serves_training_model() and ctx.engine("hf").model is model  # loaded once
     calls: list[tuple[int, ...]] = []
     handle = model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -34,9 +34,9 @@ def test_checks_share_generations_and_forwards(demo_lm: Path, tmp_path: Path) ->
         after_logits = len(calls)
         assert gate.evaluate("generation_parity", golden=False).status == "pass"
         assert len(calls) == after_logits, "generation_parity ran forwards of its own"
-        greedy = ctx.greedy("hf")
-        assert ctx.teacher_forced(greedy) is ctx.teacher_forced(greedy)
-        assert ctx.greedy("hf") is greedy
+        greedy = ctx.generations.greedy("hf")
+        assert ctx.generations.teacher_forced(greedy) is ctx.generations.teacher_forced(greedy)
+        assert ctx.generations.greedy("hf") is greedy
     finally:
         handle.remove()
     # The greedy generation (its KV-cache logits kept) and one batched teacher-forced forward:
@@ -52,12 +52,12 @@ def test_batched_paths_match_the_per_sequence_ones(demo_lm: Path, tmp_path: Path
     from paritygate.checks.generation_parity import GreedyRules, greedy_training_path
 
     ctx = _gate(demo_lm, tmp_path).context
-    model = ctx.reference_model()
-    greedy = ctx.greedy("hf")
-    teacher = ctx.teacher_forced(greedy)
+    model = ctx.training.model()
+    greedy = ctx.generations.greedy("hf")
+    teacher = ctx.generations.teacher_forced(greedy)
     cached = ctx.engine("hf").cached_logits(greedy.prompt_ids, greedy.output_ids)
-    training = ctx.training_sampling.spec()
-    rules = GreedyRules(ctx.serving_tokenizer, training.max_new_tokens, training.min_new_tokens,
+    training = ctx.training.sampling.spec()
+    rules = GreedyRules(ctx.serving.tokenizer, training.max_new_tokens, training.min_new_tokens,
                    list(training.stop))
     assert greedy.logits is not None
     for prompt, output, forced, cand, kept in zip(

@@ -20,7 +20,7 @@ def test_scores_match_the_definition() -> None:
         prompt = tuple(rng.integers(0, vocab, rng.integers(1, 5)).tolist())
         out = rng.integers(0, vocab, rng.integers(1, 10)).tolist()
         logits = rng.normal(0, 2, (len(out) + 1, vocab)).astype(np.float32)
-        reducer = SideReducer(none, none, 8)
+        reducer = SideReducer(none, none, none, 8)
         reducer._score(Draw(prompt, out, "eos"), logits)
         p = np.exp(logits[: len(out)].astype(np.float64))
         p /= p.sum(-1, keepdims=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paritygate.config.causal_lm import BehaviourSpec
 from paritygate.metrics.behaviour import (
     SideSample,
     compare,
@@ -22,6 +21,7 @@ from paritygate.metrics.behaviour import (
     self_rouge_l,
     two_proportions,
 )
+from paritygate.sections.behaviour_parity import BehaviourSpec
 
 VOCAB, PROMPTS, MAX_NEW = 12, 7, 16
 N = BehaviourSpec().samples

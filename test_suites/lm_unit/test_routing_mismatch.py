@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import paritygate
-from paritygate.metrics.routing import compare_layer, tie_tolerance
+from paritygate.metrics.routing import compare_layer, merge_layers, tie_tolerance
 
 
 def test_identical_routing_is_zero_mismatch() -> None:
@@ -63,3 +63,34 @@ def test_flips_at_near_ties_are_told_apart() -> None:
     assert row.flip_beyond_tie_frac == pytest.approx(0.5)
     assert row.load_training == (1.0, 0.0, 0.0, 0.0)
     assert tie_tolerance("fp32/bf16") > tie_tolerance("fp32/fp16") > tie_tolerance("fp32/fp32")
+
+
+def test_batches_merge_to_the_whole() -> None:
+    """compare_layer over batches, merged, equals compare_layer over every token."""
+    rng = np.random.default_rng(0)
+    n, experts, k = 300, 8, 2
+    logits = rng.normal(size=(n, experts))
+    ids = np.argsort(-logits, axis=-1)[:, :k]
+    weights = np.take_along_axis(np.exp(logits), ids, -1)
+    served = ids.copy()
+    served[::7, 0] = (served[::7, 0] + 3) % experts  # some tokens routed elsewhere
+    s_weights = weights + rng.normal(scale=1e-3, size=weights.shape)
+    s_logits = logits + rng.normal(scale=1e-3, size=logits.shape)
+
+    def side(lg: np.ndarray, e: np.ndarray, w: np.ndarray, sl: slice) -> dict[str, object]:
+        return {"logits": lg[sl], "experts": e[sl], "weights": w[sl]}
+
+    whole = compare_layer("l0", side(logits, ids, weights, slice(None)),
+                          side(s_logits, served, s_weights, slice(None)), 1e-2)
+    cuts = [slice(0, 64), slice(64, 65), slice(65, 200), slice(200, n)]
+    merged = merge_layers([compare_layer("l0", side(logits, ids, weights, c),
+                                         side(s_logits, served, s_weights, c), 1e-2)
+                           for c in cuts])
+    for field, value in whole.as_dict().items():
+        got = getattr(merged, field)
+        if isinstance(value, str):
+            assert got == value
+        else:
+            assert got == pytest.approx(value, rel=1e-12, abs=1e-15), field
+    with pytest.raises(ValueError, match="no batch"):
+        merge_layers([])

@@ -72,7 +72,7 @@ class _Ctx:
 
 
 def _rows(ctx: _Ctx) -> Any:
-    """What the context's ``vllm_served_rows`` passes."""
+    """What ``Generations.vllm_served_rows`` passes."""
     return vllm_rows(ctx.greedy("vllm"), ctx.teacher_forced, ctx.engine("vllm"),
                      [p.id for p in ctx.probes])
 

@@ -48,25 +48,25 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
     """Compare the served directory's tensors with the checkpoint's; name every cause."""
     from paritygate.metrics.tiers import canonical_dtype, tier_for
 
-    served_dir = ctx.engine_model_dir
+    served_dir = ctx.serving.model_dir
     if ctx.serves_training_files():
         m.note(f"served model: the training directory {served_dir} (no serving model_dir set)")
     else:
-        m.note(f"served model: {served_dir} (from {ctx.served_from})")
+        m.note(f"served model: {served_dir} (from {ctx.serving.key})")
     diff = ctx.serving_weights_diff(dict(state))
     where = f"served copy {served_dir}"
-    if ctx.serving_adapter is not None:
-        where = f"served base {served_dir} + adapter {ctx.serving_adapter.directory}"
-        m.note(f"served: the base {served_dir} with the {ctx.serving_adapter.describe()} "
+    if ctx.serving.adapter is not None:
+        where = f"served base {served_dir} + adapter {ctx.serving.adapter.directory}"
+        m.note(f"served: the base {served_dir} with the {ctx.serving.adapter.describe()} "
                "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
                "memory)")
     fit = served = None
-    if ctx.adapter is not None:
-        m.note(f"training side: the base {ctx.model_dir} with the {ctx.adapter.describe()} "
-               "merged in memory (peft merge_and_unload)")
-        m.record(AdapterRecord(Adapter(str(ctx.adapter.directory), str(ctx.model_dir),
-                                       ctx.adapter.r, ctx.adapter.alpha,
-                                       len(ctx.adapter.target_weights()))))
+    if (adapter := ctx.training.adapter) is not None:
+        m.note(f"training side: the base {ctx.training.model_dir} with the "
+               f"{adapter.describe()} merged in memory (peft merge_and_unload)")
+        m.record(AdapterRecord(Adapter(str(adapter.directory), str(ctx.training.model_dir),
+                                       adapter.r, adapter.alpha,
+                                       len(adapter.target_weights()))))
         if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
             served = ctx.adapter_served(state, sorted(diff.value_diffs))
             fit = served.fit if served is not None else None
@@ -102,9 +102,9 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
                f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
                "once): the adapter merged in the served precision, judged by its tier")
         m.record(MergedInServedDtype(sorted(diff.value_diffs)))
-    elif fit is not None and ctx.adapter is not None:
-        named_adapter_fault(m, fit, diff, where, ctx.adapter)
-    elif diff.low_rank and ctx.adapter is None:
+    elif fit is not None and ctx.training.adapter is not None:
+        named_adapter_fault(m, fit, diff, where, ctx.training.adapter)
+    elif diff.low_rank and ctx.training.adapter is None:
         adapter_difference(m, diff, where)
     elif diff.value_diffs and not on_other_base(m, ctx, served, diff, where):
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])

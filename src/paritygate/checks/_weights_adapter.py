@@ -55,15 +55,16 @@ def on_other_base(m: Measurement, ctx: LMContext, served: AdapterServed | None,
     if served is None or served.other_base is None:
         return False
     found = served.other_base
-    targets = ctx.adapter.target_weights() if ctx.adapter is not None else []
+    targets = ctx.training.adapter.target_weights() if ctx.training.adapter is not None else []
     others = sorted(k for k in diff.value_diffs if k not in targets)
     said = (f"; its adapter_config.json names base_model_name_or_path {served.named_base!r}, "
-            f"not {ctx.model_dir}") if served.named_base else ""
+            f"not {ctx.training.model_dir}") if served.named_base else ""
     worst = max(others, key=lambda k: diff.value_diffs[k])
     m.fail("adapter_on_other_base",
            f"{where} holds this adapter's update (c = {found.scale:.3f} ± {found.stderr:.2g} "
            f"on its {found.tensors} target tensors) over other base weights: {len(others)} "
-           f"tensors outside the adapter's targets differ from the base {ctx.model_dir} (max "
+           f"tensors outside the adapter's targets differ from the base "
+           f"{ctx.training.model_dir} (max "
            f"diff {diff.value_diffs[worst]:.3g} in {worst}): the adapter was merged onto "
            f"another base, or causal_lm.model_dir is not the base it was trained on{said}",
            metric="serving_tensors_differing")

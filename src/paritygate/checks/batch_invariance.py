@@ -113,7 +113,7 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
         from paritygate.engines.batching import VLLMBatchRunner
         from paritygate.engines.vllm_engine import VLLMEngine, vllm_unavailable_reason
 
-        reason = vllm_unavailable_reason(ctx.engine_model_dir)
+        reason = vllm_unavailable_reason(ctx.serving.model_dir)
         if reason is not None:
             return None, "vllm", f"batch_invariance with engines: [vllm] needs vLLM: {reason}"
         vllm = ctx.engine("vllm")
@@ -262,12 +262,12 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     runner, engine_name, reason = _runner(ctx)
     if runner is None:
         return m.skip(reason or "no engine configured")
-    sampling = ctx.serving_sampling.spec()
+    sampling = ctx.serving.sampling.spec()
     if sampling.max_new_tokens <= 0:
         return m.skip("the serving config's max_new_tokens is 0: nothing to decode")
-    eos_id = ctx.serving_tokenizer.eos_token_id
+    eos_id = ctx.serving.tokenizer.eos_token_id
     eos = set(sampling.eos_token_ids) or ({eos_id} if eos_id is not None else set())
-    encoded = list(zip(ctx.probes, ctx.prompts(), strict=True))
+    encoded = list(zip(ctx.probes, ctx.serving.prompts, strict=True))
     empty = [p.id for p, ids in encoded if not ids]
     prompts = [ids for _, ids in encoded if ids]
     probes = [p.id for p, ids in encoded if ids]

@@ -34,10 +34,11 @@ from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from paritygate.config.causal_lm import BehaviourSpec
     from paritygate.engines.dump_stream import Draw
     from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.sides import LMSide
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.
 DEFAULTS: dict[str, float] = {"rejected_tests": 0.0}
@@ -70,36 +71,41 @@ class BehaviourRecord(Record):
 
 def _kept(ctx: LMContext) -> set[int]:
     """Probes with tokens on both sides (an empty side is tokenizer_parity's finding)."""
-    pairs = zip(ctx.prompts("training"), ctx.prompts("serving"), strict=True)
+    pairs = zip(ctx.training.prompts, ctx.serving.prompts, strict=True)
     return {i for i, (train, serve) in enumerate(pairs) if train and serve}
 
 
-def _source(ctx: LMContext, spec: BehaviourSpec, side: str, kept: set[int]
+def _source(ctx: LMContext, spec: BehaviourSpec, side: LMSide, kept: set[int]
             ) -> tuple[Iterator[list[Draw]], str]:
     """The side's batches of draws and a description of where they come from."""
     from paritygate.engines.dump_stream import expand, stream_draws
     from paritygate.families.causal_lm import behaviour_samples
 
-    dump = spec.training_dump if side == "training" else spec.serving_dump
+    key = f"causal_lm.behaviour.{side.name}_dump"
+    dump = _dumps(spec)[side.name]
     if dump is not None:
-        key = f"causal_lm.behaviour.{side}_dump"
         paths = expand(dump, ctx.config.path.parent, key)
         from paritygate.engines.hf_loading import config_vocab_size
 
-        vocab = config_vocab_size(ctx.model_dir)
+        vocab = config_vocab_size(ctx.training.model_dir)
         return (stream_draws(paths, batch=spec.batch_size, vocab_size=vocab),
                 f"{len(paths)} dump file(s) ({paths[0].name}...)")
     served = next((e for e in ("endpoint", "vllm") if e in ctx.spec.engines), "hf")
-    engine = served if side == "serving" else "hf"
-    prompts = [p for i, p in enumerate(ctx.prompts(side)) if i in kept]
-    scored = [p for i, p in enumerate(ctx.prompts("training")) if i in kept]
+    engine = "hf" if side.trainer else served
+    prompts = [p for i, p in enumerate(side.prompts) if i in kept]
+    scored = [p for i, p in enumerate(ctx.training.prompts) if i in kept]
     where = f"{engine} generate"
     if engine == "endpoint" and ctx.spec.endpoint is not None:
         ep = ctx.spec.endpoint
         where = (f"endpoint {ep.base_url}" + (" with its own sampling defaults, the serving "
                                               "config's being" if ep.sampling == "server"
                                               else ""))
-    return behaviour_samples(ctx, side, prompts, engine, scored), where
+    return behaviour_samples(ctx, side, engine, prompts, scored), where
+
+
+def _dumps(spec: BehaviourSpec) -> dict[str, str | list[str] | None]:
+    """Each side's dump (``causal_lm.behaviour.<side>_dump``) by the side's name."""
+    return {"training": spec.training_dump, "serving": spec.serving_dump}
 
 
 def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
@@ -110,17 +116,17 @@ def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
     pattern = re.compile(spec.format_regex) if spec.format_regex else None
     reducers: dict[str, SideReducer] = {}
     origins: dict[str, str] = {}
-    for side in SIDES:
-        tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
-        reducer = behaviour_reducer(ctx, tok, spec.samples, pattern, reward)
-        batches, origins[side] = _source(ctx, spec, side, kept)
+    for side in (ctx.training, ctx.serving):
+        reducer = behaviour_reducer(ctx.training, side.tokenizer, ctx.config.path, spec.samples,
+                                    pattern, reward)
+        batches, origins[side.name] = _source(ctx, spec, side, kept)
         for batch in batches:
             reducer.add(batch)
         if len(reducer.lengths) < spec.samples:
-            raise InputError(ctx.config.path, f"causal_lm.behaviour.{side}_dump",
+            raise InputError(ctx.config.path, f"causal_lm.behaviour.{side.name}_dump",
                              f"{len(reducer.lengths)} samples; the tests need at least "
                              f"{spec.samples} per side (causal_lm.behaviour.samples)")
-        reducers[side] = reducer
+        reducers[side.name] = reducer
     return reducers, origins
 
 
@@ -143,7 +149,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.metrics.behaviour import compare
 
     m = Measurement("behaviour_parity")
-    spec = ctx.spec.behaviour
+    from paritygate.sections.behaviour_parity import BehaviourSpec
+
+    spec = BehaviourSpec.of(ctx.spec)
     if spec is None:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
     dumps = spec.training_dump is not None and spec.serving_dump is not None
@@ -193,7 +201,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 
 
 def _configs(ctx: LMContext, origins: dict[str, str]) -> str:
-    train, serve = ctx.training_sampling.spec(), ctx.serving_sampling.spec()
+    train, serve = ctx.training.sampling.spec(), ctx.serving.sampling.spec()
     return (f"(training {origins['training']}: temperature {train.temperature}, top_p "
             f"{train.top_p}, max_new_tokens {train.max_new_tokens}, stop {train.stop}, "
             f"repetition_penalty {train.repetition_penalty}; serving {origins['serving']}: "

@@ -114,7 +114,7 @@ def greedy_engine(ctx: LMContext) -> tuple[str | None, str | None]:
         return engine_name, None
     from paritygate.engines.vllm_engine import vllm_unavailable_reason
 
-    reason = vllm_unavailable_reason(ctx.engine_model_dir)
+    reason = vllm_unavailable_reason(ctx.serving.model_dir)
     if reason is not None:
         return None, f"generation_parity with engines: [vllm] needs vLLM: {reason}"
     return "vllm", None
@@ -185,9 +185,9 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     engine_name, reason = greedy_engine(ctx)
     if engine_name is None:
         return m.skip(reason or "no engine configured")
-    if engine_name == "dump" and ctx.dump_summary().greedy.records == 0:
+    if engine_name == "dump" and ctx.generations.dump_summary.greedy.records == 0:
         return m.skip("the rollout dump holds no greedy record (temperature 0)")
-    training = ctx.training_sampling.spec()
+    training = ctx.training.sampling.spec()
     limits = ctx.served_limits(
         {"near_tie_margin": ctx.spec.near_tie_margin},
         ctx.spec.model_fields_set & {"near_tie_margin"},
@@ -196,18 +196,18 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     shown = f"{tol:g}" if limits.tier is None else limits.describe("near_tie_margin")
     if limits.note() is not None:
         m.note(str(limits.note()))
-    rules = GreedyRules(ctx.serving_tokenizer, training.max_new_tokens, training.min_new_tokens,
+    rules = GreedyRules(ctx.serving.tokenizer, training.max_new_tokens, training.min_new_tokens,
                         list(training.stop), list(training.eos_token_ids))
-    setup = _Setup(rules, tol, shown, training, ctx.serving_sampling.spec())
+    setup = _Setup(rules, tol, shown, training, ctx.serving.sampling.spec())
     tally = _Tally(cap=engine_name == "dump")
     if engine_name == "dump":
         _compare_dump(m, ctx, setup, tally)
     else:
-        engine_out = ctx.greedy(engine_name)
+        engine_out = ctx.generations.greedy(engine_name)
         probes: list[str] = [p.id for p in ctx.probes]
         if len(probes) != len(engine_out.prompt_ids):  # stand-ins naming the rollouts
             probes = [f"rollout {i}" for i in range(len(engine_out.prompt_ids))]
-        teacher = ctx.teacher_forced(engine_out)  # one batched forward, shared
+        teacher = ctx.generations.teacher_forced(engine_out)  # one batched forward, shared
         _compare(m, ctx, setup, tally, probes, engine_out, teacher)
     tally.close(m)
     m.metric(
@@ -229,11 +229,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
 def _compare_dump(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally) -> None:
     """A dump's greedy records batch by batch: each batch's teacher-forced logits are
     dropped once its rows are compared (never memoised on the context)."""
-    vocab = max(1, ctx.dump_summary().vocab_size or 1)
-    for batch in ctx.dump_batches(greedy=True):
+    vocab = max(1, ctx.generations.dump_summary.vocab_size or 1)
+    for batch in ctx.generations.dump_batches(greedy=True):
         for start, stop in batch.spans(TEACHER_LOGITS // vocab):
             part = batch.rows(start, stop)
-            teacher = ctx.teacher_forced_once(part)
+            teacher = ctx.generations.teacher_forced_once(part)
             names = [f"rollout {tally.sequences + i}" for i in range(stop - start)]
             _compare(m, ctx, setup, tally, names, part, teacher)
 
@@ -242,7 +242,7 @@ def _compare(m: Measurement, ctx: LMContext, setup: _Setup, tally: _Tally, names
              engine_out: Generation, teacher: list[np.ndarray]) -> None:
     """Each sequence's training path against the engine's tokens: first divergence, excused
     at a near-tie, else a failure of its kind."""
-    model, tok, training, serving = (ctx.reference_model(), ctx.serving_tokenizer,
+    model, tok, training, serving = (ctx.training.model(), ctx.serving.tokenizer,
                                      setup.training, setup.serving)
     for name, prompt, cand, forced in zip(
         names, engine_out.prompt_ids, engine_out.output_ids, teacher, strict=True

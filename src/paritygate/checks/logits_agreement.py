@@ -257,16 +257,16 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         if "vllm" not in ctx.spec.engines:
             return m.skip("logits_agreement needs the served model's logits: the HF engine "
                           "or vLLM's prompt log-probs (engines has neither)")
-        found = ctx.vllm_served_rows()
+        found = ctx.generations.vllm_served_rows()
         if isinstance(found, str):
             return m.skip(found)
         m.record(CandidateName(f"vLLM prompt log-probs ({ctx.spec.engine.dtype}, teacher-"
                                "forced on its greedy continuations, in the trainer's gauge)"))
         return _judge(ctx, m, thresholds, *found)
-    generation = ctx.greedy("hf")
+    generation = ctx.generations.greedy("hf")
     assert generation is not None  # only a rollout dump may lack a greedy record
     kept = [i for i, output in enumerate(generation.output_ids) if output]
-    teacher = ctx.teacher_forced(generation)  # shared with generation_parity
+    teacher = ctx.generations.teacher_forced(generation)  # shared with generation_parity
     engine = cast("HFGenerateEngine", ctx.engine("hf"))
     if generation.logits is not None and engine.padding_side == "left":
         # The engine's own KV-cache logits from its greedy generation: left-padded rows decode
@@ -296,7 +296,7 @@ def _judge(ctx: LMContext, m: Measurement, thresholds: Thresholds, reference: np
     if stats is not None:  # the size of the gap names no cause: the usual ones, for people
         m.hint("max_abs_diff",
                f"cached engine logits differ from the trainer's forward (engine "
-               f"{ctx.engine_model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
+               f"{ctx.serving.model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
                f"{ctx.spec.training.dtype}); possible causes: stale checkpoint, lower precision "
                "or a cache bug")
     worst = WorstProbes.read(m.details)

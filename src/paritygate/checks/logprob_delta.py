@@ -120,7 +120,7 @@ def measure_delta(
     tier_key, tier, limits = effective_tier(ctx, thresholds, engine_dtype)
     if limits.note() is not None:
         m.note(str(limits.note()))
-    training = ctx.training_sampling.spec()
+    training = ctx.training.sampling.spec()
     delta = (_dump_delta(ctx, tier) if engine_name == "dump"
              else _engine_delta(ctx, engine_name, tier))
     stats, serving = delta.stats, delta.serving
@@ -129,8 +129,8 @@ def measure_delta(
     train_mode = ctx.spec.training.logprobs_mode if training.do_sample else "raw"
     engine_mode = delta.mode
     _named_causes(m, ctx, training, serving, (train_mode, engine_mode), tier_key)
-    if ctx.engine_model_dir != ctx.model_dir:
-        m.note(f"engine loads {ctx.engine_model_dir}, trainer loads {ctx.model_dir}")
+    if ctx.serving.model_dir != ctx.training.model_dir:
+        m.note(f"engine loads {ctx.serving.model_dir}, trainer loads {ctx.training.model_dir}")
     if any(metric.breaches() for metric in m.metrics.values()) and (
         "misalignment" not in stats.labels
     ):
@@ -196,9 +196,9 @@ def _engine_delta(ctx: LMContext, engine_name: str, tier: Mapping[str, float]) -
     """An engine's sampled generation (small: the probes) recomputed and compared at once."""
     from paritygate.metrics.logprob import delta_stats
 
-    generation, serving = ctx.sampled(engine_name)
-    logp_train, logp_infer, mask = ctx.recompute(generation)
-    tok = ctx.serving_tokenizer
+    generation, serving = ctx.generations.sampled(engine_name)
+    logp_train, logp_infer, mask = ctx.generations.recompute(generation)
+    tok = ctx.serving.tokenizer
 
     def token_text(seq: int, pos: int) -> str:
         return str(tok.decode([generation.output_ids[seq][pos]]))
@@ -225,22 +225,22 @@ def _dump_delta(ctx: LMContext, tier: Mapping[str, float]) -> EngineDelta:
     reads the first records up to :data:`FIT_LOGITS` logits."""
     from paritygate.metrics.logprob_stream import DeltaAccumulator
 
-    part = ctx.dump_summary().sampled
+    part = ctx.generations.dump_summary.sampled
     if part.records == 0 or part.sampling is None:
         raise InputError(ctx.config.resolve(ctx.spec.engine.dump or ""), None,
                          "the dump holds no sampled record (all are greedy)")
     acc = DeltaAccumulator(part.tokens, eps=ctx.spec.ratio_eps, tier=tier)
-    vocab = max(1, ctx.dump_summary().vocab_size or 1)
+    vocab = max(1, ctx.generations.dump_summary.vocab_size or 1)
     fit: FitSample | None = None
     engine = "dump"
-    for generation in ctx.dump_batches(greedy=False):
-        logp_train, logp_infer, mask = ctx.recompute(generation)
+    for generation in ctx.generations.dump_batches(greedy=False):
+        logp_train, logp_infer, mask = ctx.generations.recompute(generation)
         acc.add(logp_train, logp_infer, mask, generation.output_ids)
         if fit is None:
             engine = generation.engine
             fit = _fit_sample(generation, logp_infer, FIT_LOGITS // vocab)
     assert fit is not None  # the part holds records
-    tok = ctx.serving_tokenizer
+    tok = ctx.serving.tokenizer
     stats = acc.result(token_text=lambda token: str(tok.decode([token])))
     note = ""
     if part.records > DETAIL_ROWS:
@@ -338,7 +338,7 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
     from paritygate.metrics.logprob_penalty import read_penalty
 
     generation = fit.generation
-    logp_train, _, mask = ctx.recompute(generation)
+    logp_train, _, mask = ctx.generations.recompute(generation)
     train, infer = np.asarray(logp_train, np.float64), np.asarray(fit.logp_infer, np.float64)
     valid = np.asarray(mask, bool) & np.isfinite(train) & np.isfinite(infer)
     with np.errstate(invalid="ignore"):
@@ -374,7 +374,7 @@ def _temperature_fit(m: Measurement, ctx: LMContext, fit: FitSample, training: A
         return  # a filtered distribution is not a rescaled softmax
     generation, logp_infer = fit.generation, fit.logp_infer
     rows, toks, infer = [], [], []
-    teacher = ctx.teacher_forced(generation)  # one batched forward over every sequence
+    teacher = ctx.generations.teacher_forced(generation)  # one batched forward over every sequence
     for i, output in enumerate(generation.output_ids):
         if not output:
             continue

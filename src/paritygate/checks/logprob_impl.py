@@ -128,11 +128,11 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.imports import import_callable
 
     m = Measurement("logprob_impl")
-    model = ctx.reference_model()
-    seqs = [s for s in ctx.prompts("training") if len(s) >= 2]
+    model = ctx.training.model()
+    seqs = [s for s in ctx.training.prompts if len(s) >= 2]
     if not seqs:
         return m.skip("no probe prompt has two or more tokens")
-    pad = ctx.training_tokenizer.pad_token_id or 0
+    pad = ctx.training.tokenizer.pad_token_id or 0
     user_name = ctx.spec.training.logprob_fn
     subjects = [("", user_name, ctx.logprob_fn)]
     if user_name != REFERENCE_FN:
@@ -140,10 +140,10 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         subjects.insert(0, ("reference_", REFERENCE_FN, ref))
     helpers = ctx.logprob_variants()
     shift_budget = _shift_budget(ctx)
-    eos = ctx.training_tokenizer.eos_token_id
+    eos = ctx.training.tokenizer.eos_token_id
     eos = pad if eos is None else eos
     tol = Tolerances(DEFAULTS["categorical_max_abs"], DEFAULTS["padding_max_abs"])
-    t_cfg = ctx.training_sampling.spec().temperature
+    t_cfg = ctx.training.sampling.spec().temperature
     temperature = t_cfg if t_cfg not in (0.0, 1.0) else TEST_TEMPERATURE
     limits = {key: thresholds[key] for key in DEFAULTS}
     floor_pending = ctx.spec.training.dtype != "float32"

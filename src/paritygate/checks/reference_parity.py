@@ -130,7 +130,7 @@ def _provenance(
     m.metric("reference_digest", int(digest[:13], 16), bad="change")
     m.record(ReferenceDigest(digest, setup.files_sha256))
     diff = setup.compare_with_initial(state, list(ctx.spec.training_only_heads),
-                                      tied_in=ctx.reference_model())
+                                      tied_in=ctx.training.model())
     if diff is None:
         same = setup.initial_sha256 in (digest, setup.files_sha256)
         m.metric("tensors_differ_from_initial", 0 if same else len(state),
@@ -190,13 +190,13 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     setup = ctx.kl_reference
     if setup is None:
         return m.skip("no causal_lm.reference block: the KL reference is not gated")
-    seqs = [s for s in ctx.prompts("training") if len(s) >= 2]
+    seqs = [s for s in ctx.training.prompts if len(s) >= 2]
     if not seqs:
         return m.skip("no probe prompt has two or more tokens")
     _provenance(m, ctx, setup, thresholds)
     same_files = setup.files_sha256 == ctx.checkpoint_sha256
 
-    tok = ctx.training_tokenizer
+    tok = ctx.training.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = tok.eos_token_id if tok.eos_token_id is not None else pad
     helpers = ctx.logprob_variants()
@@ -204,7 +204,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     keep = helpers.target_mask(mask)  # (B, T-1)
     ref_model = setup.model()
     ref_logits = helpers.model_logits(ref_model, ids, mask)  # (B, T, V)
-    pol_logits = helpers.model_logits(ctx.reference_model(), ids, mask)  # (B, T, V)
+    pol_logits = helpers.model_logits(ctx.training.model(), ids, mask)  # (B, T, V)
     nonfinite = [side for side, logits in (("reference", ref_logits), ("policy", pol_logits))
                  if not bool(torch.isfinite(logits[:, :-1][keep]).all())]
     if nonfinite:

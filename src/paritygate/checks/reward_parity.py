@@ -366,12 +366,14 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     setup = ctx.reward
     if setup is None:
         return m.skip("no causal_lm.reward block: the reward is not gated")
-    block = ctx.spec.reward
+    from paritygate.sections.reward_parity import RewardSpec
+
+    block = RewardSpec.of(ctx.spec)
     slope_max = block.length_slope_max if block is not None else None
     if setup.generated:  # the greedy generation other LM checks share
-        greedy = ctx.greedy("hf")
+        greedy = ctx.generations.greedy("hf")
         assert greedy is not None  # the HF engine always generates (only a dump may not)
-        setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training_tokenizer)
+        setup = setup.with_generated(greedy, [p.id for p in ctx.probes], ctx.training.tokenizer)
         m.note(f"samples: the HF engine's greedy continuations of {len(setup.samples)} probes")
         if not setup.samples:
             return m.skip("every greedy continuation of the probes is empty: nothing to score")

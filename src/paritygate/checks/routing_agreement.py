@@ -24,6 +24,7 @@ from paritygate.causes import DOWNSTREAM_LM, Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.records import Keyed, Record
 from paritygate.result import Measurement
+from paritygate.sections.routing_agreement import RoutingSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -123,18 +124,18 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.metrics.tiers import resolve_tier
 
     m = Measurement("routing_agreement")
-    training = ctx.reference_model()
+    training = ctx.training.model()
     layout = moe_layout(training)
     if layout is None:
-        if ctx.spec.routing is not None:
+        if RoutingSpec.of(ctx.spec) is not None:
             raise InputError(ctx.config.path, "causal_lm.routing",
-                             f"the model in {ctx.model_dir} has no MoE layers (no module with a "
-                             "gate router beside experts): drop the routing block for a dense "
-                             "model")
+                             f"the model in {ctx.training.model_dir} has no MoE layers "
+                             "(no module with a gate router beside experts): drop the "
+                             "routing block for a dense model")
         return m.skip("dense model: no MoE layer (no module with a gate router beside experts)")
     tier_key, _ = resolve_tier(ctx.spec.precision_tier, ctx.spec.training.dtype,
                                ctx.spec.engine.dtype)
-    spec = ctx.spec.routing
+    spec = RoutingSpec.of(ctx.spec)
     tie = spec.tie_margin if spec is not None and spec.tie_margin else tie_tolerance(tier_key)
     limits = _limits(tier_key, thresholds)
     m.record(LayoutRecord(RoutingLayout(list(layout.routers), layout.num_experts, layout.top_k,
@@ -164,9 +165,9 @@ VLLM_ROUTING = (
 
 
 def _sequences(ctx: LMContext) -> list[list[int]]:
-    seqs = [list(p) for p in ctx.prompts("training")]
-    if ctx.spec.routing is not None and ctx.spec.routing.samples:
-        generation, _ = ctx.sampled("hf")
+    seqs = [list(p) for p in ctx.training.prompts]
+    if (routing := RoutingSpec.of(ctx.spec)) is not None and routing.samples:
+        generation, _ = ctx.generations.sampled("hf")
         seqs += [list(p) + list(o)
                  for p, o in zip(generation.prompt_ids, generation.output_ids, strict=True)]
     return seqs
@@ -177,10 +178,10 @@ def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     """The HF serving copy against the training model, on the same teacher-forced tokens."""
     from paritygate.engines.hf_routing import moe_layout, routed_forward
 
-    training = ctx.reference_model()
+    training = ctx.training.model()
     serving: nn.Module = ctx.engine("hf").model  # type: ignore[attr-defined]
     served_layout = moe_layout(serving)
-    pad = ctx.training_tokenizer.pad_token_id or 0
+    pad = ctx.training.tokenizer.pad_token_id or 0
     seqs = _sequences(ctx)
     if serving is training:
         m.note("the HF engine serves the training model itself (same files and dtype): "
@@ -224,7 +225,7 @@ def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.
     if served.top_k != layout.top_k:
         m.fail("top_k_differs", f"the engine routes each token to {served.top_k} experts, the "
                                 f"trainer to {layout.top_k} (num_experts_per_tok in "
-                                f"{ctx.engine_model_dir / 'config.json'})")
+                                f"{ctx.serving.model_dir / 'config.json'})")
     if (served.norm_topk_prob is not None and layout.norm_topk_prob is not None
             and served.norm_topk_prob != layout.norm_topk_prob):
         m.fail("topk_norm_differs", f"norm_topk_prob is {served.norm_topk_prob} in the served "
@@ -334,7 +335,7 @@ def _shared(m: Measurement, ctx: LMContext, layout: MoeLayout, t_cap: RouterCapt
         return {k: float(torch.cat(v)[mask].mean()) for k, v in cap.shared_norm.items()}
 
     gone = missing_shared(norms(t_cap, t_mask), norms(s_cap, s_mask),
-                          tensor_names(ctx.engine_model_dir), tensor_names(ctx.model_dir))
+                          tensor_names(ctx.serving.model_dir), tensor_names(ctx.training.model_dir))
     if gone:
         m.fail("shared_expert_missing", f"the served copy lacks the shared expert of "
                                         f"{', '.join(gone[:3])}: its file holds no tensor of it "
@@ -347,10 +348,8 @@ def _measure_dump(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     """A dump's recorded ``routed_experts`` against the trainer's recompute on its tokens."""
     from paritygate.metrics.routed_dump import dump_layers
 
-    layers = dump_layers(m, ctx.dump_records(), ctx.reference_model(), layout, tie,
-                         pad_id=ctx.training_tokenizer.pad_token_id or 0,
-                         required=ctx.spec.routing is not None and ctx.spec.routing.dump_experts,
-                         dump_path=ctx.spec.engine.dump or ctx.config.base_dir)
+    layers = dump_layers(m, ctx.generations.dump_summary, ctx.training.model(), layout, tie,
+                         pad_id=ctx.training.tokenizer.pad_token_id or 0)
     if layers is None:
         return False
     _record(m, layers, limits, prefix="dump_")

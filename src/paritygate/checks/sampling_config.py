@@ -121,7 +121,7 @@ def unpadded_fields(ctx: LMContext) -> frozenset[str]:
     ``endpoint``): a tokenizer's ``padding_side`` there is no part of the protocol."""
     if not ctx.spec.engines or not set(ctx.spec.engines) <= {"vllm", "endpoint"}:
         return frozenset()
-    return PADDING_FIELDS - set(ctx.serving_sampling.explicit)
+    return PADDING_FIELDS - set(ctx.serving.sampling.explicit)
 
 
 def record_contradictions(
@@ -156,8 +156,8 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
     engine = ctx.engine("endpoint")
     assert isinstance(engine, EndpointEngine)
     info = engine.info()
-    serving = ctx.serving_sampling.spec()
-    need = max((len(p) for p in ctx.prompts()), default=0) + serving.max_new_tokens
+    serving = ctx.serving.sampling.spec()
+    need = max((len(p) for p in ctx.serving.prompts), default=0) + serving.max_new_tokens
     defaults = server_defaults(engine)
     m.record(ServerRecord(ServerInfo(engine.base_url, info.model, info.root, info.max_model_len,
                                      need, engine.sampling, defaults)))
@@ -183,7 +183,7 @@ def record_dev_defaults(m: Measurement, ctx: LMContext, defaults: dict[str, obje
     config's, where the server exposes its configuration (vLLM dev mode); the fields named."""
     if defaults is None:
         return set()
-    serving = ctx.serving_sampling.spec()
+    serving = ctx.serving.sampling.spec()
     named: set[str] = set()
     override = defaults.get("override")
     for name, value in (override.items() if isinstance(override, dict) else []):
@@ -195,7 +195,7 @@ def record_dev_defaults(m: Measurement, ctx: LMContext, defaults: dict[str, obje
             named.add(field)
             m.fail("server_default_differs",
                    f"the server overrides {name}: {value!r} (--override-generation-config) "
-                   f"vs serving {expected!r} ({ctx.serving_sampling.path.name}); requests "
+                   f"vs serving {expected!r} ({ctx.serving.sampling.path.name}); requests "
                    f"that leave {name} out get the server's")
     return named
 
@@ -209,16 +209,16 @@ def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
 
     engine = ctx.engine("endpoint")
     assert isinstance(engine, EndpointEngine)
-    serving = ctx.serving_sampling.spec()
+    serving = ctx.serving.sampling.spec()
     if not serving.do_sample or serving.temperature <= 0:
         m.note("the serving config decodes greedily: the server's sampling defaults are not "
                "measured")
         return
-    probe = probe_defaults(engine, ctx.prompts(), serving)
+    probe = probe_defaults(engine, ctx.serving.prompts, serving)
     m.record(DefaultsProbeRecord(DefaultsProbe(list(probe.differing), probe.sent, probe.prompts,
                                                probe.tokens, probe.inconclusive,
                                                probe.combined)))
-    source = ctx.serving_sampling.path.name
+    source = ctx.serving.sampling.path.name
     if probe.inconclusive:
         m.note(f"the server's sampling defaults are not measured: {probe.inconclusive}")
         return
@@ -272,7 +272,7 @@ def _jsonable(value: object) -> object:
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("sampling_config")
-    training, serving = ctx.training_sampling, ctx.serving_sampling
+    training, serving = ctx.training.sampling, ctx.serving.sampling
     compared = training.compared_fields
     allow = {entry.field: entry.reason for entry in ctx.spec.sampling.allow}
     declared = ctx.declared_dtype

@@ -66,7 +66,7 @@ def _first_divergence(reference: list[int], candidate: list[int]) -> int:
 
 def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m = Measurement("tokenizer_parity")
-    train, serve = ctx.training_tokenizer, ctx.serving_tokenizer
+    train, serve = ctx.training.tokenizer, ctx.serving.tokenizer
     allow = {e.field: e.reason for e in ctx.spec.tokenizer.allow}
     for name in allow:
         if name not in ALLOWABLE and name != ALLOW_FIELD:
@@ -155,7 +155,7 @@ def _compare_probes(
 
     rows: list[dict[str, Any]] = []
     mismatched = 0
-    encoded = zip(ctx.probes, ctx.prompts("training"), ctx.prompts("serving"), strict=True)
+    encoded = zip(ctx.probes, ctx.training.prompts, ctx.serving.prompts, strict=True)
     for probe, t_seq, s_seq in encoded:
         same = t_seq == s_seq
         row: dict[str, Any] = {
@@ -165,7 +165,7 @@ def _compare_probes(
             "equal": same,
         }
         if probe.is_chat:
-            t_text, s_text = ctx.render_probe("training", probe), ctx.render_probe("serving", probe)
+            t_text, s_text = ctx.training.render(probe), ctx.serving.render(probe)
             if t_text != s_text:
                 at = _first_divergence(list(map(ord, t_text)), list(map(ord, s_text)))
                 differs(

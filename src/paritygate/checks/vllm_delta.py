@@ -45,13 +45,13 @@ def unasked(ctx: LMContext) -> str | None:
 def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.checks.logprob_delta import measure_delta
 
-    reason = unavailable_reason(ctx.engine_model_dir)
+    reason = unavailable_reason(ctx.serving.model_dir)
     if reason is not None:
         return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM: {reason}")
     m = measure_delta(ctx, "vllm_delta", thresholds, "vllm")
-    if ctx.vllm_model_dir() != ctx.engine_model_dir:
+    if ctx.vllm_model_dir() != ctx.serving.model_dir:
         m.note(
-            f"vLLM serves a copy of {ctx.engine_model_dir} without the training-only heads "
+            f"vLLM serves a copy of {ctx.serving.model_dir} without the training-only heads "
             f"{list(ctx.spec.training_only_heads)} (vLLM refuses parameters its model class "
             "lacks; paritygate export writes the same copy)"
         )

@@ -218,8 +218,8 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
             "NaN/Inf values"
         )
 
-    model = ctx.reference_model()
-    info = ctx.reference_loading_info()
+    model = ctx.training.model()
+    info = ctx.training.loading_info()
     missing = sorted(info.get("missing_keys", []))
     unexpected_all = sorted(info.get("unexpected_keys", []))
     head_keys = [k for k in unexpected_all if ctx.is_training_only(k)]
@@ -285,7 +285,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     m.metric("serving_tensors_extra", len(serving.extra), ratchet=False)
     m.metric("serving_dtype_changes", len(serving.dtype_changes), bad="none", ratchet=False)
     m.record(LMHeads(heads, head_keys, ServedTensors(
-        model_dir=str(ctx.engine_model_dir), served_from=ctx.served_from,
+        model_dir=str(ctx.serving.model_dir), served_from=ctx.serving.key,
         tensors_compared=serving.compared,
         differing=dict(sorted(serving.value_diffs.items(), key=lambda kv: -kv[1])[:20]),
         dtype_changes={k: list(v) for k, v in list(serving.dtype_changes.items())[:20]})))

@@ -15,14 +15,13 @@ Paths are relative to the gate config file. Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from paritygate.config.sampling_fields import OFF_POLICY
-from paritygate.config_base import ConfigPath, StrictModel
-
-Dtype = Literal["float32", "bfloat16", "float16"]
+from paritygate.config_base import ConfigPath, Dtype, StrictModel
+from paritygate.sections import compose
 
 
 class AllowEntry(StrictModel):
@@ -169,12 +168,6 @@ MAX_GENERATION_SAMPLES = 256
 """``generation_samples`` is at most 256 continuations per probe: the log-prob delta is judged
 per token, and a probe's 256 continuations are thousands of tokens; more only cost time."""
 
-MAX_BEHAVIOUR_SAMPLES = 4096
-"""``behaviour.samples`` is at most 4,096 per prompt per side: at that many the tests detect a
-length shift of 0.1 standard deviations and a rate change of 0.03 at 90% power (Holm-corrected
-at alpha 0.01); more samples only cost generation time."""
-
-
 class EndpointSpec(StrictModel):
     """``engines: [endpoint]``: an OpenAI-compatible completions server (``vllm serve``)
     serving the model in ``serving.model_dir``; requests carry token ids."""
@@ -197,143 +190,6 @@ class EndpointSpec(StrictModel):
     """``server``: sampled requests leave temperature, top_p, top_k, min_p and
     repetition_penalty to the server's defaults (its generation config), as a client that
     does not set them gets; ``request``: the serving sampling config's values are sent."""
-
-
-class BehaviourSpec(StrictModel):
-    """``behaviour_parity``: both sides sampled with their own config on the probes."""
-
-    samples: int = Field(64, ge=8, le=MAX_BEHAVIOUR_SAMPLES)
-    """Samples per prompt per side; below 8 per prompt the rank tests lack power; at most
-    :data:`MAX_BEHAVIOUR_SAMPLES`."""
-    alpha: float = Field(0.01, gt=0, lt=1)
-    """Family-wise false-alarm rate of the tests (Holm's correction)."""
-    format_regex: str | None = None
-    """A completion matching this regex (``re.search``) is a format hit."""
-    reward_fn: str | None = None
-    """``module:callable(prompt: str, completion: str) -> float``: E[reward] compared."""
-    reward_tolerance: float = Field(0.05, gt=0)
-    """Largest E[reward] difference accepted (the offline equivalence check's roll-back figure)."""
-    training_dump: str | list[str] | None = None
-    """The training side's samples from rollout dumps (a file, a glob or a list: the shards a
-    distributed sampler wrote) instead of HF ``generate``; records need ``prompt_ids``,
-    ``completion_ids`` and ``finish_reason``."""
-    serving_dump: str | list[str] | None = None
-    """The serving side's samples from rollout dumps (as ``training_dump``)."""
-    batch_size: int = Field(256, ge=1)
-    """Records read and teacher-forced per step: the audit's memory is O(batch_size)."""
-
-    @field_validator("format_regex")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            import re
-
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from None
-        return value
-
-
-class ReferenceSpec(StrictModel):
-    """The KL reference model of the RL loop (``reference_parity``)."""
-
-    model_dir: ConfigPath
-    """The reference model's HF directory, as the trainer loads it."""
-    initial: str
-    """The initial policy the reference must equal: its HF directory, or a sha256 recorded at
-    the start of training (``sha256sum model.safetensors``, or the tensor digest
-    ``paritygate.families.causal_lm.reference:state_digest`` prints)."""
-    logprob_fn: str | None = None
-    """The trainer's reference log-prob function (default: ``training.logprob_fn``)."""
-    logprob_convention: Literal["auto", "model", "logits"] = "auto"
-    kl_estimator: str = "k3"
-    """``k1``, ``k2``, ``k3`` or ``module:callable`` called as ``f(logp, logp_ref, mask)``
-    (each ``(B, T)``, ``mask`` 1 on real tokens) returning either the per-token KL term
-    ``(B, T)`` (TRL GRPO's ``per_token_kl``: ``exp(ref - logp) - (ref - logp) - 1``) or one
-    value per sequence ``(B,)``, reduced over the mask as ``kl_reduction`` says."""
-    kl_reduction: Literal["mean", "sum"] = "mean"
-    """How a per-sequence estimator reduces its per-token terms: ``mean`` (masked mean,
-    ``sum(k * mask, -1) / sum(mask, -1)``, as TRL and verl do) or ``sum``
-    (``sum(k * mask, -1)``). Not read for a per-token estimator."""
-    dtype: Dtype | None = None
-    """The dtype the reference is stored in, when lower than the initial policy's (declared:
-    its tensors must be the initial ones cast exactly)."""
-
-
-class RewardScoring(StrictModel):
-    """How one side feeds the reward model: layout, length limit and what it is shown."""
-
-    padding_side: Literal["left", "right"] | None = None
-    """Default: the reward tokenizer's."""
-    max_length: int | None = Field(None, ge=1)
-    """Tokens kept per scored text (default: all)."""
-    truncation_side: Literal["left", "right"] | None = None
-    """Which end ``max_length`` cuts (default: the reward tokenizer's)."""
-    scored_span: Literal["prompt_completion", "completion"] = "prompt_completion"
-    """What the reward model is shown: the prompt and the completion, or the completion only."""
-    chat_template: bool = False
-    """Render ``[user: prompt, assistant: completion]`` with the reward tokenizer's template."""
-    append_eos: bool = True
-    """Append the EOS token to the text (TRL's ``RewardTrainer`` does)."""
-    batch_size: int = Field(8, ge=1)
-
-
-class RewardSpec(StrictModel):
-    """The reward of the RL loop (``reward_parity``): a reward model and/or a reward function."""
-
-    model_dir: ConfigPath | None = None
-    """HF ``AutoModelForSequenceClassification`` directory with one label (TRL ``RewardTrainer``
-    output): the copy that scores at evaluation or serving."""
-    trained_dir: ConfigPath | None = None
-    """The reward model as training used it (default: ``model_dir``): the scoring copy's
-    tensors must be its tensors."""
-    tokenizer: ConfigPath | None = None
-    """The reward model's tokenizer (default: ``model_dir``)."""
-    dtype: Dtype | None = None
-    """The dtype the scoring copy is stored and run in, when lower than the trained one's."""
-    training: RewardScoring = RewardScoring()
-    """How training scored its samples."""
-    serving: RewardScoring | None = None
-    """How evaluation or serving scores (default: as training)."""
-    function: str | None = None
-    """``module:callable(prompts, completions, **kwargs) -> list[float]``: a reward function
-    as GRPO trainers take it (a custom scorer serving the reward model, or another reward)."""
-    function_matches_model: bool = True
-    """With ``function`` and a reward model both set: the function serves the trained reward
-    model's scores, and its rewards on the same samples must equal them (score difference and
-    pair rankings flipped). ``false``: the function is another reward by design (a format or
-    rule reward), not compared."""
-    completions: str | None = None
-    """JSONL, one ``{"prompt", "completion"}`` per line, or a rollout dump (``paritygate dump``
-    JSONL/Parquet: ``prompt_ids``, ``completion_ids``, decoded by the training tokenizer), or
-    ``generated`` (the HF engine's greedy continuations of the probes, shared with the other
-    LM checks); default: each text probe split in two at a word boundary."""
-    length_slope_max: float | None = Field(None, ge=0)
-    """Fail when the score grows faster than this per completion token on length variants
-    (default: reported, not judged)."""
-
-    @model_validator(mode="after")
-    def _something_to_score(self) -> RewardSpec:
-        if self.model_dir is None and self.function is None:
-            raise ValueError("a reward block needs model_dir, function or both")
-        return self
-
-
-class RoutingSpec(StrictModel):
-    """``routing_agreement``: the experts a mixture-of-experts policy's engine routes each token
-    to, against the trainer's. The block's presence says the model is an MoE: a model without
-    MoE layers is then bad input, not a skip."""
-
-    samples: bool = False
-    """Also teacher-force the HF engine's sampled completions (``generation_samples`` per
-    probe; one generation more unless ``logprob_delta`` already sampled them)."""
-    dump_experts: bool = False
-    """Every record of ``engine.dump`` must carry ``routed_experts``: the experts the engine
-    routed each token to, audited against the trainer's recompute."""
-    tie_margin: float | None = Field(None, gt=0, lt=1)
-    """Relative router margin under which a flipped expert set is a near tie (default: the
-    precision tier's, :data:`paritygate.metrics.routing.ROUTER_TIE_REL`)."""
 
 
 class CausalLMSpec(StrictModel):
@@ -375,15 +231,6 @@ class CausalLMSpec(StrictModel):
     generation_samples: int = Field(2, ge=1, le=MAX_GENERATION_SAMPLES)
     """Sampled continuations per probe for ``logprob_delta`` (at most
     :data:`MAX_GENERATION_SAMPLES`)."""
-    reference: ReferenceSpec | None = None
-    """The KL reference model (``reference_parity``; skipped when absent)."""
-    reward: RewardSpec | None = None
-    """The reward model and/or function (``reward_parity``; skipped when absent)."""
-    behaviour: BehaviourSpec | None = None
-    """``behaviour_parity``'s settings; the check is skipped without them."""
-    routing: RoutingSpec | None = None
-    """``routing_agreement``'s settings (an MoE policy); without the block a dense model skips
-    the check."""
 
     def tier(self, engine_dtype: str | None = None) -> str:
         """The precision tier key: the configured one, else ``<training>/<inference>``."""
@@ -392,3 +239,9 @@ class CausalLMSpec(StrictModel):
         from paritygate.metrics.tiers import tier_for
 
         return tier_for(self.training.dtype, engine_dtype or self.engine.dtype)[0]
+
+
+# The checks' own blocks (paritygate.sections, one module per check) follow the fields above; a
+# check reads its block with ``Section.of(spec)``, so the type checker sees the fields above alone.
+if not TYPE_CHECKING:
+    CausalLMSpec = compose(CausalLMSpec, "causal_lm")

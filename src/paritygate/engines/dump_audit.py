@@ -1,7 +1,8 @@
 """A rollout dump's audit in memory that does not grow with the dump: one validating pass
 counts its greedy and sampled records and tokens (:func:`summarise_dump`, run when the gate's
 context is built, before any model loads), then each check reads the records again in batches
-(:func:`dump_batches`), so ``logprob_delta`` and ``generation_parity`` hold one batch at a time.
+(:func:`dump_batches`, :func:`routed_batches`), so ``logprob_delta``, ``generation_parity`` and
+``routing_agreement`` hold one batch at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ class DumpPart:
 
 
 @dataclass(frozen=True)
+class RoutedPart:
+    """The records that carry ``routed_experts`` (a mixture-of-experts engine's routing)."""
+
+    records: int = 0
+    layers: int | None = None
+    """MoE layers per position, one count throughout the dump (checked)."""
+    first_missing: str | None = None
+    """Where the first record without the field is (``line N``), if any."""
+
+
+@dataclass(frozen=True)
 class DumpSummary:
     """A validated dump: its path, the vocabulary it was checked against and its parts. The
     records themselves are read again, batch by batch, by :func:`dump_batches`."""
@@ -42,6 +54,7 @@ class DumpSummary:
     sampled: DumpPart
     num_experts: int | None = None
     """The experts per MoE layer routed expert ids were checked against (``None``: dense)."""
+    routed: RoutedPart = RoutedPart()
 
 
 def summarise_dump(path: Path, *, vocab_size: int | None = None,
@@ -49,9 +62,11 @@ def summarise_dump(path: Path, *, vocab_size: int | None = None,
     """Validate every record of the dump in one streaming pass (memory: one record) and count
     its greedy and sampled parts; bad input names the line and field."""
     parts: dict[bool, DumpPart] = {True: DumpPart(), False: DumpPart()}
+    routed = RoutedPart()
     seen = False
     for where, record in iter_records(path, vocab_size=vocab_size, num_experts=num_experts):
         seen = True
+        routed = _count_routed(path, where, record, routed)
         greedy = is_greedy(record["sampling"])
         part = parts[greedy]
         if part.mode is not None and record["logprobs_mode"] != part.mode:
@@ -65,7 +80,19 @@ def summarise_dump(path: Path, *, vocab_size: int | None = None,
     if not seen:
         raise InputError(path, None, "rollout dump holds no record")
     return DumpSummary(path, vocab_size, greedy=parts[True], sampled=parts[False],
-                       num_experts=num_experts)
+                       num_experts=num_experts, routed=routed)
+
+
+def _count_routed(path: Path, where: str, record: DumpRecord, part: RoutedPart) -> RoutedPart:
+    routed = record["routed_experts"]
+    if routed is None:
+        return part if part.first_missing else RoutedPart(part.records, part.layers, where)
+    layers = len(routed[0]) if routed else part.layers
+    if part.layers is not None and layers is not None and layers != part.layers:
+        raise InputError(path, f"{where}: routed_experts",
+                         f"{layers} MoE layers per position; the records before it have "
+                         f"{part.layers}")
+    return RoutedPart(part.records + 1, part.layers or layers, part.first_missing)
 
 
 def dump_batches(summary: DumpSummary, *, greedy: bool,
@@ -84,3 +111,21 @@ def dump_batches(summary: DumpSummary, *, greedy: bool,
             pending = []
     if pending:
         yield as_generation(pending)
+
+
+def routed_batches(summary: DumpSummary, *, batch: int | None = None,
+                   ) -> Iterator[list[DumpRecord]]:
+    """The dump's records that carry ``routed_experts``, greedy and sampled alike, in batches
+    of at most ``batch`` (default :data:`DUMP_BATCH`), in file order (memory: one batch)."""
+    size = batch or DUMP_BATCH
+    pending: list[DumpRecord] = []
+    for _, record in iter_records(summary.path, vocab_size=summary.vocab_size,
+                                  num_experts=summary.num_experts):
+        if record["routed_experts"] is None:
+            continue
+        pending.append(record)
+        if len(pending) >= size:
+            yield pending
+            pending = []
+    if pending:
+        yield pending

@@ -17,11 +17,11 @@ def _two_sided(z: float) -> float:
     return math.erfc(abs(z) / math.sqrt(2.0))
 
 
-def mann_whitney(reference: Sequence[float], candidate: Sequence[float]) -> tuple[float, float]:
+def mann_whitney(training: Sequence[float], serving: Sequence[float]) -> tuple[float, float]:
     """Mann–Whitney U test, normal approximation with tie correction: ``(effect, p)``, the
-    effect the rank-biserial correlation ``2 U / (n m) - 1`` (positive: candidate larger)."""
-    x = np.asarray(reference, dtype=np.float64)
-    y = np.asarray(candidate, dtype=np.float64)
+    effect the rank-biserial correlation ``2 U / (n m) - 1`` (positive: serving larger)."""
+    x = np.asarray(training, dtype=np.float64)
+    y = np.asarray(serving, dtype=np.float64)
     n, m = x.size, y.size
     if n == 0 or m == 0:
         return 0.0, 1.0
@@ -39,7 +39,7 @@ def mann_whitney(reference: Sequence[float], candidate: Sequence[float]) -> tupl
         t = j - i + 1
         ties += t**3 - t
         i = j + 1
-    u = float(ranks[n:].sum() - m * (m + 1) / 2.0)  # U of the candidate
+    u = float(ranks[n:].sum() - m * (m + 1) / 2.0)  # U of the serving side
     mean = n * m / 2.0
     var = n * m / 12.0 * ((n + m + 1) - ties / ((n + m) * (n + m - 1)))
     effect = 2.0 * u / (n * m) - 1.0
@@ -49,13 +49,14 @@ def mann_whitney(reference: Sequence[float], candidate: Sequence[float]) -> tupl
     return effect, _two_sided(z)
 
 
-def two_proportions(ref_hits: int, ref_n: int, cand_hits: int, cand_n: int) -> tuple[float, float]:
-    """Pooled two-proportion z test: ``(candidate rate - reference rate, p)``."""
-    if ref_n == 0 or cand_n == 0:
+def two_proportions(train_hits: int, train_n: int, serve_hits: int, serve_n: int,
+                    ) -> tuple[float, float]:
+    """Pooled two-proportion z test: ``(serving rate - training rate, p)``."""
+    if train_n == 0 or serve_n == 0:
         return 0.0, 1.0
-    p1, p2 = ref_hits / ref_n, cand_hits / cand_n
-    pooled = (ref_hits + cand_hits) / (ref_n + cand_n)
-    var = pooled * (1 - pooled) * (1 / ref_n + 1 / cand_n)
+    p1, p2 = train_hits / train_n, serve_hits / serve_n
+    pooled = (train_hits + serve_hits) / (train_n + serve_n)
+    var = pooled * (1 - pooled) * (1 / train_n + 1 / serve_n)
     if var <= 0:
         return p2 - p1, 1.0
     return p2 - p1, _two_sided((p2 - p1) / math.sqrt(var))
@@ -72,12 +73,12 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     return rejected
 
 
-def bootstrap_diff(reference: Sequence[float], candidate: Sequence[float], *, seed: int,
+def bootstrap_diff(training: Sequence[float], serving: Sequence[float], *, seed: int,
                    resamples: int = 2000, level: float = 0.95) -> tuple[float, float, float]:
     """``(mean difference, low, high)``: the percentile bootstrap interval of
-    ``mean(candidate) - mean(reference)``."""
-    x = np.asarray(reference, dtype=np.float64)
-    y = np.asarray(candidate, dtype=np.float64)
+    ``mean(serving) - mean(training)``."""
+    x = np.asarray(training, dtype=np.float64)
+    y = np.asarray(serving, dtype=np.float64)
     rng = np.random.default_rng(seed)
     xs = x[rng.integers(0, x.size, (resamples, x.size))].mean(axis=1)
     ys = y[rng.integers(0, y.size, (resamples, y.size))].mean(axis=1)
@@ -192,17 +193,17 @@ class SideSample:
     """Per prompt (as the trainer sees it): the log-prob score's sum, variance and token count."""
 
 
-def _worst_prompt(reference: SideSample, candidate: SideSample) -> StatRow | None:
+def _worst_prompt(training: SideSample, serving: SideSample) -> StatRow | None:
     """The log-prob score compared prompt by prompt: the largest |z| over the prompts both
     sides sampled, Bonferroni-corrected over them. A difference confined to a few prompts (a
     chat template that changes only chat prompts) is diluted in the pooled score; not here."""
-    ref, cand = reference.prompt_scores, candidate.prompt_scores
-    if ref is None or cand is None:
+    train, serve = training.prompt_scores, serving.prompt_scores
+    if train is None or serve is None:
         return None
     worst: tuple[float, float] = (0.0, 0.0)  # (|z|, shift)
-    common = [k for k in ref if k in cand and ref[k][2] and cand[k][2]]
+    common = [k for k in train if k in serve and train[k][2] and serve[k][2]]
     for key in common:
-        (rs, rv, rn), (cs, cv, cn) = ref[key], cand[key]
+        (rs, rv, rn), (cs, cv, cn) = train[key], serve[key]
         shift = cs / cn - rs / rn
         spread = rv / rn**2 + cv / cn**2
         z = abs(shift) / math.sqrt(spread) if spread > 0 else 0.0
@@ -212,51 +213,52 @@ def _worst_prompt(reference: SideSample, candidate: SideSample) -> StatRow | Non
             "training": float(len(common)), "serving": float(len(common))}
 
 
-def compare(reference: SideSample, candidate: SideSample, alpha: float) -> dict[str, StatRow]:
+def compare(training: SideSample, serving: SideSample, alpha: float) -> dict[str, StatRow]:
     """Each statistic's test, p-value, effect, side values and Holm rejection at ``alpha``."""
     stats: dict[str, StatRow] = {}
     ranked: list[tuple[str, Sequence[float], Sequence[float]]] = [
-              ("length", reference.lengths, candidate.lengths),
-              ("distinct_2", reference.diversity, candidate.diversity)]
-    if reference.rouge_l is not None and candidate.rouge_l is not None:
-        ranked.append(("self_rouge_l", reference.rouge_l, candidate.rouge_l))
-    for name, ref, cand in ranked:
-        effect, p = mann_whitney(ref, cand)
+              ("length", training.lengths, serving.lengths),
+              ("distinct_2", training.diversity, serving.diversity)]
+    if training.rouge_l is not None and serving.rouge_l is not None:
+        ranked.append(("self_rouge_l", training.rouge_l, serving.rouge_l))
+    for name, train, serve in ranked:
+        effect, p = mann_whitney(train, serve)
         stats[name] = {"test": "Mann-Whitney", "p": p, "effect": effect,
-                       "training": float(np.mean(ref)), "serving": float(np.mean(cand))}
-    tokens = (max(1, sum(reference.lengths)), max(1, sum(candidate.lengths)))
-    shift = candidate.score_sum / tokens[1] - reference.score_sum / tokens[0]
-    spread = reference.score_var / tokens[0] ** 2 + candidate.score_var / tokens[1] ** 2
+                       "training": float(np.mean(train)), "serving": float(np.mean(serve))}
+    tokens = (max(1, sum(training.lengths)), max(1, sum(serving.lengths)))
+    shift = serving.score_sum / tokens[1] - training.score_sum / tokens[0]
+    spread = training.score_var / tokens[0] ** 2 + serving.score_var / tokens[1] ** 2
     stats["logprob_per_token"] = {
         "test": "centred score z", "effect": shift,
         "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
-        "training": float(np.mean(reference.logprob_means)),
-        "serving": float(np.mean(candidate.logprob_means))}
-    if reference.repeat_sum is not None and candidate.repeat_sum is not None:
+        "training": float(np.mean(training.logprob_means)),
+        "serving": float(np.mean(serving.logprob_means))}
+    if training.repeat_sum is not None and serving.repeat_sum is not None:
         # Like the log-prob score: a repeat's probability under the trainer is known exactly,
         # so a repetition penalty (or its absence) moves this far beyond its noise.
-        shift = candidate.repeat_sum / tokens[1] - reference.repeat_sum / tokens[0]
-        spread = reference.repeat_var / tokens[0] ** 2 + candidate.repeat_var / tokens[1] ** 2
+        shift = serving.repeat_sum / tokens[1] - training.repeat_sum / tokens[0]
+        spread = training.repeat_var / tokens[0] ** 2 + serving.repeat_var / tokens[1] ** 2
         stats["repeat_rate"] = {
             "test": "centred repeat z", "effect": shift,
             "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
-            "training": reference.repeats / tokens[0], "serving": candidate.repeats / tokens[1]}
-    per_prompt = _worst_prompt(reference, candidate)
+            "training": training.repeats / tokens[0], "serving": serving.repeats / tokens[1]}
+    per_prompt = _worst_prompt(training, serving)
     if per_prompt is not None:
         stats["logprob_per_prompt"] = per_prompt
     rates: list[tuple[str, list[bool], list[bool]]] = [
-        ("truncation_rate", reference.truncated, candidate.truncated)]
-    if reference.stop_reasons is not None and candidate.stop_reasons is not None:
+        ("truncation_rate", training.truncated, serving.truncated)]
+    if training.stop_reasons is not None and serving.stop_reasons is not None:
         for reason, name in (("eos", "eos_rate"), ("stop", "stop_string_rate")):
-            rates.append((name, [r == reason for r in reference.stop_reasons],
-                          [r == reason for r in candidate.stop_reasons]))
-    if reference.format_hits is not None and candidate.format_hits is not None:
-        rates.append(("format_hit_rate", reference.format_hits, candidate.format_hits))
-    for name, ref_hits, cand_hits in rates:
-        diff, p = two_proportions(sum(ref_hits), len(ref_hits), sum(cand_hits), len(cand_hits))
+            rates.append((name, [r == reason for r in training.stop_reasons],
+                          [r == reason for r in serving.stop_reasons]))
+    if training.format_hits is not None and serving.format_hits is not None:
+        rates.append(("format_hit_rate", training.format_hits, serving.format_hits))
+    for name, train_hits, serve_hits in rates:
+        diff, p = two_proportions(sum(train_hits), len(train_hits),
+                                  sum(serve_hits), len(serve_hits))
         stats[name] = {"test": "two-proportion z", "p": p, "effect": diff,
-                       "training": sum(ref_hits) / max(1, len(ref_hits)),
-                       "serving": sum(cand_hits) / max(1, len(cand_hits))}
+                       "training": sum(train_hits) / max(1, len(train_hits)),
+                       "serving": sum(serve_hits) / max(1, len(serve_hits))}
     names = list(stats)
     for name, reject in zip(names, holm([stats[k]["p"] for k in names], alpha), strict=True):
         stats[name]["rejected"] = reject

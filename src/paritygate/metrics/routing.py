@@ -16,13 +16,13 @@ Inputs are numpy arrays or torch tensors (recognised by their ``detach`` method,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 __all__ = ["ROUTER_TIE_REL", "LayerRouting", "RoutingMismatch", "compare_layer",
-           "routing_mismatch", "tie_tolerance"]
+           "merge_layers", "routing_mismatch", "tie_tolerance"]
 
 ROUTER_TIE_REL: dict[str, float] = {
     # A flip is a near tie when the training side's k-th vs (k+1)-th router-logit gap is below
@@ -237,4 +237,59 @@ def compare_layer(
         load_training=_load(t_ids, experts), load_serving=_load(s_ids, experts),
         weight_sum_training=sum_t, weight_sum_serving=sum_s,
         nonfinite=int((~finite).sum()),
+    )
+
+
+def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
+    """Weighted mean over the finite values (NaN when none is)."""
+    pairs = [(v, w) for v, w in zip(values, weights, strict=True) if np.isfinite(v) and w > 0]
+    total = sum(w for _, w in pairs)
+    return float(sum(v * w for v, w in pairs) / total) if total else float("nan")
+
+
+def _extreme(values: Sequence[float], pick: str) -> float:
+    finite = [v for v in values if not np.isnan(v)]
+    if not finite:
+        return float("nan")
+    return float(max(finite) if pick == "max" else min(finite))
+
+
+def merge_layers(parts: Sequence[LayerRouting]) -> LayerRouting:
+    """One layer's routing over several batches of tokens, each compared by
+    :func:`compare_layer`: shares weighted by their tokens, extremes over the batches, loads
+    weighted by routed slots. Equal to one comparison over all tokens, up to float rounding
+    (``weight_diff_mean`` is weighted by each batch's unflipped tokens: exact unless a batch
+    holds non-finite router logits)."""
+    if not parts:
+        raise ValueError("no batch to merge")
+    if len(parts) == 1:
+        return parts[0]
+    n = [p.n_tokens for p in parts]
+    total = sum(n)
+    agree = [p.n_tokens * (1.0 - p.flip_frac) for p in parts]
+
+    def share(name: str) -> float:
+        return _weighted([getattr(p, name) for p in parts], n) if total else 0.0
+
+    def load(name: str) -> tuple[float, ...]:
+        rows = np.asarray([getattr(p, name) for p in parts], dtype=np.float64)
+        slots = np.asarray(n, dtype=np.float64)[:, None]
+        merged = (rows * slots).sum(axis=0)
+        s = merged.sum()
+        return tuple(float(v) for v in (merged / s if s else merged))
+
+    return LayerRouting(
+        layer=parts[0].layer, n_tokens=total,
+        flip_frac=share("flip_frac"), flip_near_tie_frac=share("flip_near_tie_frac"),
+        flip_beyond_tie_frac=share("flip_beyond_tie_frac"),
+        weight_diff_max=max(p.weight_diff_max for p in parts),
+        weight_diff_mean=_weighted([p.weight_diff_mean for p in parts], agree)
+        if sum(agree) else 0.0,
+        logits_max_abs_diff=_extreme([p.logits_max_abs_diff for p in parts], "max"),
+        margin_min_rel=_extreme([p.margin_min_rel for p in parts], "min"),
+        near_tie_frac=share("near_tie_frac"),
+        load_training=load("load_training"), load_serving=load("load_serving"),
+        weight_sum_training=_weighted([p.weight_sum_training for p in parts], n),
+        weight_sum_serving=_weighted([p.weight_sum_serving for p in parts], n),
+        nonfinite=sum(p.nonfinite for p in parts),
     )

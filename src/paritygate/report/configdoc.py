@@ -192,13 +192,22 @@ def model_keys(model: type[BaseModel], prefix: str = "") -> list[KeyDoc]:
         module = inspect.getmodule(model)
         where = f"{module.__name__ if module else '?'}.{owner}"
         path = f"{prefix}{name}"
-        description = description or NOTES.get(path, "") or _section_doc(field.annotation)
+        description = (description or NOTES.get(path, "") or _key_doc(field.annotation)
+                       or _section_doc(field.annotation))
         keys.append(KeyDoc(path, _type_name(field.annotation), _default(model, name), where,
                            description))
         nested = _nested_model(field.annotation)
         if nested:
             keys.extend(model_keys(nested[0], path + nested[1]))
     return keys
+
+
+def _key_doc(annotation: object) -> str:
+    """A check's own block (:class:`~paritygate.sections.Section`) says
+    what its key is for in ``FIELD_DOC``."""
+    nested = _nested_model(annotation)
+    doc = getattr(nested[0], "FIELD_DOC", "") if nested else ""
+    return _plain(doc) if isinstance(doc, str) and doc else ""
 
 
 def _section_doc(annotation: object) -> str:

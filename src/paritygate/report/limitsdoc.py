@@ -29,7 +29,7 @@ BOUNDS: tuple[tuple[str, str, str], ...] = (
      "TorchScript or `.pt2` artifact)"),
     ("paritygate.reading", "SPARSE_MIN_BYTES", "files judged for holes"),
     ("paritygate.reading", "SPARSE_MAX_HOLE_FRACTION", "holes in a file"),
-    ("paritygate.config.causal_lm", "MAX_BEHAVIOUR_SAMPLES",
+    ("paritygate.sections.behaviour_parity", "MAX_BEHAVIOUR_SAMPLES",
      "`causal_lm.behaviour.samples`"),
     ("paritygate.config.causal_lm", "MAX_TOP_LOGPROBS", "`causal_lm.engine.top_logprobs`"),
     ("paritygate.config.causal_lm", "MAX_GENERATION_SAMPLES",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from paritygate.engines.dump_stream import Draw
     from paritygate.families.causal_lm.behaviour_sides import Decoder, Reward, SideReducer
     from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.sides import LMSide
 
 
 def build_context(config: GateConfig) -> LMContext:
@@ -34,17 +35,24 @@ def export_artifact(config: GateConfig, out_dir: Path) -> Path:
     return export_serving_copy(config, out_dir)
 
 
-def behaviour_samples(ctx: LMContext, side: str, prompts: list[list[int]], engine: str,
+def behaviour_samples(ctx: LMContext, side: LMSide, engine: str, prompts: list[list[int]],
                       scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
-    """One side's sampled completions in batches (behaviour_parity's engine source)."""
-    from paritygate.families.causal_lm.behaviour_sides import generated
+    """One side's sampled completions in batches (behaviour_parity's engine source): the
+    trainer's side from HF ``generate`` on its own model, the served side from ``engine``."""
+    from paritygate.families.causal_lm.behaviour_sides import generated, trainer_sampler
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
-    return generated(ctx, side, prompts, engine, scored)
+    spec = BehaviourSpec.of(ctx.spec)
+    assert spec is not None
+    sampler = (trainer_sampler(side, ctx.spec.engine.batch_size) if side.trainer
+               else ctx.engine(engine))
+    return generated(side, sampler, spec, ctx.config.seed, prompts, scored)
 
 
-def behaviour_reducer(ctx: LMContext, tokenizer: Decoder, samples: int,
+def behaviour_reducer(scorer: LMSide, tokenizer: Decoder, config_path: Path, samples: int,
                       pattern: re.Pattern[str] | None, reward: Reward | None) -> SideReducer:
-    """A side's streaming reduction of its samples (lengths, finishes, scores, rewards)."""
+    """A side's streaming reduction of its samples (lengths, finishes, scores, rewards),
+    scored by the training side ``scorer``."""
     from paritygate.families.causal_lm.behaviour_sides import SideReducer
 
-    return SideReducer(ctx, tokenizer, samples, pattern, reward)
+    return SideReducer(scorer, tokenizer, config_path, samples, pattern, reward)

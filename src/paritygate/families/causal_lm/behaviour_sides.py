@@ -17,8 +17,12 @@ from paritygate.errors import InputError
 from paritygate.metrics.behaviour import SideSample, distinct_n, self_rouge_l
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from paritygate.engines.base import GenerationEngine
     from paritygate.engines.generation import Generation, SamplingSpec
-    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.sides import LMSide
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
 _SERVING_SEED_OFFSET = 1_000_003  # independent draws for the two sides
 Reward = Callable[[str, str], float]
@@ -43,8 +47,11 @@ class SideReducer:
     hit, reward and the trainer's scores; per prompt distinct-2 and self-ROUGE-L once the
     prompt has ``samples`` completions."""
 
-    ctx: LMContext
+    scorer: LMSide
+    """The training side: its model scores every sample (the trainer's distribution)."""
     tokenizer: Decoder
+    """The sampled side's tokenizer (decodes the samples for the format and the reward)."""
+    config_path: Path
     samples: int
     pattern: re.Pattern[str] | None = None
     reward: Reward | None = None
@@ -69,8 +76,7 @@ class SideReducer:
         from paritygate.engines.generation import Generation
         from paritygate.families.causal_lm.recompute import teacher_forced_rows
 
-        pad = self.ctx.training_tokenizer.pad_token_id
-        model = self.ctx.reference_model()
+        model = self.scorer.model()
         vocab = int(getattr(model.config, "vocab_size", 0) or 1)
         longest = 1 + max(len(d.completion_ids) for d in draws)
         step = max(1, min(SCORE_BATCH, LOGITS_BUDGET // (4 * vocab * longest)))
@@ -79,7 +85,7 @@ class SideReducer:
             gen = Generation([list(d.scored_prompt or d.prompt_ids) for d in chunk],
                              [d.completion_ids for d in chunk], [[] for _ in chunk], None,
                              "raw", "behaviour")
-            rows = teacher_forced_rows(model, gen, 0 if pad is None else pad, batch_size=step)
+            rows = teacher_forced_rows(model, gen, self.scorer.pad_id, batch_size=step)
             for draw, row in zip(chunk, rows, strict=True):
                 self._score(draw, row)
             del rows
@@ -102,11 +108,11 @@ class SideReducer:
         try:
             value = float(self.reward(prompt, text))
         except Exception as exc:  # user code: bad input naming the key and the sample
-            raise InputError(self.ctx.config.path, self.reward_key,
+            raise InputError(self.config_path, self.reward_key,
                              f"raised {type(exc).__name__}: {exc} on sample "
                              f"{len(self.lengths)} (completion {text[:60]!r})") from None
         if not np.isfinite(value):
-            raise InputError(self.ctx.config.path, self.reward_key,
+            raise InputError(self.config_path, self.reward_key,
                              f"returned {value} on sample {len(self.lengths)}")
         self.rewards.append(value)
 
@@ -163,7 +169,7 @@ class SideReducer:
             repeat_sum=self.score[2], repeat_var=self.score[3], prompt_scores=self.prompts)
 
 
-def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
+def side_sampling(side: LMSide, gate_seed: int) -> SamplingSpec:
     """The side's sampling config with a seed independent of the other side's, drawn from the
     gate's ``seed`` and the side's sampling-file ``seed``: a new gate seed is a fresh draw
     (re-check a suspected false alarm on other samples), the same seed the same draw."""
@@ -171,8 +177,8 @@ def side_sampling(ctx: LMContext, side: str) -> SamplingSpec:
 
     from paritygate.engines.generation import SamplingSpec
 
-    sampling = (ctx.training_sampling if side == "training" else ctx.serving_sampling).spec()
-    key = f"{ctx.config.seed}:{sampling.seed}:{side}".encode()
+    sampling = side.sampling.spec()
+    key = f"{gate_seed}:{sampling.seed}:{side.name}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
 
@@ -192,36 +198,33 @@ def stop_reasons(gen: Generation, sampling: SamplingSpec, tok: Decoder) -> list[
     return reasons
 
 
-def generated(ctx: LMContext, side: str, prompts: list[list[int]], engine_name: str,
-              scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
-    """The side's samples from an engine: every prompt ``samples`` times in one batch (vLLM:
-    one seeded request per sample); ``scored[i]`` is the prompt the trainer scores
-    prompt ``i``'s samples after (the training side's rendering of the probe)."""
+def trainer_sampler(side: LMSide, batch_size: int) -> GenerationEngine:
+    """HF ``generate`` on the side's own model, raw log-probs: the trainer's sampler."""
     from paritygate.engines.hf_generate import HFGenerateEngine
 
-    spec = ctx.spec.behaviour
-    assert spec is not None
-    sampling = side_sampling(ctx, side)
-    tok = ctx.training_tokenizer if side == "training" else ctx.serving_tokenizer
-    if engine_name == "vllm":
-        from paritygate.engines.vllm_engine import VLLMEngine
+    return HFGenerateEngine.for_tokenizer(side.model(), side.tokenizer, logprobs_mode="raw",
+                                          top_logprobs=0, batch_size=batch_size)
+
+
+def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_seed: int,
+              prompts: list[list[int]], scored: list[list[int]] | None = None,
+              ) -> Iterator[list[Draw]]:
+    """The side's samples from ``engine``: every prompt ``samples`` times in one batch (vLLM:
+    one seeded request per sample); ``scored[i]`` is the prompt the trainer scores
+    prompt ``i``'s samples after (the training side's rendering of the probe)."""
+    from paritygate.engines.openai_endpoint import EndpointEngine
+    from paritygate.engines.vllm_engine import VLLMEngine
+
+    sampling = side_sampling(side, gate_seed)
+    if isinstance(engine, VLLMEngine):
         from paritygate.engines.vllm_sampling import sample_n
 
-        engine = ctx.engine("vllm")
-        assert isinstance(engine, VLLMEngine)
         gen, reasons = sample_n(engine, prompts, sampling, spec.samples)
-    elif engine_name == "endpoint":
-        from paritygate.engines.openai_endpoint import EndpointEngine
-
-        endpoint = ctx.engine("endpoint")
-        assert isinstance(endpoint, EndpointEngine)
-        gen, reasons = endpoint.sample_n(prompts, sampling, spec.samples)
+    elif isinstance(engine, EndpointEngine):
+        gen, reasons = engine.sample_n(prompts, sampling, spec.samples)
     else:
-        hf = ctx.engine("hf") if side == "serving" else HFGenerateEngine.for_tokenizer(
-            ctx.reference_model(), ctx.training_tokenizer, logprobs_mode="raw",
-            top_logprobs=0, batch_size=ctx.spec.engine.batch_size)
-        gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
-        reasons = stop_reasons(gen, sampling, tok)
+        gen = engine.generate([p for p in prompts for _ in range(spec.samples)], sampling)
+        reasons = stop_reasons(gen, sampling, side.tokenizer)
     after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
     draws = [Draw(tuple(p), list(o), r, after[tuple(p)] if after[tuple(p)] != tuple(p) else None)
              for p, o, r in zip(gen.prompt_ids, gen.output_ids, reasons, strict=True)]

@@ -27,6 +27,7 @@ from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.served_files import served_dtype
 from paritygate.families.causal_lm.serving import resolve_serving
+from paritygate.families.causal_lm.sides import LMSide
 from paritygate.families.causal_lm.tokenizer import Tokenizer, is_cut, load_tokenizer
 from paritygate.imports import guard_user_code, import_callable
 from paritygate.provenance import sha256_files
@@ -40,18 +41,18 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.adapter import AdapterInfo
 
 SIDES = ("training", "serving")
-"""The config's names of the reference (training) and candidate (serving) sides."""
+"""The config's names of the two sides (``causal_lm.tokenizer.<side>``, ``sampling.<side>``)."""
 
 
 @dataclass(frozen=True)
 class _Dirs:
-    """The validated reference and candidate model directories and the checkpoint files."""
+    """The validated training and serving model directories and the checkpoint files."""
 
-    reference: Path
-    candidate: Path
+    training: Path
+    serving: Path
     files: list[Path]
     trained: list[Path]
-    candidate_adapter: AdapterInfo | None
+    serving_adapter: AdapterInfo | None
 
 
 def build_lm_context(config: GateConfig) -> LMContext:
@@ -65,60 +66,65 @@ def build_lm_context(config: GateConfig) -> LMContext:
                          "engines: [endpoint] needs an endpoint block (base_url, model)")
     spec, served_from, sources = resolve_serving(config, spec)
     declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
-    reference_dir = _reference_dir(config, spec)
+    training_dir = _training_dir(config, spec)
     # A dump is validated first: its size and records need only config.json's vocab_size,
     # so a bad dump is refused in a second, before tokenizers and models load.
-    dump = read_lm_dump(config, spec, reference_dir) if "dump" in spec.engines else None
-    scan_behaviour_dumps(config, spec, reference_dir)
-    dirs = _model_dirs(config, spec, reference_dir, adapter, adapter_key, served_from)
-    toks = {side: _tokenizer(config, spec, side, dirs.reference) for side in SIDES}
+    dump = read_lm_dump(config, spec, training_dir) if "dump" in spec.engines else None
+    scan_behaviour_dumps(config, spec, training_dir)
+    dirs = _model_dirs(config, spec, training_dir, adapter, adapter_key, served_from)
+    toks = {side: _tokenizer(config, spec, side, dirs.training) for side in SIDES}
     with keyed("causal_lm.probes"):
         probes = load_probes(spec.probes)
-    _check_probes(config, spec, probes, toks, dirs.reference)
+    _check_probes(config, spec, probes, toks, dirs.training)
     dtype_source = declared[0] if declared else "causal_lm.engine.dtype (default)"
-    reference_sampling = _sampling_file(config, spec, "training", toks["training"],
-                                        spec.training.dtype, "causal_lm.training.dtype")
-    candidate_sampling = _sampling_file(config, spec, "serving", toks["serving"],
-                                        spec.engine.dtype, dtype_source)
+    training_sampling = _sampling_file(config, spec, "training", toks["training"],
+                                       spec.training.dtype, "causal_lm.training.dtype",
+                                       trainer=True)
+    serving_sampling = _sampling_file(config, spec, "serving", toks["serving"],
+                                      spec.engine.dtype, dtype_source, trainer=False)
     contradictions = served_dir_contradictions(
-        config, spec, sources, dirs.candidate, candidate_sampling, toks["serving"], probes)
+        config, spec, sources, dirs.serving, serving_sampling, toks["serving"], probes)
     logprob_fn = _logprob_fn(config, spec)
     from paritygate.families.causal_lm.reference import load_reference
     from paritygate.families.causal_lm.reward import load_reward
 
-    kl_reference = load_reference(config, spec, dirs.reference, toks["training"])
+    kl_reference = load_reference(config, spec, dirs.training, toks["training"])
     reward = load_reward(config, spec, probes, toks["training"])
     _check_callables(config, spec)
     files = dirs.files
+    trust, shown = config.trust_remote_code, tuple(probes)
+    training = LMSide(name="training", trainer=True, model_dir=dirs.training,
+                      key="causal_lm.model_dir", tokenizer=toks["training"],
+                      sampling=training_sampling, dtype=spec.training.dtype, probes=shown,
+                      max_prompt_tokens=spec.max_prompt_tokens, adapter=adapter,
+                      adapter_key=adapter_key, trust_remote_code=trust,
+                      device_map=spec.training.device_map)
+    serving = LMSide(name="serving", trainer=False, model_dir=dirs.serving, key=served_from,
+                     tokenizer=toks["serving"], sampling=serving_sampling,
+                     dtype=spec.engine.dtype, probes=shown,
+                     max_prompt_tokens=spec.max_prompt_tokens, adapter=dirs.serving_adapter,
+                     adapter_key="causal_lm.serving.adapter", trust_remote_code=trust)
     return LMContext(
         config=config,
         spec=spec,
-        model_dir=dirs.reference,
-        engine_model_dir=dirs.candidate,
+        training=training,
+        serving=serving,
         checkpoint_path=(adapter.directory if adapter is not None
-                         else files[0] if len(files) == 1 else dirs.reference),
+                         else files[0] if len(files) == 1 else dirs.training),
         checkpoint_sha256=sha256_files(dirs.trained),
-        training_tokenizer=toks["training"],
-        serving_tokenizer=toks["serving"],
         probes=probes,
         cut_probes=[p.id for p in probes if is_cut(p, spec.max_prompt_tokens)],
-        training_sampling=reference_sampling,
-        serving_sampling=candidate_sampling,
         logprob_fn=logprob_fn,
-        served_from=served_from,
         declared_dtype=declared,
         dump=dump,
         contradictions=contradictions,
-        served_config_dtype=served_dtype(dirs.candidate),
+        served_config_dtype=served_dtype(dirs.serving),
         kl_reference=kl_reference,
         reward=reward,
-        adapter=adapter,
-        adapter_key=adapter_key,
-        serving_adapter=dirs.candidate_adapter,
     )
 
 
-def _reference_dir(config: GateConfig, spec: CausalLMSpec) -> Path:
+def _training_dir(config: GateConfig, spec: CausalLMSpec) -> Path:
     """``causal_lm.model_dir``, checked to be a directory holding ``config.json``."""
     model_dir = spec.model_dir
     if not model_dir.is_dir():
@@ -136,7 +142,7 @@ def _model_dirs(
     config: GateConfig, spec: CausalLMSpec, model_dir: Path, adapter: AdapterInfo | None,
     adapter_key: str, served_from: str,
 ) -> _Dirs:
-    """The reference directory's weights (and adapter) checked, then the candidate's."""
+    """The training directory's weights (and adapter) checked, then the served one's."""
     trust = config.trust_remote_code
     with keyed("causal_lm.model_dir"):
         files = safetensors_files(model_dir)
@@ -207,13 +213,13 @@ def _check_probes(
 
 def _sampling_file(
     config: GateConfig, spec: CausalLMSpec, side: str, tok: Tokenizer, dtype: str,
-    dtype_source: str,
+    dtype_source: str, *, trainer: bool,
 ) -> SamplingFile:
     """The ``side`` sampling config, its unset fields defaulted from the side's tokenizer."""
     with keyed(f"causal_lm.sampling.{side}"):
         return load_sampling_file(
             config.resolve(getattr(spec.sampling, side)),
-            trainer=side == "training",
+            trainer=trainer,
             fmt=getattr(spec.sampling, f"{side}_format"),
             strict=spec.sampling.strict,
             eos_text=tok.eos_token,
@@ -251,5 +257,8 @@ def _check_callables(config: GateConfig, spec: CausalLMSpec) -> None:
     """A bad ``module:callable`` name is bad input before any check runs."""
     if spec.engine.collate:
         import_callable(spec.engine.collate, config.path, "causal_lm.engine.collate")
-    if spec.behaviour is not None and spec.behaviour.reward_fn:
-        import_callable(spec.behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")
+    from paritygate.sections.behaviour_parity import BehaviourSpec
+
+    behaviour = BehaviourSpec.of(spec)
+    if behaviour is not None and behaviour.reward_fn:
+        import_callable(behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")

@@ -26,11 +26,11 @@ def dump_rollouts(config: GateConfig, out: Path, *, engine: str = "hf") -> Path:
     ctx = build_context(config)
     assert isinstance(ctx, LMContext)  # family causal_lm builds an LMContext
     try:
-        generation, sampling = ctx.sampled(engine)
-        greedy = ctx.greedy(engine)
+        generation, sampling = ctx.generations.sampled(engine)
+        greedy = ctx.generations.greedy(engine)
     finally:
         ctx.close()  # vLLM's engine processes end here, not in its exit-time finalizers
     records = dump_records(generation, sampling)
     if greedy is not None:
-        records += dump_records(greedy, ctx.serving_sampling.spec().greedy())
+        records += dump_records(greedy, ctx.serving.sampling.spec().greedy())
     return write_dump(out, records)

@@ -1,7 +1,7 @@
-"""The candidate side's generation engines (HF ``generate``, vLLM, an OpenAI-compatible
+"""The serving side's generation engines (HF ``generate``, vLLM, an OpenAI-compatible
 endpoint), built from explicit inputs.
 
-The context decides which model the HF engine runs (the reference model itself when it is
+The context decides which model the HF engine runs (the training model itself when it is
 what ships, the served base with its adapter merged, or the served directory) and memoises
 the engines; these functions only construct them.
 """

@@ -77,9 +77,17 @@ def read_lm_dump(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> Dum
     if not spec.engine.dump:
         raise InputError(config.path, "causal_lm.engine.dump", "engines: [dump] needs a dump file")
     with keyed("causal_lm.engine.dump"):
-        return summarise_dump(spec.engine.dump,
-                              vocab_size=config_vocab_size(model_dir),
-                              num_experts=config_num_experts(model_dir))
+        summary = summarise_dump(spec.engine.dump,
+                                 vocab_size=config_vocab_size(model_dir),
+                                 num_experts=config_num_experts(model_dir))
+    missing = summary.routed.first_missing
+    from paritygate.sections.routing_agreement import RoutingSpec
+
+    routing = RoutingSpec.of(spec)
+    if routing is not None and routing.dump_experts and missing is not None:
+        raise InputError(spec.engine.dump, f"{missing}: routed_experts",
+                         "required field missing (causal_lm.routing.dump_experts: true)")
+    return summary
 
 
 def scan_behaviour_dumps(config: GateConfig, spec: CausalLMSpec, model_dir: Path) -> None:
@@ -88,8 +96,9 @@ def scan_behaviour_dumps(config: GateConfig, spec: CausalLMSpec, model_dir: Path
     any tokenizer or model loads: a bad last line is refused in seconds."""
     from paritygate.engines.dump_stream import expand, stream_draws
     from paritygate.engines.hf_loading import config_vocab_size
+    from paritygate.sections.behaviour_parity import BehaviourSpec
 
-    block = spec.behaviour
+    block = BehaviourSpec.of(spec)
     if block is None:
         return
     vocab = config_vocab_size(model_dir)

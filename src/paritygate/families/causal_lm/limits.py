@@ -1,4 +1,4 @@
-"""The causal-LM checks' limits for the candidate (served) copy: one rule for every LM check."""
+"""The causal-LM checks' limits for the served copy: one rule for every LM check."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ def served_limits(
     names: Collection[str] | None = None,
 ) -> Limits:
     """The user's values where the config sets them, else the tier of the declared precision
-    (``precision_tier``, else reference dtype against candidate dtype), else the fp32 defaults
+    (``precision_tier``, else training dtype against serving dtype), else the fp32 defaults
     (:func:`paritygate.metrics.tiers.judged_limits`). ``declared_dtype`` is ``(config key,
-    dtype)`` when the config states the candidate's dtype."""
+    dtype)`` when the config states the serving dtype."""
     from paritygate.metrics.tiers import judged_limits, resolve_tier
 
     try:

@@ -22,17 +22,17 @@ if TYPE_CHECKING:
     from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.precision.subject import PrecisionSubject
 
-ReferenceLoader = Callable[[], "tuple[nn.Module, dict[str, object]]"]
-"""Returns the reference (training-side) model and its loading info, loaded once by the caller."""
+TrainingLoader = Callable[[], "tuple[nn.Module, dict[str, object]]"]
+"""Returns the training-side model and its loading info, loaded once by the caller."""
 
 
 def precision_subject(
     spec: CausalLMSpec, *, name: str, model_dir: Path, prompts: list[list[int]],
     pad_id: int | None, streaming: bool | Literal["auto"], trust_remote_code: bool,
-    reference: ReferenceLoader,
+    training: TrainingLoader,
 ) -> PrecisionSubject:
-    """Probe prompts (``prompts``, reference tokenizer) as left-padded batches of input ids;
-    ``refusal`` set on random init. ``reference`` is used when the reference model is already
+    """Probe prompts (``prompts``, training tokenizer) as left-padded batches of input ids;
+    ``refusal`` set on random init. ``training`` is used when the training model is already
     fp32 on one device, so no second copy is loaded."""
     from paritygate.precision.hf import checkpoint_coverage
     from paritygate.precision.streaming import build_streamed, stream_decision, streaming_note
@@ -57,7 +57,7 @@ def precision_subject(
     else:
         if spec.training.dtype == "float32" and spec.training.device_map is None:
             # the training model is already fp32 on one device; casts are undone after each pass
-            model, info = reference()
+            model, info = training()
         else:
             model, info = load_causal_lm(
                 model_dir, "float32", trust_remote_code=trust_remote_code

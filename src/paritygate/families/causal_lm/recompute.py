@@ -64,7 +64,7 @@ def recompute(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Trainer log-probs of every generated token: ``(logp_train, logp_infer, mask)``, (B, L).
 
-    ``model`` is the reference (training-side) model, ``logprob_fn`` the trainer's model-level
+    ``model`` is the training-side model, ``logprob_fn`` the trainer's model-level
     log-prob function, ``sampling`` the reference sampling config (greedy: raw log-probs)."""
     if not sampling.do_sample:
         mode = "raw"

@@ -298,8 +298,9 @@ def load_reference(
     from paritygate.families.causal_lm.logprobs import as_model_level
     from paritygate.imports import guard_user_code, import_callable
     from paritygate.provenance import sha256_files
+    from paritygate.sections.reference_parity import ReferenceSpec
 
-    ref = spec.reference
+    ref = ReferenceSpec.of(spec)
     if ref is None:
         return None
     model_dir = _model_dir(config, ref.model_dir, f"{KEY}.model_dir", policy_dir)

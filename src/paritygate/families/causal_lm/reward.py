@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from torch import nn
 
     from paritygate.config import GateConfig
-    from paritygate.config.causal_lm import CausalLMSpec, RewardScoring
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.generation import Generation
     from paritygate.families.causal_lm.probes import Probe
     from paritygate.families.causal_lm.tokenizer import Tokenizer
+    from paritygate.sections.reward_parity import RewardScoring
 
 KEY = "causal_lm.reward"
 GENERATED = "generated"
@@ -301,8 +302,9 @@ def load_reward(
     """Validate ``causal_lm.reward`` (``None`` when absent); raises :class:`InputError` naming
     the key of the first bad input."""
     from paritygate.families.causal_lm.tokenizer import load_tokenizer
+    from paritygate.sections.reward_parity import RewardSpec
 
-    block = spec.reward
+    block = RewardSpec.of(spec)
     if block is None:
         return None
     model_dir = trained_dir = None
