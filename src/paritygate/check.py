@@ -92,6 +92,11 @@ class CheckSpec:
     with that reason unless the run names it (``--check``, ``checks:``) or selects it by its
     own marks (``-m vllm``): see :meth:`~paritygate.gate.Gate.asked_for`."""
 
+    config_only: bool = False
+    """The check reads only config files (sampling configs, ``config.json``), never a
+    tokenizer, model or engine: a run of such checks alone builds the family's config-only
+    context, which imports no torch or transformers (see :meth:`paritygate.gate.Gate.context`)."""
+
     def __post_init__(self) -> None:
         declare_kinds(self.id, self.kinds)
 

@@ -124,6 +124,7 @@ def _run_one(args: argparse.Namespace) -> int:
         _bless_first(args, gate)
     gate.check_writable(args.report_dir)
     selected = _select_checks(gate, args.check_ids) if args.check_ids else None
+    gate.named = frozenset(args.check_ids or ())  # config-only checks alone: no model imports
     if args.markexpr:
         _check_markexpr(args.markexpr)
     gate.begin_bless()  # a second blesser of this baseline is refused before any work

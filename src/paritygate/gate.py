@@ -92,12 +92,17 @@ class Gate:
 
     @cached_property
     def context(self) -> Context:
-        """The family context, built once; raises :class:`InputError` on bad input."""
+        """The family context, built once; raises :class:`InputError` on bad input. A run
+        naming only config-only checks (:attr:`~paritygate.check.CheckSpec.config_only`) gets
+        the family's config-only context: no model runs, so no thread plan either."""
         from paritygate.families import build_context
-        from paritygate.threads import apply_threads
 
-        self.threads = apply_threads(self.config.threads)
-        context = build_context(self.config)
+        config_only = bool(self.named) and all(get_check(c).config_only for c in self.named)
+        if not config_only:
+            from paritygate.threads import apply_threads
+
+            self.threads = apply_threads(self.config.threads)
+        context = build_context(self.config, config_only=config_only)
         self.startup_s = time.perf_counter() - IMPORTED_AT
         return context
 

@@ -152,6 +152,8 @@ class EngineSpec(StrictModel):
     top_logprobs: int = Field(5, ge=0, le=MAX_TOP_LOGPROBS)
     """Top log-probs per token each engine reports (at most :data:`MAX_TOP_LOGPROBS`)."""
     batch_size: int = Field(8, ge=1)
+    """Rows per HF ``generate`` call. ``behaviour_parity`` samples each prompt's ``samples``
+    in one unpadded batch unless this is set."""
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     """vLLM only."""
     tensor_parallel_size: int = Field(1, ge=1)

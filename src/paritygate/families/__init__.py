@@ -4,8 +4,9 @@ Each family package (``policy``, ``causal_lm``, ``hf_model``) has ``context`` (l
 validation of every input, the object the checks receive), ``probes`` (the inputs the checks
 feed) and ``export`` (the serving artifact and its manifest); its section of the gate config
 is a schema in :mod:`paritygate.config` (``paritygate.config.<family>``), below the families.
-The package exposes ``build_context(config)`` and ``export_artifact(config, out_dir)``; checks
-reach family helpers through the context.
+The package exposes ``build_context(config, *, config_only)`` (``config_only``: what
+config-only checks read, where the family has any) and ``export_artifact(config, out_dir)``;
+checks reach family helpers through the context.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ def family_package(family: str) -> ModuleType:
     return importlib.import_module(f"paritygate.families.{family}")
 
 
-def build_context(config: GateConfig) -> Context:
+def build_context(config: GateConfig, *, config_only: bool = False) -> Context:
     """Load and validate every input of ``config``'s family; raises ``InputError``, naming
-    the config key of the file it is about (:meth:`GateConfig.key_error`)."""
+    the config key of the file it is about (:meth:`GateConfig.key_error`). ``config_only``:
+    only what config-only checks read, where the family has such a context (causal LM)."""
     from paritygate.errors import InputError
 
+    package = family_package(config.family)
     try:
-        context: Context = family_package(config.family).build_context(config)
+        context: Context = package.build_context(config, config_only=config_only)
     except InputError as exc:
         raise config.key_error(exc) from None
     return context

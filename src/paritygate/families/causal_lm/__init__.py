@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.sides import LMSide
 
 
-def build_context(config: GateConfig) -> LMContext:
+def build_context(config: GateConfig, *, config_only: bool = False) -> LMContext:
+    """Every input validated and composed; ``config_only``: only the sampling configs and
+    ``config.json`` files (see :mod:`~paritygate.families.causal_lm.config_only`)."""
+    if config_only:
+        from paritygate.families.causal_lm.config_only import build_config_only_context
+
+        return build_config_only_context(config)
     from paritygate.families.causal_lm.build import build_lm_context
 
     return build_lm_context(config)
@@ -44,9 +50,11 @@ def behaviour_samples(ctx: LMContext, side: LMSide, engine: str, prompts: list[l
 
     spec = BehaviourSpec.of(ctx.spec)
     assert spec is not None
-    sampler = (trainer_sampler(side, ctx.spec.engine.batch_size) if side.trainer
-               else ctx.engine(engine))
-    return generated(side, sampler, spec, ctx.config.seed, prompts, scored)
+    # A prompt's samples share one unpadded batch unless the config sets the batch size.
+    batch = (ctx.spec.engine.batch_size if "batch_size" in ctx.spec.engine.model_fields_set
+             else spec.samples)
+    sampler = trainer_sampler(side, batch) if side.trainer else ctx.engine(engine)
+    return generated(side, sampler, spec, ctx.config.seed, prompts, scored, batch)
 
 
 def behaviour_reducer(scorer: LMSide, tokenizer: Decoder, config_path: Path, samples: int,

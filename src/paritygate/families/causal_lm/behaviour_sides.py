@@ -208,7 +208,7 @@ def trainer_sampler(side: LMSide, batch_size: int) -> GenerationEngine:
 
 def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_seed: int,
               prompts: list[list[int]], scored: list[list[int]] | None = None,
-              ) -> Iterator[list[Draw]]:
+              batch_size: int | None = None) -> Iterator[list[Draw]]:
     """The side's samples from ``engine``: every prompt ``samples`` times in one batch (vLLM:
     one seeded request per sample); ``scored[i]`` is the prompt the trainer scores
     prompt ``i``'s samples after (the training side's rendering of the probe)."""
@@ -223,7 +223,14 @@ def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_
     elif isinstance(engine, EndpointEngine):
         gen, reasons = engine.sample_n(prompts, sampling, spec.samples)
     else:
-        gen = engine.generate([p for p in prompts for _ in range(spec.samples)], sampling)
+        import copy
+
+        from paritygate.engines.hf_generate import HFGenerateEngine
+
+        assert isinstance(engine, HFGenerateEngine)  # HF generate: the trainer's or the served
+        hf = copy.copy(engine)  # a prompt's samples in one unpadded batch unless one is set
+        hf.batch_size = batch_size or spec.samples
+        gen = hf.generate([p for p in prompts for _ in range(spec.samples)], sampling)
         reasons = stop_reasons(gen, sampling, side.tokenizer)
     after = {tuple(p): tuple(t) for p, t in zip(prompts, scored or prompts, strict=True)}
     draws = [Draw(tuple(p), list(o), r, after[tuple(p)] if after[tuple(p)] != tuple(p) else None)

@@ -121,7 +121,6 @@ def served_dir_contradictions(
     from paritygate.families.causal_lm.served_files import (
         chat_template_contradiction,
         has_tokenizer,
-        sampling_contradiction,
         tokenizer_fields,
     )
 
@@ -143,17 +142,30 @@ def served_dir_contradictions(
         found.append(chat_template_contradiction(
             spec.tokenizer.serving_chat_template,
             "causal_lm.tokenizer.serving_chat_template", served_dir))
-    own = served_dir / "generation_config.json"
-    if "sampling" in sources and own.is_file():
-        with keyed(sources["sampling"]):
-            own_file = load_sampling_file(
-                own, trainer=False, fmt="hf_generation_config",
-                eos_text=serving_tok.eos_token, eos_id=serving_tok.eos_token_id,
-                side_defaults={k: serving_sampling.values.get(k)
-                               for k in ("padding_side", "truncation_side", "dtype")},
-            )
-        found.append(sampling_contradiction(serving_sampling, own_file, sources["sampling"]))
+    found.extend(sampling_contradictions(sources, served_dir, serving_sampling, serving_tok))
     return [c for c in found if c is not None]
+
+
+def sampling_contradictions(
+    sources: dict[str, str], served_dir: Path, serving_sampling: SamplingFile,
+    serving_tok: Tokenizer,
+) -> list[Contradiction]:
+    """The declared serving sampling file against the served directory's own
+    ``generation_config.json`` (none when either is absent)."""
+    from paritygate.families.causal_lm.served_files import sampling_contradiction
+
+    own = served_dir / "generation_config.json"
+    if "sampling" not in sources or not own.is_file():
+        return []
+    with keyed(sources["sampling"]):
+        own_file = load_sampling_file(
+            own, trainer=False, fmt="hf_generation_config",
+            eos_text=serving_tok.eos_token, eos_id=serving_tok.eos_token_id,
+            side_defaults={k: serving_sampling.values.get(k)
+                           for k in ("padding_side", "truncation_side", "dtype")},
+        )
+    found = sampling_contradiction(serving_sampling, own_file, sources["sampling"])
+    return [] if found is None else [found]
 
 
 def encode_checked(

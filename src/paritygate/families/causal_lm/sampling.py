@@ -351,7 +351,7 @@ def load_sampling_file(
         "hf_generation_config": HF_DEFAULTS, "trainer": TRAINER_DEFAULTS, "vllm": VLLM_DEFAULTS
     }[fmt]
     known = set(COMPARED_FIELDS) | IGNORED | set(NOT_COMPARED) | set(ALIASES)
-    if fmt == "hf_generation_config":
+    if fmt == "hf_generation_config" and not set(data) <= known:  # transformers only if needed
         known |= _known_hf_fields()
     values: dict[str, Any] = {
         **defaults, **side_defaults, "eos_token_id": [] if eos_id is None else [eos_id]

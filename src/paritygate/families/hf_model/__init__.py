@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from paritygate.families.hf_model.context import HFModelContext
 
 
-def build_context(config: GateConfig) -> HFModelContext:
+def build_context(config: GateConfig, *, config_only: bool = False) -> HFModelContext:
+    """Every input validated and composed (no check of this family is config-only)."""
     from paritygate.families.hf_model.context import build_hf_model_context
 
     return build_hf_model_context(config)

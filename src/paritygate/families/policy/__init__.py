@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
 
 
-def build_context(config: GateConfig) -> PolicyContext:
+def build_context(config: GateConfig, *, config_only: bool = False) -> PolicyContext:
+    """Every input validated and composed (no check of this family is config-only)."""
     from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config)
