@@ -123,8 +123,8 @@ def minimal_work(demo: Path, artifact: Path, fmt: str, hidden: int, *,
 
 
 def gate_work(demo: Path, artifact: Path, out: Path, hidden: int) -> str:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
     from paritygate.report import write_reports
 
     data = {

@@ -50,9 +50,9 @@ def main() -> None:
     args = parser.parse_args()
     from paritygate.check import Thresholds
     from paritygate.checks.batch_invariance import DEFAULTS, measure
-    from paritygate.config import config_from_dict
     from paritygate.engines.batching import HFBatchRunner, collate_padded
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"

@@ -36,7 +36,7 @@ from paired import paired_times  # noqa: E402
 
 
 def _config(demo: Path, out: Path, behaviour: dict[str, Any]) -> Any:
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     cfg_file = REPO / "configs" / "demo-lm.yaml"
     data = yaml.safe_load(cfg_file.read_text())

@@ -49,8 +49,8 @@ def minimal_work(demo: Path, out: Path) -> None:
 
 
 def gate_work(demo: Path, out: Path) -> str:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
     from paritygate.report import write_reports
 
     data = {

@@ -31,9 +31,9 @@ def main() -> None:
 
     from paritygate.check import Thresholds
     from paritygate.checks.logprob_delta import CHECK
-    from paritygate.config import config_from_dict
     from paritygate.engines.generation import left_pad
     from paritygate.families.causal_lm.build import build_lm_context
+    from paritygate.load import config_from_dict
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,8 +31,8 @@ def build_subject(folder: Path, steps: int, sequences: int) -> Path:
     import yaml
     from sb3_contrib import RecurrentPPO
 
-    from paritygate.config import config_from_dict
     from paritygate.families.policy import export_artifact
+    from paritygate.load import config_from_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     model = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=128, batch_size=64,
@@ -102,9 +102,9 @@ def main() -> None:
 
     from paritygate.check import Thresholds
     from paritygate.checks.recurrent_parity import CHECK
-    from paritygate.config import load_config
     from paritygate.engines.onnxruntime_engine import make_session
     from paritygate.families.policy.build import build_policy_context
+    from paritygate.load import load_config
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,8 +43,8 @@ def build_subject(folder: Path, episodes: int, steps: int = 4096) -> Path:
     from stable_baselines3.common.vec_env import VecNormalize
 
     from paritygate.adapters.sb3 import save_vecnormalize_stats
-    from paritygate.config import config_from_dict
     from paritygate.families.policy import export_artifact
+    from paritygate.load import config_from_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     env = VecNormalize(make_vec_env("CartPole-v1", n_envs=1, seed=0), norm_obs=True,
@@ -154,8 +154,8 @@ def main() -> None:
 
     from paritygate.check import Thresholds
     from paritygate.checks.rollout_parity import CHECK
-    from paritygate.config import load_config
     from paritygate.families.policy.build import build_policy_context
+    from paritygate.load import load_config
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,8 +73,8 @@ def floor(demo: Path, raw: np.ndarray, chunk: int) -> float:
 
 
 def replay(demo: Path, log: Path, out: Path, records: int, chunk: int) -> tuple[float, str]:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     config = {
         "name": "bench-replay", "family": "policy", "checks": ["serving_replay"],

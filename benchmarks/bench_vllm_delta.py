@@ -50,9 +50,9 @@ def minimal(config_path: Path) -> dict[str, float]:
     import torch
     import vllm
 
-    from paritygate.config import load_config
     from paritygate.engines.generation import left_pad
     from paritygate.engines.vllm_engine import VLLMEngine, sampling_params_kwargs
+    from paritygate.load import load_config
 
     config = load_config(config_path)
     lm = config.causal_lm

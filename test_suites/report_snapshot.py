@@ -51,9 +51,9 @@ def demo_config(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
 
 def normalised_report(config: dict[str, Any], config_path: Path, roots: dict[str, str]) -> str:
     """report.json of a gate over ``config`` as the snapshot stores it."""
-    from paritygate.config import config_from_dict
     from paritygate.files import dump_json
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
     from paritygate.report import report_json
 
     gate = Gate(config_from_dict(config, config_path))

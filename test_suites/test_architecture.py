@@ -140,10 +140,13 @@ def test_checks_reach_family_helpers_through_the_context() -> None:
 
 
 def test_every_family_package_has_the_same_parts() -> None:
+    """Each family has its context, probes and export; its config section is a schema below
+    the families, in the config package (``paritygate/config/<family>.py``)."""
     for family in ("policy", "causal_lm", "hf_model"):
         folder = SRC / "families" / family
-        for part in ("__init__", "config", "context", "probes", "export"):
+        for part in ("__init__", "context", "probes", "export"):
             assert (folder / f"{part}.py").is_file(), f"families/{family} has no {part}.py"
+        assert (SRC / "config" / f"{family}.py").is_file(), f"config/ has no {family}.py"
         init = (folder / "__init__.py").read_text(encoding="utf-8")
         assert "def build_context(" in init and "def export_artifact(" in init
 

@@ -10,9 +10,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from paritygate.config import config_from_dict, load_config
 from paritygate.errors import InputError, MissingExtra, keyed
 from paritygate.golden import GoldenStore
+from paritygate.load import config_from_dict, load_config
 from paritygate.report import junit_xml, summary_table
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import Margin, golden_regression, judge
@@ -133,7 +133,7 @@ def test_every_file_the_config_names_is_reported_with_its_key(tmp_path: Path) ->
     """One mechanism: an error about any file a config key names gets that key, however deep
     it was raised (the artifact's own input key kept after it); the config file itself, a
     file no key names and a folder above the config's are left alone."""
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     (tmp_path / "cfg").mkdir()
     config = config_from_dict({

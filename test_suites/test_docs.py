@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from paritygate.checks import CHECK_IDS, get_check
-from paritygate.config import GateConfig, config_from_dict
+from paritygate.config import GateConfig
+from paritygate.load import config_from_dict
 from paritygate.report import docgen
 
 ROOT = Path(__file__).resolve().parents[1]

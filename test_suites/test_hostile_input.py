@@ -20,7 +20,7 @@ import pytest
 import yaml
 from measured_run import run_measured
 
-from paritygate.families.policy.config import (
+from paritygate.config.policy import (
     MAX_EPISODE_STEPS,
     MAX_EPISODES,
     MAX_RECURRENT_STEPS,

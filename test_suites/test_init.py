@@ -84,7 +84,7 @@ def test_src_layout_is_on_python_path_and_imports_without_installing(
         text, n = re.subn(rf'({key}: )"TODO(?:[^"\\]|\\.)*"', rf"\g<1>{value}", text, count=1)
         assert n == 1, key
     written.path.write_text(text, encoding="utf-8")
-    check = ("from paritygate.config import load_config\n"
+    check = ("from paritygate.load import load_config\n"
              "from paritygate.imports import import_callable\n"
              "c = load_config('p.yaml')\n"
              "print(import_callable('srcpkg:build', c.path, 'k')(),"
@@ -118,9 +118,9 @@ def test_cleanrl_training_checkpoint_gets_a_config_that_passes(
     proposes a Gaussian; with only the TODOs filled in, every model check passes."""
     import torch
 
-    from paritygate.config import config_from_dict
     from paritygate.demo.continuous import CleanRLAgent
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     repo = _repo(tmp_path / "proj")
     monkeypatch.chdir(repo)
@@ -171,8 +171,8 @@ def _sac_filled(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _passes(data: dict[str, Any], path: Path, report_dir: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     checks = ["weights_load", "head_removal", "dropout_off", "logits_agreement"]
     gate = Gate(config_from_dict({**data, "checks": checks}, path), report_dir=report_dir)
@@ -265,8 +265,8 @@ def _init_and_gate(folder: Path, tmp: Path, fill: dict[str, object],
                    checks: list[str]) -> tuple[dict[str, object], list[str], dict[str, object]]:
     """init on ``folder``'s checkpoint (its artifact beside it), the TODOs filled with
     ``fill``; returns the proposed policy section, its TODOs and the check statuses."""
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     written = write_config(folder / "policy.safetensors", out=tmp / "configs" / "subject.yaml")
     data = yaml.safe_load(written.path.read_text())

@@ -107,8 +107,8 @@ def test_export_command_writes_artifact_and_manifest(tmp_path: Path, capsys,
 
 
 def test_golden_life_cycle_and_probe_set_drift(tmp_path: Path, demo_policy: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     demo = linked_demo(tmp_path, demo_policy)
 

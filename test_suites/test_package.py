@@ -202,7 +202,7 @@ def test_init_config_imports_the_users_own_package(
         "policy_output": "logits",
         "generator": "paritygate.demo.policy:probe_observations",
     })
-    check = ("from paritygate.config import load_config\n"
+    check = ("from paritygate.load import load_config\n"
              "from paritygate.imports import import_callable\n"
              "c = load_config('policy.yaml')\n"
              "print(import_callable('mypkg.models:build', c.path, 'k').__name__)\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from paritygate.config import config_from_dict
+from paritygate.load import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

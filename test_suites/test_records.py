@@ -50,14 +50,14 @@ def test_episode_row_dict_has_action_keys_only_where_the_actions_parted() -> Non
     row = EpisodeRow(episode=0, seed=7, training_return=10.0, artifact_return=10.0,
                      training_length=10, artifact_length=10, first_divergent_step=None,
                      margin=None, verdict="agree", observation_max_abs_diff=0.0)
-    assert list(row.as_dict()) == [
+    assert list(row.to_json()) == [
         "episode", "seed", "training_return", "artifact_return", "training_length",
         "artifact_length", "first_divergent_step", "margin", "verdict",
         "observation_max_abs_diff"]
     parted = dataclasses.replace(row, first_divergent_step=3, margin=0.5, verdict="diverged",
                                  training_action="0", artifact_action="1")
-    assert parted.as_dict()["training_action"] == "0"
-    assert list(parted.as_dict())[-2:] == ["training_action", "artifact_action"]
+    assert parted.to_json()["training_action"] == "0"
+    assert list(parted.to_json())[-2:] == ["training_action", "artifact_action"]
 
 
 def test_episode_table_renders_from_report_json_rows() -> None:
@@ -68,7 +68,7 @@ def test_episode_table_renders_from_report_json_rows() -> None:
                      training_length=10, artifact_length=8, first_divergent_step=4,
                      margin=1.5, verdict="diverged", observation_max_abs_diff=0.0,
                      training_action="1", artifact_action="0")
-    cells = episode_cells([row.as_dict()])
+    cells = episode_cells([row])
     assert cells == [["1", "3", "9.5 / 7.25", "10 / 8", "4", "1.5", "1 / 0", "diverged"]]
     assert table_markdown(HEADER, cells).splitlines()[-1] == (
         "| 1 | 3 | 9.5 / 7.25 | 10 / 8 | 4 | 1.5 | 1 / 0 | diverged |")
@@ -84,3 +84,38 @@ def test_table_templates_write_what_the_fragments_wrote(cells: list[list[str]]) 
                    for row in cells)
     assert table_markdown(header, cells) == md
     assert table_html(header, cells) == f"<table><tr>{head}</tr>{body}</table>"
+
+
+def test_detail_records_serialise_to_their_keys_and_read_back_as_attributes() -> None:
+    """A check's records land in its details under their fields' names (or a key named as it
+    runs) and read back, from the live details or from report.json, as the same records;
+    a record the check did not write reads as None."""
+    import json
+
+    from paritygate.checks._artifact_origin import InitializerRecord
+    from paritygate.checks.logits_agreement import WorstProbe, WorstProbes
+    from paritygate.checks.reward_parity import RewardRecord, RewardSample
+    from paritygate.records import Keyed
+    from paritygate.result import Measurement
+
+    m = Measurement("reward_parity")
+    samples = [RewardSample("a", 0.5, 0.25, 0.25, "serving", False)]
+    m.record(RewardRecord({"training": {"padding_side": "left"}}, samples))
+    m.record(Keyed("user_function", "trainer.logprobs"))
+    assert m.details == {"layout": {"training": {"padding_side": "left"}},
+                         "samples": [{"id": "a", "training": 0.5, "serving": 0.25,
+                                      "moved": 0.25, "cut": "serving", "read_at_pad": False}],
+                         "user_function": "trainer.logprobs"}
+    back = RewardRecord.read(json.loads(json.dumps(m.details)))
+    assert back is not None and back.samples == samples and back.samples[0].moved == 0.25
+    assert WorstProbes.read(m.details) is None
+    probe = WorstProbe(3, 0.5, None, 1, 2)
+    assert "position" not in probe.to_json()  # written only for an LM's scored token
+    assert WorstProbes.read({"worst_probes": [probe.to_json()]}) == WorstProbes([probe])
+    # a report written before the initializers named their target networks still reads
+    old = {"initializers": {"comparable": 2, "matched": 2, "folded": 0, "unmatched": [],
+                            "misplaced": {}, "drifted": [], "max_rel_drift": 0.0,
+                            "not_in_model": ["fc.weight"]}}
+    record = InitializerRecord.read(old)
+    assert record is not None and record.initializers.not_in_model == ["fc.weight"]
+    assert record.initializers.target_networks == []

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from zoo_checks import zoo_checks
 
-from paritygate.config import config_from_dict
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 from paritygate.provenance import sha256_file
 
 pytest.importorskip("stable_baselines3", reason="stable-baselines3 not installed (extra 'sb3')")

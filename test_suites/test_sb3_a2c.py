@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import yaml
 
-from paritygate.config import config_from_dict
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 pytest.importorskip("stable_baselines3", reason="stable-baselines3 not installed (extra 'sb3')")
 
@@ -178,8 +178,8 @@ def test_init_with_a_torch_artifact_declares_its_format(
     silently, and the config is refused until the user answers it. Filled, the clean artifact
     passes every check; one exported from an earlier checkpoint is named stale."""
     from paritygate import write_config
-    from paritygate.config import load_config
     from paritygate.errors import InputError
+    from paritygate.load import load_config
 
     artifact = _torch_artifact(a2c_run / zip_name, tmp_path / "ship" / f"policy{suffix}", fmt)
     monkeypatch.chdir(tmp_path)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 
-from paritygate.config import config_from_dict
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 pytest.importorskip("stable_baselines3", reason="stable-baselines3 not installed (extra 'sb3')")
 

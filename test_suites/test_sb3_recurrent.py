@@ -55,8 +55,8 @@ def _config(folder: Path, artifact: Path | None = None) -> dict[str, Any]:
 def _build(folder: Path) -> None:
     from sb3_contrib import RecurrentPPO
 
-    from paritygate.config import config_from_dict
     from paritygate.families.policy import export_artifact
+    from paritygate.load import config_from_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     model = RecurrentPPO("MlpLstmPolicy", "CartPole-v1", n_steps=64, batch_size=64, n_epochs=2,
@@ -73,8 +73,8 @@ def trained(build_once: Any) -> Path:
 
 
 def _evaluate(config: dict[str, Any], folder: Path) -> dict[str, Any]:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gate.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -139,8 +139,8 @@ def _rollout_config(folder: Path, artifact: Path | None = None) -> dict[str, Any
 
 def test_trained_recurrent_ppo_passes_rollout_parity_with_its_state_fed_back(
         trained: Path, tmp_path: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     gate = Gate(config_from_dict(_rollout_config(trained), tmp_path / "gate.yaml"))
     result = gate.evaluate("rollout_parity", golden=False)

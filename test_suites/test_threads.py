@@ -62,7 +62,7 @@ def test_apply_sets_torch_and_onnxruntime(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_the_config_key_is_validated(tmp_path: Path) -> None:
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     data = yaml.safe_load((REPO / "configs" / "demo-policy.yaml").read_text())
     with pytest.raises(InputError) as info:

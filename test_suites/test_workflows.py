@@ -350,7 +350,7 @@ def test_gate_gpu_job(gate: dict[str, Any]) -> None:
 def test_gate_dump_handoff(gate: dict[str, Any]) -> None:
     """The GPU job writes vLLM's rollout dump and uploads it; the audit job (CPU) downloads it
     to the same path and gates it with a config whose only engine is that dump."""
-    from paritygate.config import load_config
+    from paritygate.load import load_config
 
     gpu, audit = gate["jobs"]["gpu"], gate["jobs"]["audit"]
     (dump,) = [s for s in gpu["steps"] if s.get("id") == "dump"]

@@ -45,11 +45,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from paritygate.checks import CHECK_IDS
-    from paritygate.config import GateConfig, load_config
+    from paritygate.config import GateConfig
     from paritygate.errors import InputError
     from paritygate.families import export
     from paritygate.gate import Gate
     from paritygate.init import write_config
+    from paritygate.load import load_config
     from paritygate.metrics.mismatch import Mismatch, mismatch
     from paritygate.metrics.routing import RoutingMismatch, routing_mismatch
     from paritygate.report import WrittenReport, summary_table, write_reports
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Gate": "paritygate.gate",
     "GateConfig": "paritygate.config",
-    "load_config": "paritygate.config",
+    "load_config": "paritygate.load",
     "InputError": "paritygate.errors",
     "CheckResult": "paritygate.result",
     "Measurement": "paritygate.result",

@@ -23,13 +23,10 @@ __all__ = [
     "Explanation",
     "actions_differ",
     "artifact_tier_only",
-    "bn_stats_explain_provenance",
     "declared_outputs_only",
     "failed_only",
     "no_layer_over_budget",
-    "not_loaded_explains_provenance",
     "provenance_only",
-    "same_output_gap",
     "shape_only",
 ]
 
@@ -92,29 +89,6 @@ def shape_only(root: CheckResult, c: CheckResult) -> bool:
 def declared_outputs_only(root: CheckResult, c: CheckResult) -> bool:
     """export_integrity failed only on its declared outputs after the first."""
     return failed_only(c, lambda n: n == "declared_outputs_differ")
-
-
-def not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
-    """The artifact carries the checkpoint's tensors; the inference model does not."""
-    inits = c.details.get("initializers") or {}
-    return provenance_only(c) and bool(inits.get("not_in_model"))
-
-
-def bn_stats_explain_provenance(root: CheckResult, c: CheckResult) -> bool:
-    """Only BatchNorm statistics initializers differ from the checkpoint's."""
-    inits = c.details.get("initializers") or {}
-    unmatched = inits.get("unmatched") or []
-    return provenance_only(c) and not inits.get("misplaced") and all(
-        n.endswith((".running_mean", ".running_var")) for n in unmatched)
-
-
-def same_output_gap(root: CheckResult, c: CheckResult) -> bool:
-    """export_integrity measured the gap logits_agreement names (every initializer matches)."""
-    inits = c.details.get("initializers") or {}
-    gap, own = root.metrics.get("max_abs_diff"), c.metrics.get("provenance_max_abs_diff")
-    return (provenance_only(c) and not inits.get("unmatched")
-            and isinstance(gap, float) and isinstance(own, float)
-            and abs(gap - own) <= 1e-6 + 1e-3 * abs(gap))
 
 
 def artifact_tier_only(root: CheckResult, c: CheckResult) -> bool:

@@ -228,8 +228,8 @@ def _pytest_args(gate: Gate, args: argparse.Namespace, selected: list[str] | Non
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from paritygate.config import load_config
     from paritygate.families import export
+    from paritygate.load import load_config
     from paritygate.progress import stage
 
     config = load_config(args.config)
@@ -244,8 +244,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
-    from paritygate.config import load_config
     from paritygate.families.causal_lm.dump import dump_rollouts
+    from paritygate.load import load_config
 
     path = dump_rollouts(load_config(args.config), args.out, engine=args.engine)
     print(f"paritygate: wrote rollout dump {path}")
@@ -332,6 +332,7 @@ def text_table(rows: Sequence[Sequence[str]]) -> list[str]:
 def _cmd_precision(args: argparse.Namespace) -> int:
     from paritygate.gate import Gate
     from paritygate.report import summary_table, write_reports
+    from paritygate.verdict import Notes
 
     gate = Gate.from_path(args.config, update_golden=args.update_golden)
     gate.command = "precision"  # its own blessing: paritygate precision CONFIG --update-golden
@@ -345,7 +346,8 @@ def _cmd_precision(args: argparse.Namespace) -> int:
         gate.discard_golden()
     written = write_reports(gate, [result], out)
     print("\n".join(summary_table([result])))
-    for note in result.details.get("notes") or []:
+    notes = Notes.read(result.details)
+    for note in notes.notes if notes is not None else []:
         print(f"note: {note}")
     print(f"reports: {written.directory} ({', '.join(written.files)})")
     return EXIT_PASS if result.status in ("pass", "skip") else EXIT_FAIL

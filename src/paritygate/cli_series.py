@@ -35,7 +35,7 @@ def run_all(
     order; the worst exit code. ``entry`` is the command's own ``main`` (what a forked gate
     runs, see :func:`gate_processes`); ``refuse_existing_baseline`` is ``--bless-first``'s
     refusal, said before any gate runs."""
-    from paritygate.config import load_config
+    from paritygate.load import load_config
 
     if args.checkpoint is not None or args.update_golden or args.step is not None:
         raise InputError(None, "--all", "--all gates every checkpoint: it takes neither "

@@ -41,7 +41,7 @@ def _as_path(value: object) -> Path:
 
 def _from_config_folder(value: Path, info: ValidationInfo) -> Path:
     """Relative to the config file's folder: the loader passes it as the validation context's
-    ``base_dir`` (:func:`paritygate.config.config_from_dict`), so every path is resolved once,
+    ``base_dir`` (:func:`paritygate.load.config_from_dict`), so every path is resolved once,
     when the config loads. Without one (a section built in code) the value stays as written."""
     base = (info.context or {}).get("base_dir")
     p = value.expanduser()

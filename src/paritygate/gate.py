@@ -13,18 +13,20 @@ import os
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.check import CheckSpec, Thresholds, selects_by_marks
 from paritygate.checks import checks_for, get_check
-from paritygate.config import GateConfig, load_config
+from paritygate.config import GateConfig
 from paritygate.errors import InputError, NonFiniteOutput, write_failed
 from paritygate.files import unwritable_reason
 from paritygate.golden import BlessInProgress, GoldenStore, regression_check
+from paritygate.load import load_config
 from paritygate.provenance import environment
+from paritygate.records import Record
 from paritygate.result import CheckResult, Measurement
 from paritygate.startup import IMPORTED_AT
 from paritygate.verdict import Margin, judge
@@ -32,6 +34,13 @@ from paritygate.verdict import Margin, judge
 if TYPE_CHECKING:
     from paritygate.families.base import Context
     from paritygate.threads import ThreadPlan
+
+
+@dataclass(frozen=True)
+class GateError(Record):
+    """The last frames of a check that raised (its result's status is ``error``)."""
+
+    traceback: str
 
 
 class Gate:
@@ -254,7 +263,7 @@ class Gate:
                 {},
                 None,
                 {},
-                details={"traceback": tb},
+                details=GateError(tb).to_json(),
                 duration_s=time.perf_counter() - start,
             )
         if golden:

@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from paritygate.files import FileLock, LockHeld, atomic_write_many, atomic_write_text, dump_json
+from paritygate.records import Record
 from paritygate.regression import NoiseEntry, blessed_noise, stored_noise
 from paritygate.result import CheckResult, Measurement
 from paritygate.verdict import GoldenRecord, GoldenValue, Margin, judge
+
+
+@dataclass(frozen=True)
+class Obtained(Record):
+    """Where a failing check's obtained metrics were written, beside the golden file."""
+
+    obtained_path: str
 
 
 def _read_record(path: Path) -> GoldenRecord:
@@ -237,7 +246,7 @@ def regression_check(
         result.golden is None or any(r.kind in against_golden for r in result.reasons)
     ):
         path = store.write_obtained(check_id, ratcheted, provenance(), detail)
-        result.details["obtained_path"] = str(path)
+        result.record(Obtained(str(path)))
         result.message += f" Obtained metrics written to {path.name} beside the golden."
         # Only a missing baseline is a reason to bless; a run that fails against an existing
         # baseline (or its thresholds) is never offered for blessing.

@@ -5,7 +5,7 @@ files, an SB3 zip's ``policy.pth``, ONNX graph inputs and outputs, an HF
 directory's JSON files), never code. What it can infer is filled in with a
 comment saying where it came from (training-only heads from tensor names, input
 and output names from the artifact); what it cannot is a ``TODO:`` value, and
-:func:`paritygate.config.load_config` refuses a config that still holds one
+:func:`paritygate.load.load_config` refuses a config that still holds one
 (exit 2, naming the key), so a half-edited config never runs. The gate is named after the
 policy, never the training step (:func:`paritygate.init_infer.gate_name`); an HF directory
 gets the family its architecture fits (:mod:`paritygate.init_hf`).

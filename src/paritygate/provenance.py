@@ -1,13 +1,17 @@
-"""Digests and versions: what golden baselines, manifests and reports record about a run."""
+"""Digests and versions: what golden baselines, manifests and reports record about a run, and
+how an artifact's weight initializers match the checkpoint (its provenance without a manifest)."""
 
 from __future__ import annotations
 
 import hashlib
 import platform
 import sys
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from paritygate.records import Record
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -40,3 +44,23 @@ def environment() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             continue
     return env
+
+
+@dataclass(frozen=True)
+class InitializerMatch(Record):
+    """How the artifact's weight initializers match the checkpoint
+    (:func:`paritygate.families.policy.initializers.match_initializers` says what each field
+    means); export_integrity's record, read by the root-cause edges on it."""
+
+    comparable: int
+    matched: int
+    folded: int
+    unmatched: list[str]
+    misplaced: dict[str, str]
+    drifted: list[str]
+    max_rel_drift: float
+    not_in_model: list[str]
+    converted: dict[str, int] = field(default_factory=dict)
+    target_network: dict[str, str] = field(default_factory=dict)
+    target_networks: list[str] = field(default_factory=list)
+    """(The last three default to empty: a report of an earlier version lacks them.)"""

@@ -4,7 +4,8 @@ A check measures; it never decides. It returns a :class:`Measurement` holding
 named :class:`Metric` values (each knowing which direction is bad and its
 absolute threshold), :class:`Finding` records (named causes that fail the check
 whatever the numbers say: a declared ``kind`` that code acts on and a ``message``
-that users read), and free-form *details* (tables for the report).
+that users read), and *details*: the typed records the check declares beside itself
+(:mod:`paritygate.records`), serialised under their fields' names.
 :mod:`paritygate.verdict` turns a measurement plus the golden baseline into a
 :class:`CheckResult`, whose :class:`Reason` records say which rule failed.
 """
@@ -13,7 +14,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from paritygate.records import Record
+
+R = TypeVar("R", bound=Record)
 
 Bad = Literal["higher", "lower", "change", "none"]
 """Which direction of a metric is worse.
@@ -215,6 +220,12 @@ class Measurement:
         """
         self.hints[metric] = text
 
+    def record(self, record: R) -> R:
+        """Keep ``record`` (a :class:`~paritygate.records.Record` the check declares) in the
+        details, under its fields' keys."""
+        self.details.update(record.to_json())
+        return record
+
     def note(self, text: str) -> None:
         """Record context for the report that is not a failure."""
         self.notes.append(text)
@@ -249,6 +260,12 @@ class CheckResult:
     bless_hint: str | None = None
     """How to get the golden baseline the check lacks (``None`` when it has one): kept apart
     from ``fix``, which is the fault's and never depends on whether a baseline exists."""
+
+    def record(self, record: R) -> R:
+        """Keep ``record`` in the details, under its fields' keys (as
+        :meth:`Measurement.record`)."""
+        self.details.update(record.to_json())
+        return record
 
     def finding_kinds(self) -> list[str]:
         """The kinds of the check's findings, in verdict order."""

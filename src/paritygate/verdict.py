@@ -17,9 +17,10 @@ baseline blessed on another probe set than the run's. Each failing rule is a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
+from paritygate.records import Record
 from paritygate.regression import Margin as Margin
 from paritygate.regression import fmt, judged_noise
 from paritygate.regression import golden_regression as golden_regression
@@ -56,6 +57,30 @@ class GoldenRecord(TypedDict, total=False):
     absent in a baseline blessed before floors were stored."""
 
 
+@dataclass(frozen=True)
+class Notes(Record):
+    """What the check and the verdict noted for people (context, not failures)."""
+
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class NumericsChanged(Record):
+    """The settings that move numbers by design and differ from the baseline's."""
+
+    numerics_changed: list[str]
+
+
+def _noted(result: CheckResult, notes: list[str], changed: list[str] | None = None
+           ) -> CheckResult:
+    """``result`` with the notes and the changed settings recorded (when there are any)."""
+    if notes:
+        result.record(Notes(notes))
+    if changed:
+        result.record(NumericsChanged(changed))
+    return result
+
+
 def judge(
     measurement: Measurement,
     golden: GoldenRecord | None,
@@ -76,24 +101,16 @@ def judge(
     thresholds = {name: m.threshold for name, m in shown.items() if m.threshold is not None}
     key = next((m.name for m in shown.values() if m.key), None)
     details = dict(measurement.details)
-    if measurement.notes:
-        details["notes"] = list(measurement.notes)
+    notes = list(measurement.notes)
     expected: dict[str, GoldenValue] | None = None
     if use_golden and golden is not None:
         # per-item (detail) baselines live beside the headline ones; both are judged
         expected = {**golden.get("metrics", {}), **golden.get("detail_metrics", {})}
 
     if measurement.skipped is not None:
-        return CheckResult(
-            measurement.check_id,
-            "skip",
-            measurement.skipped,
-            metrics,
-            _headline(expected, measurement, golden),
-            thresholds,
-            key,
-            details,
-        )
+        return _noted(CheckResult(measurement.check_id, "skip", measurement.skipped, metrics,
+                                  _headline(expected, measurement, golden), thresholds, key,
+                                  details), notes)
 
     reasons, offending, breached = _own_reasons(measurement)
     regressed: dict[str, str] = {}
@@ -114,7 +131,7 @@ def judge(
                         offending.append(m.name)
             unguarded = _unguarded(measurement, expected)
             if unguarded:
-                details["notes"] = [*details.get("notes", []), unguarded]
+                notes.append(unguarded)
     probe_change = _probe_set_changed(golden, probes_sha256) if expected is not None else None
     if probe_change is not None:
         reasons.append(Reason("probe_set_changed", probe_change))
@@ -131,7 +148,6 @@ def judge(
     if changed:
         fix = ("bless a baseline for this configuration under its own golden.baseline "
                "(a new name, then paritygate run CONFIG --update-golden)")  # fmt: skip
-        details["numerics_changed"] = changed
     message = _message(measurement, key, sentences, changed) if reasons \
         else _passing_message(measurement, key)
     result = CheckResult(
@@ -145,6 +161,7 @@ def judge(
         details,
         reasons=reasons,
     )
+    _noted(result, notes, changed)
     if no_golden:
         result.bless_hint = BLESS_HINT
     if status == "fail":

@@ -33,8 +33,8 @@ class Variants:
             variant_config,
         )
 
-        from paritygate.config import config_from_dict
         from paritygate.gate import Gate
+        from paritygate.load import config_from_dict
 
         if name not in self._gates:
             fault = (

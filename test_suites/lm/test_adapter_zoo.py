@@ -109,7 +109,7 @@ def _adapter_config(lm_variants, tmp_path: Path, edit: Any = None) -> Any:
     from lm_zoo import Fault as ZooFault
     from lm_zoo import _adapter_serving, variant_config
 
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     data = variant_config(lm_variants.model_dir, tmp_path / "out",
                           ZooFault("x", _adapter_serving("remerged"), {}))
@@ -193,7 +193,7 @@ def test_an_adapter_dir_as_model_dir_with_a_hub_base_says_what_to_set(
     config = _adapter_config(lm_variants, tmp_path, lambda d: _edit_base(d, "org/some-base"))
     data = config.model_dump(mode="json", exclude_none=True)
     data["causal_lm"]["model_dir"] = data["causal_lm"].pop("adapter")
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     with pytest.raises(InputError) as refused:
         build_lm_context(config_from_dict(data, tmp_path / "gate.yaml"))
@@ -253,8 +253,8 @@ def test_without_a_served_copy_only_the_merged_model_itself_is_served(
         lm_variants, tmp_path: Path) -> None:
     """No serving.model_dir: the HF engine serves the merged training model (weights_load
     passes, nothing differs); a serving dtype or vLLM would load the base alone: bad input."""
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = _adapter_config(lm_variants, tmp_path).model_dump(mode="json", exclude_none=True)
     data["causal_lm"].pop("serving")

@@ -19,8 +19,8 @@ pytestmark = [
 
 
 def _evaluate(demo_lm: Path, out: Path, declared: bool) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     reason = vllm_unavailable_reason(demo_lm)
     if reason is not None:

@@ -100,8 +100,8 @@ class Zoo:
         self._gates: dict[str, Any] = {}
 
     def gate(self, name: str) -> Any:
-        from paritygate.config import config_from_dict
         from paritygate.gate import Gate
+        from paritygate.load import config_from_dict
 
         if name not in self._gates:
             entry = next(e for e in ZOO if e.name == name)

@@ -17,8 +17,8 @@ SHARDS = 3
 
 
 def _gate(demo_lm: Path, out: Path, behaviour: dict[str, Any], **serving: Any) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, None)
     data["causal_lm"]["behaviour"] = behaviour

@@ -24,8 +24,8 @@ TRAINING = {"stop": ["."]}
 
 def _evaluate(demo_lm: Path, out: Path, serving: dict[str, Any] | None,
               behaviour: dict[str, Any] | None = None) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, None)
     data["causal_lm"]["behaviour"] = dict(BEHAVIOUR if behaviour is None else behaviour)
@@ -71,8 +71,8 @@ def test_halved_length_moves_the_reward_beyond_tolerance(demo_lm: Path, tmp_path
 
 
 def test_skipped_without_the_section(demo_lm: Path, tmp_path: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, tmp_path, None)
     data["name"] = "bp"
@@ -88,8 +88,8 @@ def test_skipped_without_the_section(demo_lm: Path, tmp_path: Path) -> None:
 ])
 def test_bad_settings_name_the_key(demo_lm: Path, tmp_path: Path, behaviour: dict[str, Any],
                                    key: str) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.errors import InputError
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, tmp_path, None)
     data["name"] = "bp"
@@ -113,8 +113,8 @@ def test_sampling_config_is_the_root_when_it_names_the_field(demo_lm: Path, tmp_
                                                             serving: dict[str, Any]) -> None:
     """Serving temperature 0.8, a missing stop string, a repetition penalty: sampling_config
     names the field and explains the behaviour."""
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
     from paritygate.rootcause import explain
 
     data = variant_config(demo_lm, tmp_path, None)
@@ -137,8 +137,8 @@ def test_chat_template_that_keeps_greedy_output_is_found(demo_lm: Path, tmp_path
     mismatch): greedy output is the same (generation_parity passes) but sampled behaviour is
     not; sampling_config cannot name it, so behaviour_parity is the root. The clean twin is
     ``test_clean_twin_passes``."""
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
     from paritygate.rootcause import explain
 
     template = tmp_path / "serving-template.jinja"
@@ -161,8 +161,8 @@ def test_chat_template_that_keeps_greedy_output_is_found(demo_lm: Path, tmp_path
 
 
 def test_too_few_samples_says_the_minimum(demo_lm: Path, tmp_path: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.errors import InputError
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, tmp_path, None)
     data["name"] = "bp"

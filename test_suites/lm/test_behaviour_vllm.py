@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.vllm,
 
 
 def _evaluate(demo_lm: Path, out: Path, **serving: Any) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, None)
     data["causal_lm"]["engines"] = ["hf", "vllm"]

@@ -56,8 +56,8 @@ def test_sampling_config_runs_without_torch(demo_lm: Path, tmp_path: Path, fault
 @pytest.mark.parametrize("name", ["clean", "temperature_differs", "repetition_penalty_both"])
 def test_config_only_context_measures_as_the_full_one(demo_lm: Path, tmp_path: Path,
                                                       lm_variants: Any, name: str) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     found = next((f for f in FAULTS + SAMPLING_VARIANTS if f.name == name), None)
     data = variant_config(demo_lm, tmp_path, found)

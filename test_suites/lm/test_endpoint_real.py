@@ -47,8 +47,8 @@ def _config(demo_lm: Path, out: Path, url: str, **endpoint: Any) -> dict[str, An
 
 
 def _run(data: dict[str, Any], out: Path) -> dict[str, Any]:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     gate = Gate(config_from_dict(data, out / "gate.yaml"))
     return {check: gate.evaluate(check, golden=False) for check in data["checks"]}
@@ -114,8 +114,8 @@ def test_short_max_model_len_and_another_generation_config_fail_with_their_cause
     """A production server (no dev mode) with two faults, each named by its own kind: a
     context under the longest probe plus max_new_tokens, and a ``--generation-config``
     folder whose temperature is not the served directory's (only measurable)."""
-    from paritygate.config import config_from_dict
     from paritygate.families.causal_lm import build_context
+    from paritygate.load import config_from_dict
 
     data = _config(demo_lm, tmp_path, "http://127.0.0.1:1/v1")
     ctx = build_context(config_from_dict(data, tmp_path / "gate.yaml"))

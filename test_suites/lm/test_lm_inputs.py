@@ -11,12 +11,12 @@ import pytest
 from lm_zoo import CONFIG, clean_config
 
 from paritygate.check import Thresholds
-from paritygate.config import config_from_dict, load_config
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
 from paritygate.families.causal_lm.build import build_lm_context
 from paritygate.families.causal_lm.probes import load_probes
 from paritygate.families.causal_lm.sampling import load_sampling_file
+from paritygate.load import config_from_dict, load_config
 
 
 def test_committed_config_validates() -> None:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from lm_zoo import clean_config
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 from paritygate.provenance import sha256_file
 from paritygate.rootcause import explain
 

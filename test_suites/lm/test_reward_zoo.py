@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from lm_zoo import clean_config
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 pytest.importorskip("trl")
 

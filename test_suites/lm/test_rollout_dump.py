@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from lm_zoo import clean_config
 
-from paritygate.config import config_from_dict
 from paritygate.engines.rollout_dump import read_dump, write_dump
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 GOOD = {"prompt_ids": [1, 5, 6], "completion_ids": [7, 2], "logprobs": [-0.5, -0.1]}
 

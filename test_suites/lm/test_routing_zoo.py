@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from routing_zoo import VARIANTS, Variant, base_config, write_routing_dump
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 pytest.importorskip("transformers")
 

@@ -18,8 +18,8 @@ from lm_zoo import FAULTS, variant_config
                           (["vllm"], True, "fail")])
 def test_padding_side_is_compared_where_the_serving_engine_pads(
         demo_lm: Path, tmp_path: Path, engines: list[str], stated: bool, status: str) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     fault = next(f for f in FAULTS if f.name == "right_padding")
     data = variant_config(demo_lm, tmp_path, fault)

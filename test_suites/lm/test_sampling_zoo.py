@@ -15,8 +15,8 @@ from lm_zoo import SAMPLING_VARIANTS, Fault, _sampling, presence_penalty_both, v
 
 
 def _gate(demo_lm: Path, out: Path, patch: Any = None, **top: Any) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, Fault("patched", patch, {}) if patch else None)
     data.update(top)
@@ -82,8 +82,8 @@ def test_behaviour_draw_follows_the_seed(demo_lm: Path, tmp_path: Path) -> None:
 
 
 def _behaviour(demo_lm: Path, out: Path, seed: int) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, None)
     data["seed"] = seed

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from lm_zoo import clean_config
 
-from paritygate.config import config_from_dict
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 
 def _gate(cfg: dict[str, Any], root: Path, name: str) -> Gate:

@@ -12,8 +12,8 @@ import numpy as np
 def _gate(demo_lm: Path, out: Path) -> Any:
     from lm_zoo import variant_config
 
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = variant_config(demo_lm, out, None)
     data["name"] = "lm-shared"

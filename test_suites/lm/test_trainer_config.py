@@ -45,8 +45,8 @@ def grpo_run(build_once: Any) -> Path:
 def _gate(run: Path, tmp_path: Path, trl_yaml: dict[str, Any], **sampling: Any) -> Any:
     import trl_run
 
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(trl_yaml), encoding="utf-8")
@@ -123,8 +123,8 @@ def test_unmappable_fields_are_listed_or_in_strict_mode_exit_2(
 def test_hf_generation_config_as_the_training_source(grpo_run: Path, tmp_path: Path) -> None:
     import trl_run
 
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = trl_run.gate_config(grpo_run)
     served = grpo_run / "grpo_out" / "checkpoint-4" / "generation_config.json"

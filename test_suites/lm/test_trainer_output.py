@@ -65,7 +65,8 @@ def _write(data: dict[str, Any], path: Path) -> Path:
 def test_output_dir_resolves_to_latest_and_records_the_step(grpo_run: Path, tmp_path: Path) -> None:
     import trl_run
 
-    from paritygate.config import apply_checkpoint, config_from_dict
+    from paritygate.config import apply_checkpoint
+    from paritygate.load import config_from_dict
 
     config = config_from_dict(trl_run.gate_config(grpo_run), tmp_path / "gate.yaml")
     record = config.trainer_checkpoint
@@ -91,8 +92,8 @@ def test_output_dir_resolves_to_latest_and_records_the_step(grpo_run: Path, tmp_
 def test_bad_output_dirs_and_steps_are_input_errors(grpo_run: Path, tmp_path: Path) -> None:
     import trl_run
 
-    from paritygate.config import config_from_dict
     from paritygate.errors import InputError
+    from paritygate.load import config_from_dict
 
     empty = tmp_path / "empty_out"
     empty.mkdir()

@@ -96,8 +96,8 @@ def _record(name: str, check: str, result: Any) -> None:
 
 
 def _gate(demo_lm: Path, root: Path, name: str, fault: Any = None, **lm: Any) -> Any:
-    from paritygate.config import config_from_dict
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     out = root / name
     out.mkdir(parents=True, exist_ok=True)
@@ -136,10 +136,10 @@ def test_generation_parity_with_vllm(demo_lm: Path, tmp_path: Path, vllm_variant
 
 
 def test_vllm_dump_is_audited(demo_lm: Path, tmp_path: Path) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.engines.rollout_dump import read_dump
     from paritygate.families.causal_lm.dump import dump_rollouts
     from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
 
     data = clean_config(demo_lm)
     data["name"] = "vllm-dump"

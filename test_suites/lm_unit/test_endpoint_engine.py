@@ -102,8 +102,8 @@ def test_sampling_is_left_to_the_server_or_sent() -> None:
 
 
 def test_engines_endpoint_needs_its_block(tmp_path: Any) -> None:
-    from paritygate.config import config_from_dict
     from paritygate.families.causal_lm import build_context
+    from paritygate.load import config_from_dict
 
     data = {"name": "x", "family": "causal_lm",
             "causal_lm": {"model_dir": str(tmp_path), "sampling": {"training": "t.yaml"},

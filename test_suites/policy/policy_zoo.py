@@ -155,7 +155,7 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 def fault_config(clean_dir: Path, out_dir: Path, overrides: Overrides, base: str = "demo"
                  ) -> Any:
     """A validated GateConfig for a fault (lives in ``out_dir``)."""
-    from paritygate.config import config_from_dict
+    from paritygate.load import config_from_dict
 
     if base == "demo":
         start = base_config(clean_dir)

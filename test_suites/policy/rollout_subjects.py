@@ -170,7 +170,7 @@ def recurrent_cartpole_config(clean: Path) -> dict[str, Any]:
 
 def export(data: dict[str, Any], folder: Path) -> Path:
     """``paritygate export`` of a subject's config into ``folder`` (policy.onnx + manifest)."""
-    from paritygate.config import config_from_dict
     from paritygate.families.policy import export_artifact
+    from paritygate.load import config_from_dict
 
     return export_artifact(config_from_dict(data, folder / "gate.yaml"), folder)

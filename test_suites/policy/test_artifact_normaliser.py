@@ -13,7 +13,7 @@ from format_zoo import BATCH_ONE
 from normaliser_subject import build, config
 from policy_zoo import evaluate_all, fault_config
 
-from paritygate.config import config_from_dict
+from paritygate.load import config_from_dict
 from paritygate.rootcause import explain
 
 CHECKS = ("weights_load", "export_integrity", "logits_agreement", "batch_invariance")

@@ -10,9 +10,9 @@ import policy_zoo_builders as zb
 import pytest
 from policy_zoo import POLICY_CHECKS, base_config, merge
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 pytestmark = pytest.mark.xdist_group("policy-clean-pipelines")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from paritygate.families.policy.config import DistributionSpec
+from paritygate.config.policy import DistributionSpec
 from paritygate.metrics.gaussian import (
     action_log_prob,
     behaviour_logprob_delta,

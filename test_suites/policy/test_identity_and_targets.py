@@ -11,9 +11,9 @@ import torch
 import yaml
 
 from paritygate.checkpoints import find_aliases
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.init_infer import head_prefixes
+from paritygate.load import config_from_dict
 
 STUB = {"training_factory": "m:f", "inference_factory": "m:g", "checkpoint": "c.safetensors",
         "probes": {"generator": "m:p"}, "action_space": "continuous"}

@@ -14,8 +14,8 @@ import yaml
 from policy_zoo import SUBJECTS, merge
 from test_bad_input import assert_input_error, run_in_process, write_config
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
+from paritygate.load import config_from_dict
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_config_validation(policy: dict[str, Any], cause: str, tmp_path: Path) -
 
 
 def test_single_input_spec_defaults() -> None:
-    from paritygate.families.policy.config import PolicySpec
+    from paritygate.config.policy import PolicySpec
 
     spec = PolicySpec(training_factory="m:f", inference_factory="m:g", checkpoint="c",
                       probes={"generator": "m:p"})

@@ -11,9 +11,9 @@ import yaml
 from policy_zoo import base_config, merge
 
 from paritygate import cli
-from paritygate.config import load_config
 from paritygate.demo.policy import probe_observations
 from paritygate.gate import Gate
+from paritygate.load import load_config
 
 MODEL_CHECKS = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
                 "export_integrity")

@@ -22,9 +22,9 @@ import policy_zoo_builders as zb
 import rollout_subjects as rs
 from policy_zoo import FAULTS_BY_ID, merge
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 from paritygate.report import write_reports
 from paritygate.report.json_report import NOTHING_VERIFIED, overall_status
 
@@ -242,7 +242,7 @@ def test_continuous_actions_follow_the_declared_distribution(pendulum: Path,
                                                             tmp_path: Path) -> None:
     """With ``policy.distribution`` the env action is the deterministic action it defines
     (tanh-squashed and scaled here), and an artifact serving the action is taken as it is."""
-    from paritygate.families.policy.config import DistributionSpec
+    from paritygate.config.policy import DistributionSpec
     from paritygate.families.policy.rollout import env_action
 
     ctx = _gate(rs.pendulum_config(pendulum), tmp_path).context

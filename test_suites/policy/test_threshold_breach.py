@@ -15,8 +15,8 @@ from typing import Any
 
 from policy_zoo import base_config
 
-from paritygate.config import config_from_dict
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 from paritygate.rootcause import explain
 
 CHECK = "logits_agreement"

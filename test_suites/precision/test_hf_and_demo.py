@@ -75,8 +75,8 @@ def test_hf_directory_with_tensors_left_at_random_init_is_refused(tmp_path: Path
 
 
 def test_demo_policy_passes(tmp_path: Path, demo_policy: Path) -> None:
-    from paritygate.config import load_config
     from paritygate.gate import Gate
+    from paritygate.load import load_config
 
     root = tmp_path
     (root / "demo").mkdir()

@@ -52,8 +52,8 @@ def _config(root: Path, model_dir: Path) -> Path:
 
 
 def test_text_probes_pad_without_a_pad_token(gpt2_dir: Path, tmp_path: Path) -> None:
-    from paritygate.config import load_config
     from paritygate.gate import Gate
+    from paritygate.load import load_config
 
     gate = Gate(load_config(_config(tmp_path, gpt2_dir)))
     batch = gate.context.batches[0][1]

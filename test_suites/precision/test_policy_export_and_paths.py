@@ -12,9 +12,9 @@ import torch
 import yaml
 from precision_zoo import OBS, clean_policy
 
-from paritygate.config import config_from_dict
 from paritygate.errors import InputError
 from paritygate.gate import Gate
+from paritygate.load import config_from_dict
 
 FACTORIES = """
 from pathlib import Path

@@ -36,8 +36,8 @@ SENTENCES = [
 
 
 def _gate(root: Path, name: str, extra: str = "") -> Any:
-    from paritygate.config import load_config
     from paritygate.gate import Gate
+    from paritygate.load import load_config
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "probes.txt").write_text("\n".join(SENTENCES) + "\n")

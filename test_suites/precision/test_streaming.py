@@ -141,8 +141,8 @@ def test_gate_streams_with_a_note_and_names_a_missing_tensor(
 ) -> None:
     import numpy as np
 
-    from paritygate.config import load_config
     from paritygate.gate import Gate
+    from paritygate.load import load_config
 
     ids = torch.randint(3, 300, (3, 8), generator=torch.Generator().manual_seed(2)).numpy()
     np.savez(tmp_path / "probes.npz", input_ids=ids)

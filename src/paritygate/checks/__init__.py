@@ -1,11 +1,18 @@
-"""Registry of checks, one module per check id (its ``CHECK`` spec), found in this package."""
+"""Registry of checks, one module per check id (its ``CHECK`` spec), found in this package;
+it validates the check ids and thresholds a gate config names."""
 
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paritygate.check import CheckSpec
+
+if TYPE_CHECKING:
+    from paritygate.config import GateConfig
 
 
 def _discover() -> tuple[str, ...]:
@@ -32,3 +39,39 @@ def get_check(check_id: str) -> CheckSpec:
 def checks_for(family: str) -> list[CheckSpec]:
     """All checks that apply to a model family, in checklist order."""
     return [spec for cid in CHECK_IDS if family in (spec := get_check(cid)).families]
+
+
+def validate_config(config: GateConfig, path: Path) -> None:
+    """``config``'s check ids (``checks``, ``skip_checks``) are checks its family's gate runs
+    (as ``--check`` requires), and its ``thresholds`` name checks and metrics they know; raises
+    :class:`~paritygate.errors.InputError` naming ``path`` and the key."""
+    from paritygate.errors import InputError
+
+    runs = [c.id for c in checks_for(config.family)]
+    for key in ("checks", "skip_checks"):
+        for cid in getattr(config, key) or []:
+            if cid not in CHECK_IDS:
+                raise InputError(path, key,
+                                 f"unknown check id {cid!r}; known: {', '.join(CHECK_IDS)}")
+            if cid not in runs:
+                raise InputError(path, key, f"{cid} is not a check this {config.family} gate "
+                                 f"runs; its checks: {', '.join(runs)}")
+    for cid, values in config.thresholds.items():
+        if cid not in CHECK_IDS:
+            raise InputError(
+                path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}"
+            )
+        known = get_check(cid).defaults
+        for metric, value in values.items():
+            if metric not in known:
+                choices = ", ".join(sorted(known)) or "none"
+                raise InputError(
+                    path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}"
+                )
+            if value is not None and not math.isfinite(value):
+                raise InputError(
+                    path,
+                    f"thresholds.{cid}.{metric}",
+                    f"threshold must be a finite number, or null to make the metric "
+                    f"informational (got {value})",
+                )

@@ -4,11 +4,53 @@ a target network served, and a weight precision the config does not declare."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from paritygate.causes import provenance_only
+from paritygate.provenance import InitializerMatch
+from paritygate.records import Record
+
 if TYPE_CHECKING:
-    from paritygate.families.policy.initializers import InitializerMatch
-    from paritygate.result import Measurement
+    from paritygate.result import CheckResult, Measurement
+
+
+@dataclass(frozen=True)
+class InitializerRecord(Record):
+    """export_integrity's record of how the artifact's initializers match the checkpoint."""
+
+    initializers: InitializerMatch
+
+
+def _initializers(c: CheckResult) -> InitializerMatch | None:
+    record = InitializerRecord.read(c.details)
+    return None if record is None else record.initializers
+
+
+# --- root-cause edges on export_integrity: do its initializers account for its failure? ---
+
+
+def not_loaded_explains_provenance(root: CheckResult, c: CheckResult) -> bool:
+    """The artifact carries the checkpoint's tensors; the inference model does not."""
+    inits = _initializers(c)
+    return provenance_only(c) and inits is not None and bool(inits.not_in_model)
+
+
+def bn_stats_explain_provenance(root: CheckResult, c: CheckResult) -> bool:
+    """Only BatchNorm statistics initializers differ from the checkpoint's."""
+    inits = _initializers(c)
+    unmatched = inits.unmatched if inits is not None else []
+    return provenance_only(c) and not (inits is not None and inits.misplaced) and all(
+        n.endswith((".running_mean", ".running_var")) for n in unmatched)
+
+
+def same_output_gap(root: CheckResult, c: CheckResult) -> bool:
+    """export_integrity measured the gap logits_agreement names (every initializer matches)."""
+    inits = _initializers(c)
+    gap, own = root.metrics.get("max_abs_diff"), c.metrics.get("provenance_max_abs_diff")
+    return (provenance_only(c) and not (inits is not None and inits.unmatched)
+            and isinstance(gap, float) and isinstance(own, float)
+            and abs(gap - own) <= 1e-6 + 1e-3 * abs(gap))
 
 
 def describe_matches(matches: InitializerMatch) -> str:

@@ -6,6 +6,7 @@ skipped or changed, named by its kind."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,14 +19,31 @@ from paritygate.metrics.gaussian import (
     kl_per_row,
     scale_bias,
 )
+from paritygate.records import Record
 
 if TYPE_CHECKING:
-    from paritygate.families.policy.config import DistributionSpec
+    from paritygate.config.policy import DistributionSpec
     from paritygate.families.policy.context import PolicyContext
     from paritygate.result import Measurement
 
 TRANSFORM_KINDS = ("squash_missing", "action_scale_missing", "action_bias_missing",
                    "action_clip_differs")
+
+
+@dataclass(frozen=True)
+class Distribution(Record):
+    """The Gaussian head as the check read it."""
+
+    squash: str
+    log_std: str
+    samples_per_probe: int
+
+
+@dataclass(frozen=True)
+class GaussianRecord(Record):
+    """logits_agreement's record of a Gaussian (continuous-action) policy."""
+
+    distribution: Distribution
 
 
 def _held(values: np.ndarray) -> str:
@@ -164,6 +182,5 @@ def measure_gaussian(m: Measurement, ctx: PolicyContext, dist: DistributionSpec,
              threshold=limits.get("logprob_delta_max_abs"))
     m.metric("logprob_delta_mean", float(delta.mean()) if delta.size else 0.0, bad="none",
              ratchet=False)
-    m.details["distribution"] = {"squash": dist.squash, "log_std": dist.log_std,
-                                 "samples_per_probe": dist.samples}
+    m.record(GaussianRecord(Distribution(dist.squash, dist.log_std, dist.samples)))
     return found[0] if found else None

@@ -9,7 +9,10 @@ every position's count (a mean over pads)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from paritygate.records import Record
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -25,6 +28,14 @@ KINDS = {
     "pads_counted_mean": "kl_mask_ignored", "pads_counted_sum": "kl_mask_ignored",
     "mean_over_pads": "kl_mean_over_pads",
 }
+
+
+@dataclass(frozen=True)
+class Reduction(Record):
+    """The KL function's output (per sequence) and the reduction it was recognised as."""
+
+    kl_output: str
+    kl_reduction: str
 
 
 def reductions(terms: Tensor, mask: Tensor) -> dict[str, Tensor]:
@@ -60,8 +71,8 @@ def judge_reduction(m: Measurement, setup: ReferenceSetup, logp: Tensor, logp_re
               for name, value in found.items()}
     nearest = min(errors, key=lambda k: errors[k])
     declared = setup.kl_reduction
-    m.details["kl_output"] = "sequence"
-    m.details["kl_reduction"] = nearest if errors[nearest] <= REDUCTION_RTOL else "unrecognised"
+    m.record(Reduction("sequence", nearest if errors[nearest] <= REDUCTION_RTOL
+                       else "unrecognised"))
     m.metric("kl_reduction_max_abs", errors[declared], threshold=REDUCTION_RTOL, ratchet=False)
     m.metric("kl_estimate_mean", float(out.mean()), bad="none", ratchet=False)
     if errors[declared] <= REDUCTION_RTOL:

@@ -9,7 +9,10 @@ shifted reward) is named with the map."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+from paritygate.records import OMIT_NONE, Record
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.reward import RewardSetup
@@ -18,6 +21,23 @@ if TYPE_CHECKING:
 AFFINE_RTOL = 1e-3
 """Residual of the least-squares fit f = a m + b, relative to the spread of f, under which a
 function is the model's scores rescaled (float32 scoring noise leaves ~1e-6)."""
+
+
+@dataclass(frozen=True)
+class FunctionVsModel(Record):
+    """The reward function's scores against the reward model's: pairs ordered and flipped,
+    and the affine fit when it rescales them."""
+
+    pairs_ordered: int
+    pairs_flipped: int
+    samples: int
+    scale: float | None = field(default=None, metadata=OMIT_NONE)
+    shift: float | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass(frozen=True)
+class FunctionRecord(Record):
+    function_vs_model: FunctionVsModel
 
 
 def pairs_flipped(model: list[float], function: list[float], tol: float) -> tuple[int, int]:
@@ -61,8 +81,8 @@ def compare_with_model(m: Measurement, setup: RewardSetup, rewards: list[float],
     m.metric("function_score_max_abs", max(diffs), threshold=limit, ratchet=False)
     m.metric("function_score_mean_abs", sum(diffs) / len(diffs), bad="none", ratchet=False)
     m.metric("function_pairs_flipped", share, bad="none", ratchet=False)
-    m.details["function_vs_model"] = {"pairs_ordered": ordered, "pairs_flipped": flipped,
-                                      "samples": len(diffs)}
+    compared = FunctionVsModel(ordered, flipped, len(diffs))
+    m.record(FunctionRecord(compared))
     if max(diffs) <= limit:
         return
     name = setup.function_name
@@ -75,7 +95,7 @@ def compare_with_model(m: Measurement, setup: RewardSetup, rewards: list[float],
                f"{b:+.4g} on {len(diffs)} samples (moved up to {max(diffs):.3g}, no pair "
                f"ranking flipped): the reward's scale against the KL term differs from "
                f"training's{other}", metric="function_score_max_abs")
-        m.details["function_vs_model"].update(scale=a, shift=b)
+        m.record(FunctionRecord(replace(compared, scale=a, shift=b)))
         return
     m.fail("function_scores_differ",
            f"{name} scores the samples otherwise than the trained reward model: scores moved "

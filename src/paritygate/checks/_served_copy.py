@@ -6,6 +6,7 @@ dtype does not declare."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paritygate.checks._weights_adapter import (
@@ -13,10 +14,34 @@ from paritygate.checks._weights_adapter import (
     named_adapter_fault,
     on_other_base,
 )
+from paritygate.records import Record
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.result import Measurement
+
+
+@dataclass(frozen=True)
+class Adapter(Record):
+    """The training side's PEFT adapter and the base it is merged onto."""
+
+    directory: str
+    base: str
+    r: int | None
+    lora_alpha: float | None
+    targets: int
+
+
+@dataclass(frozen=True)
+class AdapterRecord(Record):
+    adapter: Adapter
+
+
+@dataclass(frozen=True)
+class MergedInServedDtype(Record):
+    """The adapter's target tensors that differ only by merging in the served precision."""
+
+    adapter_merged_in_served_dtype: list[str]
 
 
 def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
@@ -39,10 +64,9 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
     if (adapter := ctx.training.adapter) is not None:
         m.note(f"training side: the base {ctx.training.model_dir} with the "
                f"{adapter.describe()} merged in memory (peft merge_and_unload)")
-        m.details["adapter"] = {"directory": str(adapter.directory),
-                                "base": str(ctx.training.model_dir), "r": adapter.r,
-                                "lora_alpha": adapter.alpha,
-                                "targets": len(adapter.target_weights())}
+        m.record(AdapterRecord(Adapter(str(adapter.directory), str(ctx.training.model_dir),
+                                       adapter.r, adapter.alpha,
+                                       len(adapter.target_weights()))))
         if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
             served = ctx.adapter_served(state, sorted(diff.value_diffs))
             fit = served.fit if served is not None else None
@@ -77,7 +101,7 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
                f"adapter's target tensors only within the rounding of merging in "
                f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
                "once): the adapter merged in the served precision, judged by its tier")
-        m.details["adapter_merged_in_served_dtype"] = sorted(diff.value_diffs)
+        m.record(MergedInServedDtype(sorted(diff.value_diffs)))
     elif fit is not None and ctx.training.adapter is not None:
         named_adapter_fault(m, fit, diff, where, ctx.training.adapter)
     elif diff.low_rank and ctx.training.adapter is None:

@@ -4,13 +4,48 @@ adapter merged onto another base. Only the served tensors' values are read, neve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from paritygate.records import Keyed, Record
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.adapter import AdapterInfo
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.causal_lm.weights import AdapterFit, AdapterServed, WeightsDiff
     from paritygate.result import Measurement
+
+
+@dataclass(frozen=True)
+class OtherBase(Record):
+    """The adapter's update found over other base weights."""
+
+    scale: float
+    stderr: float
+    tensors: int
+    other_tensors_differing: int
+    base_model_name_or_path: str | None
+
+
+@dataclass(frozen=True)
+class FitRecord(Record):
+    """How the served copy's update fits the declared adapter (kept under the finding's kind)."""
+
+    modules: list[str]
+    tensors: int
+    scale: float
+    residual: float
+    served_scale: float | None
+    declared_scale: float | None
+
+
+@dataclass(frozen=True)
+class LowRankDifference(Record):
+    """The low-rank difference another adapter leaves, per module."""
+
+    modules: list[str]
+    tensors: int
+    ranks: dict[str, int]
 
 
 def on_other_base(m: Measurement, ctx: LMContext, served: AdapterServed | None,
@@ -33,9 +68,8 @@ def on_other_base(m: Measurement, ctx: LMContext, served: AdapterServed | None,
            f"diff {diff.value_diffs[worst]:.3g} in {worst}): the adapter was merged onto "
            f"another base, or causal_lm.model_dir is not the base it was trained on{said}",
            metric="serving_tensors_differing")
-    m.details["adapter_on_other_base"] = {
-        "scale": found.scale, "stderr": found.stderr, "tensors": found.tensors,
-        "other_tensors_differing": len(others), "base_model_name_or_path": served.named_base}
+    m.record(Keyed("adapter_on_other_base", OtherBase(
+        found.scale, found.stderr, found.tensors, len(others), served.named_base)))
     return True
 
 
@@ -57,9 +91,8 @@ def named_adapter_fault(m: Measurement, fit: AdapterFit, diff: WeightsDiff, wher
                 f"not the adapter's ({fit.residual:.0%} of it left after the best scale "
                 f"{fit.scale:.3g}): another adapter was merged")
     m.fail(fit.kind, text, metric="serving_tensors_differing")
-    m.details[fit.kind] = {"modules": modules, "tensors": len(diff.value_diffs),
-                           "scale": fit.scale, "residual": fit.residual,
-                           "served_scale": served_scale, "declared_scale": adapter.scale}
+    m.record(Keyed(fit.kind, FitRecord(modules, len(diff.value_diffs), fit.scale,
+                                        fit.residual, served_scale, adapter.scale)))
 
 
 def _scale_text(c: float, served: float | None, adapter: AdapterInfo, where: str,
@@ -97,5 +130,5 @@ def adapter_difference(m: Measurement, diff: WeightsDiff, where: str) -> None:
         f"checkpoint's): {named}",
         metric="serving_tensors_differing",
     )
-    m.details["adapter_difference"] = {
-        "modules": modules, "tensors": len(diff.low_rank), "ranks": dict(diff.low_rank)}
+    m.record(Keyed("adapter_difference", LowRankDifference(
+        modules, len(diff.low_rank), dict(diff.low_rank))))

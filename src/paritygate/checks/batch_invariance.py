@@ -35,6 +35,7 @@ import numpy as np
 
 from paritygate.causes import REPLAY, ROLLOUT, Explanation
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.checks._batch_records import EngineBatchRecord, PolicyBatchRecord
 from paritygate.metrics.tiers import PRECISION_TIERS
 from paritygate.result import Measurement
 
@@ -288,9 +289,8 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         filler = filler[: max(len(longest), served_len - sampling.max_new_tokens - 1)]
     result = sweep(runner, prompts, probes, filler, ctx.spec.engine.batch_size,
                    sampling.max_new_tokens, eos)
-    m.details.update(variants=result.rows, tier={"name": tier_name, "logprob_max_abs_diff": limit},
-                     engine=engine_name, batched_forwards=result.batched_forwards,
-                     alone_forwards=len(prompts), declared_invariant=declared)
+    m.record(EngineBatchRecord(result.rows, {"name": tier_name, "logprob_max_abs_diff": limit},
+                               engine_name, result.batched_forwards, len(prompts), declared))
     from paritygate.engines.batching import HFBatchRunner
 
     # HF: the layout of the batch with the most padding names the cause of a difference
@@ -351,9 +351,8 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         tier = note or "fp32 (thresholds.batch_invariance.output_max_abs_diff)"
     record(m, result, ctx, limit=limit, tier=tier, declared=declared,
            input_limit=float(thresholds["preprocessed_max_abs_diff"]))
-    m.details.update(layouts=result.per_layout, alone_runs=count,
-                     batched_runs=result.batched_runs, declared_invariant=declared,
-                     tier={"name": tier, "output_max_abs_diff": limit})
+    m.record(PolicyBatchRecord(result.per_layout, count, result.batched_runs, declared,
+                               {"name": tier, "output_max_abs_diff": limit}))
     return m
 
 

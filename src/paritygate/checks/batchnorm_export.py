@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from paritygate.causes import ROLLOUT, Explanation, artifact_tier_only, bn_stats_explain_provenance
+from paritygate.causes import ROLLOUT, Explanation, artifact_tier_only
 from paritygate.check import CheckSpec, Thresholds, cause_limit
+from paritygate.checks._artifact_origin import bn_stats_explain_provenance
 from paritygate.engines.base import feed_rows, take_rows
 from paritygate.metrics import diff_stats, finite_report, magnitude_factor, scaled_note
 from paritygate.result import Measurement

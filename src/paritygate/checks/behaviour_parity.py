@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.metrics.behaviour import StatRow
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -35,7 +38,6 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.causal_lm.sides import LMSide
-    from paritygate.metrics.behaviour import StatRow
     from paritygate.sections.behaviour_parity import BehaviourSpec
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.
@@ -49,6 +51,22 @@ KIND_OF = {"length": "length_differs", "truncation_rate": "truncation_differs",
            "format_hit_rate": "format_differs"}
 KINDS = tuple(dict.fromkeys([*KIND_OF.values(), "reward_differs"]))
 SIDES = ("training", "serving")
+
+
+@dataclass(frozen=True)
+class BehaviourRecord(Record):
+    """Each statistic's test and outcome, the design (samples per prompt, alpha, where each
+    side's samples came from), per side the samples, stop reasons and completion-length
+    histogram, and the samples per side that would detect a given effect."""
+
+    statistics: dict[str, StatRow]
+    samples_per_prompt: int
+    alpha: float
+    sources: dict[str, str]
+    samples: dict[str, int]
+    stop_reasons: dict[str, dict[str, int]]
+    length_histogram: dict[str, dict[str, int]]
+    samples_to_detect: dict[str, int]
 
 
 def _kept(ctx: LMContext) -> set[int]:
@@ -171,14 +189,14 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     if reward is not None:
         failed += _reward(spec, ctx.config.seed, m, stats, reducers, configs)
     m.metric("rejected_tests", failed, threshold=thresholds["rejected_tests"], key=True)
-    m.details.update(
+    m.record(BehaviourRecord(
         statistics=stats, samples_per_prompt=spec.samples, alpha=spec.alpha, sources=origins,
         samples={s: len(r.lengths) for s, r in reducers.items()},
         stop_reasons={s: {k: r.finishes.count(k) for k in sorted(set(r.finishes))}
                       for s, r in reducers.items()},
         length_histogram={s: {str(k): int(v) for k, v in zip(*np.unique(
             r.lengths, return_counts=True), strict=True)} for s, r in reducers.items()},
-        samples_to_detect=_guidance(stats, spec.alpha, tests))
+        samples_to_detect=_guidance(stats, spec.alpha, tests)))
     return m
 
 

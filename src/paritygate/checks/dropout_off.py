@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.causes import ROLLOUT, Explanation, no_layer_over_budget
 from paritygate.check import CheckSpec
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -83,8 +85,15 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
              threshold=thresholds["repeat_max_abs_diff"], limit_key="repeat_max_abs_diff")
     m.metric("modules_in_training_mode", len(in_training), threshold=0)
     m.metric("random_ops", len(random_ops), threshold=0)
-    m.details["repeats"] = k
+    m.record(Repeats(k))
     return m
+
+
+@dataclass(frozen=True)
+class Repeats(Record):
+    """How many times each path ran on the same inputs."""
+
+    repeats: int
 
 
 CHECK = CheckSpec(

@@ -6,8 +6,8 @@ distribution's log-std output), with the training model's."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,6 +21,7 @@ from paritygate.causes import (
 )
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks._artifact_origin import (
+    InitializerRecord,
     another_checkpoint,
     describe_matches,
     precision_finding,
@@ -29,11 +30,12 @@ from paritygate.checks._artifact_origin import (
 )
 from paritygate.engines.base import take_rows
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
     from paritygate.families.policy.context import PolicyContext
-    from paritygate.families.policy.initializers import InitializerMatch
+    from paritygate.provenance import InitializerMatch
 
 DEFAULTS = {
     # Without a manifest, the artifact must compute what the inference model built from the
@@ -41,6 +43,35 @@ DEFAULTS = {
     # (its max_abs_diff: noise ~2e-6 on the demo, a checkpoint 1e-4 away moves logits ~8e-4).
     "provenance_max_abs_diff": 2e-5,
 }
+
+
+@dataclass(frozen=True)
+class ManifestRecord(Record):
+    """The manifest's exporter, opset and versions."""
+
+    manifest: dict[str, object]
+
+
+@dataclass(frozen=True)
+class Provenance(Record):
+    """How provenance was proven: ``manifest`` or ``numeric``."""
+
+    provenance: str
+
+
+@dataclass(frozen=True)
+class ManifestProvenance(Record):
+    """With a manifest, the artifact's numeric gap is reported, not judged (logits_agreement's)."""
+
+    provenance_max_abs_diff: float
+
+
+@dataclass(frozen=True)
+class GraphRecord(Record):
+    """The artifact graph's node count and format."""
+
+    nodes: int
+    format: str
 
 
 def _numeric_provenance(ctx: PolicyContext) -> tuple[float, str]:
@@ -271,7 +302,7 @@ def _with_manifest(m: Measurement, ctx: PolicyContext, manifest: Mapping[str, ob
             "artifact_modified",
             f"artifact sha256 {artifact_sha[:12]} differs from the manifest's "
             f"{str(manifest.get('artifact_sha256'))[:12]}: modified after export")
-    m.details["manifest"] = {k: manifest.get(k) for k in ("exporter", "opset", "versions")}
+    m.record(ManifestRecord({k: manifest.get(k) for k in ("exporter", "opset", "versions")}))
     return stale, modified
 
 
@@ -284,7 +315,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     modified = 0
     provenance = _numeric_provenance(ctx)
     matches = ctx.initializer_match
-    m.details["initializers"] = dataclasses.asdict(matches)
+    m.record(InitializerRecord(matches))
     precision = ctx.artifact_precision
     undeclared = precision_finding(m, precision)
     cast_proven = (precision.stored != "float32" and matches.comparable > 0
@@ -321,13 +352,13 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                "crosswise: check the input order of the export call)", metric="inputs_swapped")
     if len(ctx.inputs) > 1:
         m.metric("inputs_swapped", len(swapped), threshold=0)
-    m.details["provenance"] = "manifest" if manifest is not None else "numeric"
+    m.record(Provenance("manifest" if manifest is not None else "numeric"))
     m.metric("manifest_present", int(manifest is not None), bad="none", ratchet=False)
     if manifest is None:
         m.metric("provenance_max_abs_diff", provenance[0], ratchet=False,
                  **({"bad": "none"} if cast_proven else {"threshold": limit}))
     else:  # the manifest proves provenance; numeric agreement is logits_agreement's
-        m.details["provenance_max_abs_diff"] = provenance[0]
+        m.record(ManifestProvenance(provenance[0]))
     m.metric("initializers_matched", matches.matched + matches.folded, bad="none",
              ratchet=False)
     m.metric("misplaced_initializers", len(matches.misplaced), threshold=0)
@@ -339,8 +370,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("batch_failures", len(batch_failures), threshold=0)
     if graph.opset is not None:
         m.metric("opset", graph.opset, bad="none", ratchet=False)
-    m.details["nodes"] = graph.nodes
-    m.details["format"] = graph.format
+    m.record(GraphRecord(graph.nodes, graph.format))
     return m
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from paritygate.check import CheckSpec
 from paritygate.metrics.logprob_stream import DETAIL_ROWS
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -61,6 +62,13 @@ class GreedyRules:
         if len(tokens) >= self.max_new_tokens or tokens[-1] in self.eos:
             return True
         return bool(self.stop) and any(s in self.tokenizer.decode(tokens) for s in self.stop)
+
+
+@dataclass(frozen=True)
+class GreedyRows(Record):
+    """A row per compared sequence: where the two greedy decodes part and why."""
+
+    probes: list[dict[str, object]]
 
 
 def greedy_training_path(
@@ -209,7 +217,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     m.metric("excused_divergences", tally.excused, bad="none")
     m.metric("token_agreement", tally.agreeing / tally.compared if tally.compared else 1.0,
              bad="lower")
-    m.details["probes"] = tally.rows
+    m.record(GreedyRows(tally.rows))
     if engine_name == "endpoint":
         from paritygate.engines.openai_endpoint import server_findings
 

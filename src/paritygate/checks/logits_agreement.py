@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from paritygate import causes
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.checks._artifact_origin import same_output_gap
 from paritygate.checks._continuous_policy import TRANSFORM_KINDS, measure_action, measure_gaussian
 from paritygate.metrics import (
     LogitsComparison,
@@ -19,6 +21,7 @@ from paritygate.metrics import (
     scaled_note,
 )
 from paritygate.metrics.tiers import tier_thresholds
+from paritygate.records import OMIT_NONE, Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -60,6 +63,51 @@ DEFAULTS = {
 }
 
 
+@dataclass(frozen=True)
+class WorstProbe(Record):
+    """One of the five probe rows whose outputs differ most."""
+
+    probe: int
+    max_abs_diff: float
+    kl: float | None
+    reference_argmax: int
+    candidate_argmax: int
+    position: str | None = field(default=None, metadata=OMIT_NONE)
+    """``<probe id>@<position>`` of the token a causal LM's row scores."""
+
+
+@dataclass(frozen=True)
+class WorstProbes(Record):
+    worst_probes: list[WorstProbe]
+
+
+@dataclass(frozen=True)
+class Normaliser(Record):
+    """The observation normaliser the artifact was exported without."""
+
+    module: str
+    statistics: list[str]
+
+
+@dataclass(frozen=True)
+class NormaliserRecord(Record):
+    normaliser_missing: Normaliser
+
+
+@dataclass(frozen=True)
+class ReferenceName(Record):
+    """What computed the reference outputs."""
+
+    reference: str
+
+
+@dataclass(frozen=True)
+class CandidateName(Record):
+    """What computed the candidate outputs."""
+
+    candidate: str
+
+
 def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
                    thresholds: Mapping[str, float | None], *, top_k: int = 5,
                    continuous: bool = False) -> LogitsComparison | None:
@@ -93,13 +141,11 @@ def compare_logits(m: Measurement, reference: np.ndarray, candidate: np.ndarray,
     kl_rows = dist.kl_per_row
     rows = np.abs(np.asarray(reference, np.float64) - candidate).reshape(len(reference), -1).max(1)
     order = np.argsort(-rows, kind="stable")[:5]
-    m.details["worst_probes"] = [
-        {"probe": int(i), "max_abs_diff": float(rows[i]),
-         "kl": float(kl_rows[i]) if kl_rows else None,
-         "reference_argmax": int(np.argmax(reference[i])),
-         "candidate_argmax": int(np.argmax(candidate[i]))}
+    m.record(WorstProbes([
+        WorstProbe(int(i), float(rows[i]), float(kl_rows[i]) if kl_rows else None,
+                   int(np.argmax(reference[i])), int(np.argmax(candidate[i])))
         for i in order
-    ]
+    ]))
     return LogitsComparison(diff, dist)
 
 
@@ -186,8 +232,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                    f"{skipped.max_abs_diff:.2g}; its statistics {', '.join(skipped.statistics)} "
                    "go unused): the artifact was exported without the normaliser, so it "
                    "computes the network on raw observations", metric="max_abs_diff")
-            m.details["normaliser_missing"] = {"module": skipped.module,
-                                               "statistics": skipped.statistics}
+            m.record(NormaliserRecord(Normaliser(skipped.module, skipped.statistics)))
         elif foreign and not hint:
             m.fail("stale_artifact", f"artifact logits differ from the training model's by up to "
                    f"{stats.diff.max_abs:.3g}: stale artifact, not built from this checkpoint "
@@ -201,8 +246,8 @@ def measure_policy(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         else:  # only the size of the gap: a plain breach, the usual causes for people
             m.hint("max_abs_diff", "artifact logits differ from the training model's; possible "
                    "causes: stale artifact, low-precision layer or changed output scaling")
-    m.details["reference"] = ctx.reference.name
-    m.details["candidate"] = f"{ctx.candidate.name} {ctx.artifact_path.name}"
+    m.record(ReferenceName(ctx.reference.name))
+    m.record(CandidateName(f"{ctx.candidate.name} {ctx.artifact_path.name}"))
     return m
 
 
@@ -215,8 +260,8 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         found = ctx.generations.vllm_served_rows()
         if isinstance(found, str):
             return m.skip(found)
-        m.details["candidate"] = (f"vLLM prompt log-probs ({ctx.spec.engine.dtype}, teacher-"
-                                  "forced on its greedy continuations, in the trainer's gauge)")
+        m.record(CandidateName(f"vLLM prompt log-probs ({ctx.spec.engine.dtype}, teacher-"
+                               "forced on its greedy continuations, in the trainer's gauge)"))
         return _judge(ctx, m, thresholds, *found)
     generation = ctx.generations.greedy("hf")
     assert generation is not None  # only a rollout dump may lack a greedy record
@@ -239,7 +284,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         owners += [f"{ctx.probes[i].id}@{j}" for j in range(len(output))]
     if not refs:
         return m.skip("the engine generated no tokens for any probe")
-    m.details["candidate"] = f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"
+    m.record(CandidateName(f"HF engine model ({ctx.spec.engine.dtype}, KV cache)"))
     return _judge(ctx, m, thresholds, np.concatenate(refs), np.concatenate(cands), owners)
 
 
@@ -254,10 +299,12 @@ def _judge(ctx: LMContext, m: Measurement, thresholds: Thresholds, reference: np
                f"{ctx.serving.model_dir.name} in {ctx.spec.engine.dtype}, trainer in "
                f"{ctx.spec.training.dtype}); possible causes: stale checkpoint, lower precision "
                "or a cache bug")
-    for row in m.details.get("worst_probes", []):
-        row["position"] = owners[row["probe"]]
+    worst = WorstProbes.read(m.details)
+    if worst is not None:  # each probe row named by the sequence and position it scores
+        m.record(WorstProbes([replace(p, position=owners[p.probe]) for p in worst.worst_probes]))
     m.metric("rows", len(reference), bad="none", ratchet=False)
-    m.details["reference"] = f"training model ({ctx.spec.training.dtype}, teacher-forced, no cache)"
+    m.record(ReferenceName(f"training model ({ctx.spec.training.dtype}, teacher-forced, "
+                           "no cache)"))
     return m
 
 
@@ -322,7 +369,7 @@ CAUSES: tuple[causes.Explanation, ...] = (
         fix="export the module whose forward applies the normaliser (its mean and variance "
             "buffers stored and used), or apply the same normalisation in serving "
             "preprocessing (policy.preprocessing.serving) and export the network alone",
-        only_if=(("export_integrity", causes.same_output_gap),
+        only_if=(("export_integrity", same_output_gap),
                  ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
                  *causes.REPLAY),
         rank=235),
@@ -333,7 +380,7 @@ CAUSES: tuple[causes.Explanation, ...] = (
          "serving_replay"),
         "the artifact's outputs differ from torch eval (measured by logits_agreement)",
         fix=causes.REEXPORT_FIX,
-        only_if=(("export_integrity", causes.same_output_gap),
+        only_if=(("export_integrity", same_output_gap),
                  ("precision_per_layer", causes.artifact_tier_only), *causes.ROLLOUT,
                  *causes.REPLAY),
         breaches=("max_abs_diff",), rank=240),

@@ -16,6 +16,16 @@ import numpy as np
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.checks._delta_records import (
+    DeltaRecord,
+    EngineInfo,
+    EngineRecord,
+    PenaltyRecord,
+    PerToken,
+    TemperatureFit,
+    TemperatureRecord,
+    TokenDelta,
+)
 from paritygate.engines.generation import Generation, is_processing_trivial
 from paritygate.errors import InputError
 from paritygate.metrics.logprob import DeltaStats
@@ -29,6 +39,7 @@ if TYPE_CHECKING:
     from paritygate.engines.generation import Generation, SamplingSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.metrics.tiers import Limits
+
 
 
 def _truncation_hint(train_mode: str, engine_mode: str, serving: Any) -> str:
@@ -142,18 +153,14 @@ def measure_delta(
                f"worst: {worst}" + (f" ({limits_text})" if limits_text else "")
                + _truncation_hint(train_mode, engine_mode, serving))
     m.note(f"diagnosis: {stats.diagnosis}")
-    m.details["tier"] = {"name": tier_key, **tier}
     details = stats.to_details()
     details.pop("per_token", None)
-    m.details["delta"] = details
-    m.details["per_token"] = delta.per_token
+    m.record(DeltaRecord({"name": tier_key, **tier}, details))
+    m.record(PerToken([TokenDelta(int(t["seq"]), int(t["pos"]), t["delta"])
+                       for t in delta.per_token]))
     if delta.note:
         m.note(delta.note)
-    m.details["engine"] = {
-        "name": delta.engine,
-        "logprobs_mode": engine_mode,
-        "dtype": engine_dtype,
-    }
+    m.record(EngineRecord(EngineInfo(delta.engine, engine_mode, engine_dtype)))
     if engine_name == "endpoint":
         from paritygate.engines.openai_endpoint import server_findings
 
@@ -345,7 +352,7 @@ def _penalty(m: Measurement, ctx: LMContext, fit: FitSample, serving: SamplingSp
     seen = seen_tokens(ctx.generations.teacher_forced(generation), generation.prompt_ids,
                        generation.output_ids, valid, serving.temperature)
     found = fit_penalty(seen, (train - infer)[valid], applied)
-    m.details["penalty_fit"] = found.as_details()
+    m.record(PenaltyRecord(found.as_details()))
     if not found.penalty:
         return False
     stated = [f"{name} {value:g}" for name, value, neutral in (
@@ -388,7 +395,7 @@ def _temperature_fit(m: Measurement, ctx: LMContext, fit: FitSample, training: A
     ratio, explained = fit_temperature_ratio(
         np.concatenate(rows), np.concatenate(toks), np.concatenate(infer), t_train
     )
-    m.details["temperature_fit"] = {"ratio": ratio, "explained": explained}
+    m.record(TemperatureRecord(TemperatureFit(ratio, explained)))
     if explained >= TEMPERATURE_EXPLAINED and abs(ratio - 1.0) > TEMPERATURE_MIN_CHANGE:
         m.fail(
             "temperature_mismatch",

@@ -12,11 +12,13 @@ target is a pad are exactly 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.metrics.logprob_semantics import Tolerances, run_suite
+from paritygate.records import Keyed, Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -62,6 +64,14 @@ note with its size; absolute position embeddings (GPT-2, OPT) move log-probs by 
 
 TEST_TEMPERATURE = 0.7
 """Temperature used to test processed mode when the trainer's config samples at T = 1."""
+
+
+@dataclass(frozen=True)
+class Convention(Record):
+    """The trainer function's log-prob convention and the temperature of processed ones."""
+
+    convention: str
+    processed_temperature: float | None
 
 
 def _layout_limits(m: Measurement, dtype: str, reference: dict[str, float],
@@ -180,9 +190,8 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
                     limit_key=key,
                     noise=None if prefix else floors.get(key),
                 )
-        m.details[f"{prefix or 'user_'}function"] = name
-    m.details["convention"] = getattr(ctx.logprob_fn, "convention", "model")
-    m.details["processed_temperature"] = temperature
+        m.record(Keyed(f"{prefix or 'user_'}function", name))
+    m.record(Convention(getattr(ctx.logprob_fn, "convention", "model"), temperature))
     m.metric("sequences", len(seqs), bad="none", ratchet=False)
     return m
 

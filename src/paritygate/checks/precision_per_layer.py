@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from paritygate.check import CheckSpec
+from paritygate.precision.report import PrecisionDetails
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
         float(thresholds["onnx_fp32_rel_l2"]),
     )
     report.headroom_max = float(thresholds["headroom_max"])  # its plot marks the threshold
-    m.details["precision"] = report.to_json()  # JSON, like every detail (render reads it back)
+    m.record(PrecisionDetails(report))
     if report.reference_output_nonfinite:
         m.fail(
             "reference_nonfinite",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.causes import REPLAY, ROLLOUT, Explanation
 from paritygate.check import CheckSpec, cause_limit
+from paritygate.records import OMIT_NONE, Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -29,6 +30,18 @@ ROUNDING_ULPS = 4
 order, another library) differ by a few units in the last place of the value: at an extreme
 input an unclipped output of 5,000 has an ulp of 4.9e-4. That much of a difference is
 rounding, not a difference: it is taken off before the threshold."""
+
+
+@dataclass(frozen=True)
+class PreprocessingRecord(Record):
+    """The inputs compared (probes and edge cases) and where the two implementations differ
+    most: per feature, and per named input when the policy takes several."""
+
+    worst_input: str | None = field(default=None, metadata=OMIT_NONE)
+    per_input_max_abs_diff: dict[str, float] | None = field(default=None, metadata=OMIT_NONE)
+    per_feature_max_abs_diff: dict[str, list[float]] | list[float] | None = field(
+        default=None, metadata=OMIT_NONE)
+    cases: list[str] = field(default_factory=list)
 
 
 def unrepresentable_kinds(raw: np.ndarray, kinds: tuple[str, ...]) -> tuple[str, ...]:
@@ -350,14 +363,14 @@ def measure(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measurement:
              threshold=0)
     m.metric("worst_feature", worst.worst_feature, bad="none", ratchet=False)
     if several:
-        m.details["worst_input"] = worst_input
-        m.details["per_input_max_abs_diff"] = {n: r.worst_diff for n, r in results.items()}
-        m.details["per_feature_max_abs_diff"] = {
-            n: [float(v) for v in r.per_feature] for n, r in results.items()
-            if r.per_feature is not None}
-    elif worst.per_feature is not None:
-        m.details["per_feature_max_abs_diff"] = [float(v) for v in worst.per_feature]
-    m.details["cases"] = list(worst.cases)
+        m.record(PreprocessingRecord(worst_input, {n: r.worst_diff for n, r in results.items()},
+                                     {n: [float(v) for v in r.per_feature]
+                                      for n, r in results.items() if r.per_feature is not None},
+                                     list(worst.cases)))
+    else:
+        m.record(PreprocessingRecord(per_feature_max_abs_diff=None if worst.per_feature is None
+                                     else [float(v) for v in worst.per_feature],
+                                     cases=list(worst.cases)))
     return m
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from paritygate.causes import ROLLOUT, Explanation, declared_outputs_only
 from paritygate.check import CheckSpec, Thresholds, cause_limit
 from paritygate.metrics import finite_report, magnitude_factor, scaled_note
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -37,6 +38,25 @@ DEFAULTS = {
 }
 
 Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepErrors(Record):
+    """The policy-output and state error per step with the state fed back on each side, the
+    rows each sequence's episodes start at, and the two sides' names."""
+
+    per_step_max_abs_diff: list[float]
+    per_step_state_max_abs_diff: list[float]
+    episode_starts: list[list[int]]
+    reference: str
+    candidate: str
+
+
+@dataclass(frozen=True)
+class TeacherForced(Record):
+    """The policy-output error per step with the training side's state fed to both."""
+
+    per_step_teacher_forced_max_abs_diff: list[float]
 
 
 def _starts(ctx: PolicyContext) -> np.ndarray:
@@ -289,11 +309,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("error_growth", _growth(free), bad="none", ratchet=False)
     m.metric("steps", steps, bad="none", ratchet=False)
     m.metric("sequences", rows, bad="none", ratchet=False)
-    m.details["per_step_max_abs_diff"] = free
-    m.details["per_step_state_max_abs_diff"] = free_state
-    m.details["episode_starts"] = [[int(b) for b in np.nonzero(row)[0]] for row in starts]
-    m.details["reference"] = ctx.reference.name
-    m.details["candidate"] = f"{ctx.candidate.name} {ctx.artifact_path.name}"
+    m.record(StepErrors(free, free_state,
+                        [[int(b) for b in np.nonzero(row)[0]] for row in starts],
+                        ctx.reference.name, f"{ctx.candidate.name} {ctx.artifact_path.name}"))
     marks = sorted({0, steps // 2, steps - 1})
     m.note(f"{steps} steps x {rows} sequences, state fed back; policy-output error per step: "
            + ", ".join(f"step {t} {free[t]:.3g}" for t in marks)
@@ -308,7 +326,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         return m
 
     f = _teacher_forced(ctx, trajectory, starts, limit, state_limit)
-    m.details["per_step_teacher_forced_max_abs_diff"] = f.forced
+    m.record(TeacherForced(f.forced))
     where = (f"first over tolerance at step {first_over} of {steps} (policy output "
              f"{free[first_over]:.3g}, state {free_state[first_over]:.3g}; last step "
              f"{free[-1]:.3g})")

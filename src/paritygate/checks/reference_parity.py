@@ -18,11 +18,13 @@ trainer batches them (prompts left-padded, completions right-padded after EOS):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks._kl_reduction import judge_reduction
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -54,6 +56,63 @@ FORM_TOLERANCE = 1e-4
 """Probability-weighted mean abs difference under which an estimator is taken to be a form."""
 
 
+@dataclass(frozen=True)
+class ReferenceDigest(Record):
+    """The reference's tensor digest and its files' sha256 (held in golden across
+    checkpoints)."""
+
+    reference_digest_sha256: str
+    reference_files_sha256: str
+
+
+@dataclass(frozen=True)
+class InitialComparison(Record):
+    """The reference's tensors against the initial policy's (ten of each kind at most)."""
+
+    compared: int
+    missing: list[str]
+    extra: list[str]
+    shape: dict[str, object]
+    value_diffs: dict[str, float]
+    """Tensor name -> max abs difference, largest first."""
+    dtype_changes: int
+    cast_exact: int
+
+
+@dataclass(frozen=True)
+class InitialRecord(Record):
+    initial_comparison: InitialComparison
+
+
+@dataclass(frozen=True)
+class LogprobFunction(Record):
+    """The trainer's reference log-prob function."""
+
+    logprob_fn: str
+
+
+@dataclass(frozen=True)
+class ReferenceTier(Record):
+    """The precision tier of a reference declared in low precision."""
+
+    reference_tier: str
+
+
+@dataclass(frozen=True)
+class Estimator(Record):
+    """The trainer's KL estimator and the reference's dtype."""
+
+    kl_estimator: str
+    reference_dtype: str
+
+
+@dataclass(frozen=True)
+class EstimatorForm(Record):
+    """The estimator form (k1, k2, k3, ...) the trainer's per-token KL was recognised as."""
+
+    kl_form: str
+
+
 def _weighted_gap(p: Any, est: Any, form: Any) -> float:
     """max over positions of sum_v p(v) |est(v) - form(v)| (equal entries count 0, infs too)."""
     import torch
@@ -69,8 +128,7 @@ def _provenance(
     state = setup.state()
     digest = setup.digest(state)
     m.metric("reference_digest", int(digest[:13], 16), bad="change")
-    m.details["reference_digest_sha256"] = digest
-    m.details["reference_files_sha256"] = setup.files_sha256
+    m.record(ReferenceDigest(digest, setup.files_sha256))
     diff = setup.compare_with_initial(state, list(ctx.spec.training_only_heads),
                                       tied_in=ctx.training.model())
     if diff is None:
@@ -90,12 +148,10 @@ def _provenance(
               + len([k for k in diff.cast_exact if not declared]))
     m.metric("tensors_differ_from_initial", differ,
              threshold=thresholds["tensors_differ_from_initial"], key=True)
-    m.details["initial_comparison"] = {
-        "compared": diff.compared, "missing": diff.missing[:10], "extra": diff.extra[:10],
-        "shape": dict(list(diff.shape.items())[:10]),
-        "value_diffs": dict(sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])[:10]),
-        "dtype_changes": len(diff.dtype_changes), "cast_exact": len(diff.cast_exact),
-    }
+    m.record(InitialRecord(InitialComparison(
+        diff.compared, diff.missing[:10], diff.extra[:10], dict(list(diff.shape.items())[:10]),
+        dict(sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])[:10]),
+        len(diff.dtype_changes), len(diff.cast_exact))))
     if diff.nonfinite:
         m.fail("nonfinite_reference",
                f"the reference holds NaN/Inf in {len(diff.nonfinite)} tensors "
@@ -158,7 +214,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     gate_lp = helpers.logprobs_from_logits(ref_logits, ids, mask)  # (B, T-1)
 
     # -- the trainer's reference log-probs vs the gate's recompute --------------------------
-    m.details["logprob_fn"] = setup.logprob_fn_name
+    m.record(LogprobFunction(setup.logprob_fn_name))
     if setup.logprob_fn_name == LIBRARY_FN:
         m.note("the trainer's reference log-prob function is the gate's own compute_logprobs")
         m.metric("reference_logprobs_max_abs", 0.0,
@@ -171,7 +227,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
 
             tier, bounds = tier_for(setup.dtype, setup.dtype)
             limits[LOGPROB_METRIC] = bounds["delta_max_abs"]
-            m.details["reference_tier"] = tier
+            m.record(ReferenceTier(tier))
         _judge_logprobs(m, setup, out, gate_lp, ids, mask, keep, limits)
 
     # -- exact KL(policy || reference) per token and the estimator --------------------------
@@ -202,8 +258,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         if tuple(sampled.shape) == (int(keep.sum()),):
             m.metric("kl_estimate_mean", float(sampled.float().mean()), bad="none",
                      ratchet=False)
-    m.details["kl_estimator"] = setup.kl_name
-    m.details["reference_dtype"] = setup.dtype or "as the initial policy"
+    m.record(Estimator(setup.kl_name, setup.dtype or "as the initial policy"))
     return m
 
 
@@ -271,7 +326,7 @@ def _judge_estimator(
     gaps = {name: _weighted_gap(p, est, form) for name, form in forms.items()}
     nearest = min(gaps, key=lambda k: gaps[k])
     form = nearest if gaps[nearest] <= FORM_TOLERANCE else None
-    m.details["kl_form"] = form or "unrecognised"
+    m.record(EstimatorForm(form or "unrecognised"))
     expectation = (p * torch.where(p > 0, est, torch.zeros_like(est))).sum(-1)  # (N,)
     err = float(torch.nan_to_num((expectation - kl_exact).abs(), nan=float("inf")).max())
     biased_by_design = form == "k2" or setup.kl_name == "k2"

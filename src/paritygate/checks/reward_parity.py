@@ -23,11 +23,13 @@ the share of pair rankings it flips are reported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.checks._reward_function import compare_with_model
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -62,13 +64,41 @@ LAYOUT_KINDS = {
 }
 
 
+@dataclass(frozen=True)
+class RewardTier(Record):
+    """The precision tier of a reward model declared in low precision."""
+
+    tier: str
+
+
+@dataclass(frozen=True)
+class RewardSample(Record):
+    """One scored sample: both sides' scores, how far serving moved it, which side cut it and
+    whether serving read its score at a pad."""
+
+    id: str
+    training: float
+    serving: float
+    moved: float
+    cut: str
+    read_at_pad: bool
+
+
+@dataclass(frozen=True)
+class RewardRecord(Record):
+    """Each side's padding and truncation layout, and every sample's scores."""
+
+    layout: dict[str, dict[str, object]]
+    samples: list[RewardSample]
+
+
 def _limits(setup: RewardSetup, thresholds: Thresholds, m: Measurement) -> dict[str, float]:
     limits = {k: thresholds[k] for k in DEFAULTS}
     if setup.dtype not in (None, "float32"):
         from paritygate.metrics.tiers import tier_for
 
         tier, bounds = tier_for(setup.dtype, "float32")
-        m.details["tier"] = tier
+        m.record(RewardTier(tier))
         for name in TIERED:
             if not thresholds.is_set(name):
                 limits[name] = bounds["delta_max_abs"]
@@ -202,12 +232,11 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
     m.metric("score_max_abs", max(diffs), threshold=limits["score_max_abs"], ratchet=False)
     m.metric("samples_affected", len(affected), threshold=limits["samples_affected"], key=True)
     changed = train.differences(serve)
-    m.details["layout"] = {"training": train.__dict__, "serving": serve.__dict__}
-    m.details["samples"] = [
-        {"id": sample.id, "training": t, "serving": v, "moved": abs(v - t),
-         "cut": ("serving" if cs else "") + (" training" if ct else ""), "read_at_pad": p}
+    m.record(RewardRecord({"training": train.__dict__, "serving": serve.__dict__}, [
+        RewardSample(sample.id, t, v, abs(v - t),
+                     ("serving" if cs else "") + (" training" if ct else ""), p)
         for sample, t, v, cs, ct, p in zip(setup.samples, res_t.scores, res_s.scores,
-                                           enc_s.cut, enc_t.cut, res_s.read_pad, strict=True)]
+                                           enc_s.cut, enc_t.cut, res_s.read_pad, strict=True)]))
     if affected:
         named = False
         for name in changed:

@@ -18,12 +18,13 @@ continuous step agrees while the actions differ by at most ``policy.rollout.acti
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds, cause_limit
+from paritygate.records import OMIT_NONE, Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def _limit(limits: Limits, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class EpisodeRow:
+class EpisodeRow(Record):
     """One episode of both paths, as the report's table shows it."""
 
     episode: int
@@ -105,20 +106,13 @@ class EpisodeRow:
     margin: float | None
     verdict: str
     observation_max_abs_diff: float
-    training_action: str | None = None
-    """Both paths' actions at the first divergent step (when the actions parted there)."""
-    artifact_action: str | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        """The row for report.json's ``details.episodes`` (no action keys when none parted)."""
-        row = asdict(self)
-        if self.training_action is None:
-            del row["training_action"], row["artifact_action"]
-        return row
+    training_action: str | None = field(default=None, metadata=OMIT_NONE)
+    """Both paths' actions at the first divergent step (left out when none parted)."""
+    artifact_action: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass(frozen=True)
-class EpisodeCurve:
+class EpisodeCurve(Record):
     """One episode's per-step action difference and both paths' cumulative returns."""
 
     episode: int
@@ -128,9 +122,15 @@ class EpisodeCurve:
     training_return: list[float]
     artifact_return: list[float]
 
-    def as_dict(self) -> dict[str, object]:
-        """The curve for report.json's ``details.curves``."""
-        return asdict(self)
+
+@dataclass(frozen=True)
+class RolloutRecord(Record):
+    """The environment, a row and a curve per episode, and how actions were compared."""
+
+    env: str
+    episodes: list[EpisodeRow]
+    curves: list[EpisodeCurve]
+    actions: str
 
 
 @dataclass
@@ -193,10 +193,9 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
                "environment is not reproducible under its reset seed, or sub-tolerance action "
                "differences compound", metric="max_observation_abs_diff")
     _metrics(m, tally, thresholds, limit, rollouts.discrete)
-    m.details.update(env=rollouts.env, episodes=[r.as_dict() for r in tally.rows],
-                     curves=[c.as_dict() for c in tally.curves],
-                     actions="discrete (argmax)" if rollouts.discrete else
-                     "continuous (clipped to the action space)")
+    m.record(RolloutRecord(rollouts.env, list(tally.rows), list(tally.curves),
+                           "discrete (argmax)" if rollouts.discrete else
+                           "continuous (clipped to the action space)"))
     return m
 
 

@@ -17,10 +17,12 @@ records) is audited against the trainer's recompute over the dump's own tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paritygate.causes import DOWNSTREAM_LM, Explanation
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.records import Keyed, Record
 from paritygate.result import Measurement
 from paritygate.sections.routing_agreement import RoutingSpec
 
@@ -59,6 +61,52 @@ LOW_PRECISION: dict[str, dict[str, float]] = {
 }
 
 
+@dataclass(frozen=True)
+class RoutingLayout(Record):
+    """The MoE layout read from the model, the precision tier and the tie margin used."""
+
+    routers: list[str]
+    num_experts: int
+    top_k: int
+    norm_topk_prob: bool | None
+    shared: list[str]
+    tier: str
+    tie_margin: float
+
+
+@dataclass(frozen=True)
+class LayoutRecord(Record):
+    layout: RoutingLayout
+
+
+@dataclass(frozen=True)
+class Permutation(Record):
+    """A block whose experts the served copy stores in another order."""
+
+    block: str
+    order: list[int]
+    router_follows: bool
+
+
+@dataclass(frozen=True)
+class Permutations(Record):
+    permutations: list[Permutation]
+
+
+@dataclass(frozen=True)
+class RouterDiff(Record):
+    """A router whose served weights differ beyond rounding."""
+
+    router: str
+    rel_diff: float
+    bound: float
+
+
+@dataclass(frozen=True)
+class RouterDiffs(Record):
+    router_diffs: list[RouterDiff]
+
+
 def _limits(tier_key: str, thresholds: Thresholds) -> dict[str, float]:
     """The thresholds of the tier, the config's explicit values on top."""
     values = {name: float(thresholds[name]) for name in DEFAULTS}
@@ -90,9 +138,9 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     spec = RoutingSpec.of(ctx.spec)
     tie = spec.tie_margin if spec is not None and spec.tie_margin else tie_tolerance(tier_key)
     limits = _limits(tier_key, thresholds)
-    m.details["layout"] = {"routers": list(layout.routers), "num_experts": layout.num_experts,
-                           "top_k": layout.top_k, "norm_topk_prob": layout.norm_topk_prob,
-                           "shared": list(layout.shared), "tier": tier_key, "tie_margin": tie}
+    m.record(LayoutRecord(RoutingLayout(list(layout.routers), layout.num_experts, layout.top_k,
+                                        layout.norm_topk_prob, list(layout.shared), tier_key,
+                                        tie)))
     measured = False
     for engine in ctx.spec.engines:
         if engine == "hf":
@@ -195,8 +243,8 @@ def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.
         m.fail("experts_permuted", f"the served copy stores {first.block}'s experts in another "
                                    f"order (served slot -> training expert {list(first.order)}); "
                                    + follows + (f"; {len(perms)} layers" if len(perms) > 1 else ""))
-        m.details["permutations"] = [{"block": p.block, "order": list(p.order),
-                                      "router_follows": p.router_follows} for p in perms]
+        m.record(Permutations([Permutation(p.block, list(p.order), p.router_follows)
+                               for p in perms]))
         out = {p.block: p.order for p in perms if p.router_follows}
     diffs = [d for d in router_diffs(training, serving, layout)
              if not any(d.router.startswith(p.block + ".") and p.router_follows for p in perms)]
@@ -206,8 +254,7 @@ def _structure(m: Measurement, ctx: LMContext, training: nn.Module, serving: nn.
         m.fail("router_weights_differ", f"the served router weights differ from the "
                                         f"training ones beyond rounding: {listed} (a stale or "
                                         "perturbed copy)")
-        m.details["router_diffs"] = [{"router": d.router, "rel_diff": d.rel_diff,
-                                      "bound": d.bound} for d in diffs]
+        m.record(RouterDiffs([RouterDiff(d.router, d.rel_diff, d.bound) for d in diffs]))
     return out
 
 
@@ -255,7 +302,7 @@ def _record(m: Measurement, layers: Sequence[LayerRouting], limits: dict[str, fl
     m.metric(f"{prefix}n_tokens", layers[0].n_tokens, bad="none", ratchet=False)
     if nonfinite:
         m.fail("nonfinite_output", f"{nonfinite} router-logit rows hold NaN/Inf")
-    m.details[f"{prefix}layers"] = [r.as_dict() for r in layers]
+    m.record(Keyed(f"{prefix}layers", [r.as_dict() for r in layers]))
 
 
 def _judge_norm(m: Measurement, layers: Sequence[LayerRouting], limits: dict[str, float]) -> None:

@@ -16,10 +16,19 @@ from typing import TYPE_CHECKING
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
+from paritygate.checks._sampling_records import (
+    DefaultsProbe,
+    DefaultsProbeRecord,
+    FieldRow,
+    FieldsRecord,
+    OffPolicy,
+    ServerInfo,
+    ServerRecord,
+)
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.families.causal_lm.context import LMContext
     from paritygate.families.causal_lm.sampling import SamplingFile
 
@@ -167,9 +176,8 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
     serving = ctx.serving.sampling.spec()
     need = max((len(p) for p in ctx.serving.prompts), default=0) + serving.max_new_tokens
     defaults = server_defaults(engine)
-    m.details["server"] = {"url": engine.base_url, "model": info.model, "root": info.root,
-                           "max_model_len": info.max_model_len, "tokens_needed": need,
-                           "sampling": engine.sampling, "defaults": defaults}
+    m.record(ServerRecord(ServerInfo(engine.base_url, info.model, info.root, info.max_model_len,
+                                     need, engine.sampling, defaults)))
     if info.max_model_len is None:
         m.note(f"{engine.base_url} does not report max_model_len: truncation is judged from "
                "the responses (finish_reason length)")
@@ -224,9 +232,9 @@ def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
                "measured")
         return
     probe = probe_defaults(engine, ctx.serving.prompts, serving)
-    m.details["server_defaults_probe"] = {
-        "differing": list(probe.differing), "sent": probe.sent, "prompts": probe.prompts,
-        "tokens": probe.tokens, "inconclusive": probe.inconclusive, "combined": probe.combined}
+    m.record(DefaultsProbeRecord(DefaultsProbe(list(probe.differing), probe.sent, probe.prompts,
+                                               probe.tokens, probe.inconclusive,
+                                               probe.combined)))
     source = ctx.serving.sampling.path.name
     if probe.inconclusive:
         m.note(f"the server's sampling defaults are not measured: {probe.inconclusive}")
@@ -270,8 +278,8 @@ def _off_policy(
                "off-policy even where both sides agree (remove it, or declare "
                f"causal_lm.training.logprob_applies: [{name}] if the trainer's log-prob "
                "function applies the same transform)")
-    m.details["off_policy"] = {label: {k: _jsonable(v) for k, v in found.items()}
-                               for label, found in sides.items()}
+    m.record(OffPolicy({label: {k: _jsonable(v) for k, v in found.items()}
+                        for label, found in sides.items()}))
 
 
 def _note_vllm_reading(m: Measurement, ctx: LMContext) -> None:
@@ -359,22 +367,12 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     )
     m.metric("fields_allowed", len(diffs) - len(unexplained), bad="none")
     m.metric("fields_compared", len(compared), bad="none", ratchet=False)
-    m.details["fields"] = [
-        {
-            "field": name,
-            "training": training.values.get(name),
-            "serving": serving.values.get(name),
-            "training_explicit": name in training.explicit,
-            "serving_explicit": name in serving.explicit,
-            "allowed": allow.get(name),
-        }
-        for name in compared
-    ]
-    m.details["formats"] = {"training": training.format, "serving": serving.format}
-    m.details["format_detection"] = {
-        "training": training.detection, "serving": serving.detection
-    }
-    m.details["not_compared"] = not_compared
+    m.record(FieldsRecord(
+        [FieldRow(name, training.values.get(name), serving.values.get(name),
+                  name in training.explicit, name in serving.explicit, allow.get(name))
+         for name in compared],
+        {"training": training.format, "serving": serving.format},
+        {"training": training.detection, "serving": serving.detection}, not_compared))
     return m
 
 

@@ -11,11 +11,13 @@ a gate whose probes never saw production's inputs says so.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from paritygate.check import CheckSpec, Thresholds
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -33,6 +35,25 @@ DEFAULTS = {
     "coverage_max_outside": 0.2,
 }
 WORST = 5
+
+
+@dataclass(frozen=True)
+class WorstRecord(Record):
+    """A logged record whose replay differs most from what was served."""
+
+    where: str
+    max_abs_diff: float
+    timestamp: object
+
+
+@dataclass(frozen=True)
+class ReplayRecord(Record):
+    """The worst records, the share of served values outside the probes' range per feature,
+    and the log replayed."""
+
+    worst_records: list[WorstRecord]
+    coverage_outside_probe_range: dict[str, float]
+    log: str
 
 
 def _reference(ctx: PolicyContext, model_inputs: dict[str, np.ndarray], served: str
@@ -135,8 +156,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
         return m
     what = "served actions" if log.served == "action" else "served outputs"
     worst = sorted(tally.worst, reverse=True)
-    m.details["worst_records"] = [{"where": w, "max_abs_diff": d, "timestamp": t}
-                                  for d, _, w, t in worst]
+    worst_records = [WorstRecord(w, d, t) for d, _, w, t in worst]
     shown = ", ".join(f"{w} ({d:.3g})" for d, _, w, _ in worst[:3])
     pre_cause = ""
     if tally.pre_records:
@@ -179,7 +199,6 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
              for n, v in tally.outside.items() for idx in np.ndindex(v.shape)}
     worst_share = max(share.values(), default=0.0)
     limit = float(thresholds["coverage_max_outside"])
-    m.details["coverage_outside_probe_range"] = share
     m.metric("coverage_worst_outside", worst_share, threshold=limit)
     if worst_share > limit:
         uncovered = sorted(((v, k) for k, v in share.items() if v > limit), reverse=True)
@@ -193,7 +212,7 @@ def measure(ctx: PolicyContext, thresholds: Thresholds) -> Measurement:
     m.metric("max_abs_diff", tally.max_diff, bad="none", ratchet=False)
     m.metric("mean_abs_diff", tally.sum_diff / tally.records, bad="none", ratchet=False)
     m.metric("served_nonfinite", tally.nonfinite, threshold=0)
-    m.details["log"] = str(path)
+    m.record(ReplayRecord(worst_records, share, str(path)))
     return m
 
 

@@ -10,11 +10,13 @@ with a reason) are reported but do not fail.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
 from paritygate.checks.sampling_config import ALLOW_FIELD, KIND, record_contradictions
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -33,6 +35,26 @@ ALLOWABLE = (
 
 # Token ids are discrete: one differing id changes what the policy conditions on.
 DEFAULTS: dict[str, float] = {"probes_mismatched": 0.0, "special_ids_mismatched": 0.0}
+
+
+@dataclass(frozen=True)
+class TokenizerFacts(Record):
+    """One side's special ids, sides and vocabulary size."""
+
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
+    padding_side: str
+    truncation_side: str
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class TokenizerRecord(Record):
+    """A row per probe (both sides' ids), and each side's tokenizer facts."""
+
+    probes: list[dict[str, object]]
+    tokenizers: dict[str, TokenizerFacts]
 
 
 def _first_divergence(reference: list[int], candidate: list[int]) -> int:
@@ -107,18 +129,11 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
         "special_ids_mismatched", special_mismatch, threshold=thresholds["special_ids_mismatched"]
     )
     m.metric("probes_compared", len(rows), bad="none", ratchet=False)
-    m.details["probes"] = rows
-    m.details["tokenizers"] = {
-        side: {
-            "bos_token_id": tok.bos_token_id,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-            "padding_side": tok.padding_side,
-            "truncation_side": tok.truncation_side,
-            "vocab_size": len(tok),
-        }
+    m.record(TokenizerRecord(rows, {
+        side: TokenizerFacts(tok.bos_token_id, tok.eos_token_id, tok.pad_token_id,
+                             tok.padding_side, tok.truncation_side, len(tok))
         for side, tok in (("training", train), ("serving", serve))
-    }
+    }))
     return m
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from paritygate.causes import (
     DOWNSTREAM_LM,
     DOWNSTREAM_POLICY,
     Explanation,
-    not_loaded_explains_provenance,
 )
 from paritygate.check import CheckSpec
 from paritygate.checkpoints import has_nonfinite
+from paritygate.checks._artifact_origin import not_loaded_explains_provenance
 from paritygate.checks._served_copy import compare_served_copy
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -26,6 +28,51 @@ KNOWN_PREFIXES = {
     "module.": "the 'module.' prefix of DistributedDataParallel (strip it before saving)",
     "_orig_mod.": "the '_orig_mod.' prefix of torch.compile (save the uncompiled module)",
 }
+
+
+@dataclass(frozen=True)
+class StateDictKey(Record):
+    """The key of the training checkpoint's file that held the state dict."""
+
+    state_dict_key: str
+
+
+@dataclass(frozen=True)
+class DeclaredHeads(Record):
+    """The training-only heads the config declares (policy family)."""
+
+    declared_training_heads: list[str]
+
+
+@dataclass(frozen=True)
+class ServedTensors(Record):
+    """The served directory's tensors against the training checkpoint's (causal LM)."""
+
+    model_dir: str
+    served_from: str = field(metadata={"key": "from"})
+    tensors_compared: int
+    differing: dict[str, float]
+    """The 20 tensors that differ most: name -> max abs difference."""
+    dtype_changes: dict[str, list[str]]
+
+
+@dataclass(frozen=True)
+class LMHeads(Record):
+    """The declared training-only heads, the keys they match and the served copy (causal LM)."""
+
+    declared_training_heads: list[str]
+    training_only_keys: list[str]
+    served: ServedTensors
+
+
+@dataclass(frozen=True)
+class Coverage(Record):
+    """The model class chosen, and the tensors left at random init or unused (HF model)."""
+
+    model_class: str
+    random_init: list[str]
+    unused_keys: list[str]
+
 
 
 def _explain(
@@ -115,7 +162,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measu
     if ctx.state_dict_source is not None:
         m.note(f"training checkpoint: the state dict was read from its key "
                f"{ctx.state_dict_source!r} ({ctx.state_dict_key_reason})")
-        m.details["state_dict_key"] = ctx.state_dict_source
+        m.record(StateDictKey(ctx.state_dict_source))
     nonfinite = sorted(
         k
         for k, v in ctx.state.items()
@@ -138,7 +185,7 @@ def measure_policy(ctx: PolicyContext, thresholds: Mapping[str, float]) -> Measu
     m.metric("value_mismatches", len(tl.value_mismatch) + len(il.value_mismatch), ratchet=False)
     m.metric("nonfinite_tensors", len(nonfinite), ratchet=False)
     m.metric("checkpoint_tensors", len(ctx.state), bad="none", ratchet=False)
-    m.details["declared_training_heads"] = list(ctx.spec.training_heads)
+    m.record(DeclaredHeads(list(ctx.spec.training_heads)))
     return m
 
 
@@ -237,15 +284,11 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     m.metric("serving_tensors_missing", len(serving.missing), ratchet=False)
     m.metric("serving_tensors_extra", len(serving.extra), ratchet=False)
     m.metric("serving_dtype_changes", len(serving.dtype_changes), bad="none", ratchet=False)
-    m.details["declared_training_heads"] = heads
-    m.details["training_only_keys"] = head_keys
-    m.details["served"] = {
-        "model_dir": str(ctx.serving.model_dir),
-        "from": ctx.serving.key,
-        "tensors_compared": serving.compared,
-        "differing": dict(sorted(serving.value_diffs.items(), key=lambda kv: -kv[1])[:20]),
-        "dtype_changes": {k: list(v) for k, v in list(serving.dtype_changes.items())[:20]},
-    }
+    m.record(LMHeads(heads, head_keys, ServedTensors(
+        model_dir=str(ctx.serving.model_dir), served_from=ctx.serving.key,
+        tensors_compared=serving.compared,
+        differing=dict(sorted(serving.value_diffs.items(), key=lambda kv: -kv[1])[:20]),
+        dtype_changes={k: list(v) for k, v in list(serving.dtype_changes.items())[:20]})))
     return m
 
 
@@ -281,9 +324,7 @@ def measure_hf_model(ctx: HFModelContext, thresholds: Mapping[str, float]) -> Me
     m.metric("value_mismatches", len(coverage.differ), ratchet=False)
     m.metric("nonfinite_tensors", len(coverage.nonfinite), ratchet=False)
     m.metric("checkpoint_tensors", coverage.checkpoint_tensors, bad="none", ratchet=False)
-    m.details["model_class"] = ctx.class_reason
-    m.details["random_init"] = coverage.random_init
-    m.details["unused_keys"] = coverage.unused
+    m.record(Coverage(ctx.class_reason, coverage.random_init, coverage.unused))
     return m
 
 

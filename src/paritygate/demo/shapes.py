@@ -154,8 +154,8 @@ def _save_and_export(folder: Path, model: nn.Module, data: dict[str, Any]) -> Pa
     export path (heads removed, eval); returns the config."""
     from safetensors.torch import save_file
 
-    from paritygate.config import load_config
     from paritygate.families.policy import export_artifact
+    from paritygate.load import load_config
 
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}

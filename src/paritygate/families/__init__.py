@@ -1,11 +1,12 @@
 """Model families: one package each, with the same parts.
 
-Each family package (``policy``, ``causal_lm``, ``hf_model``) has ``config`` (its section of the
-gate config), ``context`` (loading and validation of every input, the object the
-checks receive), ``probes`` (the inputs the checks feed) and ``export`` (the
-serving artifact and its manifest). The package exposes ``build_context(config, *,
-config_only)`` (``config_only``: what config-only checks read, where the family has any)
-and ``export_artifact(config, out_dir)``; checks reach family helpers through the context.
+Each family package (``policy``, ``causal_lm``, ``hf_model``) has ``context`` (loading and
+validation of every input, the object the checks receive), ``probes`` (the inputs the checks
+feed) and ``export`` (the serving artifact and its manifest); its section of the gate config
+is a schema in :mod:`paritygate.config` (``paritygate.config.<family>``), below the families.
+The package exposes ``build_context(config, *, config_only)`` (``config_only``: what
+config-only checks read, where the family has any) and ``export_artifact(config, out_dir)``;
+checks reach family helpers through the context.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ tokens, one batch of records at a time (memory does not grow with the dump)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paritygate.errors import InputError
+from paritygate.records import Record
 
 if TYPE_CHECKING:
     from torch import nn
@@ -16,6 +18,13 @@ if TYPE_CHECKING:
     from paritygate.engines.rollout_dump import DumpRecord
     from paritygate.metrics.routing import LayerRouting
     from paritygate.result import Measurement
+
+
+@dataclass(frozen=True)
+class DumpAudited(Record):
+    """How many of the dump's records carried their routing."""
+
+    dump_records_audited: int
 
 
 def dump_layers(
@@ -47,7 +56,7 @@ def dump_layers(
                                     f"the trainer routes to {layout.top_k}")
         for li, layer in enumerate(layers):
             parts[li].append(layer)
-    m.details["dump_records_audited"] = dump.routed.records
+    m.record(DumpAudited(dump.routed.records))
     return [merge_layers(p) for p in parts]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from paritygate.files import atomic_write_bytes
 from paritygate.fragments import Rendered
-from paritygate.precision.report import LayerRow, PrecisionReport
+from paritygate.precision.report import LayerRow, PrecisionDetails, PrecisionReport
 from paritygate.precision.stats import json_number
 from paritygate.result import CheckResult
 
@@ -195,10 +195,10 @@ def render_precision(result: CheckResult, report_dir: Path, *, figures: bool = T
                      ) -> Rendered:
     """Write precision_layers.csv, precision.json and (with ``figures``) precision.png;
     return the fragments."""
-    data = result.details.get("precision")
-    if not data:
+    record = PrecisionDetails.read(result.details)
+    if record is None:
         return Rendered()
-    report = PrecisionReport.from_json(data)
+    report = record.precision
     report_dir = Path(report_dir)
     csv_path = write_csv(report, report_dir / "precision_layers.csv")
     json_path = write_json(report, report_dir / "precision.json")

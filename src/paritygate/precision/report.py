@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar, Union
 
+from paritygate import records
 from paritygate.precision.stats import json_number
 
 R = TypeVar("R", bound="Record")
@@ -245,3 +246,10 @@ class PrecisionReport(Record):
 
     def dtype_rows(self, dtype: str) -> list[LayerRow]:
         return [r for r in self.rows if r.dtype == dtype]
+
+
+@dataclass(frozen=True)
+class PrecisionDetails(records.Record):
+    """precision_per_layer's record: its report, read back by the renderer."""
+
+    precision: PrecisionReport

@@ -10,6 +10,7 @@ import html
 from collections.abc import Mapping
 from pathlib import Path
 
+from paritygate.checks.behaviour_parity import BehaviourRecord
 from paritygate.fragments import Rendered
 from paritygate.report.render import section
 from paritygate.result import CheckResult
@@ -63,9 +64,9 @@ def plot_behaviour(lengths: dict[str, dict[str, int]], stops: dict[str, dict[str
 def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = True
                      ) -> Rendered:
     """The statistics table, the sample-size guidance and behaviour.png (with ``figures``)."""
-    d = result.details
-    stats = d.get("statistics")
-    if not isinstance(stats, Mapping) or not stats:
+    record = BehaviourRecord.read(result.details)
+    stats = record.statistics if record is not None else None
+    if record is None or not isinstance(stats, Mapping) or not stats:
         return Rendered()
     rows = []
     for name, row in stats.items():
@@ -78,16 +79,16 @@ def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = T
                      f"{row.get('effect', 0.0):+.3g}", f"{row.get('training', 0.0):.4g}",
                      f"{row.get('serving', 0.0):.4g}",
                      "yes" if row.get("rejected") else "no"])
-    note = (f"Holm at alpha {d.get('alpha')} over the tests, "
-            f"{d.get('samples_per_prompt')} samples per prompt per side")
+    note = (f"Holm at alpha {record.alpha} over the tests, "
+            f"{record.samples_per_prompt} samples per prompt per side")
     main = section("behaviour_parity", ["statistic", "test", "p (or 95% interval)", "effect",
                                       "training", "serving", "differs"], rows, note)
-    guide = d.get("samples_to_detect")
+    guide = record.samples_to_detect
     extra = section("behaviour_parity: samples per side to detect an effect (90% power)",
                   ["effect", "samples per side"],
                   [[str(k), str(v)] for k, v in guide.items()] if isinstance(guide, Mapping)
                   else [])
-    png = (plot_behaviour(_counts(d.get("length_histogram")), _counts(d.get("stop_reasons")),
+    png = (plot_behaviour(_counts(record.length_histogram), _counts(record.stop_reasons),
                           Path(report_dir) / "behaviour.png") if figures else None)
     if not figures:  # an earlier run's figure would not be this run's
         (Path(report_dir) / "behaviour.png").unlink(missing_ok=True)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from paritygate.checks._delta_records import PerToken, TokenDelta
 from paritygate.result import CheckResult
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from paritygate.checks.rollout_parity import EpisodeCurve
 
 LM_DELTA_CHECKS = ("logprob_delta", "vllm_delta")
 
@@ -39,8 +41,9 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     """``[{"title", "png"}]``: histogram of per-token deltas and delta against position."""
     if result.id not in LM_DELTA_CHECKS:
         return []
-    tokens = [t for t in result.details.get("per_token") or []
-              if isinstance(t, dict) and isinstance(t.get("delta"), (int, float))]
+    record = PerToken.read(result.details)
+    tokens = [t for t in (record.per_token if record is not None else [])
+              if isinstance(t, TokenDelta) and isinstance(t.delta, (int, float))]
     if not tokens:
         return []
     try:
@@ -49,8 +52,8 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
         return []
     import numpy as np
 
-    delta = np.array([t["delta"] for t in tokens], dtype=np.float64)
-    pos = np.array([t.get("pos", 0) for t in tokens], dtype=np.int64)
+    delta = np.array([t.delta for t in tokens], dtype=np.float64)
+    pos = np.array([t.pos for t in tokens], dtype=np.int64)
     delta = np.where(np.isfinite(delta), delta, np.nan)
     shown = delta[np.isfinite(delta)]
     out = []
@@ -80,7 +83,7 @@ def lm_delta_plots(result: CheckResult) -> list[dict[str, str]]:
     return out
 
 
-def rollout_figure(curves: list[Mapping[str, Any]], path: Path, title: str) -> Path | None:
+def rollout_figure(curves: list[EpisodeCurve], path: Path, title: str) -> Path | None:
     """rollout_parity's figure at ``path``: per-step action difference (top) and both paths'
     cumulative return (bottom), one colour per episode; ``None`` without matplotlib."""
     try:
@@ -93,9 +96,9 @@ def rollout_figure(curves: list[Mapping[str, Any]], path: Path, title: str) -> P
     top, bottom = fig.subplots(2, 1, sharex=True)
     colours = [f"C{i % 10}" for i in range(len(curves))]
     for curve, colour in zip(curves, colours, strict=True):
-        label = f"ep {curve['episode']} (seed {curve['seed']})"
-        diff = curve["action_diff"]
-        at = curve.get("first_divergent_step")
+        label = f"ep {curve.episode} (seed {curve.seed})"
+        diff = curve.action_diff
+        at = curve.first_divergent_step
         # compared up to the first divergence; after it the paths see other states (faint)
         cut = len(diff) if at is None else at + 1
         top.step(range(cut), diff[:cut], where="post", color=colour, label=label,
@@ -104,9 +107,8 @@ def rollout_figure(curves: list[Mapping[str, Any]], path: Path, title: str) -> P
             top.plot([at], [diff[at]], marker="x", color=colour, markersize=8)
             top.step(range(at, len(diff)), diff[at:], where="post", color=colour,
                      linewidth=0.8, alpha=0.25)
-        for key, style, face in (("training_return", "-", colour),
-                                 ("artifact_return", "--", "white")):
-            series = curve[key]
+        for series, style, face in ((curve.training_return, "-", colour),
+                                    (curve.artifact_return, "--", "white")):
             bottom.plot(series, color=colour, linewidth=1.2, linestyle=style)
             if series:  # the episode's end
                 bottom.plot([len(series) - 1], [series[-1]], marker="o", color=colour,

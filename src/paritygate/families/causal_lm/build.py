@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from paritygate.config import GateConfig
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.families.causal_lm.adapter import AdapterInfo
-    from paritygate.families.causal_lm.config import CausalLMSpec
 
 SIDES = ("training", "serving")
 """The config's names of the two sides (``causal_lm.tokenizer.<side>``, ``sampling.<side>``)."""

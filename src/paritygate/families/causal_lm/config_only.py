@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer as RustTokenizer
 
     from paritygate.config import GateConfig
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
 
 
 def build_config_only_context(config: GateConfig) -> LMContext:

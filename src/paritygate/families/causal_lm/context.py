@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from paritygate.config import GateConfig
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.dump_audit import DumpSummary
-    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.generations import Generations
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup

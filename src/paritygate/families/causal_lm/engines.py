@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
+    from paritygate.config.causal_lm import CausalLMSpec, EngineSpec
     from paritygate.engines.base import GenerationEngine
     from paritygate.families.causal_lm.adapter import AdapterInfo
-    from paritygate.families.causal_lm.config import CausalLMSpec, EngineSpec
     from paritygate.families.causal_lm.tokenizer import Tokenizer
 
 

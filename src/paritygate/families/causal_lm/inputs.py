@@ -17,9 +17,9 @@ from paritygate.families.causal_lm.tokenizer import encode_probe, load_tokenizer
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.dump_audit import DumpSummary
     from paritygate.families.causal_lm.adapter import AdapterInfo
-    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.tokenizer import Tokenizer
 
 BASE_SERVED = (

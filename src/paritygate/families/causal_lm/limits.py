@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
 
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.metrics.tiers import Limits
 
 

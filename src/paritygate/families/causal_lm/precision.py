@@ -19,7 +19,7 @@ from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
 if TYPE_CHECKING:
     from torch import nn
 
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.precision.subject import PrecisionSubject
 
 TrainingLoader = Callable[[], "tuple[nn.Module, dict[str, object]]"]

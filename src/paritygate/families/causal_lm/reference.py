@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from paritygate.config import GateConfig
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.families.causal_lm.tokenizer import Tokenizer
 
 KEY = "causal_lm.reference"

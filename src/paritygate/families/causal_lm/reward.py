@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from paritygate.config import GateConfig
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.generation import Generation
-    from paritygate.families.causal_lm.config import CausalLMSpec
     from paritygate.families.causal_lm.probes import Probe
     from paritygate.families.causal_lm.tokenizer import Tokenizer
     from paritygate.sections.reward_parity import RewardScoring

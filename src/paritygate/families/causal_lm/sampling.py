@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paritygate.config.sampling_fields import NOT_COMPARED, OFF_POLICY, is_neutral
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
-from paritygate.families.causal_lm.sampling_fields import NOT_COMPARED, OFF_POLICY, is_neutral
 from paritygate.reading import MAX_CONFIG_BYTES, read_text
 from paritygate.reading_text import parse_json, parse_yaml
 
@@ -188,7 +188,7 @@ class SamplingFile:
 
     def off_policy(self) -> dict[str, object]:
         """This side's fields that move the sampled distribution away from the policy's
-        softmax, with their values (see :data:`~paritygate.families.causal_lm.sampling_fields.
+        softmax, with their values (see :data:`~paritygate.config.sampling_fields.
         OFF_POLICY`), compared fields first."""
         found: dict[str, object] = {}
         for name in OFF_POLICY:

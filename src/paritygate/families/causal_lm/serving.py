@@ -14,7 +14,7 @@ from paritygate.errors import InputError
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-    from paritygate.families.causal_lm.config import CausalLMSpec
+    from paritygate.config.causal_lm import CausalLMSpec
 
 
 _V = TypeVar("_V")

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from paritygate.config import GateConfig
-    from paritygate.families.hf_model.config import HFModelSpec
+    from paritygate.config.hf_model import HFModelSpec
     from paritygate.precision.hf import Coverage
     from paritygate.precision.subject import PrecisionSubject
     from paritygate.result import Measurement

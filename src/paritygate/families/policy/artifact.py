@@ -13,10 +13,10 @@ from paritygate.errors import InputError, keyed
 from paritygate.families.policy.validation import check_artifact_inputs, check_input_dtypes
 
 if TYPE_CHECKING:
+    from paritygate.config.policy import PolicySpec
     from paritygate.engines.artifact_graph import ArtifactGraph
     from paritygate.engines.torch_export_engine import TorchExportEngine
     from paritygate.engines.torchscript_engine import TorchScriptEngine
-    from paritygate.families.policy.config import PolicySpec
 
 
 class ArtifactEngine(Protocol):

@@ -45,11 +45,10 @@ if TYPE_CHECKING:
 
     from paritygate.check import Thresholds
     from paritygate.config import GateConfig
+    from paritygate.config.policy import PolicySpec
     from paritygate.engines.artifact_graph import ArtifactGraph
     from paritygate.engines.torch_engine import TorchEngine
-    from paritygate.families.policy.config import PolicySpec
     from paritygate.families.policy.export import ArtifactPrecision
-    from paritygate.families.policy.initializers import InitializerMatch
     from paritygate.families.policy.normaliser import SkippedNormaliser
     from paritygate.families.policy.rollout import (
         PolicyPath,
@@ -60,6 +59,7 @@ if TYPE_CHECKING:
     from paritygate.families.policy.serving_log import Chunk
     from paritygate.metrics.gaussian import Gaussian
     from paritygate.precision.subject import PrecisionSubject
+    from paritygate.provenance import InitializerMatch
     from paritygate.result import Measurement
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from torch import Tensor
 
-    from paritygate.families.policy.config import DistributionSpec, PolicySpec
+    from paritygate.config.policy import DistributionSpec, PolicySpec
 
 
 def deterministic_action(spec: PolicySpec, output: np.ndarray, *, served: bool = False

@@ -9,30 +9,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from paritygate.provenance import InitializerMatch
+
 if TYPE_CHECKING:
     from torch import Tensor
 
 Weight = tuple[str, np.ndarray, "str | None"]
 """One stored tensor of an artifact: ``(name, float32 array, stored low-precision dtype or
 None)``."""
-
-
-@dataclass(frozen=True)
-class InitializerMatch:
-    """How the artifact's weight initializers match the checkpoint (:func:`match_initializers`
-    says what each field means)."""
-
-    comparable: int
-    matched: int
-    folded: int
-    unmatched: list[str]
-    misplaced: dict[str, str]
-    drifted: list[str]
-    max_rel_drift: float
-    not_in_model: list[str]
-    converted: dict[str, int]
-    target_network: dict[str, str]
-    target_networks: list[str]
 
 
 @dataclass

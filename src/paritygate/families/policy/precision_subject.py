@@ -12,7 +12,7 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import nn
 
-    from paritygate.families.policy.config import PolicySpec
+    from paritygate.config.policy import PolicySpec
     from paritygate.precision.subject import PrecisionSubject
 
 

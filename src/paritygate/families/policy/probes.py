@@ -13,7 +13,7 @@ from paritygate.reading import check_input, load_arrays
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-    from paritygate.families.policy.config import PolicySpec
+    from paritygate.config.policy import PolicySpec
 
 
 def load_probes(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:

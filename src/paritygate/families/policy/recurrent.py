@@ -12,7 +12,7 @@ from paritygate.errors import InputError
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
-    from paritygate.families.policy.config import PolicySpec
+    from paritygate.config.policy import PolicySpec
 
 
 def initial_states(config: GateConfig, spec: PolicySpec) -> dict[str, np.ndarray]:

@@ -27,8 +27,8 @@ from paritygate.imports import import_callable
 if TYPE_CHECKING:
     from types import ModuleType
 
+    from paritygate.config.policy import PolicySpec, RolloutSpec
     from paritygate.engines.base import TensorEngine
-    from paritygate.families.policy.config import PolicySpec, RolloutSpec
     from paritygate.families.policy.probes import Preprocessor
 
 Observation = dict[str, np.ndarray]

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from paritygate.config import GateConfig
+    from paritygate.config.policy import PolicySpec
     from paritygate.engines.torch_engine import TorchEngine
-    from paritygate.families.policy.config import PolicySpec
 
 REFERENCE_LOG_STD = "log_std (training output)"
 """The reference engine's label for a distribution's log-std output (no output is named so)."""

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from paritygate.config import GateConfig
-    from paritygate.families.policy.config import PolicySpec
+    from paritygate.config.policy import PolicySpec
 
 
 class OrtArg(Protocol):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
+from paritygate.config.sampling_fields import OFF_POLICY
 from paritygate.config_base import ConfigPath, Dtype, StrictModel
 from paritygate.sections import compose
 
@@ -129,8 +130,6 @@ class TrainingSide(StrictModel):
     @field_validator("logprob_applies")
     @classmethod
     def _off_policy_fields(cls, value: list[str]) -> list[str]:
-        from paritygate.families.causal_lm.sampling_fields import OFF_POLICY
-
         unknown = [name for name in value if name not in OFF_POLICY]
         if unknown:
             raise ValueError(f"{unknown[0]!r} is not a distribution-moving sampling field "

@@ -1,34 +1,26 @@
-"""Gate config: YAML, validated at load, every error naming the file and the key.
+"""Gate config schema: the whole config (:class:`GateConfig`) and each family's section
+(``paritygate.config.policy``, ``.causal_lm``, ``.hf_model``).
 
 One file describes one gate: which model family, where the checkpoint, artifact
 and probes are, which checks run, their thresholds and the golden directory.
-Relative paths resolve against the folder of the config file.
+Relative paths resolve against the folder of the config file. :mod:`paritygate.load` reads
+and validates a file, the check ids and thresholds included.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import (
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import ErrorDetails
+from pydantic import Field, PrivateAttr, model_validator
 
+from paritygate.config.causal_lm import CausalLMSpec
+from paritygate.config.hf_model import HFModelSpec
+from paritygate.config.policy import PolicySpec
 from paritygate.config_base import ConfigPath, StrictModel
-from paritygate.errors import InputError, dotted_leaves, shorten
-from paritygate.families.causal_lm.config import CausalLMSpec
-from paritygate.families.hf_model.config import HFModelSpec
-from paritygate.families.policy.config import PolicySpec
+from paritygate.errors import InputError, dotted_leaves
 from paritygate.precision.config import PrecisionSpec
-from paritygate.trainer_output import CHECKPOINT_ENV, TrainerCheckpoint, pick_checkpoint
+from paritygate.trainer_output import TrainerCheckpoint, pick_checkpoint
 
 ReportFormat = Literal["json", "md", "html", "junit"]
 REPORT_FORMATS: tuple[ReportFormat, ...] = ("json", "md", "html", "junit")
@@ -97,23 +89,6 @@ class GateConfig(StrictModel):
     _report_dir: Path | None = PrivateAttr(default=None)
     _report_formats: tuple[str, ...] | None = PrivateAttr(default=None)
     _trainer_checkpoint: TrainerCheckpoint | None = PrivateAttr(default=None)
-
-    @field_validator("checks", "skip_checks")
-    @classmethod
-    def _known_checks(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        """Every id is a check, and one this family's gate runs (as ``--check`` requires)."""
-        from paritygate.checks import CHECK_IDS, checks_for
-
-        family = info.data.get("family")
-        runs = [c.id for c in checks_for(family)] if family else list(CHECK_IDS)
-        for cid in value or []:
-            if cid not in CHECK_IDS:
-                raise ValueError(f"unknown check id {cid!r}; known: {', '.join(CHECK_IDS)}")
-            if cid not in runs:
-                raise ValueError(
-                    f"{cid} is not a check this {family} gate runs; its checks: {', '.join(runs)}"
-                )
-        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -198,72 +173,6 @@ class GateConfig(StrictModel):
         return Path.cwd() / "reports" / self.name
 
 
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-MAX_ECHO_CHARS = 200
-"""At most this much of a wrong value is echoed in an error line."""
-
-
-def _echo(value: object) -> str:
-    """``repr(value)``, cut: a hostile value must not become a megabyte error line."""
-    return shorten(_short_repr(value), MAX_ECHO_CHARS)
-
-
-def _short_repr(value: object) -> str:
-    """A repr that stops early on deep or long containers (``reprlib``), plain otherwise."""
-    import reprlib
-
-    short = reprlib.Repr()
-    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 3, 8, 8, 8, 8
-    short.maxstring = short.maxother = MAX_ECHO_CHARS
-    return short.repr(value) if isinstance(value, (dict, list, tuple, set, str)) else repr(value)
-
-
-def _describe_error(err: ErrorDetails) -> tuple[str | None, str]:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    if loc and loc[-1] in ("float", "none") and len(loc) >= 3 and loc[0] == "thresholds":
-        loc = loc[:-1]  # the union branch (float | None) is not a key
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        cause = "unknown key"
-    elif kind == "missing":
-        cause = "required key is missing"
-    else:
-        msg = err["msg"].removeprefix("Value error, ")
-        cause = f"{msg} (got {_echo(err.get('input'))})" if kind != "value_error" else msg
-    return _format_loc(loc) or None, cause
-
-
-def config_from_dict(data: object, path: Path) -> GateConfig:
-    """Validate a parsed config; raises :class:`InputError` naming the first bad key."""
-    if not isinstance(data, dict):
-        raise InputError(path, None, "config must be a YAML mapping")
-    try:
-        config = GateConfig.model_validate(data, context={"base_dir": Path(path).resolve().parent})
-    except ValidationError as exc:
-        problems = [_describe_error(err) for err in exc.errors()]
-        key, cause = problems[0]
-        # Every problem at once, still on one line: the first names the key, the rest follow.
-        rest = [f"{k}: {c}" if k else c for k, c in problems[1:]]
-        raise InputError(path, key, "; ".join([cause, *rest])) from None
-    config._path = Path(path).resolve()
-    _validate_thresholds(config, path)
-    config = apply_checkpoint(config, os.environ.get(CHECKPOINT_ENV))
-    _refuse_special_files(config)
-    from paritygate.imports import register_python_path
-
-    register_python_path(config.path, list(config.python_path))
-    return config
-
-
 def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateConfig:
     """``config`` with its model directory resolved to one checkpoint
     (:func:`paritygate.trainer_output.pick_checkpoint` says how ``override`` picks it). The
@@ -285,62 +194,3 @@ def apply_checkpoint(config: GateConfig, override: str | None = None) -> GateCon
     )
     updated._trainer_checkpoint = record
     return updated
-
-
-def _refuse_special_files(config: GateConfig) -> None:
-    """No path the config names is a FIFO, device or socket (links followed): refused at load,
-    naming the key, before any reader could block on one. Each reader checks its file again
-    (:func:`paritygate.reading.check_input`) with its own size bounds."""
-    from paritygate.reading import check_input
-
-    for key, target in config.named_paths().items():
-        check_input(target, key, what="input", expect="any")
-
-
-def _validate_thresholds(config: GateConfig, path: Path) -> None:
-    from paritygate.checks import CHECK_IDS, get_check
-
-    for cid, values in config.thresholds.items():
-        if cid not in CHECK_IDS:
-            raise InputError(
-                path, f"thresholds.{cid}", f"unknown check id; known: {', '.join(CHECK_IDS)}"
-            )
-        known = get_check(cid).defaults
-        for metric, value in values.items():
-            if metric not in known:
-                choices = ", ".join(sorted(known)) or "none"
-                raise InputError(
-                    path, f"thresholds.{cid}.{metric}", f"unknown threshold; known: {choices}"
-                )
-            if value is not None and not math.isfinite(value):
-                raise InputError(
-                    path,
-                    f"thresholds.{cid}.{metric}",
-                    f"threshold must be a finite number, or null to make the metric "
-                    f"informational (got {value})",
-                )
-
-
-def load_config(path: str | Path) -> GateConfig:
-    """Read and validate a gate config file."""
-    from paritygate.reading import MAX_CONFIG_BYTES, read_text
-    from paritygate.reading_text import parse_yaml
-
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(p, None, "config is a directory, expected a YAML file")
-    text = read_text(p, None, what="config file", max_bytes=MAX_CONFIG_BYTES,
-                     bound="MAX_CONFIG_BYTES")
-    data = parse_yaml(text, p)
-    _refuse_todos(data, p)
-    return config_from_dict(data, p)
-
-
-def _refuse_todos(data: object, path: Path) -> None:
-    """A config from ``paritygate init`` runs only once every ``TODO`` value is filled in."""
-    from paritygate.init_infer import find_todos
-
-    todos = find_todos(data)
-    if todos:
-        more = f" (and {len(todos) - 1} more: {', '.join(todos[1:])})" if len(todos) > 1 else ""
-        raise InputError(path, todos[0], f"still TODO: replace the placeholder{more}")
