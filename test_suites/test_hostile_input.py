@@ -191,7 +191,7 @@ def test_every_reader_of_arrays_and_checkpoints_goes_through_paritygate_reading(
         calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         if "torch.load" in calls:
             assert path.name == "checkpoints.py", path
-    for user in ("paritygate.config", "paritygate.checkpoints", "paritygate.golden",
+    for user in ("paritygate.load", "paritygate.checkpoints", "paritygate.golden",
                  "paritygate.engines.rollout_dump", "paritygate.engines.hf_loading",
                  "paritygate.families.policy.probes", "paritygate.families.policy.build",
                  "paritygate.families.causal_lm.probes", "paritygate.families.causal_lm.sampling",
