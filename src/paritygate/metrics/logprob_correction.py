@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from paritygate.metrics.search import golden_section
+
 TEMPERATURE_EXPLAINED = 0.8
 """A temperature mismatch is named when rescaling the trainer's logits by one factor explains
 this share of the squared delta (:func:`fit_temperature_ratio`). On the demo LM a T = 0.8 vs
@@ -41,19 +43,7 @@ def fit_temperature_ratio(
         return float(np.square(target - pred).sum())
 
     lo, hi = math.log(0.25), math.log(4.0)
-    g = (math.sqrt(5) - 1) / 2
-    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
-    fc, fd = sse(c), sse(d)
-    for _ in range(60):
-        if fc < fd:
-            hi, d, fd = d, c, fc
-            c = hi - g * (hi - lo)
-            fc = sse(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + g * (hi - lo)
-            fd = sse(d)
-    best = (lo + hi) / 2
+    best = golden_section(sse, lo, hi, steps=60)
     base = sse(0.0)
     explained = 1.0 - sse(best) / base if base > 0 else 0.0
     return math.exp(best), explained

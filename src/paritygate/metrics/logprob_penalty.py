@@ -19,10 +19,12 @@ seen tokens' logits per position, not the vocabulary: a penalty's sum over the s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from paritygate.metrics.search import golden_section
 
 PENALTY_EXPLAINED = 0.8
 """A penalty is named when its fitted strength removes this share of the squared delta."""
@@ -155,7 +157,7 @@ def fit_penalty(seen: SeenTokens, delta: np.ndarray,
             predicted = base - seen.logprobs({**base_values, kind: value})
             return float(np.square(observed - predicted).sum())
 
-        value = _golden(sse, neutral, bound)
+        value = golden_section(sse, neutral, bound)
         residual = sse(value)
         explained = 1.0 - residual / total if total > 0 else 0.0
         fit = PenaltyFit(kind, value, base_values[kind], explained, observed.size,
@@ -167,18 +169,3 @@ def fit_penalty(seen: SeenTokens, delta: np.ndarray,
     return best
 
 
-def _golden(fn: Callable[[float], float], lo: float, hi: float, steps: int = 48) -> float:
-    """The minimiser of the one-dimensional ``fn`` on ``[lo, hi]`` (golden-section search)."""
-    g = (math.sqrt(5) - 1) / 2
-    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
-    fc, fd = fn(c), fn(d)
-    for _ in range(steps):
-        if fc < fd:
-            hi, d, fd = d, c, fc
-            c = hi - g * (hi - lo)
-            fc = fn(c)
-        else:
-            lo, c, fc = c, d, fd
-            d = lo + g * (hi - lo)
-            fd = fn(d)
-    return (lo + hi) / 2
