@@ -82,7 +82,8 @@ def load_into(
             report.dtype_mismatch.append((name, str(tensor.dtype), str(target.dtype)))
         loadable[name] = tensor
     report.aliases = find_aliases(state, set(loadable))
-    report.unexpected = [n for n in report.unexpected if n not in report.aliases]
+    # sorted: a file's key order is not stable between processes, a report's order should be
+    report.unexpected = sorted(n for n in report.unexpected if n not in report.aliases)
     report.missing = [n for n in model_state if n not in state and n not in tied_names]
     try:
         model.load_state_dict(loadable, strict=False)
