@@ -18,6 +18,7 @@ engines sample with it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,12 +38,15 @@ ENGINES_READING_VLLM = frozenset({"vllm", "endpoint"})
 OpenAI-compatible vLLM server)."""
 
 
-def _hf_default(name: str) -> object:
-    """transformers' own ``GenerationConfig`` default of ``name`` (``None`` where it has none:
-    transformers 5 leaves sampling fields unset), which vLLM's ``to_diff_dict`` drops."""
+@functools.cache
+def _hf_defaults() -> dict[str, object]:
+    """transformers' own ``GenerationConfig`` defaults of the fields vLLM takes (``None`` where
+    it has none: transformers 5 leaves sampling fields unset), which vLLM's ``to_diff_dict``
+    drops; read once per process."""
     from transformers import GenerationConfig
 
-    return getattr(GenerationConfig(), name, None)
+    config = GenerationConfig()
+    return {name: getattr(config, name, None) for name in VLLM_TAKES}
 
 
 def vllm_applies(side: SamplingFile) -> SamplingFile:
@@ -58,7 +62,7 @@ def vllm_applies(side: SamplingFile) -> SamplingFile:
     sources = dict(side.default_sources)
     for name in VLLM_TAKES:
         raw = side.values.get(name)
-        if name in side.explicit and raw is not None and raw != _hf_default(name):
+        if name in side.explicit and raw is not None and raw != _hf_defaults()[name]:
             values[name] = raw
             explicit.add(name)
         else:
