@@ -76,14 +76,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     with keyed("causal_lm.probes"):
         probes = load_probes(spec.probes)
     _check_probes(config, spec, probes, toks, dirs.training)
-    dtype_source = declared[0] if declared else "causal_lm.engine.dtype (default)"
-    training_sampling = _sampling_file(config, spec, "training", toks["training"],
-                                       spec.training.dtype, "causal_lm.training.dtype",
-                                       trainer=True)
-    serving_sampling = _sampling_file(config, spec, "serving", toks["serving"],
-                                      spec.engine.dtype, dtype_source, trainer=False)
+    sampling = sampling_files(config, spec, toks, declared)
     contradictions = served_dir_contradictions(
-        config, spec, sources, dirs.serving, serving_sampling, toks["serving"], probes)
+        config, spec, sources, dirs.serving, sampling["serving"], toks["serving"], probes)
     logprob_fn = _logprob_fn(config, spec)
     from paritygate.families.causal_lm.reference import load_reference
     from paritygate.families.causal_lm.reward import load_reward
@@ -92,18 +87,9 @@ def build_lm_context(config: GateConfig) -> LMContext:
     reward = load_reward(config, spec, probes, toks["training"])
     _check_callables(config, spec)
     files = dirs.files
-    trust, shown = config.trust_remote_code, tuple(probes)
-    training = LMSide(name="training", trainer=True, model_dir=dirs.training,
-                      key="causal_lm.model_dir", tokenizer=toks["training"],
-                      sampling=training_sampling, dtype=spec.training.dtype, probes=shown,
-                      max_prompt_tokens=spec.max_prompt_tokens, adapter=adapter,
-                      adapter_key=adapter_key, trust_remote_code=trust,
-                      device_map=spec.training.device_map)
-    serving = LMSide(name="serving", trainer=False, model_dir=dirs.serving, key=served_from,
-                     tokenizer=toks["serving"], sampling=serving_sampling,
-                     dtype=spec.engine.dtype, probes=shown,
-                     max_prompt_tokens=spec.max_prompt_tokens, adapter=dirs.serving_adapter,
-                     adapter_key="causal_lm.serving.adapter", trust_remote_code=trust)
+    training, serving = make_sides(config, spec, toks, sampling, (dirs.training, dirs.serving),
+                                   served_from, tuple(probes), (adapter, adapter_key),
+                                   dirs.serving_adapter)
     return LMContext(
         config=config,
         spec=spec,
@@ -209,6 +195,41 @@ def _check_probes(
                 "encodes to no tokens with either tokenizer (empty text, no BOS): "
                 "nothing to condition on",
             )
+
+
+def sampling_files(config: GateConfig, spec: CausalLMSpec, toks: dict[str, Tokenizer],
+                   declared: tuple[str, str] | None) -> dict[str, SamplingFile]:
+    """The training and serving sampling configs, each defaulted from its side's tokenizer and
+    dtype (the serving dtype's source: the key that declares it, else the engine default)."""
+    dtype_source = declared[0] if declared else "causal_lm.engine.dtype (default)"
+    return {"training": _sampling_file(config, spec, "training", toks["training"],
+                                       spec.training.dtype, "causal_lm.training.dtype",
+                                       trainer=True),
+            "serving": _sampling_file(config, spec, "serving", toks["serving"],
+                                      spec.engine.dtype, dtype_source, trainer=False)}
+
+
+def make_sides(
+    config: GateConfig, spec: CausalLMSpec, toks: dict[str, Tokenizer],
+    sampling: dict[str, SamplingFile], dirs: tuple[Path, Path], served_from: str,
+    probes: tuple[Probe, ...], adapter: tuple[AdapterInfo | None, str],
+    serving_adapter: AdapterInfo | None = None,
+) -> tuple[LMSide, LMSide]:
+    """The training and serving sides over the training and served directories ``dirs``;
+    ``adapter`` is the training adapter and its config key."""
+    trust = config.trust_remote_code
+    training = LMSide(name="training", trainer=True, model_dir=dirs[0],
+                      key="causal_lm.model_dir", tokenizer=toks["training"],
+                      sampling=sampling["training"], dtype=spec.training.dtype, probes=probes,
+                      max_prompt_tokens=spec.max_prompt_tokens, adapter=adapter[0],
+                      adapter_key=adapter[1], trust_remote_code=trust,
+                      device_map=spec.training.device_map)
+    serving = LMSide(name="serving", trainer=False, model_dir=dirs[1], key=served_from,
+                     tokenizer=toks["serving"], sampling=sampling["serving"],
+                     dtype=spec.engine.dtype, probes=probes,
+                     max_prompt_tokens=spec.max_prompt_tokens, adapter=serving_adapter,
+                     adapter_key="causal_lm.serving.adapter", trust_remote_code=trust)
+    return training, serving
 
 
 def _sampling_file(

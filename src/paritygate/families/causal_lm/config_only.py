@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from paritygate.errors import InputError, keyed
-from paritygate.families.causal_lm.build import SIDES, _sampling_file, _training_dir
+from paritygate.families.causal_lm.build import (
+    SIDES,
+    _training_dir,
+    make_sides,
+    sampling_files,
+)
 from paritygate.families.causal_lm.context import LMContext
 from paritygate.families.causal_lm.inputs import resolve_adapter, sampling_contradictions
 from paritygate.families.causal_lm.served_files import served_dtype
 from paritygate.families.causal_lm.serving import resolve_serving
-from paritygate.families.causal_lm.sides import LMSide
 from paritygate.families.causal_lm.tokenizer import Tokenizer, load_tokenizer
 from paritygate.provenance import sha256_files
 from paritygate.reading import check_input
@@ -46,44 +50,30 @@ def build_config_only_context(config: GateConfig) -> LMContext:
     spec, adapter, adapter_key = resolve_adapter(config, spec)
     spec, served_from, sources = resolve_serving(config, spec)
     declared = (sources["dtype"], spec.engine.dtype) if "dtype" in sources else None
-    reference_dir = _training_dir(config, spec)
-    engine_dir = spec.engine.model_dir if spec.engine.model_dir else reference_dir
-    for directory, key in ((reference_dir, "causal_lm.model_dir"), (engine_dir, served_from)):
+    training_dir = _training_dir(config, spec)
+    engine_dir = spec.engine.model_dir if spec.engine.model_dir else training_dir
+    for directory, key in ((training_dir, "causal_lm.model_dir"), (engine_dir, served_from)):
         if directory.is_dir():
             check_input(directory, key, what="model directory", expect="dir")
         if not (directory / "config.json").is_file():
             raise InputError(config.path, key, f"no HF model directory at {directory}")
         with keyed(key):
             _check_config_json(directory / "config.json")
-    toks = {side: _declared_tokenizer(config, spec, side, reference_dir) for side in SIDES}
-    sampling = {
-        "training": _sampling_file(config, spec, "training", toks["training"],
-                                   spec.training.dtype, "causal_lm.training.dtype", trainer=True),
-        "serving": _sampling_file(config, spec, "serving", toks["serving"], spec.engine.dtype,
-                                  declared[0] if declared else "causal_lm.engine.dtype (default)",
-                                  trainer=False),
-    }
+    toks = {side: _declared_tokenizer(config, spec, side, training_dir) for side in SIDES}
+    sampling = sampling_files(config, spec, toks, declared)
     from paritygate.engines.hf_loading import safetensors_files
 
     with keyed("causal_lm.model_dir"):
-        trained = safetensors_files(reference_dir)
+        trained = safetensors_files(training_dir)
     if adapter is not None:
         from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE
 
         trained += [adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
-    trust = config.trust_remote_code
-    training = LMSide(name="training", trainer=True, model_dir=reference_dir,
-                      key="causal_lm.model_dir", tokenizer=toks["training"],
-                      sampling=sampling["training"], dtype=spec.training.dtype, probes=(),
-                      max_prompt_tokens=spec.max_prompt_tokens, adapter=adapter,
-                      adapter_key=adapter_key, trust_remote_code=trust)
-    serving = LMSide(name="serving", trainer=False, model_dir=engine_dir, key=served_from,
-                     tokenizer=toks["serving"], sampling=sampling["serving"],
-                     dtype=spec.engine.dtype, probes=(), max_prompt_tokens=spec.max_prompt_tokens,
-                     trust_remote_code=trust)
+    training, serving = make_sides(config, spec, toks, sampling, (training_dir, engine_dir),
+                                   served_from, (), (adapter, adapter_key))
     return LMContext(
         config=config, spec=spec, training=training, serving=serving,
-        checkpoint_path=adapter.directory if adapter is not None else reference_dir,
+        checkpoint_path=adapter.directory if adapter is not None else training_dir,
         checkpoint_sha256=sha256_files(trained), probes=[],
         logprob_fn=_not_read("causal_lm.training.logprob_fn"), declared_dtype=declared,
         contradictions=sampling_contradictions(sources, engine_dir, sampling["serving"],
