@@ -210,7 +210,7 @@ def trainer_sampler(side: LMSide, batch_size: int) -> GenerationEngine:
 
 def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_seed: int,
               prompts: list[list[int]], scored: list[list[int]] | None = None,
-              batch_size: int | None = None) -> Iterator[list[Draw]]:
+              ) -> Iterator[list[Draw]]:
     """The side's samples from ``engine``: every prompt ``samples`` times in one batch (vLLM:
     one seeded request per sample); ``scored[i]`` is the prompt the trainer scores
     prompt ``i``'s samples after (the training side's rendering of the probe)."""
