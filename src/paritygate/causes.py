@@ -14,8 +14,8 @@ from paritygate.result import CheckResult
 
 __all__ = [
     "ACTING",
-    "DOWNSTREAM_LM",
-    "DOWNSTREAM_POLICY",
+    "ALL_MODELS",
+    "LM",
     "REPLAY",
     "ROLLOUT",
     "TARGET_SERVED",
@@ -60,6 +60,11 @@ class Explanation:
     rank: int = 0
     """The edge's place in the graph: earlier edges win (a check explained by one edge is
     never the root of a later one). Edges are declared beside the check that owns them."""
+    downstream: tuple[str, ...] = ()
+    """Families whose downstream checks (``CheckSpec.downstream``: they measure what the models
+    compute) the edge explains too, besides ``explains``: a new check that runs the models is
+    explained by declaring itself downstream, not by editing this edge.
+    :func:`paritygate.rootcause.collect_graph` adds their ids to ``explains``."""
 
     def links(self, root: CheckResult, consequence: CheckResult) -> bool:
         test = dict(self.only_if).get(consequence.id)
@@ -141,8 +146,8 @@ def replayed_outputs_differ(root: CheckResult, c: CheckResult) -> bool:
 REPLAY = (("serving_replay", replayed_outputs_differ),)
 """A root on the serving path explains the served records that differ from the replay."""
 
-DOWNSTREAM_POLICY = ("batchnorm_export", "head_removal", "dropout_off", "logits_agreement",
-                      "precision_per_layer", "recurrent_parity", "rollout_parity")
-DOWNSTREAM_LM = ("logits_agreement", "logprob_delta", "vllm_delta", "generation_parity",
-                  "precision_per_layer", "batch_invariance", "routing_agreement")
+LM = ("causal_lm",)
+"""``Explanation.downstream`` of an edge on the causal-LM models' weights."""
+ALL_MODELS = ("policy", "causal_lm")
+"""``Explanation.downstream`` of an edge on weights both families load."""
 

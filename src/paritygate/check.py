@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,25 @@ def cause_limit(thresholds: Mapping[str, float], name: str) -> float:
     return value
 
 
+NEEDS: Mapping[str, str] = {
+    "models": "the family's loaded inputs: tokenizers, probes, models and engines (models and "
+              "engines load as first used)",
+    "reward": "the causal-LM reward setup: `causal_lm.reward` validated, its tokenizer loaded "
+              "and its completions read",
+    "kl_reference": "the causal-LM KL reference setup: `causal_lm.reference` validated against "
+                    "the training model and tokenizer, its KL function imported",
+    "behaviour": "`causal_lm.behaviour`'s dumps scanned and its reward function imported",
+}
+"""What a check may need from its family (``CheckSpec.needs``), and what each one loads. Any
+need builds the family's loaded context; the setups beyond ``models`` are built only for a
+run whose selected checks need them."""
+
+
+def needs_of(specs: Iterable[CheckSpec]) -> frozenset[str]:
+    """What a run of ``specs`` needs the family to build: the union of their needs."""
+    return frozenset(need for spec in specs for need in spec.needs)
+
+
 Measure = Callable[[Any, Thresholds], Measurement]
 """One family's measurement, ``measure(ctx, thresholds)``. Each check types its function on
 that family's context (``PolicyContext``, ``LMContext``, ``HFModelContext``); the gate hands
@@ -92,13 +111,32 @@ class CheckSpec:
     with that reason unless the run names it (``--check``, ``checks:``) or selects it by its
     own marks (``-m vllm``): see :meth:`~paritygate.gate.Gate.asked_for`."""
 
-    config_only: bool = False
-    """The check reads only config files (sampling configs, ``config.json``), never a
-    tokenizer, model or engine: a run of such checks alone builds the family's config-only
-    context, which imports no torch or transformers (see :meth:`paritygate.gate.Gate.context`)."""
+    needs: tuple[str, ...] = ("models",)
+    """What the check needs the family to load and validate for it (:data:`NEEDS` names them):
+    the gate builds the context for the union of its selected checks' needs, so a setup
+    (a reward model, a KL reference) is read only when a check that uses it runs, and a
+    bad block is refused before any model loads. ``()``: the check reads only config files
+    (:attr:`config_only`)."""
+    downstream: bool = False
+    """The check measures what the models compute (outputs, log-probs, generations): a fault
+    in the weights they load fails it too. Root-cause edges on the weights explain these
+    checks by this declaration (:attr:`paritygate.causes.Explanation.downstream`), not by a
+    list of ids."""
 
     def __post_init__(self) -> None:
+        unknown = [n for n in self.needs if n not in NEEDS]
+        if unknown:
+            raise ValueError(f"check {self.id!r} needs {', '.join(unknown)}: not one of "
+                             f"{', '.join(NEEDS)}")
         declare_kinds(self.id, self.kinds)
+
+    @property
+    def config_only(self) -> bool:
+        """The check needs nothing that loads: it reads only config files (sampling configs,
+        ``config.json``), never a tokenizer, model or engine. A run of such checks alone
+        builds the family's config-only context, which imports no torch or transformers
+        (see :meth:`paritygate.gate.Gate.context`)."""
+        return not self.needs
 
     @property
     def families(self) -> tuple[str, ...]:

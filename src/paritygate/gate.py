@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paritygate.check import CheckSpec, Thresholds, selects_by_marks
+from paritygate.check import CheckSpec, Thresholds, needs_of, selects_by_marks
 from paritygate.checks import checks_for, get_check
 from paritygate.config import GateConfig
 from paritygate.errors import InputError, NonFiniteOutput, write_failed
@@ -91,18 +91,25 @@ class Gate:
         return cls(config, update_golden=update_golden, report_dir=report_dir)
 
     @cached_property
-    def context(self) -> Context:
-        """The family context, built once; raises :class:`InputError` on bad input. A run
-        naming only config-only checks (:attr:`~paritygate.check.CheckSpec.config_only`) gets
+    def needs(self) -> frozenset[str]:
+        """What the family builds for this run: the needs (:attr:`CheckSpec.needs`) of the
+        checks the run names (``--check``), else of every check of the family. A run that needs
+        nothing that loads (only :attr:`~paritygate.check.CheckSpec.config_only` checks) gets
         the family's config-only context: no model runs, so no thread plan either."""
+        named = [get_check(c) for c in sorted(self.named)]
+        return needs_of(named or checks_for(self.config.family))
+
+    @cached_property
+    def context(self) -> Context:
+        """The family context for :attr:`needs`, built once; raises :class:`InputError` on bad
+        input."""
         from paritygate.families import build_context
 
-        config_only = bool(self.named) and all(get_check(c).config_only for c in self.named)
-        if not config_only:
+        if self.needs:
             from paritygate.threads import apply_threads
 
             self.threads = apply_threads(self.config.threads)
-        context = build_context(self.config, config_only=config_only)
+        context = build_context(self.config, needs=self.needs)
         self.startup_s = time.perf_counter() - IMPORTED_AT
         return context
 
@@ -183,6 +190,10 @@ class Gate:
             unasked = spec.unasked(self.context)
             if unasked is not None:
                 return Measurement(check_id).skip(unasked)
+        unmet = set(spec.needs) - self.needs
+        if unmet:  # the context was built for a selection without this check
+            raise RuntimeError(f"{check_id} needs {', '.join(sorted(unmet))}, which this run's "
+                               f"context was not built with (it runs {', '.join(self.named)})")
         thresholds = self.thresholds(spec)
         try:
             measurement = measure(self.context, thresholds)

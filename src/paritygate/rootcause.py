@@ -30,14 +30,19 @@ FAILED = ("fail", "error")
 
 
 def collect_graph() -> tuple[Explanation, ...]:
-    """Every check's declared edges (its module's ``CAUSES``), in ``rank`` order."""
+    """Every check's declared edges (its module's ``CAUSES``), in ``rank`` order, each
+    explaining the checks it names and the downstream checks of its ``downstream`` families."""
     import importlib
 
-    from paritygate.checks import CHECK_IDS
+    from paritygate.checks import CHECK_IDS, get_check
 
-    edges = [edge for cid in CHECK_IDS
-             for edge in getattr(importlib.import_module(f"paritygate.checks.{cid}"),
-                                 "CAUSES", ())]
+    specs = [get_check(cid) for cid in CHECK_IDS]
+    edges = []
+    for cid in CHECK_IDS:
+        for edge in getattr(importlib.import_module(f"paritygate.checks.{cid}"), "CAUSES", ()):
+            below = [s.id for s in specs if s.downstream and set(s.families) & set(edge.downstream)
+                     and s.id != edge.check and s.id not in edge.explains]
+            edges.append(dataclasses.replace(edge, explains=(*edge.explains, *below)))
     return tuple(sorted(edges, key=lambda edge: edge.rank))
 
 

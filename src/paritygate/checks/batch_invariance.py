@@ -405,6 +405,7 @@ CHECK = CheckSpec(
     id="batch_invariance",
     summary="a probe's engine log-probs and greedy tokens do not depend on its batch",
     measures={"causal_lm": measure, "policy": measure_policy},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=KINDS,

@@ -213,6 +213,7 @@ CHECK = CheckSpec(
     id="batchnorm_export",
     summary="BatchNorm running statistics survive into the artifact",
     measures={"policy": measure},
+    downstream=True,
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("no_running_stats", "stats_missing", "default_stats", "training_mode_export",

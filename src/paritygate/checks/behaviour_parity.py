@@ -238,6 +238,7 @@ CHECK = CheckSpec(
     id="behaviour_parity",
     summary="sampled with each side's config, the trainer's sampler and the engine behave alike",
     measures={"causal_lm": measure},
+    needs=("models", "behaviour"),
     defaults=DEFAULTS,
     marks=("slow",),
     kinds=KINDS,

@@ -100,6 +100,7 @@ CHECK = CheckSpec(
     id="dropout_off",
     summary="nothing random is left on the inference path",
     measures={"policy": measure},
+    downstream=True,
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("training_modules", "torch_nondeterministic", "artifact_nondeterministic",

@@ -301,6 +301,7 @@ CHECK = CheckSpec(
     id="generation_parity",
     summary="greedy decoding agrees between the training path and the engine",
     measures={"causal_lm": measure},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("length_drift", "greedy_divergence"),

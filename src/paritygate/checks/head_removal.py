@@ -165,6 +165,7 @@ CHECK = CheckSpec(
     id="head_removal",
     summary="dropping training-only heads leaves the policy output unchanged",
     measures={"policy": measure},
+    downstream=True,
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("undeclared_head", "foreign_parameters", "parameters_differ", "head_left",

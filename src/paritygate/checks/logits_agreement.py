@@ -326,6 +326,7 @@ CHECK = CheckSpec(
     id="logits_agreement",
     summary="the inference path's outputs match the training path's",
     measures={"policy": measure_policy, "causal_lm": measure_causal_lm},
+    downstream=True,
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("output_shape", "missing_output", "stale_artifact", "artifact_outputs_differ",

@@ -418,6 +418,7 @@ CHECK = CheckSpec(
     id="logprob_delta",
     summary="engine token log-probs match the trainer's teacher-forced recompute",
     measures={"causal_lm": measure},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=KINDS,

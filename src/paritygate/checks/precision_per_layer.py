@@ -210,6 +210,7 @@ CHECK = CheckSpec(
     id=CHECK_ID,
     summary="fp16/bf16 error per layer is within budget and no worse than golden",
     measures={"policy": measure, "causal_lm": measure, "hf_model": measure},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("first_divergent_layer", "lowp_nonfinite", "onnx_uncomparable",

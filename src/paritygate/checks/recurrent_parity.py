@@ -347,6 +347,7 @@ CHECK = CheckSpec(
     id="recurrent_parity",
     summary="a recurrent policy's artifact matches the training model over sequences",
     measures={"policy": measure},
+    downstream=True,
     defaults=DEFAULTS,
     feeds_probes=True,
     kinds=("state_missing", "state_shape", "state_swapped", "step_outputs_differ",

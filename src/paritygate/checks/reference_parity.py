@@ -364,6 +364,7 @@ CHECK = CheckSpec(
     id="reference_parity",
     summary="KL reference: the frozen initial policy, not the policy, scored the trainer's way",
     measures={"causal_lm": measure},
+    needs=("models", "kl_reference"),
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("reference_not_initial", "reference_precision_undeclared", "nonfinite_reference",

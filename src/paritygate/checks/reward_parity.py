@@ -391,6 +391,7 @@ CHECK = CheckSpec(
     summary="reward: scored at serving as in training (padding, truncation, span, dtype, "
             "provenance), read at the last real token, length slope",
     measures={"causal_lm": measure},
+    needs=("models", "reward"),
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("stale_reward_model", "reward_precision_undeclared", "pad_token_missing",

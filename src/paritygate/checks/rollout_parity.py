@@ -345,6 +345,7 @@ CHECK = CheckSpec(
     id="rollout_parity",
     summary="the served policy acts the same as the trained one in its environment",
     measures={"policy": measure},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=("action_divergence", "return_differs", "trajectory_differs", "nonfinite_action"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from paritygate.causes import DOWNSTREAM_LM, Explanation
+from paritygate.causes import LM, Explanation
 from paritygate.check import CheckSpec, Thresholds
 from paritygate.records import Keyed, Record
 from paritygate.result import Measurement
@@ -368,38 +368,41 @@ CHECK = CheckSpec(
     id="routing_agreement",
     summary="an MoE engine routes each token to the experts the trainer's recompute picks",
     measures={"causal_lm": measure},
+    downstream=True,
     defaults=DEFAULTS,
     marks=("fast",),
     kinds=KINDS,
 )
 
-_DOWNSTREAM = tuple(c for c in DOWNSTREAM_LM if c != "routing_agreement")
-_STRUCTURAL = (*_DOWNSTREAM, "weights_load")
+_STRUCTURAL = ("weights_load",)
+"""A structural finding explains weights_load's differing tensors besides the LM checks
+downstream of the served weights (``downstream=LM``)."""
 
 CAUSES: tuple[Explanation, ...] = (
     Explanation("routing_agreement", "router_weights_differ", ("router_weights_differ",),
                 _STRUCTURAL, "the served router weights differ, so tokens reach other experts",
                 fix="re-export the serving copy from the checkpoint under test (its router "
-                    "weights are stale or perturbed)", rank=35),
+                    "weights are stale or perturbed)", downstream=LM, rank=35),
     Explanation("routing_agreement", "experts_permuted", ("experts_permuted",), _STRUCTURAL,
                 "the served copy stores the experts in another order",
                 fix="keep the checkpoint's expert order when converting the served copy "
-                    "(per-expert tensors experts.<i>.*, fused gate_up_proj rows)", rank=36),
+                    "(per-expert tensors experts.<i>.*, fused gate_up_proj rows)",
+                downstream=LM, rank=36),
     Explanation("routing_agreement", "shared_expert_missing", ("shared_expert_missing",),
                 _STRUCTURAL, "the served copy lacks the shared expert's contribution",
                 fix="export the shared expert's tensors (mlp.shared_expert.*, "
-                    "shared_expert_gate) with the served copy", rank=37),
+                    "shared_expert_gate) with the served copy", downstream=LM, rank=37),
     Explanation("routing_agreement", "routing_rule_differs", ("top_k_differs",
                                                               "topk_norm_differs"),
-                _DOWNSTREAM, "the engine applies another routing rule (top-k or the "
+                (), "the engine applies another routing rule (top-k or the "
                                "normalisation of the top-k weights)",
                 fix="serve with the trainer's num_experts_per_tok and norm_topk_prob (the "
-                    "served config.json)", rank=38),
+                    "served config.json)", downstream=LM, rank=38),
     Explanation("routing_agreement", "routing_diverges", ("routing_diverges",
                                                           "dump_routing_differs"),
-                _DOWNSTREAM, "the engine routes tokens to other experts than the trainer",
+                (), "the engine routes tokens to other experts than the trainer",
                 fix="replay the engine's routing in the trainer (routing replay, R3) or align "
-                    "the two routing implementations", rank=285),
+                    "the two routing implementations", downstream=LM, rank=285),
 )
 
 POSITION = 135

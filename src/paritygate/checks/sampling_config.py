@@ -382,7 +382,7 @@ CHECK = CheckSpec(
     measures={"causal_lm": measure},
     defaults=DEFAULTS,
     marks=("fast",),
-    config_only=True,
+    needs=(),
     kinds=("unknown_allow_field", "wrong_format", "field_differs", "off_policy_transform",
            KIND, "server_max_model_len", "server_default_differs"),
 )

@@ -62,6 +62,7 @@ CHECK = CheckSpec(
     id="vllm_delta",
     summary="vLLM token log-probs match the trainer's teacher-forced recompute",
     measures={"causal_lm": measure},
+    downstream=True,
     defaults=DEFAULTS,
     # `vllm`: needs vLLM (its CPU build or CUDA); `gpu` is the earlier name, still selected.
     marks=("vllm", "gpu"),

@@ -11,7 +11,7 @@ copy (training-only heads removed) and its manifest.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,16 +23,17 @@ if TYPE_CHECKING:
     from paritygate.families.causal_lm.sides import LMSide
 
 
-def build_context(config: GateConfig, *, config_only: bool = False) -> LMContext:
-    """Every input validated and composed; ``config_only``: only the sampling configs and
-    ``config.json`` files (see :mod:`~paritygate.families.causal_lm.config_only`)."""
-    if config_only:
+def build_context(config: GateConfig, *, needs: Collection[str] | None = None) -> LMContext:
+    """The inputs ``needs`` names validated and composed (every one when ``None``); no need
+    that loads: only the sampling configs and ``config.json`` files (see
+    :mod:`~paritygate.families.causal_lm.config_only`)."""
+    if needs is not None and not needs:
         from paritygate.families.causal_lm.config_only import build_config_only_context
 
         return build_config_only_context(config)
     from paritygate.families.causal_lm.build import build_lm_context
 
-    return build_lm_context(config)
+    return build_lm_context(config, needs=needs)
 
 
 def export_artifact(config: GateConfig, out_dir: Path) -> Path:

@@ -7,7 +7,7 @@ the file and key of the first bad input. Models and engines load lazily in the c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,8 +55,13 @@ class _Dirs:
     serving_adapter: AdapterInfo | None
 
 
-def build_lm_context(config: GateConfig) -> LMContext:
-    """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key."""
+def build_lm_context(config: GateConfig, *, needs: Collection[str] | None = None) -> LMContext:
+    """Validate and load the inputs of a causal-LM gate; raises InputError naming file and key.
+    The checks' setups (``reward``, ``kl_reference``, ``behaviour``: :data:`.check.NEEDS`)
+    are validated and built only where ``needs`` names them (all of them when ``None``)."""
+    def needed(name: str) -> bool:
+        return needs is None or name in needs
+
     spec = config.causal_lm
     if spec is None:
         raise InputError(config.path, "causal_lm", "family causal_lm needs a causal_lm section")
@@ -70,7 +75,8 @@ def build_lm_context(config: GateConfig) -> LMContext:
     # A dump is validated first: its size and records need only config.json's vocab_size,
     # so a bad dump is refused in a second, before tokenizers and models load.
     dump = read_lm_dump(config, spec, training_dir) if "dump" in spec.engines else None
-    scan_behaviour_dumps(config, spec, training_dir)
+    if needed("behaviour"):
+        scan_behaviour_dumps(config, spec, training_dir)
     dirs = _model_dirs(config, spec, training_dir, adapter, adapter_key, served_from)
     toks = {side: _tokenizer(config, spec, side, dirs.training) for side in SIDES}
     with keyed("causal_lm.probes"):
@@ -83,9 +89,10 @@ def build_lm_context(config: GateConfig) -> LMContext:
     from paritygate.families.causal_lm.reference import load_reference
     from paritygate.families.causal_lm.reward import load_reward
 
-    kl_reference = load_reference(config, spec, dirs.training, toks["training"])
-    reward = load_reward(config, spec, probes, toks["training"])
-    _check_callables(config, spec)
+    kl_reference = (load_reference(config, spec, dirs.training, toks["training"])
+                    if needed("kl_reference") else None)
+    reward = load_reward(config, spec, probes, toks["training"]) if needed("reward") else None
+    _check_callables(config, spec, behaviour=needed("behaviour"))
     files = dirs.files
     training, serving = make_sides(config, spec, toks, sampling, (dirs.training, dirs.serving),
                                    served_from, tuple(probes), (adapter, adapter_key),
@@ -274,12 +281,15 @@ def _logprob_fn(config: GateConfig, spec: CausalLMSpec) -> Callable[..., Tensor]
     return fn
 
 
-def _check_callables(config: GateConfig, spec: CausalLMSpec) -> None:
-    """A bad ``module:callable`` name is bad input before any check runs."""
+def _check_callables(config: GateConfig, spec: CausalLMSpec, *, behaviour: bool) -> None:
+    """A bad ``module:callable`` name is bad input before any check runs (``behaviour``: the
+    behaviour block's reward function too)."""
     if spec.engine.collate:
         import_callable(spec.engine.collate, config.path, "causal_lm.engine.collate")
+    if not behaviour:
+        return
     from paritygate.sections.behaviour_parity import BehaviourSpec
 
-    behaviour = BehaviourSpec.of(spec)
-    if behaviour is not None and behaviour.reward_fn:
-        import_callable(behaviour.reward_fn, config.path, "causal_lm.behaviour.reward_fn")
+    block = BehaviourSpec.of(spec)
+    if block is not None and block.reward_fn:
+        import_callable(block.reward_fn, config.path, "causal_lm.behaviour.reward_fn")

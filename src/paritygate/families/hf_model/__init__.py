@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from paritygate.config import GateConfig
     from paritygate.families.hf_model.context import HFModelContext
 
 
-def build_context(config: GateConfig, *, config_only: bool = False) -> HFModelContext:
-    """Every input validated and composed (no check of this family is config-only)."""
+def build_context(config: GateConfig, *, needs: Collection[str] | None = None) -> HFModelContext:
+    """Every input validated and composed, whatever ``needs`` (the family builds one context:
+    none of its checks is config-only and it has no setups of its own)."""
     from paritygate.families.hf_model.context import build_hf_model_context
 
     return build_hf_model_context(config)

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from paritygate.config import GateConfig
     from paritygate.families.policy.context import PolicyContext
 
 
-def build_context(config: GateConfig, *, config_only: bool = False) -> PolicyContext:
-    """Every input validated and composed (no check of this family is config-only)."""
+def build_context(config: GateConfig, *, needs: Collection[str] | None = None) -> PolicyContext:
+    """Every input validated and composed, whatever ``needs`` (the family builds one context:
+    none of its checks is config-only and it has no setups of its own)."""
     from paritygate.families.policy.build import build_policy_context
 
     return build_policy_context(config)
