@@ -1,10 +1,12 @@
-"""Documentation generated from the code, so the docs cannot drift from it.
+"""Files generated from the code, so the docs and the gate suite cannot drift from it.
 
 The checklist table comes from the check registry (ids, families, marks, summaries), the
 config reference from the config models (:mod:`paritygate.report.configdoc`). The
-committed README and docs pages hold the generated text between marker comments;
-``python -m paritygate.report.docgen`` rewrites them and ``--check`` exits 1 when one is stale
-(a test runs the same comparison).
+committed README and docs pages hold the generated text between marker comments. Whole
+files are generated too: each check's gate file (``gates/test_<id>.py``, from its id and
+marks) and the published JSON Schemas (``schemas/``). ``python -m paritygate.report.docgen``
+rewrites them all and ``--check`` exits 1 when one is stale or missing (a test runs the same
+comparison), so a new check's shared files are written by this one command.
 """
 
 from __future__ import annotations
@@ -105,17 +107,50 @@ def spliced_files(root: Path) -> dict[Path, str]:
     return result
 
 
+GATE_FILE = '''"""Gate: `{id}`, measured by `paritygate.checks.{id}`."""
+
+import pytest
+
+
+{marks}
+def test_{id}(gate_check):
+    gate_check("{id}")
+'''
+"""A check's gate file: one pytest test carrying the check's marks (see :mod:`paritygate.plugin`)."""
+
+
+def gate_files(root: Path) -> dict[Path, str]:
+    """Each registered check's gate file under ``root/gates`` with its text."""
+    files = {}
+    for check_id in CHECK_IDS:
+        marks = "\n".join(f"@pytest.mark.{mark}" for mark in get_check(check_id).marks)
+        files[root / "gates" / f"test_{check_id}.py"] = GATE_FILE.format(id=check_id,
+                                                                         marks=marks)
+    return files
+
+
+def generated_files(root: Path) -> dict[Path, str]:
+    """Every generated file under ``root`` with its up-to-date text: the pages holding
+    generated blocks, the gate files and the published schemas."""
+    from paritygate.report.model import schema_texts
+
+    schemas = {root / "schemas" / name: text for name, text in schema_texts().items()}
+    return {**spliced_files(root), **gate_files(root), **schemas}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite the generated blocks under the repository root (``--check``: report stale ones)."""
+    """Rewrite the generated files under the repository root (``--check``: report stale or
+    missing ones)."""
     args = sys.argv[1:] if argv is None else argv
     check = "--check" in args
     positional = [a for a in args if not a.startswith("--")]
     root = Path(positional[0]) if positional else Path.cwd()
     stale = []
-    for path, text in spliced_files(root).items():
-        if path.read_text(encoding="utf-8") != text:
+    for path, text in generated_files(root).items():
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(path)
             if not check:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
     for path in stale:
         print(f"{'stale' if check else 'updated'}: {path}")
