@@ -116,7 +116,7 @@ import pytest
 def test_{id}(gate_check):
     gate_check("{id}")
 '''
-"""A check's gate file: one pytest test carrying the check's marks (see :mod:`paritygate.plugin`)."""
+"""A check's gate file: one pytest test with the check's marks (see :mod:`paritygate.plugin`)."""
 
 
 def gate_files(root: Path) -> dict[Path, str]:
