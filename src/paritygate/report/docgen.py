@@ -48,6 +48,15 @@ def root_cause_actions() -> str:
     return "\n".join(rows) + "\n"
 
 
+def needs_table() -> str:
+    """What a check may need from its family (:data:`paritygate.check.NEEDS`)."""
+    from paritygate.check import NEEDS
+
+    rows = ["| need | what the family loads and validates for it |", "|---|---|"]
+    rows += [f"| `{name}` | {what} |" for name, what in NEEDS.items()]
+    return "\n".join(rows) + "\n"
+
+
 def benchmark_table(root: Path) -> str:
     """Each script in ``benchmarks/``: what it measures (its docstring's first paragraph) and
     the docs pages that quote its figures."""
@@ -89,7 +98,7 @@ def generated_blocks() -> dict[str, str]:
     from paritygate.report.limitsdoc import limits_table
 
     return {CHECKLIST: checklist_table(), "root-cause-actions": root_cause_actions(),
-            "limits": limits_table(), **reference_pages()}
+            "limits": limits_table(), "needs": needs_table(), **reference_pages()}
 
 
 def spliced_files(root: Path) -> dict[Path, str]:
