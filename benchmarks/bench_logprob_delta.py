@@ -51,7 +51,7 @@ def main() -> None:
         lm["tokenizer"] = {"training": model_dir, "serving": model_dir}
         config = config_from_dict(data, repo / "configs" / "demo-lm.yaml")
         ctx = build_lm_context(config)
-        engine = ctx.engine("hf")
+        engine = ctx.engines["hf"]
         reference = ctx.training.model()
         sampling = ctx.serving.sampling.spec()
         prompts = [p for p in ctx.serving.prompts for _ in range(ctx.spec.generation_samples)]

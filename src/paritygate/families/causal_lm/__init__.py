@@ -56,7 +56,7 @@ def behaviour_samples(ctx: LMContext, side: LMSide, engine: str, prompts: list[l
     # A prompt's samples share one unpadded batch unless the config sets the batch size.
     batch = (ctx.spec.engine.batch_size if "batch_size" in ctx.spec.engine.model_fields_set
              else spec.samples)
-    sampler = trainer_sampler(side, batch) if side.trainer else ctx.engine(engine)
+    sampler = trainer_sampler(side, batch) if side.trainer else ctx.engines[engine]
     if isinstance(sampler, HFGenerateEngine) and not side.trainer:
         sampler = copy.copy(sampler)  # the shared served engine keeps its own batch size
         sampler.batch_size = batch

@@ -90,3 +90,14 @@ class LMSide:
     def loading_info(self) -> dict[str, Any]:
         """The model's loading info (missing, unexpected and mismatched keys)."""
         return self._loaded[1]
+
+
+def serves_training_files(training: LMSide, serving: LMSide) -> bool:
+    """The served weights are the training side's own (no served directory configured, or the
+    training directory named without an adapter): nothing to compare. A served directory
+    naming the adapter's base itself is served as its files, the base alone."""
+    if serving.adapter is not None:
+        return False
+    if serving.key == "causal_lm.model_dir":
+        return True
+    return training.adapter is None and serving.model_dir.resolve() == training.model_dir.resolve()
