@@ -66,7 +66,7 @@ def main() -> None:
                 reference(input_ids=ids, attention_mask=mask)
 
         def check() -> None:
-            ctx.__dict__.pop("_sampled_hf", None)  # generate again: drop its cached_property
+            ctx.generations.__dict__.pop("_samples", None)  # generate again, not memoised
             CHECK.measures["causal_lm"](ctx, thresholds)
 
         t_min, t_chk = paired_times(minimal, check, args.repeats)

@@ -1,10 +1,12 @@
 """The causal-LM family context: everything the LM checks share, loaded and validated once.
 
-Building it reads the config's files (model directory, tokenizers, sampling
-configs, probes) and raises :class:`~paritygate.errors.InputError` naming the
-file and key of the first bad input. Models, engines and generations are loaded
-lazily and memoised (``cached_property``, as the policy context does), so a gate that runs
-one check pays only for that check.
+The context holds the two sides (:class:`.LMSide`), the setups built from them (the serving
+engines, the shared generations, the weights, and each check's own: reward, KL reference,
+behaviour) and the few facts every check shares (the config, the probes, the checkpoint's
+digest). Building it (:mod:`.build`) reads the config's files and raises
+:class:`~paritygate.errors.InputError` naming the file and key of the first bad input. Models,
+engines and generations load lazily and are memoised in the sides and setups, so a gate that
+runs one check pays only for that check.
 """
 
 from __future__ import annotations
@@ -19,16 +21,14 @@ from paritygate.families.causal_lm.served_files import Contradiction
 from paritygate.provenance import sha256_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Mapping
-    from types import ModuleType
-
-    from torch import Tensor
+    from collections.abc import Collection, Mapping
 
     from paritygate.config import GateConfig
     from paritygate.config.causal_lm import CausalLMSpec
-    from paritygate.engines.dump_audit import DumpSummary
+    from paritygate.families.causal_lm.behaviour_sides import BehaviourSetup
     from paritygate.families.causal_lm.engines import Engines
     from paritygate.families.causal_lm.generations import Generations
+    from paritygate.families.causal_lm.logprobs import TrainerLogprobs
     from paritygate.families.causal_lm.reference import ReferenceSetup
     from paritygate.families.causal_lm.reward import RewardSetup
     from paritygate.families.causal_lm.served_weights import WeightsSetup
@@ -53,7 +53,17 @@ class LMContext:
     checkpoint_path: Path
     checkpoint_sha256: str
     probes: list[Probe]
-    logprob_fn: Callable[..., Tensor]
+    logprobs: TrainerLogprobs
+    """The trainer's log-prob function and the reference helpers checks compare it with."""
+    engines: Engines
+    """The serving side's engines by name, each built on first use."""
+    generations: Generations
+    """The probes' greedy and sampled continuations (or a dump's records) and the training
+    model's forwards over them, each computed once and shared by the checks."""
+    weights: WeightsSetup
+    """The training and served weights ``weights_load`` compares."""
+    behaviour: BehaviourSetup | None
+    """``behaviour_parity``'s setup (``None`` without a ``causal_lm.behaviour`` block)."""
     declared_dtype: tuple[str, str] | None = None
     """``(config key, dtype)`` when the config states the serving dtype: a deliberate
     precision change, judged by its precision tier rather than as a sampling difference."""
@@ -67,9 +77,6 @@ class LMContext:
     cut_probes: list[str] = field(default_factory=list)
     """Ids of probes whose text was cut by characters before tokenizing (see
     :func:`~paritygate.families.causal_lm.tokenizer.cut_probe`)."""
-    dump: DumpSummary | None = None
-    """``engines: [dump]``: the dump, validated and counted when the context was built (its
-    records are read again in batches by :meth:`.Generations.dump_batches`)."""
     kl_reference: ReferenceSetup | None = None
     """The validated ``causal_lm.reference`` block (``reference_parity``), ``None`` when absent."""
     reward: RewardSetup | None = None
@@ -104,60 +111,14 @@ class LMContext:
         """Digest of the probe prompts file."""
         return sha256_file(self.spec.probes)
 
-    # -- setups ------------------------------------------------------------------
-    @cached_property
-    def engines(self) -> Engines:
-        """The serving side's engines by name, each built on first use."""
-        from paritygate.families.causal_lm.engines import Engines
-
-        return Engines(self.training, self.serving, self.spec, self.config.seed,
-                       self.config.path)
-
-    @cached_property
-    def weights(self) -> WeightsSetup:
-        """The training and served weights ``weights_load`` compares."""
-        from paritygate.families.causal_lm.served_weights import WeightsSetup
-
-        return WeightsSetup(self.training, self.serving, tuple(self.spec.training_only_heads))
-
     def close(self) -> None:
         """Shut down the engines this run started that hold processes (:meth:`.Engines.close`),
         while the run's streams are open."""
-        engines = self.__dict__.get("engines")
-        if engines is not None:
-            engines.close()
-
-    # -- generations ---------------------------------------------------------------
-    @cached_property
-    def generations(self) -> Generations:
-        """The probes' greedy and sampled continuations and the training model's forwards
-        over them, each computed once and shared by the checks."""
-        from paritygate.families.causal_lm.generations import Generations
-
-        return Generations(self.training, self.serving, self.engines, self.config.seed,
-                           self.spec.generation_samples, self.logprob_fn,
-                           self.spec.training.logprobs_mode, self._read_dump)
-
-    def _read_dump(self) -> DumpSummary:
-        from paritygate.families.causal_lm.inputs import read_lm_dump
-
-        if self.dump is not None:
-            return self.dump
-        return read_lm_dump(self.config, self.spec, self.training.model_dir)
-
-    def logprob_variants(self) -> ModuleType:
-        """Reference log-prob helpers ``logprob_impl`` compares a trainer function with."""
-        import paritygate.families.causal_lm.logprobs as helpers
-
-        return helpers
+        self.engines.close()
 
     def precision_subject(self) -> PrecisionSubject:
-        """The HF model in fp32 eval on the probe prompts (see :mod:`.precision`)."""
+        """The training side's model in fp32 eval on the probe prompts (:mod:`.precision`)."""
         from paritygate.families.causal_lm.precision import precision_subject
 
-        return precision_subject(
-            self.spec, name=self.config.name, model_dir=self.training.model_dir,
-            prompts=self.training.prompts, pad_id=self.training.tokenizer.pad_token_id,
-            streaming=self.config.precision.streaming,
-            trust_remote_code=self.config.trust_remote_code,
-            training=lambda: (self.training.model(), self.training.loading_info()))
+        return precision_subject(self.spec, self.training, name=self.config.name,
+                                 streaming=self.config.precision.streaming)

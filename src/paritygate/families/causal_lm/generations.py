@@ -19,10 +19,10 @@ from paritygate.engines.generation import Generation, SamplingSpec
 
 if TYPE_CHECKING:
     import numpy as np
-    from torch import Tensor
 
     from paritygate.engines.dump_audit import DumpSummary
     from paritygate.families.causal_lm.engines import Engines
+    from paritygate.families.causal_lm.logprobs import TrainerLogprobs
     from paritygate.families.causal_lm.sides import LMSide
 
 
@@ -39,10 +39,8 @@ class Generations:
     """The gate's seed: a sampling config without one samples with it."""
     samples: int
     """``causal_lm.generation_samples``: sampled continuations per probe."""
-    logprob_fn: Callable[..., Tensor]
-    """The trainer's model-level log-prob function (``causal_lm.training.logprob_fn``)."""
-    logprobs_mode: str
-    """``causal_lm.training.logprobs_mode``: raw or processed log-probs."""
+    logprobs: TrainerLogprobs
+    """The trainer's log-prob function (``causal_lm.training.logprob_fn``) and its mode."""
     read_dump: Callable[[], DumpSummary]
     """Validates and counts ``engine.dump`` (called once, when a check first asks)."""
 
@@ -104,8 +102,8 @@ class Generations:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
         from paritygate.families.causal_lm.recompute import recompute
 
-        return recompute(self.training.model(), self.logprob_fn, generation,
-                         sampling=self.training.sampling.spec(), mode=self.logprobs_mode,
+        return recompute(self.training.model(), self.logprobs.fn, generation,
+                         sampling=self.training.sampling.spec(), mode=self.logprobs.mode,
                          pad_id=self.training.tokenizer.pad_token_id)
 
     def vllm_served_rows(self) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
