@@ -66,7 +66,7 @@ def main() -> None:
             lm["sampling"][side] = str(REPO / "configs" / lm["sampling"][side])
         data.pop("golden", None)
         ctx = Gate(config_from_dict(data, Path(tmp) / "gate.yaml")).context
-        eng = ctx.engine("hf")
+        eng = ctx.engines["hf"]
         runner = HFBatchRunner(eng.model, collate_padded, eng.pad_token_id, eng.padding_side)
         prompts = ctx.serving.prompts
         steps = ctx.serving.sampling.spec().max_new_tokens

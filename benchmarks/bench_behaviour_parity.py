@@ -70,7 +70,7 @@ def paired(demo: Path, out: Path, repeats: int) -> None:
         batch_size=ctx.spec.engine.batch_size)
 
     def floor() -> None:
-        for side, engine in ((ctx.training, training), (ctx.serving, ctx.engine("hf"))):
+        for side, engine in ((ctx.training, training), (ctx.serving, ctx.engines["hf"])):
             prompts = [side.prompts[i] for i in kept for _ in range(n)]
             engine.generate(prompts, side_sampling(side, ctx.config.seed))
 

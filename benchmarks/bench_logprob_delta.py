@@ -51,7 +51,7 @@ def main() -> None:
         lm["tokenizer"] = {"training": model_dir, "serving": model_dir}
         config = config_from_dict(data, repo / "configs" / "demo-lm.yaml")
         ctx = build_lm_context(config)
-        engine = ctx.engine("hf")
+        engine = ctx.engines["hf"]
         reference = ctx.training.model()
         sampling = ctx.serving.sampling.spec()
         prompts = [p for p in ctx.serving.prompts for _ in range(ctx.spec.generation_samples)]
@@ -66,7 +66,7 @@ def main() -> None:
                 reference(input_ids=ids, attention_mask=mask)
 
         def check() -> None:
-            ctx.__dict__.pop("_sampled_hf", None)  # generate again: drop its cached_property
+            ctx.generations.__dict__.pop("_samples", None)  # generate again, not memoised
             CHECK.measures["causal_lm"](ctx, thresholds)
 
         t_min, t_chk = paired_times(minimal, check, args.repeats)

@@ -289,7 +289,7 @@ def test_family_probes_finds_planted_branches() -> None:
         'if ctx.family == "causal_lm":\n    pass\n'
         'x = getattr(ctx, "declared_dtype", None)\n'
         'y = hasattr(ctx.config, "precision")\n'
-        'z = getattr(ctx.logprob_fn, "convention", "model")\n'  # the user's function: fine
+        'z = getattr(ctx.logprobs.fn, "convention", "model")\n'  # the user's function: fine
     )
     assert len(family_probes(planted)) == 3
 

@@ -31,13 +31,11 @@ def _gate(demo_lm: Path, out: Path, behaviour: dict[str, Any], **serving: Any) -
 def _write_shards(demo_lm: Path, out: Path, side: str, **serving: Any) -> list[Path]:
     """Sample ``side`` with the engine the check would use and write it as JSONL shards,
     a prompt's samples in one shard (as a data-parallel engine writes them)."""
-    from paritygate.families.causal_lm import behaviour_samples
-
     gate = _gate(demo_lm, out, {"samples": 64}, **serving)
-    ctx: Any = gate.context
-    lm_side = getattr(ctx, side)
-    prompts = [p for p in lm_side.prompts if p]
-    draws = [d for batch in behaviour_samples(ctx, lm_side, "hf", prompts) for d in batch]
+    setup: Any = gate.context.behaviour
+    source = {s.side.name: s for s in setup.sources}[side]
+    prompts = [p for p in source.side.prompts if p]
+    draws = [d for batch in setup.sampled(source, prompts) for d in batch]
     folder = out / f"{side}-dump"
     folder.mkdir()
     paths = [folder / f"shard-{k}.jsonl" for k in range(SHARDS)]

@@ -168,7 +168,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
     from paritygate.engines.hf_generate import HFGenerateEngine
 
     ctx = lm_variants.gate("clean").context
-    hf = ctx.engine("hf")
+    hf = ctx.engines["hf"]
     stand_in = HFGenerateEngine(
         hf.model,
         pad_token_id=hf.pad_token_id,
@@ -176,7 +176,7 @@ def test_vllm_delta_wiring_with_stand_in_engine(lm_variants, monkeypatch) -> Non
         tokenizer=hf.tokenizer,
     )
     stand_in.name = "vllm"
-    monkeypatch.setitem(ctx.__dict__, "_vllm_engine", stand_in)  # its cached_property
+    monkeypatch.setitem(ctx.engines.__dict__, "vllm", stand_in)  # its cached_property
     monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda model_dir=None: None)
     m = vllm_delta.CHECK.measures["causal_lm"](ctx, Thresholds(vllm_delta.CHECK.defaults))
     assert m.skipped is None and not m.findings, m.findings

@@ -24,7 +24,7 @@ def test_checks_share_generations_and_forwards(demo_lm: Path, tmp_path: Path) ->
     gate = _gate(demo_lm, tmp_path)
     ctx = gate.context
     model = ctx.training.model()
-    assert ctx.serves_training_model() and ctx.engine("hf").model is model  # loaded once
+    assert ctx.engines.serves_training_model() and ctx.engines["hf"].model is model  # loaded once
     calls: list[tuple[int, ...]] = []
     handle = model.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -55,7 +55,7 @@ def test_batched_paths_match_the_per_sequence_ones(demo_lm: Path, tmp_path: Path
     model = ctx.training.model()
     greedy = ctx.generations.greedy("hf")
     teacher = ctx.generations.teacher_forced(greedy)
-    cached = ctx.engine("hf").cached_logits(greedy.prompt_ids, greedy.output_ids)
+    cached = ctx.engines["hf"].cached_logits(greedy.prompt_ids, greedy.output_ids)
     training = ctx.training.sampling.spec()
     rules = GreedyRules(ctx.serving.tokenizer, training.max_new_tokens, training.min_new_tokens,
                    list(training.stop))

@@ -40,7 +40,7 @@ def _stand_in(ctx: Any) -> Any:
     """The context's HF engine under vLLM's name."""
     from paritygate.engines.hf_generate import HFGenerateEngine
 
-    hf = ctx.engine("hf")
+    hf = ctx.engines["hf"]
     engine = HFGenerateEngine(
         hf.model, pad_token_id=hf.pad_token_id, eos_token_id=hf.eos_token_id,
         tokenizer=hf.tokenizer,
@@ -72,7 +72,7 @@ def test_named_checks_from_the_command_line() -> None:
 def test_hf_config_skips_vllm_delta_saying_so(lm_variants, monkeypatch) -> None:
     gate = lm_variants.gate("clean")  # engines: [hf]
     engine = Unstartable()
-    monkeypatch.setitem(gate.context.__dict__, "_vllm_engine", engine)  # its cached_property
+    monkeypatch.setitem(gate.context.engines.__dict__, "vllm", engine)  # its cached_property
     monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda model_dir=None: None)
     for markexpr in (None, "not fast", "not gpu"):
         monkeypatch.setattr(gate, "markexpr", markexpr)
@@ -93,7 +93,7 @@ def test_asked_for_vllm_delta_runs(lm_variants, vllm_variants, monkeypatch, how:
     elif how == "checks:":
         listed = gate.config.model_copy(update={"checks": ["vllm_delta"]})
         monkeypatch.setattr(gate, "config", listed)
-    monkeypatch.setitem(gate.context.__dict__, "_vllm_engine", _stand_in(gate.context))
+    monkeypatch.setitem(gate.context.engines.__dict__, "vllm", _stand_in(gate.context))
     monkeypatch.setattr(vllm_delta, "unavailable_reason", lambda model_dir=None: None)
     result = gate.evaluate("vllm_delta", golden=False)
     assert result.status == "pass", result.message

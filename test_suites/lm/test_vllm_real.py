@@ -230,7 +230,7 @@ def test_vllm_samples_reproduce_from_the_seed(demo_lm: Path, tmp_path: Path) -> 
     from paritygate.engines.vllm_sampling import sample_n
 
     ctx = _gate(demo_lm, tmp_path, "seeds", engines=["vllm"]).context
-    engine = ctx.engine("vllm")  # the gates' engine (shared by the fixture)
+    engine = ctx.engines["vllm"]  # the gates' engine (shared by the fixture)
     prompts = [p for p in ctx.serving.prompts if p][:2]
     draws = [sample_n(engine, prompts, SamplingSpec(seed=seed, max_new_tokens=12), 6)[0]
              for seed in (11, 11, 12)]

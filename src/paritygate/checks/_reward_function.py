@@ -74,7 +74,7 @@ def compare_with_model(m: Measurement, setup: RewardSetup, rewards: list[float],
     assert setup.training is not None
     layout = setup.training
     enc = setup.encode(layout)
-    scores = setup.score("trained", enc.seqs, layout.padding_side, layout.batch_size).scores
+    scores = setup.score(setup.trained, enc.seqs, layout.padding_side, layout.batch_size).scores
     diffs = [abs(f - s) for f, s in zip(rewards, scores, strict=True)]
     ordered, flipped = pairs_flipped(scores, rewards, limit)
     share = flipped / ordered if ordered else 0.0

@@ -17,7 +17,7 @@ from paritygate.checks._weights_adapter import (
 from paritygate.records import Record
 
 if TYPE_CHECKING:
-    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.served_weights import WeightsSetup
     from paritygate.result import Measurement
 
 
@@ -44,31 +44,31 @@ class MergedInServedDtype(Record):
     adapter_merged_in_served_dtype: list[str]
 
 
-def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> Any:
-    """Compare the served directory's tensors with the checkpoint's; name every cause."""
+def compare_served_copy(m: Measurement, weights: WeightsSetup, state: Mapping[str, Any]) -> Any:
+    """Compare the served side's tensors with the checkpoint's (``state``); name every cause."""
     from paritygate.metrics.tiers import canonical_dtype, tier_for
 
-    served_dir = ctx.serving.model_dir
-    if ctx.serves_training_files():
+    served_dir = weights.serving.model_dir
+    if weights.serves_training_files():
         m.note(f"served model: the training directory {served_dir} (no serving model_dir set)")
     else:
-        m.note(f"served model: {served_dir} (from {ctx.serving.key})")
-    diff = ctx.serving_weights_diff(dict(state))
+        m.note(f"served model: {served_dir} (from {weights.serving.key})")
+    diff = weights.diff(dict(state))
     where = f"served copy {served_dir}"
-    if ctx.serving.adapter is not None:
-        where = f"served base {served_dir} + adapter {ctx.serving.adapter.directory}"
-        m.note(f"served: the base {served_dir} with the {ctx.serving.adapter.describe()} "
+    if weights.serving.adapter is not None:
+        where = f"served base {served_dir} + adapter {weights.serving.adapter.directory}"
+        m.note(f"served: the base {served_dir} with the {weights.serving.adapter.describe()} "
                "(causal_lm.serving.adapter; vLLM serves it as a LoRA, compared here merged in "
                "memory)")
     fit = served = None
-    if (adapter := ctx.training.adapter) is not None:
-        m.note(f"training side: the base {ctx.training.model_dir} with the "
+    if (adapter := weights.training.adapter) is not None:
+        m.note(f"training side: the base {weights.training.model_dir} with the "
                f"{adapter.describe()} merged in memory (peft merge_and_unload)")
-        m.record(AdapterRecord(Adapter(str(adapter.directory), str(ctx.training.model_dir),
+        m.record(AdapterRecord(Adapter(str(adapter.directory), str(weights.training.model_dir),
                                        adapter.r, adapter.alpha,
                                        len(adapter.target_weights()))))
         if diff.value_diffs and not (diff.missing or diff.extra or diff.shape):
-            served = ctx.adapter_served(state, sorted(diff.value_diffs))
+            served = weights.adapter_served(state, sorted(diff.value_diffs))
             fit = served.fit if served is not None else None
     if diff.missing:
         m.fail(
@@ -102,11 +102,11 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
                f"{', '.join(sorted(diff.served_dtypes()))} (the base and the sum each rounded "
                "once): the adapter merged in the served precision, judged by its tier")
         m.record(MergedInServedDtype(sorted(diff.value_diffs)))
-    elif fit is not None and ctx.training.adapter is not None:
-        named_adapter_fault(m, fit, diff, where, ctx.training.adapter)
-    elif diff.low_rank and ctx.training.adapter is None:
+    elif fit is not None and weights.training.adapter is not None:
+        named_adapter_fault(m, fit, diff, where, weights.training.adapter)
+    elif diff.low_rank and weights.training.adapter is None:
         adapter_difference(m, diff, where)
-    elif diff.value_diffs and not on_other_base(m, ctx, served, diff, where):
+    elif diff.value_diffs and not on_other_base(m, weights.training, served, diff, where):
         worst = sorted(diff.value_diffs.items(), key=lambda kv: -kv[1])
         named = ", ".join(
             f"{k}{f' (untied from {diff.untied[k]})' if k in diff.untied else ''} "
@@ -120,13 +120,13 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
             f"checkpoint): {len(worst)} of {diff.compared} tensors: {named}"
         )
     if diff.dtype_changes:
-        train_dtype = canonical_dtype(ctx.spec.training.dtype)
+        train_dtype = canonical_dtype(weights.training.dtype)
         stored = sorted(diff.served_dtypes())
         try:
             implied = tier_for(train_dtype, canonical_dtype(stored[0]))[0]
         except ValueError:
             implied = f"{train_dtype}/{stored[0]}"
-        engine_dtype = canonical_dtype(ctx.spec.engine.dtype)
+        engine_dtype = canonical_dtype(weights.serving.dtype)
         declared = {canonical_dtype(d) for d in stored} == {engine_dtype}
         text = (
             f"precision change: the served copy stores {len(diff.dtype_changes)} tensors in "
@@ -134,11 +134,11 @@ def compare_served_copy(m: Measurement, ctx: LMContext, state: Mapping[str, Any]
             f"precision tier {implied}"
         )
         if declared:
-            m.note(f"{text}, as the serving dtype {ctx.spec.engine.dtype} declares")
+            m.note(f"{text}, as the serving dtype {weights.serving.dtype} declares")
         else:
             m.fail(
                 "precision_change",
-                f"{text}, but the serving dtype is {ctx.spec.engine.dtype}: set "
+                f"{text}, but the serving dtype is {weights.serving.dtype}: set "
                 f"causal_lm.serving.dtype to {stored[0]} so the gate judges tier {implied}, or "
                 "serve the full-precision weights"
             )

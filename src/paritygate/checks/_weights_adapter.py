@@ -11,7 +11,7 @@ from paritygate.records import Keyed, Record
 
 if TYPE_CHECKING:
     from paritygate.families.causal_lm.adapter import AdapterInfo
-    from paritygate.families.causal_lm.context import LMContext
+    from paritygate.families.causal_lm.sides import LMSide
     from paritygate.families.causal_lm.weights import AdapterFit, AdapterServed, WeightsDiff
     from paritygate.result import Measurement
 
@@ -48,23 +48,23 @@ class LowRankDifference(Record):
     ranks: dict[str, int]
 
 
-def on_other_base(m: Measurement, ctx: LMContext, served: AdapterServed | None,
+def on_other_base(m: Measurement, training: LMSide, served: AdapterServed | None,
                   diff: WeightsDiff, where: str) -> bool:
     """Tensors outside the adapter's targets differ, and the targets hold this adapter's
     update over them: ``adapter_on_other_base`` (True), not another checkpoint."""
     if served is None or served.other_base is None:
         return False
     found = served.other_base
-    targets = ctx.training.adapter.target_weights() if ctx.training.adapter is not None else []
+    targets = training.adapter.target_weights() if training.adapter is not None else []
     others = sorted(k for k in diff.value_diffs if k not in targets)
     said = (f"; its adapter_config.json names base_model_name_or_path {served.named_base!r}, "
-            f"not {ctx.training.model_dir}") if served.named_base else ""
+            f"not {training.model_dir}") if served.named_base else ""
     worst = max(others, key=lambda k: diff.value_diffs[k])
     m.fail("adapter_on_other_base",
            f"{where} holds this adapter's update (c = {found.scale:.3f} ± {found.stderr:.2g} "
            f"on its {found.tensors} target tensors) over other base weights: {len(others)} "
            f"tensors outside the adapter's targets differ from the base "
-           f"{ctx.training.model_dir} (max "
+           f"{training.model_dir} (max "
            f"diff {diff.value_diffs[worst]:.3g} in {worst}): the adapter was merged onto "
            f"another base, or causal_lm.model_dir is not the base it was trained on{said}",
            metric="serving_tensors_differing")

@@ -105,7 +105,7 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
         from paritygate.engines.hf_generate import HFGenerateEngine
         from paritygate.imports import guard_user_code, import_callable
 
-        eng = ctx.engine("hf")
+        eng = ctx.engines["hf"]
         assert isinstance(eng, HFGenerateEngine)
         collate: Collate = collate_padded
         if ctx.spec.engine.collate:
@@ -119,7 +119,7 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
         from paritygate.engines.batching import EndpointBatchRunner
         from paritygate.engines.openai_endpoint import EndpointEngine
 
-        endpoint = ctx.engine("endpoint")
+        endpoint = ctx.engines["endpoint"]
         assert isinstance(endpoint, EndpointEngine)
         return EndpointBatchRunner(endpoint), "endpoint", None
     if "vllm" in engines:
@@ -129,7 +129,7 @@ def _runner(ctx: LMContext) -> tuple[BatchRunner | None, str, str | None]:
         reason = vllm_unavailable_reason(ctx.serving.model_dir)
         if reason is not None:
             return None, "vllm", f"batch_invariance with engines: [vllm] needs vLLM: {reason}"
-        vllm = ctx.engine("vllm")
+        vllm = ctx.engines["vllm"]
         assert isinstance(vllm, VLLMEngine)
         return VLLMBatchRunner(vllm), "vllm", None
     return None, "dump", "a rollout dump cannot be served in other batches (engines: [dump])"

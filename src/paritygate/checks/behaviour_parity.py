@@ -21,8 +21,6 @@ means roll back).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,10 +32,12 @@ from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
-    from paritygate.engines.dump_stream import Draw
-    from paritygate.families.causal_lm.behaviour_sides import Reward, SideReducer
+    from paritygate.families.causal_lm.behaviour_sides import (
+        BehaviourSetup,
+        Reward,
+        SideReducer,
+    )
     from paritygate.families.causal_lm.context import LMContext
-    from paritygate.families.causal_lm.sides import LMSide
     from paritygate.sections.behaviour_parity import BehaviourSpec
 
 # Any rejected test or reward beyond tolerance is a behaviour difference: alpha sets the rate.
@@ -69,64 +69,23 @@ class BehaviourRecord(Record):
     samples_to_detect: dict[str, int]
 
 
-def _kept(ctx: LMContext) -> set[int]:
-    """Probes with tokens on both sides (an empty side is tokenizer_parity's finding)."""
-    pairs = zip(ctx.training.prompts, ctx.serving.prompts, strict=True)
-    return {i for i, (train, serve) in enumerate(pairs) if train and serve}
-
-
-def _source(ctx: LMContext, spec: BehaviourSpec, side: LMSide, kept: set[int]
-            ) -> tuple[Iterator[list[Draw]], str]:
-    """The side's batches of draws and a description of where they come from."""
-    from paritygate.engines.dump_stream import expand, stream_draws
-    from paritygate.families.causal_lm import behaviour_samples
-
-    key = f"causal_lm.behaviour.{side.name}_dump"
-    dump = _dumps(spec)[side.name]
-    if dump is not None:
-        paths = expand(dump, ctx.config.path.parent, key)
-        from paritygate.engines.hf_loading import config_vocab_size
-
-        vocab = config_vocab_size(ctx.training.model_dir)
-        return (stream_draws(paths, batch=spec.batch_size, vocab_size=vocab),
-                f"{len(paths)} dump file(s) ({paths[0].name}...)")
-    served = next((e for e in ("endpoint", "vllm") if e in ctx.spec.engines), "hf")
-    engine = "hf" if side.trainer else served
-    prompts = [p for i, p in enumerate(side.prompts) if i in kept]
-    scored = [p for i, p in enumerate(ctx.training.prompts) if i in kept]
-    where = f"{engine} generate"
-    if engine == "endpoint" and ctx.spec.endpoint is not None:
-        ep = ctx.spec.endpoint
-        where = (f"endpoint {ep.base_url}" + (" with its own sampling defaults, the serving "
-                                              "config's being" if ep.sampling == "server"
-                                              else ""))
-    return behaviour_samples(ctx, side, engine, prompts, scored), where
-
-
-def _dumps(spec: BehaviourSpec) -> dict[str, str | list[str] | None]:
-    """Each side's dump (``causal_lm.behaviour.<side>_dump``) by the side's name."""
-    return {"training": spec.training_dump, "serving": spec.serving_dump}
-
-
-def _reduce(ctx: LMContext, spec: BehaviourSpec, reward: Reward | None,
+def _reduce(setup: BehaviourSetup, reward: Reward | None,
             kept: set[int]) -> tuple[dict[str, SideReducer], dict[str, str]]:
+    """Each side's samples (its dump, else its sampler's draws) reduced as they stream in."""
     from paritygate.errors import InputError
-    from paritygate.families.causal_lm import behaviour_reducer
 
-    pattern = re.compile(spec.format_regex) if spec.format_regex else None
     reducers: dict[str, SideReducer] = {}
     origins: dict[str, str] = {}
-    for side in (ctx.training, ctx.serving):
-        reducer = behaviour_reducer(ctx.training, side.tokenizer, ctx.config.path, spec.samples,
-                                    pattern, reward)
-        batches, origins[side.name] = _source(ctx, spec, side, kept)
+    for source in setup.sources:
+        reducer = setup.reducer(source, reward)
+        batches, origins[source.side.name] = setup.draws(source, kept)
         for batch in batches:
             reducer.add(batch)
-        if len(reducer.lengths) < spec.samples:
-            raise InputError(ctx.config.path, f"causal_lm.behaviour.{side.name}_dump",
+        if len(reducer.lengths) < setup.spec.samples:
+            raise InputError(setup.config_path, source.key,
                              f"{len(reducer.lengths)} samples; the tests need at least "
-                             f"{spec.samples} per side (causal_lm.behaviour.samples)")
-        reducers[side.name] = reducer
+                             f"{setup.spec.samples} per side (causal_lm.behaviour.samples)")
+        reducers[source.side.name] = reducer
     return reducers, origins
 
 
@@ -149,31 +108,26 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     from paritygate.metrics.behaviour import compare
 
     m = Measurement("behaviour_parity")
-    from paritygate.sections.behaviour_parity import BehaviourSpec
-
-    spec = BehaviourSpec.of(ctx.spec)
-    if spec is None:
+    setup = ctx.behaviour
+    if setup is None:
         return m.skip("no causal_lm.behaviour section: sampled behaviour is not compared")
+    spec = setup.spec
     dumps = spec.training_dump is not None and spec.serving_dump is not None
-    if not dumps and not {"hf", "vllm", "endpoint"} & set(ctx.spec.engines):
+    if not dumps and not setup.can_sample:
         return m.skip("behaviour_parity samples with the HF or vLLM engine or an endpoint "
                       "(engines: [hf], [vllm] or [endpoint]) or reads "
                       "causal_lm.behaviour.training_dump and serving_dump")
-    kept = _kept(ctx)
+    kept = setup.kept()
+    probes = setup.scorer.probes
     if not kept and not dumps:
         return m.skip("no probe has tokens on both sides: nothing to sample")
-    if len(kept) < len(ctx.probes) and not dumps:
+    if len(kept) < len(probes) and not dumps:
         m.note("probes with no tokens on one side left out: " + ", ".join(
-            p.id for i, p in enumerate(ctx.probes) if i not in kept))
-    reward = None
-    key = "causal_lm.behaviour.reward_fn"
-    if spec.reward_fn:
-        from paritygate.imports import import_callable
-
-        reward = import_callable(spec.reward_fn, ctx.config.path, key)
-    reducers, origins = _reduce(ctx, spec, reward, kept)
+            p.id for i, p in enumerate(probes) if i not in kept))
+    reward = setup.reward()
+    reducers, origins = _reduce(setup, reward, kept)
     stats = compare(reducers["training"].finish(), reducers["serving"].finish(), spec.alpha)
-    configs = _configs(ctx, origins)
+    configs = _configs(setup, origins)
     failed = 0
     for name, row in stats.items():
         m.metric(f"{name}_p", row["p"], bad="none", ratchet=False)
@@ -187,7 +141,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
                    f"tests, {spec.samples} samples per prompt per side) {configs}")
     tests = len(stats)
     if reward is not None:
-        failed += _reward(spec, ctx.config.seed, m, stats, reducers, configs)
+        failed += _reward(spec, setup.seed, m, stats, reducers, configs)
     m.metric("rejected_tests", failed, threshold=thresholds["rejected_tests"], key=True)
     m.record(BehaviourRecord(
         statistics=stats, samples_per_prompt=spec.samples, alpha=spec.alpha, sources=origins,
@@ -200,8 +154,8 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     return m
 
 
-def _configs(ctx: LMContext, origins: dict[str, str]) -> str:
-    train, serve = ctx.training.sampling.spec(), ctx.serving.sampling.spec()
+def _configs(setup: BehaviourSetup, origins: dict[str, str]) -> str:
+    train, serve = (source.side.sampling.spec() for source in setup.sources)
     return (f"(training {origins['training']}: temperature {train.temperature}, top_p "
             f"{train.top_p}, max_new_tokens {train.max_new_tokens}, stop {train.stop}, "
             f"repetition_penalty {train.repetition_penalty}; serving {origins['serving']}: "

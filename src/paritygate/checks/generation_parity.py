@@ -221,7 +221,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
     if engine_name == "endpoint":
         from paritygate.engines.openai_endpoint import server_findings
 
-        for note in server_findings(ctx.engine(engine_name)):
+        for note in server_findings(ctx.engines[engine_name]):
             m.note(note)
     return m
 

@@ -267,7 +267,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     assert generation is not None  # only a rollout dump may lack a greedy record
     kept = [i for i, output in enumerate(generation.output_ids) if output]
     teacher = ctx.generations.teacher_forced(generation)  # shared with generation_parity
-    engine = cast("HFGenerateEngine", ctx.engine("hf"))
+    engine = cast("HFGenerateEngine", ctx.engines["hf"])
     if generation.logits is not None and engine.padding_side == "left":
         # The engine's own KV-cache logits from its greedy generation: left-padded rows decode
         # at the positions of an unpadded decode, so they are the cached decode of these tokens.

@@ -164,7 +164,7 @@ def measure_delta(
     if engine_name == "endpoint":
         from paritygate.engines.openai_endpoint import server_findings
 
-        for note in server_findings(ctx.engine(engine_name)):
+        for note in server_findings(ctx.engines[engine_name]):
             m.note(note)
     return m
 

@@ -134,11 +134,11 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
         return m.skip("no probe prompt has two or more tokens")
     pad = ctx.training.tokenizer.pad_token_id or 0
     user_name = ctx.spec.training.logprob_fn
-    subjects = [("", user_name, ctx.logprob_fn)]
+    subjects = [("", user_name, ctx.logprobs.fn)]
     if user_name != REFERENCE_FN:
         ref = import_callable(REFERENCE_FN, ctx.config.path, "causal_lm.training.logprob_fn")
         subjects.insert(0, ("reference_", REFERENCE_FN, ref))
-    helpers = ctx.logprob_variants()
+    helpers = ctx.logprobs.helpers
     shift_budget = _shift_budget(ctx)
     eos = ctx.training.tokenizer.eos_token_id
     eos = pad if eos is None else eos
@@ -191,7 +191,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
                     noise=None if prefix else floors.get(key),
                 )
         m.record(Keyed(f"{prefix or 'user_'}function", name))
-    m.record(Convention(getattr(ctx.logprob_fn, "convention", "model"), temperature))
+    m.record(Convention(getattr(ctx.logprobs.fn, "convention", "model"), temperature))
     m.metric("sequences", len(seqs), bad="none", ratchet=False)
     return m
 

@@ -199,7 +199,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     tok = ctx.training.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = tok.eos_token_id if tok.eos_token_id is not None else pad
-    helpers = ctx.logprob_variants()
+    helpers = ctx.logprobs.helpers
     ids, mask = setup.rl_layout(seqs, pad, eos)  # (B, T)
     keep = helpers.target_mask(mask)  # (B, T-1)
     ref_model = setup.model()

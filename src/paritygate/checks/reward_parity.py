@@ -168,7 +168,7 @@ def _singles_max_abs(setup: RewardSetup, enc: Encoded, batched: list[float]) -> 
         by_len.setdefault(len(s), []).append(i)
     worst = 0.0
     for rows in by_len.values():
-        res = setup.score("serving", [enc.seqs[i] for i in rows], layout.padding_side,
+        res = setup.score(setup.scoring, [enc.seqs[i] for i in rows], layout.padding_side,
                           layout.batch_size)
         for i, value in zip(rows, res.scores, strict=True):
             worst = max(worst, abs(value - batched[i]))
@@ -212,9 +212,9 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                "model.config.pad_token_id = tokenizer.pad_token_id before saving")
         return
     enc_t, enc_s = setup.encode(train), setup.encode(serve)
-    res_s = setup.score("serving", enc_s.seqs, serve.padding_side, serve.batch_size)
-    same = train == serve and setup.model("trained") is setup.model("serving")
-    res_t = res_s if same else setup.score("trained", enc_t.seqs, train.padding_side,
+    res_s = setup.score(setup.scoring, enc_s.seqs, serve.padding_side, serve.batch_size)
+    same = train == serve and setup.trained is setup.scoring
+    res_t = res_s if same else setup.score(setup.trained, enc_t.seqs, train.padding_side,
                                            train.batch_size)
     for side, res in (("training", res_t), ("serving", res_s)):
         if res.error is not None:
@@ -265,9 +265,9 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
                f"by more than {limits['score_max_abs']:g} (max {max(diffs):.3g})")
 
     # -- invariance of the serving scores ---------------------------------------------------
-    extra = setup.score("serving", enc_s.seqs, serve.padding_side, serve.batch_size, extra=3)
+    extra = setup.score(setup.scoring, enc_s.seqs, serve.padding_side, serve.batch_size, extra=3)
     order = list(reversed(range(len(enc_s.seqs))))
-    rev = setup.score("serving", [enc_s.seqs[i] for i in order], serve.padding_side,
+    rev = setup.score(setup.scoring, [enc_s.seqs[i] for i in order], serve.padding_side,
                       serve.batch_size)
     padding_err = max(abs(a - b) for a, b in zip(extra.scores, res_s.scores, strict=True))
     batch_err = max(abs(rev.scores[j] - res_s.scores[i]) for j, i in enumerate(order))
@@ -287,7 +287,7 @@ def _model_part(m: Measurement, setup: RewardSetup, limits: dict[str, float],
     # -- length slope -------------------------------------------------------------------------
     variants = setup.length_variants(LENGTH_REPEATS)
     enc_v = setup.encode(replace(serve, max_length=None), variants)
-    res_v = setup.score("serving", enc_v.seqs, serve.padding_side, serve.batch_size)
+    res_v = setup.score(setup.scoring, enc_v.seqs, serve.padding_side, serve.batch_size)
     k = len(LENGTH_REPEATS)
     lengths = [enc_v.seqs[i: i + k] for i in range(0, len(variants), k)]
     slope = _slope([[len(s) for s in group] for group in lengths],

@@ -179,7 +179,7 @@ def _measure_hf(m: Measurement, ctx: LMContext, layout: MoeLayout, tie: float,
     from paritygate.engines.hf_routing import moe_layout, routed_forward
 
     training = ctx.training.model()
-    serving: nn.Module = ctx.engine("hf").model  # type: ignore[attr-defined]
+    serving: nn.Module = ctx.engines["hf"].model  # type: ignore[attr-defined]
     served_layout = moe_layout(serving)
     pad = ctx.training.tokenizer.pad_token_id or 0
     seqs = _sequences(ctx)

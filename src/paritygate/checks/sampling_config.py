@@ -120,7 +120,7 @@ def engine_diffs(ctx: LMContext, allow: dict[str, str], skip: frozenset[str]
     engines = list(dict.fromkeys(ctx.spec.engines)) or ["hf"]
     found: dict[tuple[str, str, str], tuple[FieldDiff, list[str], SamplingFile]] = {}
     for engine in engines:
-        side = ctx.serving_applied(engine)
+        side = ctx.engines.applied(engine)
         for d in diff_sampling(ctx.training.sampling, side, allow, skip):
             key = (d.field, repr(d.training), repr(d.serving))
             found.setdefault(key, (d, [], side))[1].append(engine)
@@ -170,7 +170,7 @@ def record_server(m: Measurement, ctx: LMContext) -> None:
     by seeded requests under ``sampling: server``)."""
     from paritygate.engines.openai_endpoint import EndpointEngine, server_defaults
 
-    engine = ctx.engine("endpoint")
+    engine = ctx.engines["endpoint"]
     assert isinstance(engine, EndpointEngine)
     info = engine.info()
     serving = ctx.serving.sampling.spec()
@@ -224,7 +224,7 @@ def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
     from paritygate.engines.endpoint_defaults import probe_defaults
     from paritygate.engines.openai_endpoint import EndpointEngine
 
-    engine = ctx.engine("endpoint")
+    engine = ctx.engines["endpoint"]
     assert isinstance(engine, EndpointEngine)
     serving = ctx.serving.sampling.spec()
     if not serving.do_sample or serving.temperature <= 0:
@@ -286,7 +286,7 @@ def _note_vllm_reading(m: Measurement, ctx: LMContext) -> None:
     """Say which fields of a served generation_config.json an engine does not take from it
     (vLLM: :mod:`~paritygate.families.causal_lm.engine_sampling`)."""
     for engine in dict.fromkeys(ctx.spec.engines):
-        side = ctx.serving_applied(engine)
+        side = ctx.engines.applied(engine)
         if side is ctx.serving.sampling:
             continue
         ignored = sorted(n for n, src in side.default_sources.items() if src.startswith("vLLM"))

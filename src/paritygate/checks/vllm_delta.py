@@ -49,7 +49,7 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     if reason is not None:
         return Measurement("vllm_delta").skip(f"vllm_delta needs vLLM: {reason}")
     m = measure_delta(ctx, "vllm_delta", thresholds, "vllm")
-    if ctx.vllm_model_dir() != ctx.serving.model_dir:
+    if ctx.engines.vllm_model_dir() != ctx.serving.model_dir:
         m.note(
             f"vLLM serves a copy of {ctx.serving.model_dir} without the training-only heads "
             f"{list(ctx.spec.training_only_heads)} (vLLM refuses parameters its model class "

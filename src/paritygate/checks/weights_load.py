@@ -203,7 +203,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
 
     m = Measurement("weights_load")
     heads = list(ctx.spec.training_only_heads)
-    state = ctx.checkpoint_state()
+    state = ctx.weights.checkpoint_state()
     nonfinite = sorted(
         k for k, v in state.items() if has_nonfinite(v)
     )
@@ -218,8 +218,8 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
     info = ctx.training.loading_info()
     missing = sorted(info.get("missing_keys", []))
     unexpected_all = sorted(info.get("unexpected_keys", []))
-    head_keys = [k for k in unexpected_all if ctx.is_training_only(k)]
-    unexpected = [k for k in unexpected_all if not ctx.is_training_only(k)]
+    head_keys = [k for k in unexpected_all if ctx.weights.is_training_only(k)]
+    unexpected = [k for k in unexpected_all if not ctx.weights.is_training_only(k)]
     mismatched = sorted(info.get("mismatched_keys", []))
     tied = [
         k
@@ -266,7 +266,7 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
         m.note(f"tied weights not stored separately (fine): {tied}")
 
     # Inference side: the served weights must be this checkpoint's, tensor by tensor.
-    serving = compare_served_copy(m, ctx, state)
+    serving = compare_served_copy(m, ctx.weights, state)
     engine_values = _engine_values(m, ctx, state) if "hf" in ctx.spec.engines else []
 
     m.metric("missing_keys", len(missing), key=True, ratchet=False)
@@ -290,8 +290,8 @@ def measure_causal_lm(ctx: LMContext, thresholds: Mapping[str, float]) -> Measur
 
 def _engine_values(m: Measurement, ctx: LMContext, state: Mapping[str, Any]) -> list[str]:
     """Tensors the loaded HF engine's model holds with other values than the served files."""
-    engine_model = cast("HFGenerateEngine", ctx.engine("hf")).model
-    served = state if ctx.serves_training_files() else ctx.serving_state()
+    engine_model = cast("HFGenerateEngine", ctx.engines["hf"]).model
+    served = state if ctx.weights.serves_training_files() else ctx.weights.serving_state()
     engine_values: list[str] = value_mismatches(engine_model, served)
     if engine_values:
         m.fail("engine_values_altered", f"inference model: {len(engine_values)} tensors differ "

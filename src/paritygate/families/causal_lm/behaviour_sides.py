@@ -1,13 +1,18 @@
 """``behaviour_parity``'s two sides: where the samples come from (HF ``generate``, vLLM with
 ``n`` samples per request, or rollout dumps read in streaming batches) and how one side's
 samples are reduced, batch by batch, to the :class:`~paritygate.metrics.behaviour.SideSample`
-the tests read. Only per-sample scalars are kept: memory is O(batch) in the records."""
+the tests read. Only per-sample scalars are kept: memory is O(batch) in the records.
+
+:class:`BehaviourSetup` is the check's setup: its block and one :class:`BehaviourSource` per
+side (the side, its dump or its sampler), so the check treats both sides alike.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -17,10 +22,10 @@ from paritygate.errors import InputError
 from paritygate.metrics.behaviour import SideSample, distinct_n, self_rouge_l
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
+    from paritygate.config.causal_lm import CausalLMSpec
     from paritygate.engines.base import GenerationEngine
     from paritygate.engines.generation import Generation, SamplingSpec
+    from paritygate.families.causal_lm.engines import Engines
     from paritygate.families.causal_lm.sides import LMSide
     from paritygate.sections.behaviour_parity import BehaviourSpec
 
@@ -170,7 +175,7 @@ class SideReducer:
 
 
 def side_sampling(side: LMSide, gate_seed: int, engine: str = "hf") -> SamplingSpec:
-    """The side's sampling config (the serving one as ``engine`` applies it) with a seed
+    """The side's sampling config as ``engine`` applies it (HF: the file as read) with a seed
     independent of the other side's, drawn from the gate's ``seed`` and the side's
     sampling-file ``seed``: a new gate seed is a fresh draw (re-check a suspected false alarm
     on other samples), the same seed the same draw."""
@@ -179,7 +184,7 @@ def side_sampling(side: LMSide, gate_seed: int, engine: str = "hf") -> SamplingS
     from paritygate.engines.generation import SamplingSpec
     from paritygate.families.causal_lm.engine_sampling import applied_by
 
-    sampling = (side.sampling if side.trainer else applied_by(engine, side.sampling)).spec()
+    sampling = applied_by(engine, side.sampling).spec()
     key = f"{gate_seed}:{sampling.seed}:{side.name}".encode()
     seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big") % _SERVING_SEED_OFFSET
     return SamplingSpec(**{**sampling.as_dict(), "seed": seed})
@@ -234,3 +239,123 @@ def generated(side: LMSide, engine: GenerationEngine, spec: BehaviourSpec, gate_
              for p, o, r in zip(gen.prompt_ids, gen.output_ids, reasons, strict=True)]
     for start in range(0, len(draws), spec.batch_size):
         yield draws[start : start + spec.batch_size]
+
+
+@dataclass(frozen=True, eq=False)
+class BehaviourSource:
+    """Where one side's samples come from: its dump, else its sampler."""
+
+    side: LMSide
+    dump: str | list[str] | None
+    """``causal_lm.behaviour.<side>_dump``: the side's samples read from rollout dumps."""
+    engine: str
+    """The engine that samples the side (``hf``: HF ``generate``; the served engine)."""
+    sampler: Callable[[], GenerationEngine]
+    """Builds the side's sampler (called when the side is sampled)."""
+    where: str
+    """Where the sampled draws come from, as the report says it."""
+
+    @property
+    def key(self) -> str:
+        """The config key of the side's dump (named when the dump is bad input)."""
+        return f"causal_lm.behaviour.{self.side.name}_dump"
+
+
+@dataclass(frozen=True, eq=False)
+class BehaviourSetup:
+    """What ``behaviour_parity`` needs: its block, a source per side (training first) and the
+    training side, whose model scores every sample."""
+
+    spec: BehaviourSpec
+    sources: tuple[BehaviourSource, BehaviourSource]
+    scorer: LMSide
+    seed: int
+    """The gate's seed: each side's draws and the reward's bootstrap derive from it."""
+    config_path: Path
+    can_sample: bool
+    """An engine that samples is named (``hf``, ``vllm`` or ``endpoint``)."""
+
+    def kept(self) -> set[int]:
+        """Probes with tokens on both sides (an empty side is tokenizer_parity's finding)."""
+        pairs = zip(*(source.side.prompts for source in self.sources), strict=True)
+        return {i for i, prompts in enumerate(pairs) if all(prompts)}
+
+    def reward(self) -> Reward | None:
+        """``causal_lm.behaviour.reward_fn`` imported (``None`` when not set)."""
+        if not self.spec.reward_fn:
+            return None
+        from paritygate.imports import import_callable
+
+        fn: Reward = import_callable(self.spec.reward_fn, self.config_path,
+                                     "causal_lm.behaviour.reward_fn")
+        return fn
+
+    def reducer(self, source: BehaviourSource, reward: Reward | None) -> SideReducer:
+        """A side's streaming reduction of its samples, scored by the training side."""
+        pattern = re.compile(self.spec.format_regex) if self.spec.format_regex else None
+        return SideReducer(self.scorer, source.side.tokenizer, self.config_path,
+                           self.spec.samples, pattern, reward)
+
+    def draws(self, source: BehaviourSource, kept: set[int]) -> tuple[Iterator[list[Draw]], str]:
+        """The side's batches of draws over the ``kept`` probes and where they come from."""
+        from paritygate.engines.dump_stream import expand, stream_draws
+
+        if source.dump is not None:
+            from paritygate.engines.hf_loading import config_vocab_size
+
+            paths = expand(source.dump, self.config_path.parent, source.key)
+            vocab = config_vocab_size(self.scorer.model_dir)
+            return (stream_draws(paths, batch=self.spec.batch_size, vocab_size=vocab),
+                    f"{len(paths)} dump file(s) ({paths[0].name}...)")
+        prompts = [p for i, p in enumerate(source.side.prompts) if i in kept]
+        scored = [p for i, p in enumerate(self.scorer.prompts) if i in kept]
+        return self.sampled(source, prompts, scored), source.where
+
+    def sampled(self, source: BehaviourSource, prompts: list[list[int]],
+                scored: list[list[int]] | None = None) -> Iterator[list[Draw]]:
+        """The side's sampled completions of ``prompts`` in batches, from its sampler."""
+        return generated(source.side, source.sampler(), self.spec, self.seed, prompts, scored)
+
+
+def behaviour_setup(spec: CausalLMSpec, training: LMSide, serving: LMSide, engines: Engines,
+                    seed: int, config_path: Path) -> BehaviourSetup | None:
+    """The setup of ``causal_lm.behaviour`` (``None`` when absent): the trainer's side sampled
+    by HF ``generate`` on its own model; the served side by an endpoint or vLLM where
+    ``engines`` names one, else by the HF engine on the served model."""
+    from paritygate.sections.behaviour_parity import BehaviourSpec
+
+    block = BehaviourSpec.of(spec)
+    if block is None:
+        return None
+    # A prompt's samples share one unpadded batch unless the config sets the batch size.
+    batch = (spec.engine.batch_size if "batch_size" in spec.engine.model_fields_set
+             else block.samples)
+    served = next((e for e in ("endpoint", "vllm") if e in spec.engines), "hf")
+    where = f"{served} generate"
+    if served == "endpoint" and spec.endpoint is not None:
+        ep = spec.endpoint
+        where = (f"endpoint {ep.base_url}" + (" with its own sampling defaults, the serving "
+                                              "config's being" if ep.sampling == "server"
+                                              else ""))
+    sources = (
+        BehaviourSource(training, block.training_dump, "hf",
+                        lambda: trainer_sampler(training, batch), "hf generate"),
+        BehaviourSource(serving, block.serving_dump, served,
+                        lambda: served_sampler(engines, served, batch), where),
+    )
+    return BehaviourSetup(block, sources, training, seed, config_path,
+                          can_sample=bool({"hf", "vllm", "endpoint"} & set(spec.engines)))
+
+
+def served_sampler(engines: Engines, name: str, batch_size: int) -> GenerationEngine:
+    """The served engine ``name``; the HF engine as a copy with ``batch_size`` rows per call
+    (the shared engine keeps its own batch size)."""
+    import copy
+
+    from paritygate.engines.hf_generate import HFGenerateEngine
+
+    engine = engines[name]
+    if isinstance(engine, HFGenerateEngine):
+        engine = copy.copy(engine)
+        engine.batch_size = batch_size
+    return engine

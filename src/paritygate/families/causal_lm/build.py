@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from paritygate.engines.hf_loading import check_model_dir, safetensors_files
 from paritygate.errors import InputError, keyed
@@ -23,6 +24,7 @@ from paritygate.families.causal_lm.inputs import (
     scan_behaviour_dumps,
     served_dir_contradictions,
 )
+from paritygate.families.causal_lm.logprobs import TrainerLogprobs
 from paritygate.families.causal_lm.probes import Probe, load_probes
 from paritygate.families.causal_lm.sampling import SamplingFile, load_sampling_file
 from paritygate.families.causal_lm.served_files import served_dtype
@@ -38,7 +40,12 @@ if TYPE_CHECKING:
 
     from paritygate.config import GateConfig
     from paritygate.config.causal_lm import CausalLMSpec
+    from paritygate.engines.dump_audit import DumpSummary
     from paritygate.families.causal_lm.adapter import AdapterInfo
+    from paritygate.families.causal_lm.behaviour_sides import BehaviourSetup
+    from paritygate.families.causal_lm.engines import Engines
+    from paritygate.families.causal_lm.generations import Generations
+    from paritygate.families.causal_lm.served_weights import WeightsSetup
 
 SIDES = ("training", "serving")
 """The config's names of the two sides (``causal_lm.tokenizer.<side>``, ``sampling.<side>``)."""
@@ -85,7 +92,10 @@ def build_lm_context(config: GateConfig, *, needs: Collection[str] | None = None
     sampling = sampling_files(config, spec, toks, declared)
     contradictions = served_dir_contradictions(
         config, spec, sources, dirs.serving, sampling["serving"], toks["serving"], probes)
-    logprob_fn = _logprob_fn(config, spec)
+    logprobs = TrainerLogprobs(_logprob_fn(config, spec), spec.training.logprob_fn,
+                               spec.training.logprobs_mode)
+    read_dump = ((lambda: dump) if dump is not None
+                 else partial(read_lm_dump, config, spec, dirs.training))
     from paritygate.families.causal_lm.reference import load_reference
     from paritygate.families.causal_lm.reward import load_reward
 
@@ -97,23 +107,49 @@ def build_lm_context(config: GateConfig, *, needs: Collection[str] | None = None
     training, serving = make_sides(config, spec, toks, sampling, (dirs.training, dirs.serving),
                                    served_from, tuple(probes), (adapter, adapter_key),
                                    dirs.serving_adapter)
+    made = setups(config, spec, training, serving, logprobs, read_dump)
     return LMContext(
-        config=config,
-        spec=spec,
-        training=training,
-        serving=serving,
+        config=config, spec=spec, training=training, serving=serving, logprobs=logprobs,
+        engines=made.engines, generations=made.generations, weights=made.weights,
+        behaviour=made.behaviour if needed("behaviour") else None,
         checkpoint_path=(adapter.directory if adapter is not None
                          else files[0] if len(files) == 1 else dirs.training),
         checkpoint_sha256=sha256_files(dirs.trained),
         probes=probes,
         cut_probes=[p.id for p in probes if is_cut(p, spec.max_prompt_tokens)],
-        logprob_fn=logprob_fn,
         declared_dtype=declared,
-        dump=dump,
         contradictions=contradictions,
         served_config_dtype=served_dtype(dirs.serving),
         kl_reference=kl_reference,
         reward=reward,
+    )
+
+
+class Setups(NamedTuple):
+    """The setups the context holds beside the sides (each loads what it needs on first use)."""
+
+    engines: Engines
+    generations: Generations
+    weights: WeightsSetup
+    behaviour: BehaviourSetup | None
+
+
+def setups(config: GateConfig, spec: CausalLMSpec, training: LMSide, serving: LMSide,
+           logprobs: TrainerLogprobs, read_dump: Callable[[], DumpSummary]) -> Setups:
+    """The serving engines, the shared generations, the weights and behaviour_parity's setup,
+    built from the two sides."""
+    from paritygate.families.causal_lm.behaviour_sides import behaviour_setup
+    from paritygate.families.causal_lm.engines import Engines
+    from paritygate.families.causal_lm.generations import Generations
+    from paritygate.families.causal_lm.served_weights import WeightsSetup
+
+    engines = Engines(training, serving, spec, config.seed, config.path)
+    return Setups(
+        engines,
+        Generations(training, serving, engines, config.seed, spec.generation_samples,
+                    logprobs, read_dump),
+        WeightsSetup(training, serving, tuple(spec.training_only_heads)),
+        behaviour_setup(spec, training, serving, engines, config.seed, config.path),
     )
 
 
@@ -225,13 +261,13 @@ def make_sides(
     """The training and serving sides over the training and served directories ``dirs``;
     ``adapter`` is the training adapter and its config key."""
     trust = config.trust_remote_code
-    training = LMSide(name="training", trainer=True, model_dir=dirs[0],
+    training = LMSide(name="training", model_dir=dirs[0],
                       key="causal_lm.model_dir", tokenizer=toks["training"],
                       sampling=sampling["training"], dtype=spec.training.dtype, probes=probes,
                       max_prompt_tokens=spec.max_prompt_tokens, adapter=adapter[0],
                       adapter_key=adapter[1], trust_remote_code=trust,
                       device_map=spec.training.device_map)
-    serving = LMSide(name="serving", trainer=False, model_dir=dirs[1], key=served_from,
+    serving = LMSide(name="serving", model_dir=dirs[1], key=served_from,
                      tokenizer=toks["serving"], sampling=sampling["serving"],
                      dtype=spec.engine.dtype, probes=probes,
                      max_prompt_tokens=spec.max_prompt_tokens, adapter=serving_adapter,

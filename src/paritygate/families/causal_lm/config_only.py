@@ -22,9 +22,11 @@ from paritygate.families.causal_lm.build import (
     _training_dir,
     make_sides,
     sampling_files,
+    setups,
 )
 from paritygate.families.causal_lm.context import LMContext
 from paritygate.families.causal_lm.inputs import resolve_adapter, sampling_contradictions
+from paritygate.families.causal_lm.logprobs import TrainerLogprobs
 from paritygate.families.causal_lm.served_files import served_dtype
 from paritygate.families.causal_lm.serving import resolve_serving
 from paritygate.families.causal_lm.tokenizer import Tokenizer, load_tokenizer
@@ -71,11 +73,15 @@ def build_config_only_context(config: GateConfig) -> LMContext:
         trained += [adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
     training, serving = make_sides(config, spec, toks, sampling, (training_dir, engine_dir),
                                    served_from, (), (adapter, adapter_key))
+    logprobs = TrainerLogprobs(_not_read("causal_lm.training.logprob_fn"),
+                               spec.training.logprob_fn, spec.training.logprobs_mode)
+    made = setups(config, spec, training, serving, logprobs, _not_read("causal_lm.engine.dump"))
     return LMContext(
-        config=config, spec=spec, training=training, serving=serving,
+        config=config, spec=spec, training=training, serving=serving, logprobs=logprobs,
+        engines=made.engines, generations=made.generations, weights=made.weights,
+        behaviour=made.behaviour,
         checkpoint_path=adapter.directory if adapter is not None else training_dir,
-        checkpoint_sha256=sha256_files(trained), probes=[],
-        logprob_fn=_not_read("causal_lm.training.logprob_fn"), declared_dtype=declared,
+        checkpoint_sha256=sha256_files(trained), probes=[], declared_dtype=declared,
         contradictions=sampling_contradictions(sources, engine_dir, sampling["serving"],
                                                toks["serving"]),
         served_config_dtype=served_dtype(engine_dir),

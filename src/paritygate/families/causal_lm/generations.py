@@ -16,14 +16,13 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from paritygate.engines.generation import Generation, SamplingSpec
-from paritygate.families.causal_lm.engine_sampling import applied_by
 
 if TYPE_CHECKING:
     import numpy as np
-    from torch import Tensor
 
-    from paritygate.engines.base import GenerationEngine
     from paritygate.engines.dump_audit import DumpSummary
+    from paritygate.families.causal_lm.engines import Engines
+    from paritygate.families.causal_lm.logprobs import TrainerLogprobs
     from paritygate.families.causal_lm.sides import LMSide
 
 
@@ -34,16 +33,14 @@ class Generations:
 
     training: LMSide
     serving: LMSide
-    engine: Callable[[str], GenerationEngine]
-    """The serving side's engine by name (``hf``, ``vllm``, ``endpoint``), built once."""
+    engines: Engines
+    """The serving side's engines by name (``hf``, ``vllm``, ``endpoint``), each built once."""
     seed: int
     """The gate's seed: a sampling config without one samples with it."""
     samples: int
     """``causal_lm.generation_samples``: sampled continuations per probe."""
-    logprob_fn: Callable[..., Tensor]
-    """The trainer's model-level log-prob function (``causal_lm.training.logprob_fn``)."""
-    logprobs_mode: str
-    """``causal_lm.training.logprobs_mode``: raw or processed log-probs."""
+    logprobs: TrainerLogprobs
+    """The trainer's log-prob function (``causal_lm.training.logprob_fn``) and its mode."""
     read_dump: Callable[[], DumpSummary]
     """Validates and counts ``engine.dump`` (called once, when a check first asks)."""
 
@@ -64,21 +61,21 @@ class Generations:
         """Sampled continuations (``samples`` per probe) under the serving config (a dump's
         records stream instead: :meth:`dump_batches`)."""
         if engine not in self._samples:
-            sampling = applied_by(engine, self.serving.sampling).spec()
+            sampling = self.engines.applied(engine).spec()
             if sampling.seed is None:
                 sampling = SamplingSpec(**{**sampling.as_dict(), "seed": self.seed})
             prompts = [p for p in self.serving.prompts for _ in range(self.samples)]
-            # an unknown engine: engine() says so
-            self._samples[engine] = self.engine(engine).generate(prompts, sampling), sampling
+            # an unknown engine: Engines says so
+            self._samples[engine] = self.engines[engine].generate(prompts, sampling), sampling
         return self._samples[engine]
 
     def greedy(self, engine: str = "hf") -> Generation:
         """Greedy continuations of every probe under the serving config's length and stops
         (a dump's records stream instead: :meth:`dump_batches`)."""
         if engine not in self._greedies:
-            sampling = applied_by(engine, self.serving.sampling).spec().greedy()
+            sampling = self.engines.applied(engine).spec().greedy()
             extra = {"keep_logits": True} if engine == "hf" else {}  # logits_agreement's
-            self._greedies[engine] = self.engine(engine).generate(
+            self._greedies[engine] = self.engines[engine].generate(
                 self.serving.prompts, sampling, **extra)
         return self._greedies[engine]
 
@@ -105,15 +102,15 @@ class Generations:
         """The trainer's log-probs of every generated token: ``(logp_train, logp_infer, mask)``."""
         from paritygate.families.causal_lm.recompute import recompute
 
-        return recompute(self.training.model(), self.logprob_fn, generation,
-                         sampling=self.training.sampling.spec(), mode=self.logprobs_mode,
+        return recompute(self.training.model(), self.logprobs.fn, generation,
+                         sampling=self.training.sampling.spec(), mode=self.logprobs.mode,
                          pad_id=self.training.tokenizer.pad_token_id)
 
     def vllm_served_rows(self) -> tuple[np.ndarray, np.ndarray, list[str]] | str:
         """vLLM's prompt log-probs in the trainer's gauge, or why not (:mod:`.served_logprobs`)."""
         from paritygate.families.causal_lm.served_logprobs import vllm_rows
 
-        return vllm_rows(self.greedy("vllm"), self.teacher_forced, self.engine("vllm"),
+        return vllm_rows(self.greedy("vllm"), self.teacher_forced, self.engines["vllm"],
                          [p.id for p in self.serving.probes])
 
     # -- a dump's records ----------------------------------------------------------

@@ -20,13 +20,35 @@ Conventions (all functions):
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import torch
     from torch import nn
 
 Mode = Literal["raw", "processed"]
+
+
+@dataclass(frozen=True)
+class TrainerLogprobs:
+    """The trainer's log-prob function as the gate calls it (model level, guarded) and the
+    reference implementation's building blocks that checks compare it with."""
+
+    fn: Callable[..., torch.Tensor]
+    name: str
+    """``causal_lm.training.logprob_fn`` (``module:callable``)."""
+    mode: str
+    """``causal_lm.training.logprobs_mode``: raw or processed log-probs."""
+
+    @property
+    def helpers(self) -> ModuleType:
+        """The reference implementation's building blocks (this module's functions)."""
+        return sys.modules[__name__]
 
 
 def target_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -9,36 +9,29 @@ unused (training-only heads excepted) refuses the measurement by name.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from paritygate.engines.generation import left_pad
 from paritygate.engines.hf_loading import load_causal_lm, safetensors_files
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from paritygate.config.causal_lm import CausalLMSpec
+    from paritygate.families.causal_lm.sides import LMSide
     from paritygate.precision.subject import PrecisionSubject
-
-TrainingLoader = Callable[[], "tuple[nn.Module, dict[str, object]]"]
-"""Returns the training-side model and its loading info, loaded once by the caller."""
 
 
 def precision_subject(
-    spec: CausalLMSpec, *, name: str, model_dir: Path, prompts: list[list[int]],
-    pad_id: int | None, streaming: bool | Literal["auto"], trust_remote_code: bool,
-    training: TrainingLoader,
+    spec: CausalLMSpec, training: LMSide, *, name: str, streaming: bool | Literal["auto"],
 ) -> PrecisionSubject:
-    """Probe prompts (``prompts``, training tokenizer) as left-padded batches of input ids;
-    ``refusal`` set on random init. ``training`` is used when the training model is already
-    fp32 on one device, so no second copy is loaded."""
+    """The training side's probe prompts as left-padded batches of input ids; ``refusal``
+    set on random init. The side's own model is used when it is already fp32 on one device,
+    so no second copy is loaded."""
     from paritygate.precision.hf import checkpoint_coverage
     from paritygate.precision.streaming import build_streamed, stream_decision, streaming_note
     from paritygate.precision.subject import PrecisionSubject
 
-    pad = 0 if pad_id is None else pad_id
+    pad, prompts = training.pad_id, training.prompts
+    model_dir, trust_remote_code = training.model_dir, training.trust_remote_code
     batches = []
     for start in range(0, len(prompts), 4):
         ids, mask = left_pad(prompts[start : start + 4], pad)  # (B, T), (B, T)
@@ -57,7 +50,7 @@ def precision_subject(
     else:
         if spec.training.dtype == "float32" and spec.training.device_map is None:
             # the training model is already fp32 on one device; casts are undone after each pass
-            model, info = training()
+            model, info = training.model(), training.loading_info()
         else:
             model, info = load_causal_lm(
                 model_dir, "float32", trust_remote_code=trust_remote_code

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from paritygate.errors import InputError, keyed
-from paritygate.families.causal_lm.reward_scoring import Scores, load_reward_model, score
+from paritygate.families.causal_lm.reward_scoring import RewardModel, Scores, score
 from paritygate.reading_text import iter_json_lines, read_json_object
 
 if TYPE_CHECKING:
-    from torch import nn
 
     from paritygate.config import GateConfig
     from paritygate.config.causal_lm import CausalLMSpec
@@ -92,23 +91,11 @@ class RewardSetup:
     """``completions: generated``: the samples are the HF engine's greedy continuations of the
     probes, set by :meth:`with_generated` when the check runs."""
     config_pad_token_id: int | None = None
-    trust_remote_code: bool = False
-    _models: dict[str, nn.Module] = field(default_factory=dict, repr=False)
-
-    def model(self, which: str) -> nn.Module:
-        """``serving`` (the scoring copy, in its declared dtype) or ``trained`` (float32)."""
-        if which not in self._models:
-            directory = self.model_dir if which == "serving" else self.trained_dir
-            assert directory is not None
-            if which == "trained" and self.trained_dir == self.model_dir and self.dtype is None:
-                self._models[which] = self.model("serving")
-            else:
-                dtype = (self.dtype or "float32") if which == "serving" else "float32"
-                key = f"{KEY}.model_dir" if which == "serving" else f"{KEY}.trained_dir"
-                with keyed(key):
-                    self._models[which] = load_reward_model(directory, dtype,
-                                                            self.trust_remote_code)
-        return self._models[which]
+    scoring: RewardModel | None = None
+    """The scoring copy (``model_dir``, in its declared dtype), as the RL loop scores with it."""
+    trained: RewardModel | None = None
+    """The trained model (``trained_dir``, float32): the scoring copy itself where that is the
+    trained directory run in float32."""
 
     def with_generated(self, generation: Generation, probe_ids: list[str], policy_tok: Tokenizer
                        ) -> RewardSetup:
@@ -134,11 +121,12 @@ class RewardSetup:
         assert self.trained_dir is not None and self.model_dir is not None
         return compare_states(read_state(self.trained_dir), read_state(self.model_dir), [])
 
-    def score(self, which: str, seqs: list[list[int]], side: str, batch_size: int,
-              extra: int = 0) -> Scores:
-        """:func:`score` with the ``which`` model, padded with the tokenizer's pad (its EOS
-        when it has none, as TRL does)."""
-        return score(self.model(which), seqs, self.pad_id, side, batch_size, extra)
+    def score(self, model: RewardModel | None, seqs: list[list[int]], side: str,
+              batch_size: int, extra: int = 0) -> Scores:
+        """:func:`score` with ``model`` (:attr:`scoring` or :attr:`trained`), padded on
+        ``side`` with the tokenizer's pad (its EOS when it has none, as TRL does)."""
+        assert model is not None, "scoring needs causal_lm.reward.model_dir"
+        return score(model.model(), seqs, self.pad_id, side, batch_size, extra)
 
     @property
     def pad_id(self) -> int:
@@ -342,6 +330,13 @@ def load_reward(
         raise InputError(config.path, KEY,
                          "no (prompt, completion) to score: no text probe has two words; "
                          "give causal_lm.reward.completions")
+    scoring_model = trained_model = None
+    if model_dir is not None and trained_dir is not None:
+        trust = config.trust_remote_code
+        scoring_model = RewardModel(model_dir, block.dtype or "float32", f"{KEY}.model_dir",
+                                    trust)
+        trained_model = (scoring_model if trained_dir == model_dir and block.dtype is None
+                         else RewardModel(trained_dir, "float32", f"{KEY}.trained_dir", trust))
     return RewardSetup(
         model_dir=model_dir,
         trained_dir=trained_dir,
@@ -355,5 +350,6 @@ def load_reward(
         samples=samples,
         generated=generated,
         config_pad_token_id=pad_id,
-        trust_remote_code=config.trust_remote_code,
+        scoring=scoring_model,
+        trained=trained_model,
     )

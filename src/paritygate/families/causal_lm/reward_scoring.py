@@ -9,7 +9,7 @@ one read at a pad.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-from paritygate.errors import InputError
+from paritygate.errors import InputError, keyed
 
 
 @dataclass
@@ -30,6 +30,27 @@ class Scores:
     last_real: list[int]
     read_pad: list[bool]
     error: str | None = None
+
+
+@dataclass(eq=False)
+class RewardModel:
+    """One reward model the check scores with, loaded once on first use: the scoring copy
+    (``causal_lm.reward.model_dir`` in its declared dtype) or the trained model (float32)."""
+
+    directory: Path
+    dtype: str
+    key: str
+    """The config key that named ``directory`` (named when it fails to load)."""
+    trust_remote_code: bool = False
+    _model: nn.Module | None = field(default=None, repr=False)
+
+    def model(self) -> nn.Module:
+        """The loaded classifier (eval mode)."""
+        if self._model is None:
+            with keyed(self.key):
+                self._model = load_reward_model(self.directory, self.dtype,
+                                                self.trust_remote_code)
+        return self._model
 
 
 def load_reward_model(directory: Path, dtype: str, trust_remote_code: bool) -> nn.Module:

@@ -5,7 +5,7 @@ model directory (and the PEFT adapter merged onto it), tokenizer, sampling confi
 Its model and its encoded probes load lazily and are memoised (``cached_property`` writes
 past the frozen record's ``__setattr__``: the record never changes from the outside). Code
 that treats the sides alike takes an ``LMSide``; what differs between them is a field
-(``trainer``, ``key``), never a test of the side's name.
+(``key``, ``adapter``) or the setup's choice of side, never a test of the side's name.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ class LMSide:
     name: str
     """``training`` or ``serving``: the side's word in the config (``causal_lm.tokenizer.<name>``,
     ``causal_lm.sampling.<name>``) and in the report."""
-    trainer: bool
-    """The side the trainer optimised and scores samples by (the training side)."""
     model_dir: Path
     """The side's model directory (with an adapter: the base it is merged onto)."""
     key: str
@@ -90,3 +88,14 @@ class LMSide:
     def loading_info(self) -> dict[str, Any]:
         """The model's loading info (missing, unexpected and mismatched keys)."""
         return self._loaded[1]
+
+
+def serves_training_files(training: LMSide, serving: LMSide) -> bool:
+    """The served weights are the training side's own (no served directory configured, or the
+    training directory named without an adapter): nothing to compare. A served directory
+    naming the adapter's base itself is served as its files, the base alone."""
+    if serving.adapter is not None:
+        return False
+    if serving.key == "causal_lm.model_dir":
+        return True
+    return training.adapter is None and serving.model_dir.resolve() == training.model_dir.resolve()
