@@ -16,15 +16,8 @@ from typing import TYPE_CHECKING
 
 from paritygate.causes import Explanation
 from paritygate.check import CheckSpec
-from paritygate.checks._sampling_records import (
-    DefaultsProbe,
-    DefaultsProbeRecord,
-    FieldRow,
-    FieldsRecord,
-    OffPolicy,
-    ServerInfo,
-    ServerRecord,
-)
+from paritygate.checks._served_endpoint import record_server
+from paritygate.records import Record
 from paritygate.result import Measurement
 
 if TYPE_CHECKING:
@@ -45,6 +38,37 @@ serving file the served engine really reads instead of the served directory's ow
 # Any unexplained difference changes the sampled distribution or the response length,
 # so the importance ratio no longer describes the rollouts: zero tolerance.
 DEFAULTS: dict[str, float] = {"fields_differing": 0.0}
+
+
+@dataclass(frozen=True)
+class OffPolicy(Record):
+    """Per side, the fields that move its sampled distribution away from the policy's."""
+
+    off_policy: dict[str, dict[str, object]]
+
+
+@dataclass(frozen=True)
+class FieldRow(Record):
+    """One compared sampling field: each side's value, whether it was written, and the
+    allow-list's reason when a difference is accepted."""
+
+    field: str
+    training: object
+    serving: object
+    training_explicit: bool
+    serving_explicit: bool
+    allowed: str | None
+
+
+@dataclass(frozen=True)
+class FieldsRecord(Record):
+    """What the check records besides its metrics: every compared field, each side's file
+    format and how it was detected, and the fields one side cannot express."""
+
+    fields: list[FieldRow]
+    formats: dict[str, str]
+    format_detection: dict[str, str]
+    not_compared: object
 
 
 @dataclass(frozen=True)
@@ -156,106 +180,6 @@ def record_contradictions(
             m.fail(KIND, found.message())
 
 
-SERVER_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
-                 "min_p": "min_p", "repetition_penalty": "repetition_penalty",
-                 "max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens"}
-"""A server's generation-config fields -> the serving sampling spec's."""
-
-
-def record_server(m: Measurement, ctx: LMContext) -> None:
-    """``engines: [endpoint]``: the server's own limits and defaults against the serving
-    config: a ``max_model_len`` that cuts the longest probe's completion
-    (``server_max_model_len``), and a sampling default that is not the serving config's
-    (``server_default_differs``: read where the server exposes its configuration, measured
-    by seeded requests under ``sampling: server``)."""
-    from paritygate.engines.openai_endpoint import EndpointEngine, server_defaults
-
-    engine = ctx.engines["endpoint"]
-    assert isinstance(engine, EndpointEngine)
-    info = engine.info()
-    serving = ctx.serving.sampling.spec()
-    need = max((len(p) for p in ctx.serving.prompts), default=0) + serving.max_new_tokens
-    defaults = server_defaults(engine)
-    m.record(ServerRecord(ServerInfo(engine.base_url, info.model, info.root, info.max_model_len,
-                                     need, engine.sampling, defaults)))
-    if info.max_model_len is None:
-        m.note(f"{engine.base_url} does not report max_model_len: truncation is judged from "
-               "the responses (finish_reason length)")
-    elif info.max_model_len < need:
-        m.fail("server_max_model_len",
-               f"the server's max_model_len {info.max_model_len} ({engine.url('models')}) is "
-               f"under the longest probe plus max_new_tokens ({need} tokens): it truncates "
-               "completions the trainer samples in full")
-    named = record_dev_defaults(m, ctx, defaults)
-    if engine.sampling == "server":
-        record_probe(m, ctx, named)
-    else:
-        m.note("sampling: request sends the serving config's values: the server's own "
-               "defaults are not measured")
-
-
-def record_dev_defaults(m: Measurement, ctx: LMContext, defaults: dict[str, object] | None
-                        ) -> set[str]:
-    """The fields ``--override-generation-config`` sets to another value than the serving
-    config's, where the server exposes its configuration (vLLM dev mode); the fields named."""
-    if defaults is None:
-        return set()
-    serving = ctx.serving.sampling.spec()
-    named: set[str] = set()
-    override = defaults.get("override")
-    for name, value in (override.items() if isinstance(override, dict) else []):
-        field = SERVER_FIELDS.get(str(name))
-        if field is None or not isinstance(value, (int, float)):
-            continue
-        expected = getattr(serving, field)
-        if float(value) != float(expected):
-            named.add(field)
-            m.fail("server_default_differs",
-                   f"the server overrides {name}: {value!r} (--override-generation-config) "
-                   f"vs serving {expected!r} ({ctx.serving.sampling.path.name}); requests "
-                   f"that leave {name} out get the server's")
-    return named
-
-
-def record_probe(m: Measurement, ctx: LMContext, named: set[str]) -> None:
-    """The server's defaults measured by seeded requests with and without each field
-    (:mod:`paritygate.engines.endpoint_defaults`): a field whose default changes the samples
-    fails ``server_default_differs`` (once: ``named`` fields were already failed)."""
-    from paritygate.engines.endpoint_defaults import probe_defaults
-    from paritygate.engines.openai_endpoint import EndpointEngine
-
-    engine = ctx.engines["endpoint"]
-    assert isinstance(engine, EndpointEngine)
-    serving = ctx.serving.sampling.spec()
-    if not serving.do_sample or serving.temperature <= 0:
-        m.note("the serving config decodes greedily: the server's sampling defaults are not "
-               "measured")
-        return
-    probe = probe_defaults(engine, ctx.serving.prompts, serving)
-    m.record(DefaultsProbeRecord(DefaultsProbe(list(probe.differing), probe.sent, probe.prompts,
-                                               probe.tokens, probe.inconclusive,
-                                               probe.combined)))
-    source = ctx.serving.sampling.path.name
-    if probe.inconclusive:
-        m.note(f"the server's sampling defaults are not measured: {probe.inconclusive}")
-        return
-    if not probe.differing:
-        m.note(f"the server's sampling defaults agree with {source} on {probe.prompts} seeded "
-               f"probe(s) of {probe.tokens} tokens (each request with and without "
-               f"{', '.join(probe.sent)})")
-        return
-    for name in probe.differing:
-        if name in named:
-            continue
-        how = ("together with the other fields" if probe.combined else "alone")
-        m.fail("server_default_differs",
-               f"the server's default {name} is not {source}'s {probe.sent[name]!r}: seeded "
-               f"requests that leave {name} out ({how}) sample other tokens than requests "
-               f"that send it ({probe.prompts} probe(s), {probe.tokens} tokens): clients "
-               "that do not set it sample with the server's default (vLLM: its "
-               "--generation-config or --override-generation-config)")
-
-
 def _off_policy(
     m: Measurement, training: SamplingFile, serving: SamplingFile, applied: set[str]
 ) -> None:
@@ -357,7 +281,7 @@ def measure(ctx: LMContext, thresholds: Mapping[str, float]) -> Measurement:
             m.note(f"allow-list entry {name!r} is unused: the field agrees")
     record_contradictions(m, ctx, "sampling config", allow)
     if "endpoint" in ctx.spec.engines:
-        record_server(m, ctx)
+        record_server(m, ctx.engines["endpoint"], ctx.serving)
     own = ctx.served_config_dtype
     if declared and own and own != declared[1] and not declared[0].endswith("config.json dtype"):
         m.note(f"serving dtype {declared[1]} ({declared[0]}) overrides the served directory's "
