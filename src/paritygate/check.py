@@ -65,7 +65,8 @@ NEEDS: Mapping[str, str] = {
               "and its completions read",
     "kl_reference": "the causal-LM KL reference setup: `causal_lm.reference` validated against "
                     "the training model and tokenizer, its KL function imported",
-    "behaviour": "`causal_lm.behaviour`'s dumps scanned and its reward function imported",
+    "behaviour": "behaviour_parity's setup: `causal_lm.behaviour`'s dumps scanned, its reward "
+                 "function imported, a source (dump or sampler) per side",
 }
 """What a check may need from its family (``CheckSpec.needs``), and what each one loads. Any
 need builds the family's loaded context; the setups beyond ``models`` are built only for a
