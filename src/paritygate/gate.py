@@ -192,8 +192,9 @@ class Gate:
                 return Measurement(check_id).skip(unasked)
         unmet = set(spec.needs) - self.needs
         if unmet:  # the context was built for a selection without this check
+            runs = ", ".join(sorted(self.named))
             raise RuntimeError(f"{check_id} needs {', '.join(sorted(unmet))}, which this run's "
-                               f"context was not built with (it runs {', '.join(self.named)})")
+                               f"context was not built with (it runs {runs})")
         thresholds = self.thresholds(spec)
         try:
             measurement = measure(self.context, thresholds)
