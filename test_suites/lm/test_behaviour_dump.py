@@ -139,3 +139,17 @@ def test_vllm_stop_reason_maps_to_stop_string_or_eos(tmp_path: Path) -> None:
     assert to_draw(tmp_path, "line 1", {**base, "stop_reason": "\n\n"}, None).reason == "stop"
     assert to_draw(tmp_path, "line 1", {**base, "stop_reason": None}, None).reason == "eos"
     assert to_draw(tmp_path, "line 1", base, None).reason == "stop"
+
+
+def test_each_side_is_a_source_of_the_setup(demo_lm: Path, tmp_path: Path) -> None:
+    """The check treats the two sides alike: each is a source of its setup (the side, its dump
+    key, the engine that samples it); the trainer's side samples on HF, the served side on the
+    engine the config names."""
+    ctx: Any = _gate(demo_lm, tmp_path, {"samples": 8}).context
+    training, serving = ctx.behaviour.sources
+    assert (training.side, serving.side) == (ctx.training, ctx.serving)
+    assert (training.engine, serving.engine) == ("hf", "hf")  # engines: [hf]
+    assert (training.dump, serving.dump) == (None, None)
+    assert [s.key for s in (training, serving)] == ["causal_lm.behaviour.training_dump",
+                                                    "causal_lm.behaviour.serving_dump"]
+    assert ctx.behaviour.kept() == {i for i, p in enumerate(ctx.training.prompts) if p}
