@@ -148,7 +148,7 @@ class SamplingFile:
         if name in self.explicit:
             return self.path.name
         if name == "eos_token_id":
-            return "the tokenizer's EOS"
+            return self.default_sources.get(name, "the tokenizer's EOS")
         return self.default_sources.get(name, f"{self.format} default")
 
     def contradiction(self) -> str | None:
@@ -384,11 +384,16 @@ def load_sampling_file(
         explicit.add(key)
     if fmt == "hf_generation_config" and values["temperature"] == 0.0:
         values["do_sample"] = False
+    sources = dict(default_sources or {})
+    if fmt == "hf_generation_config" and "eos_token_id" not in explicit:
+        values["eos_token_id"] = []  # HF generate stops on the file's EOS ids only
+        sources["eos_token_id"] = (f"{path.name} states no eos_token_id: HF generate stops on "
+                                   "no EOS token")
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
     return SamplingFile(
         path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
-        dict(default_sources or {}),
+        sources,
     )
 
 
