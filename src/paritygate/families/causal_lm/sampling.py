@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritygate.config.sampling_fields import NOT_COMPARED, OFF_POLICY, is_neutral
+from paritygate.config.sampling_fields import NO_EOS, NOT_COMPARED, OFF_POLICY, is_neutral
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
 from paritygate.reading import MAX_CONFIG_BYTES, read_text
@@ -385,16 +385,12 @@ def load_sampling_file(
     if fmt == "hf_generation_config" and values["temperature"] == 0.0:
         values["do_sample"] = False
     sources = dict(default_sources or {})
-    if fmt == "hf_generation_config" and "eos_token_id" not in explicit:
-        values["eos_token_id"] = []  # HF generate stops on the file's EOS ids only
-        sources["eos_token_id"] = (f"{path.name} states no eos_token_id: HF generate stops on "
-                                   "no EOS token")
+    if fmt == "hf_generation_config" and "eos_token_id" not in explicit:  # HF: no EOS stop
+        values["eos_token_id"], sources["eos_token_id"] = [], NO_EOS.format(path.name)
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
-    return SamplingFile(
-        path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
-        sources,
-    )
+    return SamplingFile(path, fmt, values, explicit, seed, detection, not_compared, eos_text,
+                        eos_id, set(data), sources)
 
 
 def _load_trl(
