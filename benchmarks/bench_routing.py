@@ -51,25 +51,17 @@ def build_subject(root: Path) -> Path:
     """The OLMoE subject, its bf16 served copy, tokenizer, probes and gate config."""
     import torch
     import yaml
-    from transformers import GenerationConfig, OlmoeConfig, OlmoeForCausalLM
+    from subjects import corpus_tokenizer, save_subject
+    from transformers import OlmoeConfig, OlmoeForCausalLM
 
-    from paritygate.demo.causal_lm import CORPUS, _train_tokenizer
-
-    torch.manual_seed(0)
-    lines = [ln.strip() for ln in CORPUS.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    tok = _train_tokenizer(lines)
+    lines, tok = corpus_tokenizer()
     model = OlmoeForCausalLM(OlmoeConfig(
         vocab_size=len(tok), hidden_size=256, intermediate_size=256, num_hidden_layers=4,
         num_attention_heads=8, num_key_value_heads=8, num_experts=16, num_experts_per_tok=2,
         max_position_embeddings=256, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
     )).eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-        max_new_tokens=16)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_subject(model, tok, root / "model", max_new_tokens=16)
     model.to(torch.bfloat16).save_pretrained(root / "served")
     tok.save_pretrained(root / "served")
     ids = tok(" ".join(lines))["input_ids"]

@@ -57,14 +57,12 @@ def build(root: Path, base: int = 32) -> tuple[Path, list[dict[str, object]], in
     """The MoE subject, its probes and sampling files, ``base`` dump records, the pad id."""
     import torch
     import yaml
-    from transformers import GenerationConfig, Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from subjects import corpus_tokenizer, save_subject
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
-    from paritygate.demo.causal_lm import CORPUS, _train_tokenizer
     from paritygate.engines.hf_routing import moe_layout, positions, routed_forward
 
-    torch.manual_seed(0)
-    lines = [ln.strip() for ln in CORPUS.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    tok = _train_tokenizer(lines)
+    lines, tok = corpus_tokenizer()
     model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         shared_expert_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
@@ -72,12 +70,7 @@ def build(root: Path, base: int = 32) -> tuple[Path, list[dict[str, object]], in
         max_position_embeddings=256, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
     )).eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-        max_new_tokens=8)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
+    save_subject(model, tok, root / "model", max_new_tokens=8)
     prompts = [tok(text)["input_ids"][:16] for text in lines[:base]]
     records, seqs = [], []
     gen = torch.Generator().manual_seed(0)

@@ -111,6 +111,20 @@ def test_a_declared_floor_is_stored_and_used(tmp_path: Path) -> None:
     assert _run(store, _measure(0.2, 0.1, noise=0.03)).status == "fail"  # and its threshold
 
 
+def test_a_floor_the_check_declares_later_applies_to_an_older_baseline(tmp_path: Path) -> None:
+    store = GoldenStore(tmp_path / "golden")
+    # blessed above the noise zone while the check declared no floor: the margin alone
+    _run(store, _measure(0.04, 0.1), blessing=True)
+    assert "categorical_max_abs" not in json.loads(
+        store.path("logprob_impl").read_text(encoding="utf-8"))["noise"]
+    assert _run(store, _measure(0.09, 0.1)).status == "fail"
+    # the check now declares rounding's own size: the same move is noise without a re-bless
+    later = _run(store, _measure(0.09, 0.1, noise=0.03))
+    assert later.status == "pass", later.message
+    drift = _run(store, _measure(0.0999, 0.1, noise=0.01))  # beyond 3 declared floors
+    assert drift.status == "fail" and "declared by the check" in drift.reasons[0].message
+
+
 def test_per_item_floors_live_beside_per_item_values(tmp_path: Path) -> None:
     store = GoldenStore(tmp_path / "golden")
     _run(store, _measure(1e-6, 1e-3, detail=1e-5), blessing=True)

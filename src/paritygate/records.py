@@ -11,30 +11,38 @@ read back from JSON (a pytest-xdist worker's results, a page rendered from repor
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import TypeVar, get_args, get_origin
+from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 R = TypeVar("R", bound="Record")
 
 OMIT_NONE = {"omit_none": True}
 """Field metadata: the key is left out of the details while the value is ``None`` (a key the
 check writes only when it measured it)."""
+OMIT_EMPTY = {"omit_none": True, "omit_empty": True}
+"""Field metadata: the key is left out while the value is ``None`` or an empty dict."""
 
 
-@dataclasses.dataclass(frozen=True)
 class Record:
-    """Base of every detail record (subclasses are frozen dataclasses)."""
+    """Base of every detail record (subclasses are dataclasses, frozen unless a measurement
+    fills them in as it goes, as the precision report's)."""
+
+    NONFINITE_AS_TEXT: ClassVar[bool] = False
+    """Write NaN/Inf floats as the strings ``"nan"``/``"inf"``/``"-inf"`` (strict JSON, as
+    precision.json is read by other tools); :meth:`read` turns them back into floats."""
 
     def to_json(self) -> dict[str, object]:
         """``{key: value}`` for each field, nested records as their own ``to_json``."""
         out: dict[str, object] = {}
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            if value is None and f.metadata.get("omit_none"):
+            if f.metadata.get("omit_none") and (
+                    value is None or (f.metadata.get("omit_empty") and value == {})):
                 continue
-            out[f.metadata.get("key", f.name)] = _plain(value)
+            out[f.metadata.get("key", f.name)] = _plain(value, self.NONFINITE_AS_TEXT)
         return out
 
     @classmethod
@@ -42,8 +50,8 @@ class Record:
         """The record as a check wrote it into ``details``, or ``None`` when a key without a
         default is absent (the check did not record it)."""
         hints = typing.get_type_hints(cls)
-        values: dict[str, object] = {}
-        for f in dataclasses.fields(cls):
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             key = f.metadata.get("key", f.name)
             if key in details:
                 values[f.name] = _typed(hints[f.name], details[key])
@@ -52,15 +60,21 @@ class Record:
         return cls(**values)
 
 
-def _plain(value: object) -> object:
+def _plain(value: object, text: bool = False) -> object:
+    """``value`` as JSON: records as their ``to_json``; with ``text``, floats as plain floats
+    and NaN/Inf as strings."""
     to_json = getattr(value, "to_json", None)
     if callable(to_json) and (isinstance(value, Record) or (
             dataclasses.is_dataclass(value) and not isinstance(value, type))):
-        return to_json()  # a record, or a precision report
+        return to_json()
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, text) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, text) for k, v in value.items()}
+    if text and isinstance(value, float) and not isinstance(value, bool):
+        if math.isfinite(value):
+            return float(value)
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
 
 
@@ -70,8 +84,8 @@ def _typed(hint: object, value: object) -> object:
     if isinstance(hint, type) and issubclass(hint, Record):
         return value if isinstance(value, Record) or not isinstance(value, Mapping) \
             else hint.read(value)
-    if isinstance(hint, type) and hasattr(hint, "from_json"):
-        return hint.from_json(value) if isinstance(value, Mapping) else value
+    if hint is float and value in ("nan", "inf", "-inf"):
+        return float(str(value))  # written by a record with NONFINITE_AS_TEXT
     origin, args = get_origin(hint), get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]

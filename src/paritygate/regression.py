@@ -159,11 +159,18 @@ def golden_regression(
 def judged_noise(
     metric: Metric, blessed: object, stored: Mapping[str, object] | None
 ) -> Noise | None:
-    """The floor ``metric`` is judged with: the baseline's stored one, or for a baseline
-    blessed before floors were stored (``stored`` is ``None``) the default derived from its
-    blessed value and today's threshold."""
+    """The floor ``metric`` is judged with: the baseline's stored one (or the floor the check
+    declares today, when larger), or for a baseline blessed before floors were stored
+    (``stored`` is ``None``) the default derived from its blessed value and today's threshold."""
     if stored is not None:
-        return stored_noise(stored.get(metric.name))
+        kept = stored_noise(stored.get(metric.name))
+        declared = metric.noise
+        if (declared is not None and math.isfinite(declared) and declared > 0
+                and (kept is None or declared > kept.floor)):
+            # The check's own floor is a property of the measurement, not of the baseline: a
+            # floor declared after a baseline was blessed (or larger now) applies to it too.
+            return Noise(float(declared), "declared by the check")
+        return kept
     derived = noise_floor(metric, blessed)
     if derived is None:
         return None

@@ -570,6 +570,17 @@ served_hf_defaults_vllm = _served_generation_config(top_k=None, do_sample=None,
 and decode greedily) and states HF's default ``min_new_tokens``: vLLM applies none of them, no
 top-k (the trainer's ``top_k: -1``), sampling at the stated temperature 1.0."""
 
+served_no_eos_vllm = _served_generation_config(eos_token_id=None)
+"""Clean twin under vLLM: the served generation_config.json states no ``eos_token_id``; vLLM
+stops on the tokenizer's EOS whatever the file says."""
+
+
+def served_no_eos_hf(cfg: dict[str, Any], model: Path, out: Path) -> None:
+    """Fault: the same file served by HF ``generate``, which stops on the generation config's
+    EOS ids only: with none stated, responses run on past the EOS token."""
+    served_no_eos_vllm(cfg, model, out)
+    cfg["causal_lm"]["engines"] = ["hf"]
+
 
 @dataclass(frozen=True)
 class Fault:

@@ -314,3 +314,28 @@ def test_a_bf16_served_copy_is_fit_through_its_rounding(served_scale: float | No
     assert fit is not None and fit.kind == kind, fit
     if kind == "adapter_scale_differs":
         assert fit.scale == pytest.approx(served_scale, abs=0.05)
+
+
+def test_a_stale_copy_without_the_adapter_is_another_checkpoint(
+        lm_variants, demo_lm: Path, tmp_path: Path) -> None:
+    """Every tensor moved by the same noise as the other-base fault, but the adapter's update
+    absent: the served copy is another checkpoint (``stale_engine_weights``), while the same
+    moved weights with this adapter merged hold its update at c = 1 (``adapter_on_other_base``,
+    the fault above): the kind follows the update measured on the targets."""
+    from lm_zoo import Fault, _adapter_serving, variant_config
+
+    from paritygate.gate import Gate
+    from paritygate.load import config_from_dict
+
+    out = tmp_path / "stale"
+    out.mkdir()
+    data = variant_config(demo_lm, out, Fault("stale", _adapter_serving("other-base-model"), {}))
+    data["name"] = "adapter-stale"
+    stale = Gate(config_from_dict(data, out / "gate.yaml")).evaluate("weights_load", golden=False)
+    assert stale.status == "fail"
+    assert stale.finding_kinds() == ["stale_served_weights"], stale.reasons
+    _, root = explain([stale])
+    assert root is not None and root.kind == "stale_engine_weights"
+    merged = lm_variants.evaluate("adapter_on_other_base", "weights_load")
+    assert merged.finding_kinds() == ["adapter_on_other_base"], merged.reasons
+    assert "moved after merging" in merged.message

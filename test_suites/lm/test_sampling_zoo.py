@@ -120,3 +120,21 @@ def test_served_generation_config_as_vllm_applies_it(demo_lm: Path, tmp_path: Pa
     assert set(hf.finding_kinds()) == {"field_differs"}, hf.message
     assert "top_k differs: training 0 vs serving 50" in hf.message
     assert "under engine hf" in hf.message and "under engine vllm" not in hf.message
+
+
+def test_served_generation_config_without_eos(demo_lm: Path, tmp_path: Path) -> None:
+    """A served generation_config.json that states no eos_token_id: HF generate then stops on
+    no EOS token (fault: field_differs eos_token_id under engine hf); vLLM stops on the
+    tokenizer's EOS whatever the file says (clean twin: the same file under vLLM passes)."""
+    from lm_zoo import served_no_eos_hf, served_no_eos_vllm
+
+    (tmp_path / "fault").mkdir()
+    fault = _gate(demo_lm, tmp_path / "fault", served_no_eos_hf).evaluate(
+        "sampling_config", golden=False)
+    assert fault.finding_kinds() == ["field_differs"], fault.message
+    assert "eos_token_id differs" in fault.message and "under engine" not in fault.message
+    assert "states no eos_token_id" in fault.message
+    (tmp_path / "twin").mkdir()
+    twin = _gate(demo_lm, tmp_path / "twin", served_no_eos_vllm).evaluate(
+        "sampling_config", golden=False)
+    assert twin.status == "pass", twin.message

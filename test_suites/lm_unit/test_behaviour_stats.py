@@ -97,7 +97,7 @@ def _side(seed: int, temperature: float = 1.0, top_p: float = 1.0,
 
 
 def _rejected(serving: SideSample, training: SideSample) -> list[str]:
-    return [k for k, v in compare(training, serving, ALPHA).items() if v["rejected"]]
+    return [k for k, v in compare(training, serving, ALPHA).items() if v.rejected]
 
 
 def test_clean_twin_false_alarms_at_most_1_in_100_seeds() -> None:
@@ -161,8 +161,8 @@ def test_each_stop_reason_rate_is_tested(reason: str) -> None:
                           [-1.0] * 100, 0.0, 100.0, stop_reasons=reasons, rouge_l=[0.3] * 10)
 
     stats = compare(side(ref), side(cand), ALPHA)
-    assert stats[name]["rejected"] and abs(stats[name]["effect"] - 0.3) < 1e-12
-    assert stats[name]["training"] == 0.3 and stats[name]["serving"] == 0.6
+    assert stats[name].rejected and abs(stats[name].effect - 0.3) < 1e-12
+    assert stats[name].training == 0.3 and stats[name].serving == 0.6
 
 
 def test_sample_size_guidance_matches_the_simulated_power() -> None:

@@ -122,3 +122,40 @@ def test_clean_onnx_fp32_and_fp16_artifacts_pass(clean_onnx: Path, tmp_path: Pat
         assert report["dtype"] == dtype
         assert not report["unmapped"]
         assert {r["layer"] for r in report["rows"]} >= {"inp", "blocks.0.up", "blocks.2", "head"}
+
+
+def test_rounding_noise_floor_lets_a_later_clean_checkpoint_pass(
+    tmp_path: Path, clean_measurement
+) -> None:
+    """Each error metric declares rounding's own size as its noise floor (u for a layer,
+    u * sqrt(depth) for the output): a later clean checkpoint that is another draw of the
+    same rounding (a trained LM's bf16 output error moved 5x between two saves) passes, an
+    error beyond three floors still regresses."""
+    import dataclasses
+
+    from paritygate.precision.budgets import unit_roundoff
+
+    store = GoldenStore(tmp_path / "golden")
+    regression_check(
+        clean_measurement, store, margin=Margin(), blessing=True,
+        probes_sha256=lambda: "p", provenance=lambda: {"checkpoint": "clean"},
+        bless_command="bless",
+    )  # fmt: skip
+    golden = store.load("precision_per_layer")
+    out = clean_measurement.metrics["bf16/output_rel_l2"]
+    assert out.noise == pytest.approx(out.threshold / 8.0)  # output_budget_ulps
+    local = clean_measurement.metrics["bf16/blocks.1/local_rel_l2"]
+    assert local.noise == unit_roundoff("bfloat16")
+
+    def moved(value: float) -> object:
+        metrics = dict(clean_measurement.metrics)
+        metrics[out.name] = dataclasses.replace(out, value=value)
+        return dataclasses.replace(clean_measurement, metrics=metrics)
+
+    blessed = float(out.value)
+    redraw = moved(blessed + 2.5 * out.noise)  # within 3 floors: rounding
+    assert judge(redraw, golden).status == "pass"
+    drift = moved(blessed + 3.5 * out.noise)
+    assert not drift.metrics[out.name].breaches()
+    result = judge(drift, golden)
+    assert result.status == "fail" and "bf16/output_rel_l2 regressed vs golden" in result.message

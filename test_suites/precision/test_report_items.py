@@ -66,7 +66,7 @@ def test_csv_has_onnx_columns_and_plot_names_the_worst_layer(
     assert all(r["onnx_dtype"] == "float16" and float(r["onnx_rel_l2"]) > 0.5 for r in up)
     assert all(r["onnx_over_budget"] == "True" for r in up)
     assert (tmp_path / "precision.png").read_bytes()[:4] == b"\x89PNG"
-    report = PrecisionReport.from_json(overflow.details["precision"])
+    report = PrecisionReport.read(overflow.details["precision"])
     assert report.to_json() == overflow.details["precision"]  # the JSON form reads back whole
     assert (7, "blocks.1.up") in _worst(report)
     # non-finite values leave a gap in the line and are listed for their own marker

@@ -66,7 +66,9 @@ def on_other_base(m: Measurement, training: LMSide, served: AdapterServed | None
            f"tensors outside the adapter's targets differ from the base "
            f"{training.model_dir} (max "
            f"diff {diff.value_diffs[worst]:.3g} in {worst}): the adapter was merged onto "
-           f"another base, or causal_lm.model_dir is not the base it was trained on{said}",
+           f"another base, causal_lm.model_dir is not the base it was trained on, or the "
+           f"merged copy was moved after merging (trained further: a later checkpoint than "
+           f"the one under test){said}",
            metric="serving_tensors_differing")
     m.record(Keyed("adapter_on_other_base", OtherBase(
         found.scale, found.stderr, found.tensors, len(others), served.named_base)))

@@ -98,7 +98,7 @@ def _guidance(stats: dict[str, StatRow], alpha: float, tests: int) -> dict[str, 
     out = {"length shift 0.2 sd": samples_to_detect(0.2, alpha=level)}
     for name in ("truncation_rate", "eos_rate", "stop_string_rate", "format_hit_rate"):
         if name in stats:
-            base = float(stats[name].get("training", 0.0))
+            base = float(stats[name].training)
             out[f"{name} +0.05"] = samples_to_detect(0.05 if base < 0.95 else -0.05,
                                                      alpha=level, base_rate=base)
     return out
@@ -130,14 +130,14 @@ def measure(ctx: LMContext, thresholds: Thresholds) -> Measurement:
     configs = _configs(setup, origins)
     failed = 0
     for name, row in stats.items():
-        m.metric(f"{name}_p", row["p"], bad="none", ratchet=False)
-        m.metric(f"{name}_effect", row["effect"], bad="none", ratchet=False)
-        if row["rejected"]:
+        m.metric(f"{name}_p", row.p, bad="none", ratchet=False)
+        m.metric(f"{name}_effect", row.effect, bad="none", ratchet=False)
+        if row.rejected:
             failed += 1
             m.fail(KIND_OF[name],
-                   f"{name.replace('_', ' ')} differs: training {row['training']:.4g} vs serving "
-                   f"{row['serving']:.4g} ({row['test']}, p = {row['p']:.2g}, effect "
-                   f"{row['effect']:+.3g}; Holm at alpha {spec.alpha:g} over {len(stats)} "
+                   f"{name.replace('_', ' ')} differs: training {row.training:.4g} vs serving "
+                   f"{row.serving:.4g} ({row.test}, p = {row.p:.2g}, effect "
+                   f"{row.effect:+.3g}; Holm at alpha {spec.alpha:g} over {len(stats)} "
                    f"tests, {spec.samples} samples per prompt per side) {configs}")
     tests = len(stats)
     if reward is not None:
@@ -173,15 +173,14 @@ def _reward(spec: BehaviourSpec, seed: int, m: Measurement, stats: dict[str, Sta
     diff, low, high = bootstrap_diff(rewards["training"], rewards["serving"],
                                      seed=seed)
     tol = spec.reward_tolerance
-    row: StatRow = {"test": "bootstrap 95%", "effect": diff, "low": low, "high": high,
-                    "training": float(np.mean(rewards["training"])),
-                    "serving": float(np.mean(rewards["serving"]))}
+    row = StatRow("bootstrap 95%", diff, float(np.mean(rewards["training"])),
+                  float(np.mean(rewards["serving"])), low=low, high=high)
     stats["reward"] = row
     m.metric("reward_diff", diff, bad="none", ratchet=False)
     if not (low > tol or high < -tol):
         return 0
     m.fail("reward_differs",
-           f"E[reward] differs: training {row['training']:.4g} vs serving {row['serving']:.4g}, "
+           f"E[reward] differs: training {row.training:.4g} vs serving {row.serving:.4g}, "
            f"difference {diff:+.3g} with 95% bootstrap interval [{low:+.3g}, {high:+.3g}] beyond "
            f"the tolerance {tol:g} (causal_lm.behaviour.reward_tolerance; 0.05 is the offline "
            f"equivalence check's roll-back figure) {configs}")

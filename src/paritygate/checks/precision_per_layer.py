@@ -124,7 +124,7 @@ def _onnx_metrics(m: Measurement, onnx: OnnxReport) -> None:
 def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
     """Measure every layer in each configured low-precision dtype against fp32."""
     from paritygate.precision.analysis import run_precision
-    from paritygate.precision.budgets import short_name
+    from paritygate.precision.budgets import short_name, unit_roundoff
 
     m = Measurement(CHECK_ID)
     subject = ctx.precision_subject()
@@ -159,11 +159,15 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
         prefix = short_name(dtype)
         if dtype in skipped:
             continue
+        # Noise floors: rounding alone moves a layer's error by about one unit roundoff u and
+        # the output's by u * sqrt(depth) (the budgets' derivation), whatever the weights: a
+        # later clean checkpoint is another draw of it (measured 5x apart between two saves).
         m.metric(
             f"{prefix}/output_rel_l2",
             summary.output_rel_l2,
             threshold=summary.output_budget,
             key=dtype == measured[0],
+            noise=summary.output_budget / float(thresholds["output_budget_ulps"]),
         )
         m.metric(
             f"{prefix}/layers_over_budget",
@@ -184,6 +188,7 @@ def measure(ctx: Context, thresholds: Mapping[str, float]) -> Measurement:
                 row.local_rel_l2 if judged else None,
                 threshold=row.budget,
                 detail=True,
+                noise=unit_roundoff(dtype),
             )
         beyond = summary.input_beyond_range
         if beyond:

@@ -395,7 +395,8 @@ CAUSES: tuple[Explanation, ...] = (
                 "the served copy holds the training adapter's update over another base's "
                 "weights",
                 fix="merge the adapter into the base it was trained on (its adapter_config.json "
-                    "base_model_name_or_path), and name that base as causal_lm.model_dir",
+                    "base_model_name_or_path), and name that base as causal_lm.model_dir; if the "
+                    "served copy was trained further after merging, gate that checkpoint",
                 rank=75),
     Explanation("weights_load", "adapter_mismatch",
                 ("adapter_mismatch",),

@@ -95,3 +95,7 @@ def is_neutral(name: str, value: object) -> bool:
         return float(value) == float(neutral)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
+
+NO_EOS = "{} states no eos_token_id: HF generate stops on no EOS token"
+"""Where an HF generation_config.json without ``eos_token_id`` leaves the EOS ids (none: HF
+``generate`` stops only on the file's ids; vLLM stops on the tokenizer's EOS regardless)."""

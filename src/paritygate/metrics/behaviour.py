@@ -4,12 +4,14 @@ sample size a test needs to detect a given effect."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from paritygate.records import OMIT_NONE, Record
 
 
 def _two_sided(z: float) -> float:
@@ -150,17 +152,20 @@ def samples_to_detect(effect: float, *, alpha: float, power: float = 0.9,
     return math.ceil(2 * z * z / (effect * effect) / (3 / math.pi))
 
 
-class StatRow(TypedDict, total=False):
-    """One statistic's comparison: its test, p-value, effect, side values, rejection."""
+@dataclass(frozen=True)
+class StatRow(Record):
+    """One statistic's comparison: its test, p-value (or a bootstrap interval ``low``..``high``),
+    effect, side values and Holm rejection."""
 
     test: str
-    p: float
     effect: float
     training: float
     serving: float
-    rejected: bool
-    low: float
-    high: float
+    p: float | None = field(default=None, metadata=OMIT_NONE)
+    low: float | None = field(default=None, metadata=OMIT_NONE)
+    high: float | None = field(default=None, metadata=OMIT_NONE)
+    rejected: bool | None = field(default=None, metadata=OMIT_NONE)
+    """Holm's verdict over the tests with a p-value (none for the reward's interval)."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +214,8 @@ def _worst_prompt(training: SideSample, serving: SideSample) -> StatRow | None:
         z = abs(shift) / math.sqrt(spread) if spread > 0 else 0.0
         worst = max(worst, (z, shift))
     p = min(1.0, len(common) * _two_sided(worst[0])) if common else 1.0
-    return {"test": "centred score z per prompt, Bonferroni", "p": p, "effect": worst[1],
-            "training": float(len(common)), "serving": float(len(common))}
+    return StatRow("centred score z per prompt, Bonferroni", worst[1], float(len(common)),
+                   float(len(common)), p=p)
 
 
 def compare(training: SideSample, serving: SideSample, alpha: float) -> dict[str, StatRow]:
@@ -223,25 +228,24 @@ def compare(training: SideSample, serving: SideSample, alpha: float) -> dict[str
         ranked.append(("self_rouge_l", training.rouge_l, serving.rouge_l))
     for name, train, serve in ranked:
         effect, p = mann_whitney(train, serve)
-        stats[name] = {"test": "Mann-Whitney", "p": p, "effect": effect,
-                       "training": float(np.mean(train)), "serving": float(np.mean(serve))}
+        stats[name] = StatRow("Mann-Whitney", effect, float(np.mean(train)),
+                              float(np.mean(serve)), p=p)
     tokens = (max(1, sum(training.lengths)), max(1, sum(serving.lengths)))
     shift = serving.score_sum / tokens[1] - training.score_sum / tokens[0]
     spread = training.score_var / tokens[0] ** 2 + serving.score_var / tokens[1] ** 2
-    stats["logprob_per_token"] = {
-        "test": "centred score z", "effect": shift,
-        "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
-        "training": float(np.mean(training.logprob_means)),
-        "serving": float(np.mean(serving.logprob_means))}
+    stats["logprob_per_token"] = StatRow(
+        "centred score z", shift, float(np.mean(training.logprob_means)),
+        float(np.mean(serving.logprob_means)),
+        p=_two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0)
     if training.repeat_sum is not None and serving.repeat_sum is not None:
         # Like the log-prob score: a repeat's probability under the trainer is known exactly,
         # so a repetition penalty (or its absence) moves this far beyond its noise.
         shift = serving.repeat_sum / tokens[1] - training.repeat_sum / tokens[0]
         spread = training.repeat_var / tokens[0] ** 2 + serving.repeat_var / tokens[1] ** 2
-        stats["repeat_rate"] = {
-            "test": "centred repeat z", "effect": shift,
-            "p": _two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0,
-            "training": training.repeats / tokens[0], "serving": serving.repeats / tokens[1]}
+        stats["repeat_rate"] = StatRow(
+            "centred repeat z", shift, training.repeats / tokens[0],
+            serving.repeats / tokens[1],
+            p=_two_sided(shift / math.sqrt(spread)) if spread > 0 else 1.0)
     per_prompt = _worst_prompt(training, serving)
     if per_prompt is not None:
         stats["logprob_per_prompt"] = per_prompt
@@ -256,10 +260,11 @@ def compare(training: SideSample, serving: SideSample, alpha: float) -> dict[str
     for name, train_hits, serve_hits in rates:
         diff, p = two_proportions(sum(train_hits), len(train_hits),
                                   sum(serve_hits), len(serve_hits))
-        stats[name] = {"test": "two-proportion z", "p": p, "effect": diff,
-                       "training": sum(train_hits) / max(1, len(train_hits)),
-                       "serving": sum(serve_hits) / max(1, len(serve_hits))}
+        stats[name] = StatRow("two-proportion z", diff,
+                              sum(train_hits) / max(1, len(train_hits)),
+                              sum(serve_hits) / max(1, len(serve_hits)), p=p)
     names = list(stats)
-    for name, reject in zip(names, holm([stats[k]["p"] for k in names], alpha), strict=True):
-        stats[name]["rejected"] = reject
+    p_values = [1.0 if stats[k].p is None else float(stats[k].p or 0.0) for k in names]
+    for name, reject in zip(names, holm(p_values, alpha), strict=True):
+        stats[name] = dataclasses.replace(stats[name], rejected=reject)
     return stats

@@ -1,87 +1,30 @@
 """The judged precision report: a report with per-dtype summaries and per-layer rows.
 
-Code reads it by attribute. Its JSON form (:meth:`Record.to_json`, precision.json and the
-check's details) keeps the fields in declaration order, non-finite numbers as the strings
-``"nan"``/``"inf"``/``"-inf"``, and :meth:`Record.from_json` reads it back unchanged (a
-report that crossed a process boundary as JSON renders the same files).
+Code reads it by attribute. Its parts are :class:`paritygate.records.Record` dataclasses
+(mutable: the analysis fills them in) whose JSON form (precision.json and the check's details)
+keeps the fields in declaration order and non-finite numbers as the strings
+``"nan"``/``"inf"``/``"-inf"``; :meth:`~paritygate.records.Record.read` reads it back unchanged
+(a report that crossed a process boundary as JSON renders the same files).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-import types
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, Union
+from typing import ClassVar
 
 from paritygate import records
-from paritygate.precision.stats import json_number
-
-R = TypeVar("R", bound="Record")
+from paritygate.records import OMIT_EMPTY
 
 
-def _json(value: object) -> object:
-    if isinstance(value, Record):
-        return value.to_json()
-    if isinstance(value, list):
-        return [_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    if isinstance(value, float):
-        return json_number(value)
-    return value
+class ReportPart(records.Record):
+    """A precision report's part: NaN/Inf written as strings, as precision.json needs."""
 
-
-def _load(hint: Any, value: Any) -> Any:
-    """``value`` (JSON) as the annotated type ``hint``."""
-    if value is None:
-        return None
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _load(args[0], value) if len(args) == 1 else value
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return [_load(item, v) for v in value]
-    if origin is dict:
-        _, item = typing.get_args(hint)
-        return {k: _load(item, v) for k, v in value.items()}
-    if isinstance(hint, type) and issubclass(hint, Record):
-        return hint.from_json(value)
-    if hint is float and isinstance(value, str):
-        return float(value)  # "nan" / "inf" / "-inf"
-    return value
-
-
-class Record:
-    """A dataclass with a JSON form: fields in order, those in ``OMIT_EMPTY`` left out when
-    ``None`` or an empty dict."""
-
-    OMIT_EMPTY: ClassVar[tuple[str, ...]] = ()
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if f.name in self.OMIT_EMPTY and (value is None or value == {}):
-                continue
-            out[f.name] = _json(value)
-        return out
-
-    @classmethod
-    def from_json(cls: type[R], data: Mapping[str, object]) -> R:
-        hints = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        return cls(**{n: _load(hints[n], data[n]) for n in names if n in data})
+    NONFINITE_AS_TEXT: ClassVar[bool] = True
 
 
 @dataclass
-class LayerRow(Record):
+class LayerRow(ReportPart):
     """One layer in one dtype: its local and cumulative error against fp32, and its verdict."""
-
-    OMIT_EMPTY = ("weights_beyond_range",)
 
     dtype: str
     index: int
@@ -114,12 +57,12 @@ class LayerRow(Record):
     """Why the layer's rerun alone failed (it is then not judged on local error)."""
     input_beyond_range: bool
     """Its fp32 input exceeded the dtype's range: its local error is inherited clipping."""
-    weights_beyond_range: dict[str, int] = field(default_factory=dict)
+    weights_beyond_range: dict[str, int] = field(default_factory=dict, metadata=OMIT_EMPTY)
     """Its parameters whose values a cast turns into Inf, by name and count."""
 
 
 @dataclass
-class FirstDivergent(Record):
+class FirstDivergent(ReportPart):
     """The first layer (execution order) over its local budget in one dtype, and why."""
 
     layer: str
@@ -131,7 +74,7 @@ class FirstDivergent(Record):
 
 
 @dataclass
-class MixedFix(Record):
+class MixedFix(ReportPart):
     """The smallest verified set of layers kept in fp32 that brings the output in budget."""
 
     keep_fp32: list[str]
@@ -146,7 +89,7 @@ class MixedFix(Record):
 
 
 @dataclass
-class DtypeSummary(Record):
+class DtypeSummary(ReportPart):
     """The judged outcome of one dtype."""
 
     error: str | None
@@ -168,7 +111,7 @@ class DtypeSummary(Record):
 
 
 @dataclass
-class OnnxRow(Record):
+class OnnxRow(ReportPart):
     """One layer's ONNX artifact tensor against torch fp32."""
 
     index: int
@@ -187,13 +130,13 @@ class OnnxRow(Record):
 
 
 @dataclass
-class OnnxUnmapped(Record):
+class OnnxUnmapped(ReportPart):
     layer: str
     reason: str
 
 
 @dataclass
-class OnnxFirstDivergent(Record):
+class OnnxFirstDivergent(ReportPart):
     layer: str
     index: int
     rel_l2: float
@@ -201,7 +144,7 @@ class OnnxFirstDivergent(Record):
 
 
 @dataclass
-class OnnxReport(Record):
+class OnnxReport(ReportPart):
     """The ONNX artifact compared per layer and at its output with torch fp32."""
 
     path: str
@@ -226,10 +169,8 @@ class OnnxReport(Record):
 
 
 @dataclass
-class PrecisionReport(Record):
+class PrecisionReport(ReportPart):
     """Rows per (dtype, layer), a judged summary per dtype, the ONNX comparison if one ran."""
-
-    OMIT_EMPTY = ("headroom_max",)
 
     dtypes: list[str]
     depth: int
@@ -241,7 +182,7 @@ class PrecisionReport(Record):
     reference_output_nonfinite: int
     notes: list[str]
     onnx: OnnxReport | None = None
-    headroom_max: float | None = None
+    headroom_max: float | None = field(default=None, metadata=OMIT_EMPTY)
     """The headroom threshold the check judged with (its plot marks it)."""
 
     def dtype_rows(self, dtype: str) -> list[LayerRow]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from paritygate.checks.behaviour_parity import BehaviourRecord
 from paritygate.fragments import Rendered
+from paritygate.metrics.behaviour import StatRow
 from paritygate.report.render import section
 from paritygate.result import CheckResult
 
@@ -70,15 +71,14 @@ def render_behaviour(result: CheckResult, report_dir: Path, *, figures: bool = T
         return Rendered()
     rows = []
     for name, row in stats.items():
-        if not isinstance(row, Mapping):
+        if not isinstance(row, StatRow):
             continue
-        p = row.get("p")
-        interval = (f"[{row['low']:+.3g}, {row['high']:+.3g}]" if "low" in row else "")
-        rows.append([str(name), str(row.get("test", "")),
-                     f"{p:.2g}" if isinstance(p, float) else interval,
-                     f"{row.get('effect', 0.0):+.3g}", f"{row.get('training', 0.0):.4g}",
-                     f"{row.get('serving', 0.0):.4g}",
-                     "yes" if row.get("rejected") else "no"])
+        interval = (f"[{row.low:+.3g}, {row.high:+.3g}]"
+                    if row.low is not None and row.high is not None else "")
+        rows.append([str(name), row.test,
+                     f"{row.p:.2g}" if isinstance(row.p, float) else interval,
+                     f"{row.effect:+.3g}", f"{row.training:.4g}", f"{row.serving:.4g}",
+                     "yes" if row.rejected else "no"])
     note = (f"Holm at alpha {record.alpha} over the tests, "
             f"{record.samples_per_prompt} samples per prompt per side")
     main = section("behaviour_parity", ["statistic", "test", "p (or 95% interval)", "effect",

@@ -160,6 +160,16 @@ def _training_dir(config: GateConfig, spec: CausalLMSpec) -> Path:
     return model_dir
 
 
+def trained_files(weights: list[Path], adapter: AdapterInfo | None) -> list[Path]:
+    """The files a trained checkpoint is (its digest's input): the model directory's
+    safetensors ``weights``, plus the adapter's config and weights when one is trained."""
+    if adapter is None:
+        return list(weights)
+    from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE
+
+    return [*weights, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
+
+
 def _model_dirs(
     config: GateConfig, spec: CausalLMSpec, model_dir: Path, adapter: AdapterInfo | None,
     adapter_key: str, served_from: str,
@@ -169,12 +179,11 @@ def _model_dirs(
     with keyed("causal_lm.model_dir"):
         files = safetensors_files(model_dir)
         check_model_dir(model_dir, trust_remote_code=trust)
-    trained = files
     if adapter is not None:
-        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE, check_fits
+        from paritygate.families.causal_lm.adapter import check_fits
 
         check_fits(adapter, model_dir, adapter_key)
-        trained = [*files, adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
+    trained = trained_files(files, adapter)
     engine_dir = spec.engine.model_dir if spec.engine.model_dir else model_dir
     if engine_dir.is_dir():  # a FIFO or device in it is named before config.json is looked for
         check_input(engine_dir, served_from, what="model directory", expect="dir")

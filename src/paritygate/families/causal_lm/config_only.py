@@ -23,6 +23,7 @@ from paritygate.families.causal_lm.build import (
     make_sides,
     sampling_files,
     setups,
+    trained_files,
 )
 from paritygate.families.causal_lm.context import LMContext
 from paritygate.families.causal_lm.inputs import resolve_adapter, sampling_contradictions
@@ -66,11 +67,7 @@ def build_config_only_context(config: GateConfig) -> LMContext:
     from paritygate.engines.hf_loading import safetensors_files
 
     with keyed("causal_lm.model_dir"):
-        trained = safetensors_files(training_dir)
-    if adapter is not None:
-        from paritygate.families.causal_lm.adapter import CONFIG_FILE, WEIGHTS_FILE
-
-        trained += [adapter.directory / CONFIG_FILE, adapter.directory / WEIGHTS_FILE]
+        trained = trained_files(safetensors_files(training_dir), adapter)
     training, serving = make_sides(config, spec, toks, sampling, (training_dir, engine_dir),
                                    served_from, (), (adapter, adapter_key))
     logprobs = TrainerLogprobs(_not_read("causal_lm.training.logprob_fn"),

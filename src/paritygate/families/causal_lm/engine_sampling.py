@@ -69,6 +69,9 @@ def vllm_applies(side: SamplingFile) -> SamplingFile:
             sources[name] = ("vLLM's default (vLLM takes only the stated, non-default "
                              "sampling fields of generation_config.json)")
     values["do_sample"] = float(str(values["temperature"] or 0.0)) > 0.0
+    if "eos_token_id" not in side.explicit:  # vLLM stops on the tokenizer's EOS regardless
+        values["eos_token_id"] = [] if side.eos_id is None else [side.eos_id]
+        sources.pop("eos_token_id", None)
     for name in ("do_sample", "min_new_tokens", "stop", "ignore_eos", "stop_token_ids"):
         sources[name] = f"vLLM's default (vLLM does not read {name} from generation_config.json)"
     return dataclasses.replace(side, values=values, explicit=explicit, default_sources=sources,

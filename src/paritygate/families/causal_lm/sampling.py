@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paritygate.config.sampling_fields import NOT_COMPARED, OFF_POLICY, is_neutral
+from paritygate.config.sampling_fields import NO_EOS, NOT_COMPARED, OFF_POLICY, is_neutral
 from paritygate.engines.generation import SamplingSpec
 from paritygate.errors import InputError
 from paritygate.reading import MAX_CONFIG_BYTES, read_text
@@ -148,7 +148,7 @@ class SamplingFile:
         if name in self.explicit:
             return self.path.name
         if name == "eos_token_id":
-            return "the tokenizer's EOS"
+            return self.default_sources.get(name, "the tokenizer's EOS")
         return self.default_sources.get(name, f"{self.format} default")
 
     def contradiction(self) -> str | None:
@@ -384,12 +384,13 @@ def load_sampling_file(
         explicit.add(key)
     if fmt == "hf_generation_config" and values["temperature"] == 0.0:
         values["do_sample"] = False
+    sources = dict(default_sources or {})
+    if fmt == "hf_generation_config" and "eos_token_id" not in explicit:  # HF: no EOS stop
+        values["eos_token_id"], sources["eos_token_id"] = [], NO_EOS.format(path.name)
     if fmt != "hf_generation_config" and "do_sample" not in explicit:
         values["do_sample"] = values["temperature"] > 0.0
-    return SamplingFile(
-        path, fmt, values, explicit, seed, detection, not_compared, eos_text, eos_id, set(data),
-        dict(default_sources or {}),
-    )
+    return SamplingFile(path, fmt, values, explicit, seed, detection, not_compared, eos_text,
+                        eos_id, set(data), sources)
 
 
 def _load_trl(
