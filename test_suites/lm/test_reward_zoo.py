@@ -290,6 +290,21 @@ def test_reward_clean_twin_passes(rewards: Rewards, tmp_path: Path, case: Case) 
     assert result.metrics["samples"] >= 5
 
 
+def test_each_reward_model_is_a_record_of_its_own(rewards: Rewards, tmp_path: Path) -> None:
+    """The scoring copy and the trained model are chosen when the block loads, not by a side's
+    name at scoring time: one model where the scoring copy is the trained directory run in
+    float32, two (each in its own dtype, named by its own key) where a dtype is declared."""
+    same = _gate(rewards, tmp_path / "same", _set()).context.reward
+    assert same is not None and same.scoring is not None
+    assert same.trained is same.scoring and same.scoring.dtype == "float32"
+    declared = _gate(rewards, tmp_path / "bf16", _bf16(True)).context.reward
+    assert declared is not None and declared.scoring is not None
+    assert declared.trained is not None and declared.trained is not declared.scoring
+    assert (declared.scoring.dtype, declared.trained.dtype) == ("bfloat16", "float32")
+    assert (declared.scoring.key, declared.trained.key) == ("causal_lm.reward.model_dir",
+                                                             "causal_lm.reward.trained_dir")
+
+
 def test_a_scorer_is_measured_against_the_model(rewards: Rewards, tmp_path: Path) -> None:
     """The token-mean head moves scores and flips pair rankings; the last-token scorer is
     the model's own scores (its twin)."""
