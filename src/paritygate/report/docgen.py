@@ -4,7 +4,8 @@ The checklist table comes from the check registry (ids, families, marks, summari
 config reference from the config models (:mod:`paritygate.report.configdoc`). The
 committed README and docs pages hold the generated text between marker comments;
 ``python -m paritygate.report.docgen`` rewrites them and ``--check`` exits 1 when one is stale
-(a test runs the same comparison).
+(a test runs the same comparison). The check registry's index (``checks/_index.py``, which
+lets a run import only its family's checks) is generated here too, from the check modules.
 """
 
 from __future__ import annotations
