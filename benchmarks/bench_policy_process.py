@@ -15,7 +15,9 @@ the artifact's initializers against the checkpoint, and one fp16 and one bf16 pa
 per-layer hooks (each layer's output compared with its fp32 output and the layer rerun alone
 on its fp32 input). One thread each (``PARITYGATE_THREADS=1``). Runs alternate gate, minimal,
 minimal, gate, ...; CPU seconds (user + system) of each child; the median of the pair ratios
-is printed with the machine's load. Target: <= 1.2x.
+is printed with the machine's load. paritygate's modules are compiled to bytecode first, as an
+install does (a source checkout run with ``PYTHONDONTWRITEBYTECODE=1`` would compile them in
+every gate process). Target: <= 1.2x.
 
     python benchmarks/bench_policy_process.py [--repeats 7] [--html]
 """
@@ -234,6 +236,11 @@ def main() -> None:
     parser.add_argument("--html", action="store_true",
                         help="also ask for report.html (figures drawn) on the gate side")
     args = parser.parse_args()
+    import compileall
+
+    import paritygate
+
+    compileall.compile_dir(str(Path(paritygate.__file__).parent), quiet=1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         config = build_subject(root)

@@ -8,7 +8,11 @@ are annotations only and do not count.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "paritygate"
 
@@ -343,6 +347,45 @@ def test_registration_is_one_module_per_check() -> None:
             assert set(edge.explains) <= set(CHECK_IDS), edge
     ranks = [edge.rank for edge in GRAPH]
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_the_registry_index_is_the_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``checks/_index.py`` (ids, order, families) is what the modules say; an index that
+    misses a module is not trusted: the registry reads every module instead."""
+    import paritygate.checks as registry
+    from paritygate.checks._index import FAMILIES
+
+    assert registry.scan() == FAMILIES
+    assert tuple(FAMILIES) == registry.CHECK_IDS
+    for cid, families in FAMILIES.items():
+        assert registry.get_check(cid).families == families
+    stale = {cid: fams for cid, fams in FAMILIES.items() if cid != "serving_replay"}
+    monkeypatch.setattr(registry, "FAMILIES", stale)
+    assert registry._registered() == registry.scan()
+
+
+def test_a_policy_run_imports_only_policy_checks() -> None:
+    """Registry, root-cause graph and report renderers import only the checks a run has:
+    a policy gate never imports an LM check's module (nor its records and metrics)."""
+    code = (
+        "import sys\n"
+        "from paritygate.checks import checks_for\n"
+        "from paritygate.result import CheckResult\n"
+        "from paritygate.report.table import summary_table\n"
+        "specs = checks_for('policy')\n"
+        "summary_table([CheckResult(s.id, 'fail', 'x', {}, None, {}) for s in specs])\n"
+        "import paritygate.report\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('paritygate.checks.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    from paritygate.checks._index import FAMILIES
+
+    lm_only = {f"paritygate.checks.{cid}" for cid, fams in FAMILIES.items()
+               if "policy" not in fams}
+    assert not lm_only & set(out), sorted(lm_only & set(out))
+    assert {f"paritygate.checks.{cid}" for cid, fams in FAMILIES.items()
+            if "policy" in fams} <= set(out)
 
 
 def test_a_check_registers_in_its_own_module() -> None:

@@ -23,6 +23,7 @@ from paritygate.errors import InputError
 
 if TYPE_CHECKING:
     from paritygate.gate import Gate
+    from paritygate.session import Outcome
 
 from paritygate.exit_codes import (
     EXIT_FAIL,
@@ -110,10 +111,7 @@ def _bless_first(args: argparse.Namespace, gate: Gate) -> None:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    import pytest
-
     from paritygate.gate import Gate
-    from paritygate.plugin import GateRun
 
     gate = Gate.from_path(
         args.config, update_golden=args.update_golden, report_dir=args.report_dir
@@ -135,26 +133,21 @@ def _run_one(args: argparse.Namespace) -> int:
             print(f"paritygate: trainer checkpoint {gate.config.trainer_checkpoint.describe()}",
                   flush=True)
         gate.context  # noqa: B018 - validate every input before any check runs
-        run = GateRun(gate, owns_stderr=True)
-        pytest_args = _pytest_args(gate, args, selected)
-        autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
-        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
-        try:
-            code = int(pytest.main(pytest_args, plugins=[run]))
-        except Exception:
-            if run.interrupted:  # a plugin failed on the interrupt: still an interrupt
-                raise KeyboardInterrupt from None
-            raise
-        finally:
-            if autoload is None:
-                os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-            else:
-                os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
+        if args.markexpr or args.workers or args.force_workers:
+            outcome, code = _run_pytest(gate, args, selected)
+        else:  # nothing asks for pytest: the same checks and reports without its session
+            from paritygate.runner import run_checks
+
+            gate.allow_skips = args.allow_skips
+            out = args.report_dir.resolve() if args.report_dir else None
+            outcome = run_checks(gate, out or gate.config.default_report_dir())
+            code = EXIT_INPUT
+            if outcome.written is not None:
+                import gc
+
+                gc.freeze()  # the process ends next: no exit-time gc walk of the models
     finally:
         gate.discard_golden()  # a no-op after the run committed; unlocks on every other exit
-    outcome = run.outcome
-    if run.interrupted or (outcome is not None and outcome.kind == "interrupted"):
-        raise KeyboardInterrupt  # also before the session started (pytest's own setup)
     if outcome is None:  # pytest stopped before the session (its own usage error)
         return EXIT_INPUT
     if outcome.kind == "input_error":
@@ -167,6 +160,35 @@ def _run_one(args: argparse.Namespace) -> int:
     if outcome.kind == "fail":
         return EXIT_FAIL
     return EXIT_INPUT if code not in (EXIT_PASS, EXIT_FAIL) else code
+
+
+def _run_pytest(gate: Gate, args: argparse.Namespace,
+                selected: list[str] | None) -> tuple[Outcome | None, int]:
+    """The run as a pytest session of the gate files (``-m`` and workers are pytest's): its
+    outcome and pytest's exit code."""
+    import pytest
+
+    from paritygate.plugin import GateRun
+
+    run = GateRun(gate, owns_stderr=True)
+    pytest_args = _pytest_args(gate, args, selected)
+    autoload = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist workers inherit it
+    try:
+        code = int(pytest.main(pytest_args, plugins=[run]))
+    except Exception:
+        if run.interrupted:  # a plugin failed on the interrupt: still an interrupt
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if autoload is None:
+            os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+        else:
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = autoload
+    outcome = run.outcome
+    if run.interrupted or (outcome is not None and outcome.kind == "interrupted"):
+        raise KeyboardInterrupt  # also before the session started (pytest's own setup)
+    return outcome, code
 
 
 def _check_markexpr(expr: str) -> None:
@@ -384,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated) or signals.last == "SIGTERM"
         code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-        from paritygate.plugin import INTERRUPTED_LINE
+        from paritygate.session import INTERRUPTED_LINE
 
         signame = "SIGTERM" if code == EXIT_TERMINATED else "SIGINT"
         line = INTERRUPTED_LINE.replace("interrupted", f"interrupted ({signame})", 1)

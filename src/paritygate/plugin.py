@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from paritygate.cli_signals import interrupts_deferred
-from paritygate.errors import InputError, write_failed
+from paritygate.errors import InputError
 from paritygate.files import json_default
 from paritygate.plugin_run import (
     INPUT_ERROR_KEY,
@@ -33,9 +32,9 @@ from paritygate.plugin_run import (
     check_id_of,
     marker_hint,
     state,
-    verified_before,
 )
 from paritygate.result import CheckResult
+from paritygate.session import INTERRUPTED_LINE, conclude, summary_lines
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -317,11 +316,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         tr.write_line(f"paritygate: {notice}")
 
 
-INTERRUPTED_LINE = (
-    "interrupted: no report written; the previous report and golden baselines are unchanged"
-)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if RUN not in config.stash:
@@ -379,38 +373,15 @@ def _finish(run: GateRun, session: pytest.Session, exitstatus: int) -> Outcome:
         return _stop(gate, Outcome("usage_error"))
     if config.getoption("collectonly", False):
         return _stop(gate, Outcome("collect_only"))
-    from paritygate.report import NOTHING_VERIFIED, nothing_verified_reason, overall_status
-
     try:
         gate = _get_gate(config)
     except InputError as exc:
         return _stop(gate, Outcome("input_error", exc.line()))
-    order = {c.id: i for i, c in enumerate(gate.checks())}
-    results = sorted(run.results, key=lambda r: order.get(r.id, 99))
-    ran = {r.id for r in results}
+    ran = {r.id for r in run.results}
     stopped = bool(session.shouldfail or session.shouldstop)
     not_run = [cid for cid in run.selected if cid not in ran] if stopped else []
-    status = overall_status(results, allow_skips=gate.allow_skips)
-    line = None
-    if status == NOTHING_VERIFIED:
-        line = nothing_verified_reason(results) + marker_hint(config)
-    out = _report_dir(config, gate)
-    verified = any(r.status in ("pass", "fail", "error") for r in results)
-    if not verified and verified_before(out / "report.json"):
-        kept = f"; {out / 'report.json'} (an earlier run that verified checks) is kept"
-        gate.discard_golden()
-        return Outcome(status, (line or "nothing was verified") + kept, None, not_run)
-    from paritygate.report import write_reports
-
-    try:
-        with interrupts_deferred():
-            gate.commit_golden()
-            written = write_reports(gate, results, out, not_run=not_run)
-    except InputError as exc:
-        return Outcome("input_error", exc.line())
-    except OSError as exc:
-        return Outcome("input_error", write_failed(exc, out, "report_dir").line())
-    return Outcome(written.status, line, written, not_run)
+    return conclude(gate, run.results, _report_dir(config, gate), not_run=not_run,
+                    hint=marker_hint(config))
 
 
 def _stop(gate: Gate | None, outcome: Outcome) -> Outcome:
@@ -434,17 +405,7 @@ def pytest_terminal_summary(
             print(f"paritygate: {'error: ' if outcome.kind == 'input_error' else ''}"
                   f"{outcome.line}", file=sys.stderr)
         return
-    written = outcome.written
-    if written is not None:
-        from paritygate.report import summary_table
-
+    if outcome.written is not None:
         terminalreporter.write_sep("=", "paritygate")
-        for line in summary_table(written.results):
-            terminalreporter.write_line(line)
-        terminalreporter.write_line(f"status: {written.status}   reports: {written.directory}")
-    if outcome.not_run:
-        terminalreporter.write_line(
-            f"paritygate: not run (the run stopped early): {', '.join(outcome.not_run)}; "
-            "the root cause is chosen among the checks that ran")
-    if outcome.kind == "nothing_verified" or (outcome.line and written is None):
-        terminalreporter.write_line(f"paritygate: {outcome.line}")
+    for line in summary_lines(outcome):
+        terminalreporter.write_line(line)

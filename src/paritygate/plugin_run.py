@@ -4,18 +4,16 @@ how it ended (:class:`Outcome`); :mod:`paritygate.plugin` holds the hooks."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from paritygate.errors import InputError, shorten
 from paritygate.result import CheckResult
+from paritygate.session import Outcome, progress_line, verified_before
 
 if TYPE_CHECKING:
     from paritygate.gate import Gate
-    from paritygate.report import WrittenReport
 
 __all__ = [
     "INPUT_ERROR_KEY", "RESULT_KEY", "RUN", "STATUS_KEY", "GateRun", "Outcome", "check_id_of",
@@ -27,20 +25,6 @@ RESULT_KEY = "paritygate_result"
 the controller swaps it for a short ``paritygate_status`` entry (junit.xml stays small)."""
 STATUS_KEY = "paritygate_status"
 INPUT_ERROR_KEY = "paritygate_input_error"
-
-
-@dataclass
-class Outcome:
-    """How a gate session ended: what the CLI turns into its exit code and stderr line.
-
-    ``kind`` is the report's status (``pass``, ``fail``, ``nothing_verified``) or why no
-    report was written: ``interrupted``, ``input_error``, ``usage_error``, ``collect_only``.
-    """
-
-    kind: str
-    line: str | None = None
-    written: WrittenReport | None = None
-    not_run: list[str] = field(default_factory=list)
 
 
 class GateRun:
@@ -109,15 +93,8 @@ class GateRun:
 
     def _progress(self, result: CheckResult) -> None:
         tr = self.config.pluginmanager.get_plugin("terminalreporter") if self.config else None
-        if tr is None:
-            return
-        key = result.key_metric
-        value = result.metrics.get(key) if key else None
-        shown = (f"{key}={value:.3g}" if isinstance(value, float)
-                 else (f"{key}={value}" if key else ""))
-        tr.write_line(
-            f"[paritygate] {result.status:>5}  {result.id:<22} {result.duration_s:6.2f}s  {shown}"
-        )
+        if tr is not None:
+            tr.write_line(progress_line(result))
 
 
 RUN = pytest.StashKey[GateRun]()
@@ -134,14 +111,6 @@ def check_id_of(nodeid: str) -> str | None:
 
     name = nodeid.rsplit("::", 1)[-1].removeprefix("test_")
     return name if name in CHECK_IDS and "::test_" in nodeid else None
-
-
-def verified_before(path: Path) -> bool:
-    """An existing report.json that verified checks (status pass or fail)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("status") in ("pass", "fail")
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def marker_hint(config: pytest.Config) -> str:

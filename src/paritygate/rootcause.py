@@ -20,7 +20,9 @@ never from message text, so a message can be reworded freely.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from paritygate.causes import Explanation
 from paritygate.result import CheckResult, Reason
@@ -29,16 +31,18 @@ from paritygate.verdict import BLESS_HINT
 FAILED = ("fail", "error")
 
 
-def collect_graph() -> tuple[Explanation, ...]:
-    """Every check's declared edges (its module's ``CAUSES``), in ``rank`` order, each
-    explaining the checks it names and the downstream checks of its ``downstream`` families."""
+def collect_graph(check_ids: Iterable[str] | None = None) -> tuple[Explanation, ...]:
+    """The declared edges (each module's ``CAUSES``) of ``check_ids`` (default: every check),
+    in ``rank`` order, each explaining the checks it names and the downstream checks of its
+    ``downstream`` families among ``check_ids``. Only those checks' modules are imported."""
     import importlib
 
     from paritygate.checks import CHECK_IDS, get_check
 
-    specs = [get_check(cid) for cid in CHECK_IDS]
+    wanted = CHECK_IDS if check_ids is None else [c for c in CHECK_IDS if c in set(check_ids)]
+    specs = [get_check(cid) for cid in wanted]
     edges = []
-    for cid in CHECK_IDS:
+    for cid in wanted:
         for edge in getattr(importlib.import_module(f"paritygate.checks.{cid}"), "CAUSES", ()):
             below = [s.id for s in specs if s.downstream and set(s.families) & set(edge.downstream)
                      and s.id != edge.check and s.id not in edge.explains]
@@ -46,9 +50,19 @@ def collect_graph() -> tuple[Explanation, ...]:
     return tuple(sorted(edges, key=lambda edge: edge.rank))
 
 
-GRAPH: tuple[Explanation, ...] = collect_graph()
-"""The explanation graph: a failing check, the finding kinds that identify a fault, and the
-checks that fault makes fail too. Earlier edges win."""
+if TYPE_CHECKING:
+    GRAPH: tuple[Explanation, ...]
+
+
+def __getattr__(name: str) -> object:
+    """``GRAPH``, the whole explanation graph (a failing check, the finding kinds that identify
+    a fault, and the checks that fault makes fail too; earlier edges win), read on first use:
+    explaining a run needs only its failing checks' edges."""
+    if name == "GRAPH":
+        graph = collect_graph()
+        globals()["GRAPH"] = graph
+        return graph
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,7 @@ def _fmt(value: object) -> str:
 
 
 def explain(
-    results: list[CheckResult], graph: tuple[Explanation, ...] = GRAPH
+    results: list[CheckResult], graph: tuple[Explanation, ...] | None = None
 ) -> tuple[list[CheckResult], RootCause | None]:
     """Results with consequential failures marked and reworded, plus the run's root cause.
 
@@ -146,6 +160,8 @@ def explain(
     failing = {r.id: r for r in results if r.status in FAILED}
     if not failing:
         return [dataclasses.replace(r) for r in results], None
+    if graph is None:  # only an edge of a failing check can link: the rest need not load
+        graph = collect_graph(failing)
     by: dict[str, tuple[str, Explanation]] = {
         r.id: (r.consequence_of, Explanation(r.consequence_of, "", (), (), ""))
         for r in failing.values() if r.consequence_of

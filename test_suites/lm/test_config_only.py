@@ -2,7 +2,8 @@
 builds the LM family's config-only context (sampling configs, ``config.json``, tokenizer facts
 from the tokenizer's files) in a process that never imports torch or transformers, and still
 measures: the clean demo passes, a serving temperature that differs fails by its kind, and the
-record equals the full context's."""
+record equals the full context's. So does a run whose serving engine is vLLM (what vLLM
+applies from a served generation_config.json is read without transformers)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
-from lm_zoo import FAULTS, SAMPLING_VARIANTS, variant_config
+from lm_zoo import (
+    FAULTS,
+    SAMPLING_VARIANTS,
+    served_hf_defaults_vllm,
+    served_temperature_vllm,
+    variant_config,
+)
 
 WRAPPER = """
 import json, sys
@@ -28,6 +35,8 @@ print(json.dumps({"code": code, "loaded": sorted(
 def _run(demo_lm: Path, out: Path, fault: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     found = next((f for f in FAULTS + SAMPLING_VARIANTS if f.name == fault), None)
     data = variant_config(demo_lm, out, found)
+    if fault in SERVED_VLLM:  # a served generation_config.json, engines: [vllm]
+        SERVED_VLLM[fault](data, demo_lm, out)
     data["name"] = "config-only"
     data["golden"] = {"dir": str(out / "golden")}
     (out / "gate.yaml").write_text(yaml.safe_dump(data))
@@ -41,9 +50,17 @@ def _run(demo_lm: Path, out: Path, fault: str | None) -> tuple[dict[str, Any], d
     return ended, next(c for c in report["checks"] if c["id"] == "sampling_config")
 
 
+SERVED_VLLM = {"served_temperature_vllm": served_temperature_vllm,
+               "served_hf_defaults_vllm": served_hf_defaults_vllm}
+"""Under ``engines: [vllm]``, vLLM's reading of the served generation_config.json (which
+drops transformers' ``GenerationConfig`` defaults) is still config-only."""
+
+
 @pytest.mark.parametrize(("fault", "code", "kinds"), [
     (None, 0, []),
     ("temperature_differs", 1, ["field_differs"]),
+    ("served_temperature_vllm", 1, ["field_differs"]),
+    ("served_hf_defaults_vllm", 0, []),
 ])
 def test_sampling_config_runs_without_torch(demo_lm: Path, tmp_path: Path, fault: str | None,
                                             code: int, kinds: list[str]) -> None:

@@ -199,3 +199,25 @@ def test_vllm_applies_the_stated_non_default_fields(tmp_path: Path) -> None:
     assert vllm.values["min_new_tokens"] == 0 and vllm.values["stop"] == []
     assert "vLLM's default" in vllm.source("top_k")
     assert applied_by("hf", side) is side and applied_by("endpoint", side).values == vllm.values
+
+
+def test_hf_generation_defaults_are_the_installed_transformers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table of ``GenerationConfig`` defaults (read without importing transformers) holds
+    the installed transformers' real defaults; another major version takes its own row."""
+    import importlib.metadata
+
+    from transformers import GenerationConfig
+
+    from paritygate.families.causal_lm import engine_sampling as es
+
+    real = GenerationConfig()
+    es._hf_defaults.cache_clear()
+    try:
+        assert es._hf_defaults() == {n: getattr(real, n, None) for n in es.VLLM_TAKES}
+        for major, row in es.HF_GENERATION_DEFAULTS.items():
+            es._hf_defaults.cache_clear()
+            monkeypatch.setattr(importlib.metadata, "version", lambda _n, m=major: f"{m}.1.0")
+            assert es._hf_defaults() == row
+    finally:
+        es._hf_defaults.cache_clear()

@@ -134,3 +134,44 @@ def test_faulty_config_exits_1(gate_dir: Path, clean_demo: Path) -> None:
     check = checks_by_id(report)[fault.check]
     assert check["status"] == "fail"
     assert all(cause in check["message"] for cause in fault.causes), check["message"]
+
+
+def _without_timings(path: Path) -> str:
+    """A report file with its timings (check durations, when written, junit times) taken out."""
+    import re
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        def drop(node: Any) -> Any:
+            if isinstance(node, dict):
+                return {k: drop(v) for k, v in node.items()
+                        if k not in ("duration_s", "generated_at")}
+            return [drop(v) for v in node] if isinstance(node, list) else node
+        return json.dumps(drop(json.loads(text)), sort_keys=True)
+    return re.sub(r'time="[0-9.]+"', 'time=""', text)
+
+
+def test_run_without_pytest_writes_the_reports_a_pytest_session_writes(
+        gate_dir: Path, clean_demo: Path) -> None:
+    """``paritygate run`` without ``-m`` or workers runs its checks without pytest; with
+    ``-m`` the gate files run as a pytest session. On the faulty subject both exit 1 and
+    write the same report.json, report.md and junit.xml (timings aside)."""
+    fault = FAULTS_BY_ID["temperature_baked"]
+    overrides = fault.build(clean_demo, gate_dir / "twice")
+    data = yaml.safe_load((gate_dir / "clean.yaml").read_text(encoding="utf-8"))
+    data["golden"] = {"dir": str(gate_dir / "golden")}
+    config = write_config(gate_dir / "twice" / "faulty.yaml", merge(data, overrides))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GITHUB_STEP_SUMMARY", "PARITYGATE_CONFIG")}
+    plain = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "paritygate", "run", str(config),
+         "--report-dir", str(gate_dir / "twice" / "plain")],
+        cwd=config.parent, capture_output=True, text=True, timeout=300, env=env)
+    session = paritygate_run(config, "-m", "fast or slow", "--report-dir",
+                             str(gate_dir / "twice" / "pytest"))
+    assert plain.returncode == session.returncode == 1, plain.stdout + session.stdout
+    assert "| _pytest" not in plain.stderr and "| pytest" not in plain.stderr
+    assert plain.stdout.splitlines()[-1].startswith(session.stdout.splitlines()[-1][:20])
+    for name in ("report.json", "report.md", "junit.xml"):
+        assert _without_timings(gate_dir / "twice" / "plain" / name) == _without_timings(
+            gate_dir / "twice" / "pytest" / name), name

@@ -1,5 +1,12 @@
-"""Registry of checks, one module per check id (its ``CHECK`` spec), found in this package;
-it validates the check ids and thresholds a gate config names."""
+"""Registry of checks, one module per check id (its ``CHECK`` spec and ``POSITION``), found in
+this package; it validates the check ids and thresholds a gate config names.
+
+Which checks exist, in what order and for which families is read from ``_index.py``, a file
+generated from the modules (``python -m paritygate.report.docgen``), so a run imports only the
+modules of its own family's checks. When the modules on disk are not the index's (one added or
+removed and the index not regenerated) every module is imported and read instead: the index
+saves imports, it never decides what a check is.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +17,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paritygate.check import CheckSpec
+from paritygate.checks._index import FAMILIES
 
 if TYPE_CHECKING:
     from paritygate.config import GateConfig
 
 
-def _discover() -> tuple[str, ...]:
-    """The ids of the check modules in this package, in checklist order (each module's
-    ``POSITION``): a new check is registered by adding its module, nothing else."""
+def scan() -> dict[str, tuple[str, ...]]:
+    """Every check module's id and families, in checklist order (each module's ``POSITION``),
+    read by importing every module: what ``_index.py`` holds when it is current."""
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-    position = {n: importlib.import_module(f"{__name__}.{n}").POSITION for n in names}
-    return tuple(sorted(names, key=lambda n: (position[n], n)))
+    modules = {n: importlib.import_module(f"{__name__}.{n}") for n in names}
+    ordered = sorted(names, key=lambda n: (modules[n].POSITION, n))
+    return {n: modules[n].CHECK.families for n in ordered}
 
 
-CHECK_IDS: tuple[str, ...] = _discover()
+def _registered() -> dict[str, tuple[str, ...]]:
+    """The index when it names exactly the check modules on disk, else a fresh scan: a new
+    check is registered by adding its module, nothing else."""
+    names = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    return dict(FAMILIES) if names == set(FAMILIES) else scan()
+
+
+_FAMILIES = _registered()
+CHECK_IDS: tuple[str, ...] = tuple(_FAMILIES)
 """Every check id, in checklist order."""
 
 
@@ -37,8 +54,9 @@ def get_check(check_id: str) -> CheckSpec:
 
 
 def checks_for(family: str) -> list[CheckSpec]:
-    """All checks that apply to a model family, in checklist order."""
-    return [spec for cid in CHECK_IDS if family in (spec := get_check(cid)).families]
+    """All checks that apply to a model family, in checklist order (only their modules are
+    imported)."""
+    return [get_check(cid) for cid in CHECK_IDS if family in _FAMILIES[cid]]
 
 
 def validate_config(config: GateConfig, path: Path) -> None:

@@ -8,15 +8,15 @@ leads with the failure that explains the others.
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from paritygate.files import atomic_write_many, dump_json
 from paritygate.fragments import Rendered
-from paritygate.precision.render import render_precision
-from paritygate.report.behaviour import render_behaviour
 from paritygate.report.json_report import (
     NOTHING_VERIFIED,
     nothing_verified_reason,
@@ -25,10 +25,7 @@ from paritygate.report.json_report import (
 )
 from paritygate.report.junit import junit_xml
 from paritygate.report.model import SCHEMA_VERSION, validate_report
-from paritygate.report.reference import render_reference
 from paritygate.report.render import report_html, report_markdown
-from paritygate.report.reward import render_reward
-from paritygate.report.rollout import render_rollout
 from paritygate.report.table import ICON, key_row, summary_table
 from paritygate.result import CheckResult
 
@@ -71,13 +68,32 @@ class Renderer(Protocol):
                  ) -> Rendered: ...
 
 
-RENDERERS: dict[str, Renderer] = {
-    "rollout_parity": render_rollout,
-    "precision_per_layer": render_precision,
-    "reference_parity": render_reference,
-    "reward_parity": render_reward,
-    "behaviour_parity": render_behaviour,
-}
+class _Renderers(Mapping[str, Renderer]):
+    """Renderers by check id, each imported on first use: a renderer reads its check's record
+    types, so importing them all would import every family's checks."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self._paths = paths
+
+    def __getitem__(self, check_id: str) -> Renderer:
+        module, name = self._paths[check_id].split(":")
+        render: Renderer = getattr(importlib.import_module(module), name)
+        return render
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
+RENDERERS: Mapping[str, Renderer] = _Renderers({
+    "rollout_parity": "paritygate.report.rollout:render_rollout",
+    "precision_per_layer": "paritygate.precision.render:render_precision",
+    "reference_parity": "paritygate.report.reference:render_reference",
+    "reward_parity": "paritygate.report.reward:render_reward",
+    "behaviour_parity": "paritygate.report.behaviour:render_behaviour",
+})
 """The one registry of report renderers, by check id: each draws a check's tables and figures
 from its records (``details``) and returns the fragments embedded in report.md and
 report.html. Checks measure; they build no table or figure."""

@@ -38,15 +38,32 @@ ENGINES_READING_VLLM = frozenset({"vllm", "endpoint"})
 OpenAI-compatible vLLM server)."""
 
 
+HF_GENERATION_DEFAULTS: dict[int, dict[str, object]] = {
+    4: {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None,
+        "repetition_penalty": 1.0, "presence_penalty": None, "frequency_penalty": None,
+        "max_new_tokens": None},
+    5: dict.fromkeys(VLLM_TAKES),
+}
+"""transformers' own ``GenerationConfig`` defaults of the fields vLLM takes, by transformers'
+major version (``None`` where it has none: transformers 5 leaves every sampling field unset,
+and 4 has no presence or frequency penalty). A test holds the installed version's row to the
+real ``GenerationConfig``."""
+
+
 @functools.cache
 def _hf_defaults() -> dict[str, object]:
-    """transformers' own ``GenerationConfig`` defaults of the fields vLLM takes (``None`` where
-    it has none: transformers 5 leaves sampling fields unset), which vLLM's ``to_diff_dict``
-    drops; read once per process."""
-    from transformers import GenerationConfig
+    """The ``GenerationConfig`` defaults of the installed transformers (its version read from
+    the package's metadata, so a config-only run imports no transformers), which vLLM's
+    ``to_diff_dict`` drops. Without transformers installed (a remote endpoint), the newest
+    row."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    config = GenerationConfig()
-    return {name: getattr(config, name, None) for name in VLLM_TAKES}
+    try:
+        major = int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        major = max(HF_GENERATION_DEFAULTS)
+    return HF_GENERATION_DEFAULTS[min(max(major, min(HF_GENERATION_DEFAULTS)),
+                                      max(HF_GENERATION_DEFAULTS))]
 
 
 def vllm_applies(side: SamplingFile) -> SamplingFile:
