@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,16 +76,20 @@ def _close(gate: Gate) -> None:
 
 @contextmanager
 def _captured() -> Iterator[None]:
-    """What a check writes to file descriptors 1 and 2 (a library's warnings and logs) goes
-    to a discarded file, as pytest's capture would hold it."""
+    """What a check writes (a library's warnings and logs) goes to a discarded file, as
+    pytest's capture would hold it: file descriptors 1 and 2, and ``sys.stdout`` and
+    ``sys.stderr`` too, which need not write to them (the CLI called in-process with its
+    streams replaced)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
-    with tempfile.TemporaryFile() as sink:
+    with tempfile.TemporaryFile() as sink, \
+            open(sink.fileno(), "w", encoding="utf-8", errors="replace", closefd=False) as text:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
-            yield
+            with redirect_stdout(text), redirect_stderr(text):
+                yield
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
