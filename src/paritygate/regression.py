@@ -93,11 +93,23 @@ def noise_floor(metric: Metric, blessed: object) -> Noise | None:
     if (metric.bad == "higher" and limit is not None and math.isfinite(limit) and limit > 0
             and math.isfinite(value) and 0 < value <= NOISE_ZONE * limit):
         found = Noise(value, f"blessed value (at most {NOISE_ZONE:g} x threshold {fmt(limit)})")
+    return _larger(found, declared_noise(metric))
+
+
+def declared_noise(metric: Metric) -> Noise | None:
+    """The floor the check declares for ``metric`` (:attr:`~paritygate.result.Metric.noise`),
+    ``None`` when it declares none."""
     declared = metric.noise
-    if declared is not None and math.isfinite(declared) and declared > 0 and (
-            found is None or declared > found.floor):
-        found = Noise(float(declared), "declared by the check")
-    return found
+    if declared is None or not math.isfinite(declared) or declared <= 0:
+        return None
+    return Noise(float(declared), "declared by the check")
+
+
+def _larger(a: Noise | None, b: Noise | None) -> Noise | None:
+    """The larger of two floors (the first on a tie), ``None`` when both are."""
+    if a is None or (b is not None and b.floor > a.floor):
+        return b
+    return a
 
 
 def blessed_noise(metrics: Mapping[str, Metric]) -> dict[str, NoiseEntry]:
@@ -163,14 +175,9 @@ def judged_noise(
     declares today, when larger), or for a baseline blessed before floors were stored
     (``stored`` is ``None``) the default derived from its blessed value and today's threshold."""
     if stored is not None:
-        kept = stored_noise(stored.get(metric.name))
-        declared = metric.noise
-        if (declared is not None and math.isfinite(declared) and declared > 0
-                and (kept is None or declared > kept.floor)):
-            # The check's own floor is a property of the measurement, not of the baseline: a
-            # floor declared after a baseline was blessed (or larger now) applies to it too.
-            return Noise(float(declared), "declared by the check")
-        return kept
+        # The check's own floor is a property of the measurement, not of the baseline: a
+        # floor declared after a baseline was blessed (or larger now) applies to it too.
+        return _larger(stored_noise(stored.get(metric.name)), declared_noise(metric))
     derived = noise_floor(metric, blessed)
     if derived is None:
         return None
