@@ -142,10 +142,12 @@ def _run_one(args: argparse.Namespace) -> int:
             out = args.report_dir.resolve() if args.report_dir else None
             outcome = run_checks(gate, out or gate.config.default_report_dir())
             code = EXIT_INPUT
-            if outcome.written is not None:
+            if outcome.written is not None and getattr(args, "fresh_process", False):
                 import gc
 
-                gc.freeze()  # the process ends next: no exit-time gc walk of the models
+                # this command owns the process, which ends next: no exit-time gc walk of the
+                # models (an in-process caller goes on, and its objects must stay collectable)
+                gc.freeze()
     finally:
         gate.discard_golden()  # a no-op after the run committed; unlocks on every other exit
     if outcome is None:  # pytest stopped before the session (its own usage error)
